@@ -1,0 +1,192 @@
+// The CPU backend: walks the schedule (groupgemm/schedule.h) on the host and runs one
+// library GEMM per non-empty local group. Padding rows and empty groups are written by
+// the schedule's policy, never by a GEMM with a zero dimension.
+#include <cstring>
+#include <vector>
+
+#include "convert.h"
+#include "gemm.h"
+#include "groupgemm/backends.h"
+#include "groupgemm/schedule.h"
+
+namespace groupgemm {
+namespace cpu {
+namespace {
+
+// Row ranges of the local groups of one call.
+class RowPlan {
+ public:
+  RowPlan(const IndexArray& sizes, const IndexArray& offset, int64_t num_local, int64_t m)
+      : offset_(offset.data ? load_index(offset.data, offset.type, 0) : 0),
+        window_(group_window(offset_, num_local, sizes.count)),
+        boundary_(window_.last + 1) {
+    row_boundaries(sizes.data, sizes.type, window_.last, m, boundary_.data());
+  }
+  RowRange group(int64_t local) const {
+    return local_group_rows(boundary_.data(), window_, offset_, local);
+  }
+  RowRange owned() const { return owned_rows(boundary_.data(), window_); }
+
+ private:
+  int64_t offset_;
+  GroupWindow window_;
+  std::vector<int64_t> boundary_;
+};
+
+char* at(void* base, int64_t element, DType t) {
+  return static_cast<char*>(base) + element * dtype_size(t);
+}
+const char* at(const void* base, int64_t element, DType t) {
+  return static_cast<const char*>(base) + element * dtype_size(t);
+}
+
+void zero_rows(void* out, RowRange rows, int64_t n, DType t) {
+  if (rows.rows() > 0) std::memset(at(out, rows.begin * n, t), 0, rows.rows() * n * dtype_size(t));
+}
+
+// Converts `count` elements between dtypes (exact when widening).
+void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t count) {
+  visit_dtype(src_t, [&](auto s) {
+    using S = decltype(s);
+    visit_dtype(dst_t, [&](auto d) {
+      using D = decltype(d);
+      const S* in = static_cast<const S*>(src);
+      D* out = static_cast<D*>(dst);
+      for (int64_t i = 0; i < count; ++i) {
+        if constexpr (std::is_same_v<D, double>) out[i] = static_cast<double>(widen(in[i]));
+        else if constexpr (std::is_same_v<S, double>) out[i] = narrow<D>(static_cast<float>(in[i]));
+        else out[i] = narrow<D>(widen(in[i]));
+      }
+      return 0;
+    });
+    return 0;
+  });
+}
+
+// float16 has no fast library kernel: widen the operands to float32, run the float32
+// path, and round the result once.
+std::vector<float> widened(const void* data, int64_t count) {
+  std::vector<float> out(data ? count : 0);
+  if (data) convert(data, DType::f16, out.data(), DType::f32, count);
+  return out;
+}
+
+Status matmul_f16(MatmulArgs a) {
+  auto lhs = widened(a.lhs, a.m * a.k);
+  auto rhs = widened(a.rhs, a.num_groups * a.k * a.n);
+  auto bias = widened(a.bias, a.num_groups * a.n);
+  std::vector<float> out(a.out_dtype == DType::f32 ? 0 : a.m * a.n);
+  void* final_out = a.out;
+  a.in_dtype = DType::f32;
+  a.lhs = lhs.data(), a.rhs = rhs.data(), a.bias = a.bias ? bias.data() : nullptr;
+  if (a.out_dtype != DType::f32) a.out = out.data();
+  const DType final_t = a.out_dtype;
+  a.out_dtype = DType::f32;
+  Status s = grouped_matmul(a);
+  if (s.ok() && final_t != DType::f32) convert(out.data(), DType::f32, final_out, final_t, a.m * a.n);
+  return s;
+}
+
+Status wgrad_f16(WgradArgs a) {
+  auto lhs = widened(a.lhs, a.m * a.k);
+  auto grad = widened(a.grad, a.m * a.n);
+  const int64_t out_count = a.num_groups * a.k * a.n;
+  std::vector<float> out(a.out_dtype == DType::f32 ? 0 : out_count);
+  void* final_out = a.out;
+  const DType final_t = a.out_dtype;
+  a.in_dtype = DType::f32, a.out_dtype = DType::f32;
+  a.lhs = lhs.data(), a.grad = grad.data();
+  if (final_t != DType::f32) a.out = out.data();
+  Status s = grouped_matmul_wgrad(a);
+  if (s.ok() && final_t != DType::f32) convert(out.data(), DType::f32, final_out, final_t, out_count);
+  return s;
+}
+
+}  // namespace
+
+Status grouped_matmul(const MatmulArgs& a) {
+  if (a.in_dtype == DType::f16) return matmul_f16(a);
+  const RowPlan plan(a.group_sizes, a.group_offset, a.num_groups, a.m);
+  const RowRange owned = plan.owned();
+  zero_rows(a.out, {0, owned.begin}, a.n, a.out_dtype);
+  zero_rows(a.out, {owned.end, a.m}, a.n, a.out_dtype);
+  if (a.n == 0) return Status::Ok();
+
+  for (int64_t g = 0; g < a.num_groups; ++g) {
+    const RowRange rows = plan.group(g);
+    const void* bias = a.bias ? at(a.bias, g * a.n, a.in_dtype) : nullptr;
+    switch (forward_action(rows.rows(), a.k)) {
+      case GroupAction::gemm: {
+        const GemmCall call{a.in_dtype, a.out_dtype, rows.rows(), a.n, a.k,
+                            at(a.lhs, rows.begin * a.k, a.in_dtype), false,
+                            at(a.rhs, g * a.k * a.n, a.in_dtype), a.transpose_rhs,
+                            bias, at(a.out, rows.begin * a.n, a.out_dtype), false};
+        Status s = gemm(call);
+        if (!s.ok()) return s;
+        break;
+      }
+      case GroupAction::write_zero:  // K == 0: the product is empty, only the bias remains
+        zero_rows(a.out, rows, a.n, a.out_dtype);
+        if (bias)
+          for (int64_t r = rows.begin; r < rows.end; ++r)
+            convert(bias, a.in_dtype, at(a.out, r * a.n, a.out_dtype), a.out_dtype, a.n);
+        break;
+      case GroupAction::leave_untouched:
+        break;
+    }
+  }
+  return Status::Ok();
+}
+
+Status grouped_matmul_wgrad(const WgradArgs& a) {
+  if (a.in_dtype == DType::f16) return wgrad_f16(a);
+  const RowPlan plan(a.group_sizes, a.group_offset, a.num_groups, a.m);
+  const int64_t block = a.k * a.n;
+  if (block == 0) return Status::Ok();
+
+  for (int64_t g = 0; g < a.num_groups; ++g) {
+    const RowRange rows = plan.group(g);
+    void* out = at(a.out, g * block, a.out_dtype);
+    switch (reduction_action(rows.rows(), a.accumulate)) {
+      case GroupAction::gemm: {
+        // out[g] = lhs_g^T @ grad_g: lhs_g [rows, K] read as a transposed [K, rows].
+        const GemmCall call{a.in_dtype, a.out_dtype, a.k, a.n, rows.rows(),
+                            at(a.lhs, rows.begin * a.k, a.in_dtype), true,
+                            at(a.grad, rows.begin * a.n, a.in_dtype), false,
+                            nullptr, out, a.accumulate};
+        Status s = gemm(call);
+        if (!s.ok()) return s;
+        break;
+      }
+      case GroupAction::write_zero:
+        std::memset(out, 0, block * dtype_size(a.out_dtype));
+        break;
+      case GroupAction::leave_untouched:
+        break;
+    }
+  }
+  return Status::Ok();
+}
+
+Status grouped_bias_grad(const BiasGradArgs& a) {
+  const RowPlan plan(a.group_sizes, a.group_offset, a.num_groups, a.m);
+  return visit_dtype(a.in_dtype, [&](auto in_tag) {
+    using In = decltype(in_tag);
+    using Acc = std::conditional_t<std::is_same_v<In, double>, double, float>;
+    std::vector<Acc> acc(a.n);
+    const In* grad = static_cast<const In*>(a.grad);
+    for (int64_t g = 0; g < a.num_groups; ++g) {
+      const RowRange rows = plan.group(g);
+      std::fill(acc.begin(), acc.end(), Acc(0));
+      if (reduction_action(rows.rows(), false) == GroupAction::gemm)
+        for (int64_t r = rows.begin; r < rows.end; ++r)  // fixed row order: deterministic
+          for (int64_t j = 0; j < a.n; ++j) acc[j] += widen(grad[r * a.n + j]);
+      convert(acc.data(), std::is_same_v<Acc, double> ? DType::f64 : DType::f32,
+              at(a.out, g * a.n, a.out_dtype), a.out_dtype, a.n);
+    }
+    return Status::Ok();
+  });
+}
+
+}  // namespace cpu
+}  // namespace groupgemm

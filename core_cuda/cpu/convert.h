@@ -1,0 +1,55 @@
+// Host conversions between the storage dtypes and float, round-to-nearest-even.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "groupgemm/types.h"
+
+namespace groupgemm {
+namespace cpu {
+
+struct bf16_t {
+  uint16_t bits;
+};
+using f16_t = _Float16;  // IEEE binary16 with correctly rounded conversions (GCC >= 12)
+
+inline float widen(float v) { return v; }
+inline double widen(double v) { return v; }
+inline float widen(f16_t v) { return static_cast<float>(v); }
+inline float widen(bf16_t v) {
+  const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+template <typename T>
+T narrow(float v);
+template <>
+inline float narrow<float>(float v) { return v; }
+template <>
+inline f16_t narrow<f16_t>(float v) { return static_cast<f16_t>(v); }
+template <>
+inline bf16_t narrow<bf16_t>(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40u)};  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {static_cast<uint16_t>(u >> 16)};
+}
+
+// Calls fn with a value of the C++ storage type of `t` (only its type matters).
+template <typename Fn>
+auto visit_dtype(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::bf16: return fn(bf16_t{});
+    case DType::f16: return fn(f16_t{});
+    case DType::f64: return fn(double{});
+    case DType::f32: break;
+  }
+  return fn(float{});
+}
+
+}  // namespace cpu
+}  // namespace groupgemm

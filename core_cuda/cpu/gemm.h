@@ -1,0 +1,32 @@
+// One dense GEMM on the CPU through a real library:
+//   C[m, n] (+)= op(A)[m, k] @ op(B)[k, n] (+ bias[n])
+// A and B are row-major; a "transposed" operand X[r, c] is stored as [c, r].
+// float32 and bfloat16 go to oneDNN (AMX / AVX-512 kernels, fp32 accumulation),
+// float64 to OpenBLAS. float16 is widened by the caller (oneDNN 3.2 has no fast f16
+// matmul with run-time shapes). Callers never pass m, n or k == 0.
+#pragma once
+
+#include <cstdint>
+
+#include "groupgemm/types.h"
+
+namespace groupgemm {
+namespace cpu {
+
+struct GemmCall {
+  DType in_dtype;   // A, B and bias
+  DType out_dtype;  // C
+  int64_t m, n, k;
+  const void* a;
+  bool a_transposed;
+  const void* b;
+  bool b_transposed;
+  const void* bias;  // [n] or null
+  void* c;
+  bool accumulate;   // C += ... instead of C = ...
+};
+
+Status gemm(const GemmCall& call);
+
+}  // namespace cpu
+}  // namespace groupgemm

@@ -1,0 +1,136 @@
+// The schedule arithmetic of a grouped GEMM: which rows belong to which local group,
+// which rows are padding, how row tiles map to groups, and what an empty group does.
+//
+// Every function here is __host__ __device__: the CUDA setup kernel and the CPU backend
+// run exactly this code, so the CPU tests exercise the logic the GPU path relies on.
+// All arithmetic is int64 and saturates at M, so no sum of sizes can overflow or
+// index past the end of lhs.
+#pragma once
+
+#include <cstdint>
+
+#include "groupgemm/types.h"
+
+#if defined(__CUDACC__)
+#define GG_HD __host__ __device__ __forceinline__
+#else
+#define GG_HD inline
+#endif
+
+namespace groupgemm {
+
+// Reads element i of an int32 or int64 array.
+GG_HD int64_t load_index(const void* data, IndexType type, int64_t i) {
+  return type == IndexType::i32 ? static_cast<int64_t>(static_cast<const int32_t*>(data)[i])
+                                : static_cast<const int64_t*>(data)[i];
+}
+
+// A negative group size counts as 0.
+GG_HD int64_t clamp_group_size(int64_t raw) { return raw > 0 ? raw : 0; }
+
+// Row where the next group starts, given where this one starts. Clipped to m, so rows
+// past sum(sizes) > m are simply not owned; written so that begin + size cannot overflow.
+GG_HD int64_t next_row_boundary(int64_t begin, int64_t raw_size, int64_t m) {
+  const int64_t size = clamp_group_size(raw_size);
+  return size >= m - begin ? m : begin + size;
+}
+
+// The local window: global groups [first, last) held by this call's rhs, clipped to the
+// groups that exist. Local group l is global group group_offset + l.
+struct GroupWindow {
+  int64_t first;
+  int64_t last;
+};
+
+GG_HD GroupWindow group_window(int64_t group_offset, int64_t num_local, int64_t num_total) {
+  const int64_t first = group_offset < 0 ? 0 : (group_offset > num_total ? num_total : group_offset);
+  // Compared before adding, so a huge offset cannot overflow group_offset + num_local.
+  int64_t last = group_offset > num_total - num_local ? num_total : group_offset + num_local;
+  if (last < first) last = first;
+  return {first, last};
+}
+
+// Global index of local group l, or -1 when it is outside the existing groups.
+GG_HD int64_t global_group(GroupWindow w, int64_t group_offset, int64_t local) {
+  const int64_t g = group_offset + local;
+  return (g >= w.first && g < w.last) ? g : -1;
+}
+
+// Row range [begin, end) of one group.
+struct RowRange {
+  int64_t begin;
+  int64_t end;
+  GG_HD int64_t rows() const { return end - begin; }
+};
+
+// Row boundaries of global groups [0, last]: boundary[g] = min(sum(sizes[:g]), m).
+// Sequential; the CUDA setup kernel computes the same values with a scan built from
+// next_row_boundary's clamping. `boundary` has last + 1 entries.
+GG_HD void row_boundaries(const void* sizes, IndexType type, int64_t last, int64_t m,
+                          int64_t* boundary) {
+  int64_t row = 0;
+  boundary[0] = 0;
+  for (int64_t g = 0; g < last; ++g) {
+    row = next_row_boundary(row, load_index(sizes, type, g), m);
+    boundary[g + 1] = row;
+  }
+}
+
+// Rows of local group `local`, given the global boundaries from row_boundaries.
+GG_HD RowRange local_group_rows(const int64_t* boundary, GroupWindow w, int64_t group_offset,
+                                int64_t local) {
+  const int64_t g = global_group(w, group_offset, local);
+  if (g < 0) return {0, 0};
+  return {boundary[g], boundary[g + 1]};
+}
+
+// Rows owned by local groups: [boundary[first], boundary[last]). Everything else is
+// padding and is written as exact zeros.
+GG_HD RowRange owned_rows(const int64_t* boundary, GroupWindow w) {
+  return {boundary[w.first], boundary[w.last]};
+}
+
+GG_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Row tiles of fixed height: tile_start[g] = number of tiles in local groups before g.
+// Returns the local group that owns tile t (tile_start has num_local + 1 entries and is
+// non-decreasing), by binary search; -1 when t is past the last tile.
+GG_HD int64_t group_of_tile(const int64_t* tile_start, int64_t num_local, int64_t t) {
+  if (t < 0 || t >= tile_start[num_local]) return -1;
+  int64_t lo = 0, hi = num_local;  // invariant: tile_start[lo] <= t < tile_start[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (tile_start[mid] <= t) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// Which global group owns `row`, or -1 for padding (same search over row boundaries).
+GG_HD int64_t group_of_row(const int64_t* boundary, GroupWindow w, int64_t row) {
+  if (row < boundary[w.first] || row >= boundary[w.last]) return -1;
+  int64_t lo = w.first, hi = w.last;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (boundary[mid] <= row) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// What a group's output block gets. An empty group never reaches a GEMM (a k = 0
+// contraction is where other libraries produce garbage): it is written as zeros, or,
+// when accumulating, left bit-for-bit untouched.
+enum class GroupAction : int { gemm = 0, write_zero = 1, leave_untouched = 2 };
+
+// wgrad / dbias: the contraction runs over the group's rows.
+GG_HD GroupAction reduction_action(int64_t rows, bool accumulate) {
+  if (rows > 0) return GroupAction::gemm;
+  return accumulate ? GroupAction::leave_untouched : GroupAction::write_zero;
+}
+
+// forward / dgrad: the contraction runs over K; an empty K gives bias (or zero) rows.
+GG_HD GroupAction forward_action(int64_t rows, int64_t k) {
+  if (rows == 0) return GroupAction::leave_untouched;  // no rows to write
+  return k > 0 ? GroupAction::gemm : GroupAction::write_zero;
+}
+
+}  // namespace groupgemm

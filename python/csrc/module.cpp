@@ -1,0 +1,17 @@
+// groupgemm._core: the core's array entry points (used by the PyTorch frontend and the
+// tests) and, once registered by groupgemm.jax, its XLA FFI handlers.
+#include <nanobind/nanobind.h>
+
+#include "groupgemm/groupgemm.h"
+
+namespace nb = nanobind;
+
+namespace groupgemm {
+void bind_array_entry_points(nb::module_& m);
+}
+
+NB_MODULE(_core, m) {
+  m.doc() = "groupgemm core: grouped GEMM for Mixture-of-Experts layers";
+  m.def("cuda_compiled", &groupgemm::cuda_compiled, "True when the CUDA backend was compiled in.");
+  groupgemm::bind_array_entry_points(m);
+}

@@ -1,0 +1,175 @@
+"""The core through groupgemm._core, against the float64 NumPy reference.
+
+torch tensors serve only as DLPack containers here (NumPy has no bfloat16 export).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import groupgemm._core as core
+from cases import CASE_IDS, CASES, DTYPES, inputs, round_to
+import reference as ref
+
+TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+               "float64": torch.float64}
+
+
+def tensor(x, dtype_name):
+    return torch.from_numpy(np.ascontiguousarray(x, np.float64)).to(TORCH_DTYPE[dtype_name])
+
+
+def dirty(shape, dtype):
+    """Output memory full of NaN: whatever the core does not write stays visible."""
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def offset_arg(case):
+    return None if case.group_offset is None else torch.tensor(case.group_offset, dtype=torch.int32)
+
+
+def as_np(t):
+    return t.to(torch.float64).numpy()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["KN", "NK"])
+def test_forward_matches_reference_and_zeroes_padding(case, dtype, with_bias, transpose_rhs):
+    x = inputs(case)
+    lhs, rhs, bias = (round_to(x[k], dtype) for k in ("lhs", "rhs", "bias"))
+    rhs_stored = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
+    out = dirty((case.m, case.n), TORCH_DTYPE[dtype])
+    core.grouped_matmul(tensor(lhs, dtype), tensor(rhs_stored, dtype), torch.from_numpy(x["group_sizes"]),
+                        out, bias=tensor(bias, dtype) if with_bias else None,
+                        group_offset=offset_arg(case), transpose_rhs=transpose_rhs)
+    expected = ref.grouped_matmul(lhs, rhs_stored, x["group_sizes"], bias if with_bias else None,
+                                  transpose_rhs, case.offset)
+    ref.assert_close(as_np(out), expected, dtype, case.name)
+    pad = ref.padding_rows(x["group_sizes"], case.m, case.g, case.offset)
+    assert (out[torch.from_numpy(pad)] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES[:6], ids=CASE_IDS[:6])
+def test_forward_writes_float32_output_for_16bit_inputs(case, dtype):
+    x = inputs(case)
+    lhs, rhs = round_to(x["lhs"], dtype), round_to(x["rhs"], dtype)
+    out = dirty((case.m, case.n), torch.float32)
+    core.grouped_matmul(tensor(lhs, dtype), tensor(rhs, dtype), torch.from_numpy(x["group_sizes"]), out)
+    expected = ref.grouped_matmul(lhs, rhs, x["group_sizes"])
+    ref.assert_close(as_np(out), expected, "float32" if dtype == "float16" else "float16", case.name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_wgrad_matches_reference_and_zeroes_empty_groups(case, dtype):
+    x = inputs(case)
+    lhs, dout = round_to(x["lhs"], dtype), round_to(x["dout"], dtype)
+    out = dirty((case.g, case.k, case.n), TORCH_DTYPE[dtype])
+    core.grouped_matmul_wgrad(tensor(lhs, dtype), tensor(dout, dtype), torch.from_numpy(x["group_sizes"]),
+                              out, group_offset=offset_arg(case))
+    expected = ref.grouped_matmul_wgrad(lhs, dout, x["group_sizes"], case.g, case.offset)
+    ref.assert_close(as_np(out), expected, dtype, case.name)
+    for g in ref.empty_groups(x["group_sizes"], case.m, case.g, case.offset):
+        assert (out[g] == 0).all(), f"empty group {g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_wgrad_accumulate_leaves_empty_groups_bitwise_unchanged(case, dtype):
+    x = inputs(case)
+    lhs, dout = round_to(x["lhs"], dtype), round_to(x["dout"], dtype)
+    acc_dtype = torch.float64 if dtype == "float64" else torch.float32
+    acc = torch.from_numpy(x["acc"]).to(acc_dtype)
+    before = acc.clone()
+    core.grouped_matmul_wgrad(tensor(lhs, dtype), tensor(dout, dtype), torch.from_numpy(x["group_sizes"]),
+                              acc, group_offset=offset_arg(case), accumulate=True)
+    expected = ref.grouped_matmul_wgrad(lhs, dout, x["group_sizes"], case.g, case.offset,
+                                        accumulate_into=as_np(before))
+    ref.assert_close(as_np(acc), expected, "float64" if dtype == "float64" else "float32", case.name)
+    for g in ref.empty_groups(x["group_sizes"], case.m, case.g, case.offset):
+        assert torch.equal(acc[g].view(torch.int32 if acc_dtype == torch.float32 else torch.int64),
+                           before[g].view(torch.int32 if acc_dtype == torch.float32 else torch.int64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_bias_grad_matches_reference_and_zeroes_empty_groups(case, dtype):
+    x = inputs(case)
+    dout = round_to(x["dout"], dtype)
+    out = dirty((case.g, case.n), TORCH_DTYPE[dtype])
+    core.grouped_bias_grad(tensor(dout, dtype), torch.from_numpy(x["group_sizes"]), out,
+                           group_offset=offset_arg(case))
+    expected = ref.grouped_bias_grad(dout, x["group_sizes"], case.g, case.offset)
+    ref.assert_close(as_np(out), expected, dtype, case.name)
+    for g in ref.empty_groups(x["group_sizes"], case.m, case.g, case.offset):
+        assert (out[g] == 0).all()
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_group_sizes_and_offset_accept_int32_and_int64(index_dtype):
+    case = CASES[12]  # a window
+    x = inputs(case)
+    out = dirty((case.m, case.n), torch.float64)
+    core.grouped_matmul(tensor(x["lhs"], "float64"), tensor(x["rhs"], "float64"),
+                        torch.from_numpy(x["group_sizes"]).to(index_dtype), out,
+                        group_offset=torch.tensor(case.offset, dtype=index_dtype))
+    np.testing.assert_allclose(as_np(out), ref.grouped_matmul(x["lhs"], x["rhs"], x["group_sizes"],
+                                                              group_offset=case.offset), atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_same_call_gives_same_bits(dtype):
+    rng = np.random.default_rng(3)
+    sizes = torch.tensor([100, 0, 37, 300, 91], dtype=torch.int32)
+    lhs = tensor(rng.standard_normal((528, 256)), dtype)
+    rhs = tensor(rng.standard_normal((5, 256, 192)), dtype)
+    dout = tensor(rng.standard_normal((528, 192)), dtype)
+    outs, wgrads = [], []
+    for _ in range(3):
+        out = torch.empty(528, 192, dtype=TORCH_DTYPE[dtype])
+        core.grouped_matmul(lhs, rhs, sizes, out)
+        w = torch.empty(5, 256, 192, dtype=TORCH_DTYPE[dtype])
+        core.grouped_matmul_wgrad(lhs, dout, sizes, w)
+        outs.append(out.view(torch.int16 if dtype == "bfloat16" else torch.int32))
+        wgrads.append(w.view(torch.int16 if dtype == "bfloat16" else torch.int32))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert all(torch.equal(wgrads[0], w) for w in wgrads[1:])
+
+
+def test_errors_name_the_argument():
+    lhs = torch.zeros(4, 3)
+    rhs = torch.zeros(2, 3, 5)
+    sizes = torch.tensor([2, 2], dtype=torch.int32)
+    out = torch.zeros(4, 5)
+    with pytest.raises(ValueError, match="group_sizes has 3 entries"):
+        core.grouped_matmul(lhs, rhs, torch.tensor([1, 1, 2], dtype=torch.int32), out)
+    with pytest.raises(ValueError, match="fewer than the 2 local groups"):
+        core.grouped_matmul(lhs, rhs, torch.tensor([4], dtype=torch.int32), out,
+                            group_offset=torch.tensor(0, dtype=torch.int32))
+    with pytest.raises(TypeError, match="rhs must have the dtype of lhs"):
+        core.grouped_matmul(lhs, rhs.double(), sizes, out)
+    with pytest.raises(ValueError, match="rhs dimension 1"):
+        core.grouped_matmul(lhs, torch.zeros(2, 4, 5), sizes, out)
+    with pytest.raises(ValueError, match="lhs must have rank 2"):
+        core.grouped_matmul(lhs[None], rhs, sizes, out)
+    with pytest.raises(TypeError, match="group_sizes must be int32 or int64"):
+        core.grouped_matmul(lhs, rhs, sizes.float(), out)
+    with pytest.raises(ValueError, match="group_offset must be a scalar"):
+        core.grouped_matmul(lhs, rhs, sizes, out, group_offset=torch.tensor([0, 1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="output dtype float64 is not allowed"):
+        core.grouped_matmul(lhs, rhs, sizes, out.double())
+    with pytest.raises(ValueError, match="accumulate_into must be float32"):
+        core.grouped_matmul_wgrad(lhs.bfloat16(), torch.zeros(4, 5).bfloat16(), sizes,
+                                  torch.zeros(2, 3, 5).bfloat16(), accumulate=True)
+
+
+def test_cuda_call_without_cuda_build_or_device_raises_clearly():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device to hand the core device memory")
+    lhs = torch.zeros(4, 3, device="cuda")
+    with pytest.raises((RuntimeError, ValueError), match="CUDA"):
+        core.grouped_matmul(lhs, torch.zeros(1, 3, 5, device="cuda"),
+                            torch.tensor([4], dtype=torch.int32, device="cuda"), torch.zeros(4, 5, device="cuda"))
