@@ -5,6 +5,8 @@
 // (dtype, layout, bias, accumulate) combination serves every shape, and no call pays
 // oneDNN's JIT cost after the first.
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <mutex>
 #include <tuple>
 
@@ -44,10 +46,13 @@ const dnnl::matmul& cached_primitive(const GemmCall& c) {
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
 
+  // Shapes and leading dimensions are run-time values; which stride is 1 is fixed at
+  // creation (with both strides unknown oneDNN 3.2 falls back to its reference kernel).
   const memory::dims any2{kRuntime, kRuntime};
-  const memory::desc a(any2, onednn_type(c.in_dtype), any2);
-  const memory::desc b(any2, onednn_type(c.in_dtype), any2);
-  const memory::desc out(any2, onednn_type(c.out_dtype), memory::dims{kRuntime, 1});
+  const memory::dims row_major{kRuntime, 1}, col_major{1, kRuntime};
+  const memory::desc a(any2, onednn_type(c.in_dtype), c.a_transposed ? col_major : row_major);
+  const memory::desc b(any2, onednn_type(c.in_dtype), c.b_transposed ? col_major : row_major);
+  const memory::desc out(any2, onednn_type(c.out_dtype), row_major);
   const memory::desc bias = c.bias ? memory::desc({1, kRuntime}, onednn_type(c.in_dtype),
                                                   memory::dims{kRuntime, 1})
                                    : memory::desc();
@@ -58,6 +63,9 @@ const dnnl::matmul& cached_primitive(const GemmCall& c) {
     attr.set_post_ops(ops);
   }
   dnnl::matmul::primitive_desc pd(cpu_engine(), a, b, bias, out, attr);
+  // The reference kernel is orders of magnitude slower: treat picking it as a bug.
+  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
+    throw std::runtime_error(std::string("oneDNN chose its reference kernel: ") + pd.impl_info_str());
   return cache.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
@@ -79,7 +87,7 @@ Status gemm_onednn(const GemmCall& c) {
     thread_local dnnl::stream stream(engine);
     prim.execute(stream, args);
     stream.wait();
-  } catch (const dnnl::error& e) {
+  } catch (const std::exception& e) {
     return Status::Internal(std::string("oneDNN matmul failed: ") + e.what());
   }
   return Status::Ok();

@@ -1,0 +1,56 @@
+"""CPU forward throughput of the core vs one dense GEMM through the same library.
+
+The dense GEMM is the core itself with a single group (one oneDNN matmul over all M
+rows), so the ratio isolates what grouping costs. Run: python benchmarks/core_throughput.py
+"""
+
+import argparse
+import time
+
+import torch
+
+import groupgemm._core as core
+
+
+def median_seconds(fn, repeats):
+    fn()  # warm-up: primitive creation, page faults
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--m", type=int, default=4096)
+    parser.add_argument("--k", type=int, default=1024)
+    parser.add_argument("--n", type=int, default=1024)
+    parser.add_argument("--groups", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    m, k, n = args.m, args.k, args.n
+    flops = 2.0 * m * k * n
+    print(f"M={m} K={k} N={n}, {torch.get_num_threads()} threads, median of {args.repeats}")
+    print(f"{'dtype':>9} {'G':>4} {'grouped GFLOP/s':>16} {'dense GFLOP/s':>14} {'ratio':>6}")
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        lhs = torch.randn(m, k).to(dtype)
+        out = torch.empty(m, n, dtype=dtype)
+        dense_rhs = torch.randn(1, k, n).to(dtype)
+        dense_sizes = torch.tensor([m], dtype=torch.int32)
+        dense = median_seconds(lambda: core.grouped_matmul(lhs, dense_rhs, dense_sizes, out), args.repeats)
+        for g in args.groups:
+            rhs = torch.randn(g, k, n).to(dtype)
+            sizes = torch.full((g,), m // g, dtype=torch.int32)
+            sizes[-1] += m - int(sizes.sum())
+            grouped = median_seconds(lambda: core.grouped_matmul(lhs, rhs, sizes, out), args.repeats)
+            print(f"{dtype_name:>9} {g:>4} {flops / grouped / 1e9:>16.1f} {flops / dense / 1e9:>14.1f} "
+                  f"{dense / grouped:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
