@@ -8,10 +8,12 @@ namespace nb = nanobind;
 
 namespace groupgemm {
 void bind_array_entry_points(nb::module_& m);
+void bind_ffi_handlers(nb::module_& m);
 }
 
 NB_MODULE(_core, m) {
   m.doc() = "groupgemm core: grouped GEMM for Mixture-of-Experts layers";
   m.def("cuda_compiled", &groupgemm::cuda_compiled, "True when the CUDA backend was compiled in.");
   groupgemm::bind_array_entry_points(m);
+  groupgemm::bind_ffi_handlers(m);
 }

@@ -1,0 +1,71 @@
+"""XLA FFI targets of groupgemm, registered at import, and the raw custom calls.
+
+Nothing here is differentiable; ops.py adds the custom VJPs and argument checks.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from groupgemm import _core
+
+
+def _register_targets():
+    platforms = ["cpu"] + (["CUDA"] if _core.cuda_compiled() else [])
+    handlers = _core.ffi_handlers()
+    for platform in platforms:
+        for name, capsule in handlers[platform].items():
+            jax.ffi.register_ffi_target(name, capsule, platform=platform)
+
+
+_register_targets()
+
+
+def _workspace(num_groups, num_total_groups):
+    """The core's device workspace, as an extra XLA output (CUDA graphs cannot allocate)."""
+    nbytes = _core.workspace_bytes(True, num_groups, num_total_groups) if _core.cuda_compiled() else 0
+    return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
+
+
+def _placeholder(dtype):
+    """A size-0 operand standing in for an absent optional one (bias, accumulator)."""
+    return jnp.zeros((0,), dtype)
+
+
+def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtype):
+    m, g = lhs.shape[0], rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    call = jax.ffi.ffi_call(
+        "groupgemm_matmul",
+        (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g, group_sizes.shape[0])),
+        vmap_method="sequential",
+    )
+    out, _ = call(lhs, rhs, group_sizes, group_offset,
+                  _placeholder(lhs.dtype) if bias is None else bias,
+                  transpose_rhs=bool(transpose_rhs), has_bias=bias is not None)
+    return out
+
+
+def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, out_dtype):
+    shape = (num_groups, lhs.shape[1], grad.shape[1])
+    accumulate = accumulate_into is not None
+    call = jax.ffi.ffi_call(
+        "groupgemm_wgrad",
+        (jax.ShapeDtypeStruct(shape, out_dtype), _workspace(num_groups, group_sizes.shape[0])),
+        vmap_method="sequential",
+        # The accumulator is updated in place when the caller donates it.
+        input_output_aliases={4: 0} if accumulate else None,
+    )
+    out, _ = call(lhs, grad, group_sizes, group_offset,
+                  accumulate_into if accumulate else _placeholder(out_dtype), accumulate=accumulate)
+    return out
+
+
+def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
+    call = jax.ffi.ffi_call(
+        "groupgemm_bias_grad",
+        (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype),
+         _workspace(num_groups, group_sizes.shape[0])),
+        vmap_method="sequential",
+    )
+    out, _ = call(grad, group_sizes, group_offset)
+    return out

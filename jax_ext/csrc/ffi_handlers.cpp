@@ -1,0 +1,188 @@
+// XLA FFI handlers for groupgemm.jax: translate XLA buffers into core calls.
+//
+// Each op has a CPU handler and a CUDA handler. The CUDA one receives XLA's stream
+// through PlatformStream<void*> (so no CUDA header is needed here) and is declared
+// command-buffer compatible: it reads group sizes on the device and allocates nothing.
+// The shapes were validated in Python at trace time; the core re-checks them.
+#include <nanobind/nanobind.h>
+
+#include <string>
+
+#include "groupgemm/groupgemm.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+
+namespace groupgemm {
+namespace {
+
+ffi::Error to_ffi(const Status& s) {
+  if (s.ok()) return ffi::Error::Success();
+  const auto code = s.code == Status::Code::invalid_argument ? ffi::ErrorCode::kInvalidArgument
+                    : s.code == Status::Code::unimplemented  ? ffi::ErrorCode::kUnimplemented
+                                                             : ffi::ErrorCode::kInternal;
+  return ffi::Error(code, "groupgemm: " + s.message);
+}
+
+bool float_dtype(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = DType::f32; return true;
+    case ffi::DataType::BF16: *out = DType::bf16; return true;
+    case ffi::DataType::F16: *out = DType::f16; return true;
+    case ffi::DataType::F64: *out = DType::f64; return true;
+    default: return false;
+  }
+}
+
+bool index_array(const ffi::AnyBuffer& b, IndexArray* out) {
+  if (b.element_type() != ffi::DataType::S32 && b.element_type() != ffi::DataType::S64) return false;
+  *out = {b.untyped_data(), b.element_type() == ffi::DataType::S32 ? IndexType::i32 : IndexType::i64,
+          static_cast<int64_t>(b.element_count())};
+  return true;
+}
+
+ffi::Error dtype_error(const char* what) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("groupgemm: unsupported dtype for ") + what);
+}
+
+ExecContext context(Device device, void* stream, ffi::AnyBuffer* workspace) {
+  ExecContext ctx;
+  ctx.device = device, ctx.stream = stream;
+  ctx.workspace = workspace->untyped_data();
+  ctx.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());
+  return ctx;
+}
+
+// out[M,N] = lhs @ rhs[g] (+ bias[g]); `bias` is a size-0 placeholder when !has_bias.
+ffi::Error matmul(Device device, void* stream, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
+                  ffi::AnyBuffer group_sizes, ffi::AnyBuffer group_offset, ffi::AnyBuffer bias,
+                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                  bool transpose_rhs, bool has_bias) {
+  MatmulArgs a;
+  if (!float_dtype(lhs.element_type(), &a.in_dtype) || !float_dtype(out->element_type(), &a.out_dtype))
+    return dtype_error("grouped_matmul");
+  if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
+    return dtype_error("group_sizes/group_offset");
+  const auto ld = lhs.dimensions(), rd = rhs.dimensions();
+  if (ld.size() != 2 || rd.size() != 3) return ffi::Error::InvalidArgument("groupgemm: bad operand rank");
+  a.m = ld[0], a.k = ld[1], a.num_groups = rd[0], a.n = transpose_rhs ? rd[1] : rd[2];
+  a.lhs = lhs.untyped_data(), a.rhs = rhs.untyped_data(), a.out = out->untyped_data();
+  a.bias = has_bias ? bias.untyped_data() : nullptr;
+  a.transpose_rhs = transpose_rhs;
+  return to_ffi(grouped_matmul(a, context(device, stream, &*workspace)));
+}
+
+// out[g] = lhs_g^T @ grad_g, or acc[g] + that when accumulating (acc aliases out).
+ffi::Error wgrad(Device device, void* stream, ffi::AnyBuffer lhs, ffi::AnyBuffer grad,
+                 ffi::AnyBuffer group_sizes, ffi::AnyBuffer group_offset, ffi::AnyBuffer acc,
+                 ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, bool accumulate) {
+  WgradArgs a;
+  if (!float_dtype(lhs.element_type(), &a.in_dtype) || !float_dtype(out->element_type(), &a.out_dtype))
+    return dtype_error("grouped_matmul_wgrad");
+  if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
+    return dtype_error("group_sizes/group_offset");
+  const auto ld = lhs.dimensions(), od = out->dimensions();
+  if (ld.size() != 2 || od.size() != 3) return ffi::Error::InvalidArgument("groupgemm: bad operand rank");
+  a.m = ld[0], a.k = ld[1], a.num_groups = od[0], a.n = od[2];
+  a.lhs = lhs.untyped_data(), a.grad = grad.untyped_data(), a.out = out->untyped_data();
+  a.accumulate = accumulate;
+  // acc is aliased to out (input_output_aliases): XLA reuses a donated buffer or copies
+  // acc into out first, so out already holds acc's values and acc itself is not read.
+  (void)acc;
+  return to_ffi(grouped_matmul_wgrad(a, context(device, stream, &*workspace)));
+}
+
+ffi::Error bias_grad(Device device, void* stream, ffi::AnyBuffer grad, ffi::AnyBuffer group_sizes,
+                     ffi::AnyBuffer group_offset, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> workspace) {
+  BiasGradArgs a;
+  if (!float_dtype(grad.element_type(), &a.in_dtype) || !float_dtype(out->element_type(), &a.out_dtype))
+    return dtype_error("grouped_bias_grad");
+  if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
+    return dtype_error("group_sizes/group_offset");
+  const auto gd = grad.dimensions(), od = out->dimensions();
+  if (gd.size() != 2 || od.size() != 2) return ffi::Error::InvalidArgument("groupgemm: bad operand rank");
+  a.m = gd[0], a.n = gd[1], a.num_groups = od[0];
+  a.grad = grad.untyped_data(), a.out = out->untyped_data();
+  return to_ffi(grouped_bias_grad(a, context(device, stream, &*workspace)));
+}
+
+// Bindings: operands, results, attributes. The CUDA variants add the stream context.
+auto matmul_binding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
+      .Attr<bool>("transpose_rhs").Attr<bool>("has_bias");
+}
+auto wgrad_binding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<bool>("accumulate");
+}
+auto bias_grad_binding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>();
+}
+
+template <typename... Rest>
+ffi::Error matmul_cpu(Rest... rest) { return matmul(Device::cpu, nullptr, rest...); }
+template <typename... Rest>
+ffi::Error matmul_cuda(void* stream, Rest... rest) { return matmul(Device::cuda, stream, rest...); }
+template <typename... Rest>
+ffi::Error wgrad_cpu(Rest... rest) { return wgrad(Device::cpu, nullptr, rest...); }
+template <typename... Rest>
+ffi::Error wgrad_cuda(void* stream, Rest... rest) { return wgrad(Device::cuda, stream, rest...); }
+template <typename... Rest>
+ffi::Error bias_grad_cpu(Rest... rest) { return bias_grad(Device::cpu, nullptr, rest...); }
+template <typename... Rest>
+ffi::Error bias_grad_cuda(void* stream, Rest... rest) { return bias_grad(Device::cuda, stream, rest...); }
+
+using Buf = ffi::AnyBuffer;
+using Out = ffi::Result<ffi::AnyBuffer>;
+
+XLA_FFI_DEFINE_HANDLER(kMatmulCpu, (matmul_cpu<Buf, Buf, Buf, Buf, Buf, Out, Out, bool, bool>),
+                       matmul_binding());
+XLA_FFI_DEFINE_HANDLER(kMatmulCuda, (matmul_cuda<Buf, Buf, Buf, Buf, Buf, Out, Out, bool, bool>),
+                       ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()
+                           .Arg<Buf>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Ret<Buf>().Ret<Buf>()
+                           .Attr<bool>("transpose_rhs").Attr<bool>("has_bias"),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kWgradCpu, (wgrad_cpu<Buf, Buf, Buf, Buf, Buf, Out, Out, bool>), wgrad_binding());
+XLA_FFI_DEFINE_HANDLER(kWgradCuda, (wgrad_cuda<Buf, Buf, Buf, Buf, Buf, Out, Out, bool>),
+                       ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()
+                           .Arg<Buf>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Ret<Buf>().Ret<Buf>()
+                           .Attr<bool>("accumulate"),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kBiasGradCpu, (bias_grad_cpu<Buf, Buf, Buf, Out, Out>), bias_grad_binding());
+XLA_FFI_DEFINE_HANDLER(kBiasGradCuda, (bias_grad_cuda<Buf, Buf, Buf, Out, Out>),
+                       ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()
+                           .Arg<Buf>().Arg<Buf>().Arg<Buf>().Ret<Buf>().Ret<Buf>(),
+                       {ffi::Traits::kCmdBufferCompatible});
+
+nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
+
+}  // namespace
+
+void bind_ffi_handlers(nb::module_& m) {
+  m.def("ffi_handlers", [] {
+    nb::dict cpu, cuda;
+    cpu["groupgemm_matmul"] = capsule(kMatmulCpu);
+    cpu["groupgemm_wgrad"] = capsule(kWgradCpu);
+    cpu["groupgemm_bias_grad"] = capsule(kBiasGradCpu);
+    cuda["groupgemm_matmul"] = capsule(kMatmulCuda);
+    cuda["groupgemm_wgrad"] = capsule(kWgradCuda);
+    cuda["groupgemm_bias_grad"] = capsule(kBiasGradCuda);
+    nb::dict out;
+    out["cpu"] = cpu;
+    out["CUDA"] = cuda;
+    return out;
+  }, "XLA FFI handler capsules by platform, then target name.");
+  m.def("workspace_bytes", [](bool cuda, int64_t num_groups, int64_t num_total_groups) {
+    return grouped_matmul_workspace_bytes(cuda ? Device::cuda : Device::cpu, num_groups, num_total_groups);
+  }, nb::arg("cuda"), nb::arg("num_groups"), nb::arg("num_total_groups"),
+     "Bytes of device workspace one call needs.");
+}
+
+}  // namespace groupgemm
