@@ -1,0 +1,89 @@
+"""GroupedLinear: one nn.Linear per expert, applied to rows sorted by expert."""
+
+import math
+
+import torch
+from torch import nn
+
+from groupgemm.torch_ext import functional, ops
+
+
+class _MainGradGroupedLinear(torch.autograd.Function):
+    """grouped_mm whose weight gradient is added into ``weight.main_grad`` (fp32).
+
+    Megatron-core's contract: the wgrad goes straight into ``main_grad``, the parameter
+    is flagged ``grad_added_to_main_grad = True`` so the data-parallel hook does not
+    add it again, and a zero ``.grad`` of full shape is returned so no caller ever sees
+    a missing gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, input, weight, group_sizes, bias):
+        ctx.save_for_backward(input, group_sizes)
+        ctx.weight = weight  # the Parameter itself: main_grad lives on it
+        ctx.transpose_weight = True
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return ops.grouped_mm_op(input, weight, group_sizes, bias, None, True, input.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        input, group_sizes = ctx.saved_tensors
+        weight = ctx.weight
+        grad = ops.incoming_grad(grad, input.dtype)
+        dinput, dbias = ops.input_and_bias_grads(ctx, grad, weight, group_sizes, None, input.dtype)
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is None:
+            raise RuntimeError("GroupedLinear(accumulate_into_main_grad=True): weight.main_grad is not set; "
+                               "allocate a float32 tensor of the weight's shape first")
+        # weight is [G, N, K]: dW[g] = grad_g^T @ input_g
+        functional.grouped_mm_wgrad(grad, input, group_sizes, weight.shape[0], accumulate_into=main_grad)
+        weight.grad_added_to_main_grad = True
+        return dinput, torch.zeros_like(weight), None, dbias
+
+
+class GroupedLinear(nn.Module):
+    """``num_experts`` independent linear layers over rows grouped by expert.
+
+    ``weight`` is ``[num_experts, out_features, in_features]`` and ``bias``
+    ``[num_experts, out_features]``, each expert initialised like ``nn.Linear``.
+    ``forward(x, group_sizes)`` takes ``x [M, in_features]`` sorted by expert and
+    ``group_sizes`` (a 1-D int32/int64 tensor on x's device, or a list of ints) and
+    returns ``[M, out_features]``; rows past ``sum(group_sizes)`` are 0. Every parameter
+    gets a full-shape gradient, exact zeros for experts without tokens.
+    """
+
+    def __init__(self, num_experts, in_features, out_features, bias=True, *, device=None, dtype=None,
+                 accumulate_into_main_grad=False):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.num_experts = num_experts
+        self.in_features = in_features
+        self.out_features = out_features
+        self.accumulate_into_main_grad = accumulate_into_main_grad
+        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features, **factory))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(num_experts, out_features, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # nn.Linear's kaiming_uniform_(a=sqrt(5)) and bias init reduce to U(-1/sqrt(in), 1/sqrt(in)).
+        bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x, group_sizes):
+        if isinstance(group_sizes, (list, tuple)):
+            group_sizes = torch.tensor(group_sizes, dtype=torch.int64, device=x.device)
+        if not self.accumulate_into_main_grad:
+            return functional.grouped_mm(x, self.weight, group_sizes, self.bias, transpose_weight=True)
+        group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, self.bias, True, None,
+                                                        None, fn="GroupedLinear")
+        return _MainGradGroupedLinear.apply(x.contiguous(), self.weight, group_sizes, self.bias)
+
+    def extra_repr(self):
+        return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}, "
+                f"accumulate_into_main_grad={self.accumulate_into_main_grad}")

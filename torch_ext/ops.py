@@ -1,0 +1,117 @@
+"""The groupgemm custom ops for PyTorch (namespace ``groupgemm``) and their autograd.
+
+Each op allocates its outputs with torch (so CUDA-graph memory pools work) and hands
+every tensor to the core zero-copy through groupgemm._core; the CUDA stream is the
+current torch stream. Backward is built from the same custom ops and never reads
+group sizes on the host. Argument checking lives in functional.py.
+"""
+
+from typing import Optional
+
+import torch
+
+from groupgemm import _core
+
+Tensor = torch.Tensor
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def _raw(t: Optional[Tensor]) -> Optional[Tensor]:
+    # __dlpack__ refuses tensors that require grad; the core reads them as plain memory.
+    return None if t is None else t.detach()
+
+
+@torch.library.custom_op("groupgemm::grouped_mm", mutates_args=())
+def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Optional[Tensor],
+                  group_offset: Optional[Tensor], transpose_weight: bool, out_dtype: torch.dtype) -> Tensor:
+    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    out = torch.empty((input.shape[0], n), dtype=out_dtype, device=input.device)
+    _core.grouped_matmul(_raw(input), _raw(weight), group_sizes, out, bias=_raw(bias),
+                         group_offset=group_offset, transpose_rhs=transpose_weight,
+                         stream=_stream(input.device))
+    return out
+
+
+@grouped_mm_op.register_fake
+def _(input, weight, group_sizes, bias, group_offset, transpose_weight, out_dtype):
+    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    return input.new_empty((input.shape[0], n), dtype=out_dtype)
+
+
+@torch.library.custom_op("groupgemm::grouped_mm_wgrad", mutates_args=())
+def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int,
+                        group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+    out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype, device=input.device)
+    _core.grouped_matmul_wgrad(_raw(input), _raw(grad), group_sizes, out, group_offset=group_offset,
+                               accumulate=False, stream=_stream(input.device))
+    return out
+
+
+@grouped_mm_wgrad_op.register_fake
+def _(input, grad, group_sizes, num_groups, group_offset, out_dtype):
+    return input.new_empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("groupgemm::grouped_mm_wgrad_accumulate", mutates_args=("accumulate_into",))
+def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Tensor,
+                                   accumulate_into: Tensor, group_offset: Optional[Tensor]) -> None:
+    _core.grouped_matmul_wgrad(_raw(input), _raw(grad), group_sizes, _raw(accumulate_into),
+                               group_offset=group_offset, accumulate=True, stream=_stream(input.device))
+
+
+@grouped_mm_wgrad_accumulate_op.register_fake
+def _(input, grad, group_sizes, accumulate_into, group_offset):
+    return None
+
+
+@torch.library.custom_op("groupgemm::grouped_bias_grad", mutates_args=())
+def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int,
+                         group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+    out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype, device=grad.device)
+    _core.grouped_bias_grad(_raw(grad), group_sizes, out, group_offset=group_offset,
+                            stream=_stream(grad.device))
+    return out
+
+
+@grouped_bias_grad_op.register_fake
+def _(grad, group_sizes, num_groups, group_offset, out_dtype):
+    return grad.new_empty((num_groups, grad.shape[1]), dtype=out_dtype)
+
+
+def incoming_grad(grad: Tensor, dtype: torch.dtype) -> Tensor:
+    """Incoming gradients may be wider, stride-0 (``y.sum().backward()``) or strided."""
+    return grad.to(dtype).contiguous()
+
+
+def input_and_bias_grads(ctx, grad, weight, group_sizes, group_offset, dtype):
+    """dinput and dbias of a grouped_mm, shared by the plain and the main_grad autograd."""
+    dinput = dbias = None
+    if ctx.needs_input_grad[0]:
+        dinput = grouped_mm_op(grad, weight, group_sizes, None, group_offset, not ctx.transpose_weight, dtype)
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
+        dbias = grouped_bias_grad_op(grad, group_sizes, weight.shape[0], group_offset, ctx.bias_dtype)
+    return dinput, dbias
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, group_sizes, bias, group_offset, transpose_weight, _ = inputs
+    ctx.save_for_backward(input, weight, group_sizes, group_offset)
+    ctx.transpose_weight = transpose_weight
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _backward(ctx, grad):
+    input, weight, group_sizes, group_offset = ctx.saved_tensors
+    grad = incoming_grad(grad, input.dtype)
+    dinput, dbias = input_and_bias_grads(ctx, grad, weight, group_sizes, group_offset, input.dtype)
+    dweight = None
+    if ctx.needs_input_grad[1]:
+        a, b = (grad, input) if ctx.transpose_weight else (input, grad)  # weight [G,N,K] or [G,K,N]
+        dweight = grouped_mm_wgrad_op(a, b, group_sizes, weight.shape[0], group_offset, weight.dtype)
+    return dinput, dweight, None, dbias, None, None, None
+
+
+grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
