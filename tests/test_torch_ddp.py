@@ -1,0 +1,24 @@
+"""DDP with a rank that has zero tokens completes and averages the right gradients."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+import ddp_worker
+
+
+def test_ddp_step_with_a_zero_token_rank_matches_single_process(tmp_path):
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "ddp_worker.py"), str(tmp_path)],
+                   check=True, timeout=240)  # a hang fails the test instead of stalling CI
+    ranks = [torch.load(tmp_path / f"grads{r}.pt") for r in range(ddp_worker.WORLD)]
+
+    model = ddp_worker.make_block()  # one process on the union of the batches
+    union = torch.cat([ddp_worker.batch(r) for r in range(ddp_worker.WORLD)])
+    ddp_worker.loss_fn(model(union)).backward()
+    for name, p in model.named_parameters():
+        for grads in ranks:
+            assert grads[name] is not None and grads[name].shape == p.shape
+            # DDP averages over ranks: the zero-token rank contributes exact zeros.
+            torch.testing.assert_close(grads[name] * ddp_worker.WORLD, p.grad, rtol=1e-6, atol=1e-7)
