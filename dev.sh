@@ -17,7 +17,7 @@ setup() {
   pip install -q torch==2.13.0
   pip install -q "jax==0.10.2" "jaxlib==0.10.2" "nanobind>=2.4" "scikit-build-core>=0.10" \
     "onednn-cpu-gomp==2023.2.0" "onednn-devel-cpu-gomp==2023.2.0" "scipy-openblas32>=0.3.27" \
-    numpy ml_dtypes pytest hypothesis
+    numpy ml_dtypes pytest hypothesis matplotlib
   if [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
@@ -42,11 +42,13 @@ case "${1:-}" in
     ;;
   demo)
     setup
-    python examples/core_demo.py
+    python examples/moe_demo.py
     ;;
   bench)
     setup
     python benchmarks/core_throughput.py
+    python benchmarks/jax_vs_ragged_dot.py
+    python benchmarks/torch_vs_peers.py
     ;;
   *)
     echo "usage: ./dev.sh {demo|test|bench|setup}" >&2
