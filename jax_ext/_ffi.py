@@ -20,6 +20,28 @@ def _register_targets():
 _register_targets()
 
 
+def varying_axes(*values):
+    """shard_map axes along which any of `values` varies (None entries are skipped)."""
+    axes = set()
+    for v in values:
+        if v is not None:
+            manual = getattr(jax.typeof(v), "manual_axis_type", None)
+            axes |= set(manual.varying) if manual is not None else set()
+    return tuple(sorted(axes))
+
+
+def mark_varying(value, axes):
+    """Types `value` as varying along `axes` inside shard_map.
+
+    XLA runs the custom call once per device, so a result varies wherever an operand
+    does, but ffi_call results carry no such type: without this, a psum over them would
+    be computed as if they were replicated, and custom_vjp cotangents would not match
+    their primals' types.
+    """
+    missing = tuple(a for a in axes if a not in varying_axes(value))
+    return jax.lax.pcast(value, missing, to="varying") if missing else value
+
+
 def _workspace(num_groups, num_total_groups):
     """The core's device workspace, as an extra XLA output (CUDA graphs cannot allocate)."""
     nbytes = _core.workspace_bytes(True, num_groups, num_total_groups) if _core.cuda_compiled() else 0
@@ -42,7 +64,7 @@ def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtyp
     out, _ = call(lhs, rhs, group_sizes, group_offset,
                   _placeholder(lhs.dtype) if bias is None else bias,
                   transpose_rhs=bool(transpose_rhs), has_bias=bias is not None)
-    return out
+    return mark_varying(out, varying_axes(lhs, rhs, group_sizes, group_offset, bias))
 
 
 def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, out_dtype):
@@ -57,7 +79,7 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, 
     )
     out, _ = call(lhs, grad, group_sizes, group_offset,
                   accumulate_into if accumulate else _placeholder(out_dtype), accumulate=accumulate)
-    return out
+    return mark_varying(out, varying_axes(lhs, grad, group_sizes, group_offset, accumulate_into))
 
 
 def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
@@ -68,4 +90,4 @@ def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
         vmap_method="sequential",
     )
     out, _ = call(grad, group_sizes, group_offset)
-    return out
+    return mark_varying(out, varying_axes(grad, group_sizes, group_offset))

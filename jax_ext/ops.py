@@ -129,6 +129,11 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
             raise TypeError(f"{fn}: bias dtype {bias.dtype} differs from lhs dtype {lhs.dtype}")
     group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, fn)
     out_dtype = _out_dtype(lhs.dtype, preferred_element_type, fn)
+    # Inside shard_map, give every differentiable operand the varying axes of all
+    # operands, so the custom VJP's cotangents (typed like the results) match them.
+    axes = _ffi.varying_axes(lhs, rhs, bias, group_sizes, group_offset)
+    lhs, rhs = _ffi.mark_varying(lhs, axes), _ffi.mark_varying(rhs, axes)
+    bias = None if bias is None else _ffi.mark_varying(bias, axes)
     return _grouped_matmul(lhs, rhs, group_sizes, group_offset, bias, bool(transpose_rhs), out_dtype)
 
 
