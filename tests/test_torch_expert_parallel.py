@@ -1,0 +1,24 @@
+"""Expert-parallel training across processes, with zero-token ranks, matches one process."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ep_worker
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_expert_parallel_training_with_zero_token_ranks_matches_single_process(world, tmp_path):
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "ep_worker.py"), str(world),
+                    str(tmp_path)], check=True, timeout=240)  # a hang fails instead of stalling CI
+    reference = ep_worker.single_process_reference(world)
+    assert not torch.equal(reference["w1"], ep_worker.init_params(world)["w1"])  # training moved the experts
+    for rank in range(world):
+        got = torch.load(tmp_path / f"params{rank}.pt")
+        local = slice(rank * ep_worker.LOCAL_EXPERTS, (rank + 1) * ep_worker.LOCAL_EXPERTS)
+        torch.testing.assert_close(got["router"], reference["router"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["w1"], reference["w1"][local], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["w2"], reference["w2"][local], rtol=1e-5, atol=1e-6)
