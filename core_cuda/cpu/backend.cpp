@@ -1,7 +1,9 @@
 // The CPU backend: walks the schedule (groupgemm/schedule.h) on the host and runs one
 // library GEMM per non-empty local group. Padding rows and empty groups are written by
 // the schedule's policy, never by a GEMM with a zero dimension.
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "convert.h"

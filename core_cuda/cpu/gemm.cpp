@@ -6,9 +6,6 @@
 
 namespace groupgemm {
 namespace cpu {
-
-Status gemm_onednn(const GemmCall& c);
-
 namespace {
 
 // float64 (CPU-only, for numerical checks) through OpenBLAS; its 32-bit interface

@@ -28,5 +28,8 @@ struct GemmCall {
 
 Status gemm(const GemmCall& call);
 
+// The float32 / bfloat16 path of gemm (gemm_onednn.cpp).
+Status gemm_onednn(const GemmCall& call);
+
 }  // namespace cpu
 }  // namespace groupgemm

@@ -63,11 +63,13 @@ Status check_ptr(const void* p, int64_t elements, const char* name) {
     if (!s_.ok()) return s_;       \
   } while (0)
 
-#ifndef GROUPGEMM_WITH_CUDA
-Status no_cuda() {
-  return Status::Invalid("groupgemm was built without CUDA; reinstall with nvcc available");
+// Runs the CPU or the CUDA backend (no_cuda.cpp in builds without nvcc) for already
+// validated arguments.
+template <typename Args, typename Cpu, typename Cuda>
+Status dispatch(const Args& args, const ExecContext& ctx, Cpu cpu_fn, Cuda cuda_fn) {
+  if (ctx.device == Device::cpu) return cpu_fn(args);
+  return cuda_fn(args, ctx);
 }
-#endif
 
 }  // namespace
 
@@ -80,11 +82,8 @@ bool cuda_compiled() {
 }
 
 int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int64_t num_total_groups) {
-#ifdef GROUPGEMM_WITH_CUDA
-  if (device == Device::cuda) return cuda::workspace_bytes(num_groups, num_total_groups);
-#endif
-  (void)device, (void)num_groups, (void)num_total_groups;
-  return 0;
+  // The CPU backend needs no workspace.
+  return device == Device::cuda ? cuda::workspace_bytes(num_groups, num_total_groups) : 0;
 }
 
 Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {
@@ -94,12 +93,7 @@ Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_ptr(a.lhs, a.m * a.k, "lhs"));
   GG_RETURN_IF_ERROR(check_ptr(a.rhs, a.num_groups * a.k * a.n, "rhs"));
   GG_RETURN_IF_ERROR(check_ptr(a.out, a.m * a.n, "out"));
-  if (ctx.device == Device::cpu) return cpu::grouped_matmul(a);
-#ifdef GROUPGEMM_WITH_CUDA
-  return cuda::grouped_matmul(a, ctx);
-#else
-  return no_cuda();
-#endif
+  return dispatch(a, ctx, cpu::grouped_matmul, cuda::grouped_matmul);
 }
 
 Status grouped_matmul_wgrad(const WgradArgs& a, const ExecContext& ctx) {
@@ -109,12 +103,7 @@ Status grouped_matmul_wgrad(const WgradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_ptr(a.lhs, a.m * a.k, "lhs"));
   GG_RETURN_IF_ERROR(check_ptr(a.grad, a.m * a.n, "grad"));
   GG_RETURN_IF_ERROR(check_ptr(a.out, a.num_groups * a.k * a.n, "out"));
-  if (ctx.device == Device::cpu) return cpu::grouped_matmul_wgrad(a);
-#ifdef GROUPGEMM_WITH_CUDA
-  return cuda::grouped_matmul_wgrad(a, ctx);
-#else
-  return no_cuda();
-#endif
+  return dispatch(a, ctx, cpu::grouped_matmul_wgrad, cuda::grouped_matmul_wgrad);
 }
 
 Status grouped_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
@@ -123,12 +112,7 @@ Status grouped_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_groups(a.group_sizes, a.group_offset, a.num_groups));
   GG_RETURN_IF_ERROR(check_ptr(a.grad, a.m * a.n, "grad"));
   GG_RETURN_IF_ERROR(check_ptr(a.out, a.num_groups * a.n, "out"));
-  if (ctx.device == Device::cpu) return cpu::grouped_bias_grad(a);
-#ifdef GROUPGEMM_WITH_CUDA
-  return cuda::grouped_bias_grad(a, ctx);
-#else
-  return no_cuda();
-#endif
+  return dispatch(a, ctx, cpu::grouped_bias_grad, cuda::grouped_bias_grad);
 }
 
 }  // namespace groupgemm

@@ -85,10 +85,17 @@ IndexArray optional_offset(const std::optional<Array>& offset, ContextBuilder& d
   return index_array(*offset, "group_offset");
 }
 
-void raise_on_error(const Status& s) {
+// Runs a core entry point without the GIL (other Python threads keep going) and turns
+// its status into ValueError (bad argument) or RuntimeError.
+template <typename Args, typename Fn>
+void run_core(Fn fn, const Args& args, const ExecContext& ctx) {
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = fn(args, ctx);
+  }
   if (s.ok()) return;
   if (s.code == Status::Code::invalid_argument) throw nb::value_error(s.message.c_str());
-  if (s.code == Status::Code::unimplemented) throw std::runtime_error(s.message);
   throw std::runtime_error(s.message);
 }
 
@@ -116,12 +123,7 @@ void grouped_matmul_array(Array lhs, Array rhs, Array group_sizes, Array out,
   a.lhs = lhs.data(), a.rhs = rhs.data(), a.out = out.data(), a.transpose_rhs = transpose_rhs;
   a.group_sizes = index_array(group_sizes, "group_sizes");
   a.group_offset = optional_offset(group_offset, devices);
-  Status s;
-  {
-    nb::gil_scoped_release release;
-    s = grouped_matmul(a, devices.context());
-  }
-  raise_on_error(s);
+  run_core(grouped_matmul, a, devices.context());
 }
 
 void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array out,
@@ -139,12 +141,7 @@ void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array 
   a.lhs = lhs.data(), a.grad = grad.data(), a.out = out.data(), a.accumulate = accumulate;
   a.group_sizes = index_array(group_sizes, "group_sizes");
   a.group_offset = optional_offset(group_offset, devices);
-  Status s;
-  {
-    nb::gil_scoped_release release;
-    s = grouped_matmul_wgrad(a, devices.context());
-  }
-  raise_on_error(s);
+  run_core(grouped_matmul_wgrad, a, devices.context());
 }
 
 void grouped_bias_grad_array(Array grad, Array group_sizes, Array out,
@@ -160,12 +157,7 @@ void grouped_bias_grad_array(Array grad, Array group_sizes, Array out,
   a.grad = grad.data(), a.out = out.data();
   a.group_sizes = index_array(group_sizes, "group_sizes");
   a.group_offset = optional_offset(group_offset, devices);
-  Status s;
-  {
-    nb::gil_scoped_release release;
-    s = grouped_bias_grad(a, devices.context());
-  }
-  raise_on_error(s);
+  run_core(grouped_bias_grad, a, devices.context());
 }
 
 }  // namespace

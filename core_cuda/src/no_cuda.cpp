@@ -1,0 +1,18 @@
+// The CUDA backend's entry points in a build without nvcc: each reports that clearly.
+#include "groupgemm/backends.h"
+
+namespace groupgemm {
+namespace cuda {
+namespace {
+Status not_built() {
+  return Status::Invalid("groupgemm was built without CUDA; reinstall with nvcc available");
+}
+}  // namespace
+
+Status grouped_matmul(const MatmulArgs&, const ExecContext&) { return not_built(); }
+Status grouped_matmul_wgrad(const WgradArgs&, const ExecContext&) { return not_built(); }
+Status grouped_bias_grad(const BiasGradArgs&, const ExecContext&) { return not_built(); }
+int64_t workspace_bytes(int64_t, int64_t) { return 0; }
+
+}  // namespace cuda
+}  // namespace groupgemm
