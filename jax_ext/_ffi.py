@@ -5,6 +5,7 @@ Nothing here is differentiable; ops.py adds the custom VJPs and argument checks.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from groupgemm import _core
 
@@ -63,7 +64,7 @@ def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtyp
     )
     out, _ = call(lhs, rhs, group_sizes, group_offset,
                   _placeholder(lhs.dtype) if bias is None else bias,
-                  transpose_rhs=bool(transpose_rhs), has_bias=bias is not None)
+                  transpose_rhs=np.bool_(transpose_rhs), has_bias=np.bool_(bias is not None))
     return mark_varying(out, varying_axes(lhs, rhs, group_sizes, group_offset, bias))
 
 
@@ -78,7 +79,7 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, 
         input_output_aliases={4: 0} if accumulate else None,
     )
     out, _ = call(lhs, grad, group_sizes, group_offset,
-                  accumulate_into if accumulate else _placeholder(out_dtype), accumulate=accumulate)
+                  accumulate_into if accumulate else _placeholder(out_dtype), accumulate=np.bool_(accumulate))
     return mark_varying(out, varying_axes(lhs, grad, group_sizes, group_offset, accumulate_into))
 
 
