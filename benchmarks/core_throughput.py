@@ -5,32 +5,16 @@ rows), so the ratio isolates what grouping costs. Run: python benchmarks/core_th
 """
 
 import argparse
-import time
 
 import torch
 
 import groupgemm._core as core
-
-
-def median_seconds(fn, repeats):
-    fn()  # warm-up: primitive creation, page faults
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
+from timing import add_shape_arguments, median_seconds
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--m", type=int, default=4096)
-    parser.add_argument("--k", type=int, default=1024)
-    parser.add_argument("--n", type=int, default=1024)
-    parser.add_argument("--groups", type=int, nargs="+", default=[8, 64])
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=10)
+    add_shape_arguments(parser, repeats=10)
     args = parser.parse_args()
     m, k, n = args.m, args.k, args.n
     flops = 2.0 * m * k * n

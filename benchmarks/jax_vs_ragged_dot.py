@@ -1,26 +1,16 @@
 """groupgemm.jax vs jax.lax.ragged_dot vs one dense matmul, forward and forward+backward.
 
-Run: python benchmarks/jax_vs_ragged_dot.py [--dtype float32] [--groups 8 64]
+Run: python benchmarks/jax_vs_ragged_dot.py [--dtypes float32] [--groups 8 64]
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from groupgemm.jax import grouped_matmul
-
-
-def median_seconds(fn, args, repeats):
-    jax.block_until_ready(fn(*args))  # compile
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+from timing import add_shape_arguments, median_seconds
 
 
 def fwd_and_train(matmul):
@@ -31,17 +21,12 @@ def fwd_and_train(matmul):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--m", type=int, default=4096)
-    p.add_argument("--k", type=int, default=1024)
-    p.add_argument("--n", type=int, default=1024)
-    p.add_argument("--groups", type=int, nargs="+", default=[8, 64])
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--repeats", type=int, default=5)
+    add_shape_arguments(p, dtypes=("float32",))
     a = p.parse_args()
-    dtype = jnp.dtype(a.dtype)
+    dtype = jnp.dtype(a.dtypes[0])
     rng = np.random.default_rng(0)
     lhs = jnp.asarray(rng.standard_normal((a.m, a.k)), dtype)
-    print(f"M={a.m} K={a.k} N={a.n} {a.dtype}, {jax.devices()[0].platform}, median of {a.repeats} (ms)")
+    print(f"M={a.m} K={a.k} N={a.n} {dtype}, {jax.devices()[0].platform}, median of {a.repeats} (ms)")
     print(f"{'G':>4} {'impl':>12} {'fwd':>9} {'fwd+bwd':>9} {'fwd GFLOP/s':>12} {'fwd vs dense':>12} {'fwd+bwd speed-up':>17}")
     flops = 2.0 * a.m * a.k * a.n
     for g in a.groups:
@@ -56,8 +41,8 @@ def main():
         for name, fn in impls.items():
             fwd, train = fwd_and_train(fn)
             repeats = 2 if name == "ragged_dot" and g > 8 else a.repeats
-            results[name] = (median_seconds(fwd, (lhs, rhs, sizes), repeats),
-                             median_seconds(train, (lhs, rhs, sizes), repeats))
+            results[name] = (median_seconds(lambda: jax.block_until_ready(fwd(lhs, rhs, sizes)), repeats),
+                             median_seconds(lambda: jax.block_until_ready(train(lhs, rhs, sizes)), repeats))
         for name, (f, t) in results.items():
             print(f"{g:>4} {name:>12} {f * 1e3:>9.1f} {t * 1e3:>9.1f} {flops / f / 1e9:>12.1f} "
                   f"{results['dense'][0] / f:>12.2f} {results['ragged_dot'][1] / t:>16.1f}x")

@@ -5,23 +5,11 @@ Run: python benchmarks/torch_vs_peers.py [--dtypes float32 bfloat16] [--groups 8
 """
 
 import argparse
-import time
 
 import torch
 
 from groupgemm.torch import grouped_mm
-
-
-def median_seconds(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+from timing import add_shape_arguments, median_seconds
 
 
 def per_expert_loop(x, w, sizes_list):
@@ -30,12 +18,7 @@ def per_expert_loop(x, w, sizes_list):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--m", type=int, default=4096)
-    p.add_argument("--k", type=int, default=1024)
-    p.add_argument("--n", type=int, default=1024)
-    p.add_argument("--groups", type=int, nargs="+", default=[8, 64])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--repeats", type=int, default=5)
+    add_shape_arguments(p)
     p.add_argument("--device", default="cpu")
     a = p.parse_args()
     flops = 2.0 * a.m * a.k * a.n
@@ -56,13 +39,20 @@ def main():
                 "torch.mm loop": lambda: per_expert_loop(x, w, sizes_list),
                 "_grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
             }
+            def synced(fn):
+                def run():
+                    fn()
+                    if a.device.startswith("cuda"):
+                        torch.cuda.synchronize()
+                return run
+
             for name, fn in impls.items():
                 def train():
                     x.grad = w.grad = None
                     fn().backward(dy)
                 with torch.no_grad():
-                    fwd = median_seconds(fn, a.repeats)
-                both = median_seconds(train, a.repeats)
+                    fwd = median_seconds(synced(fn), a.repeats)
+                both = median_seconds(synced(train), a.repeats)
                 print(f"{dtype_name:>9} {g:>4} {name:>14} {fwd * 1e3:>8.1f} {both * 1e3:>8.1f} {flops / fwd / 1e9:>12.1f}")
 
 
