@@ -73,35 +73,44 @@ std::vector<float> widened(const void* data, int64_t count) {
   return out;
 }
 
+// Where a widened call writes: the caller's buffer when it is float32, otherwise a
+// float32 scratch that finish() rounds into the caller's buffer once.
+class Float32Output {
+ public:
+  Float32Output(void* out, DType t, int64_t count)
+      : out_(out), t_(t), count_(count), scratch_(t == DType::f32 ? 0 : count) {}
+  void* data() { return t_ == DType::f32 ? out_ : scratch_.data(); }
+  Status finish(Status s) {
+    if (s.ok() && t_ != DType::f32) convert(scratch_.data(), DType::f32, out_, t_, count_);
+    return s;
+  }
+
+ private:
+  void* out_;
+  DType t_;
+  int64_t count_;
+  std::vector<float> scratch_;
+};
+
 Status matmul_f16(MatmulArgs a) {
   auto lhs = widened(a.lhs, a.m * a.k);
   auto rhs = widened(a.rhs, a.num_groups * a.k * a.n);
   auto bias = widened(a.bias, a.num_groups * a.n);
-  std::vector<float> out(a.out_dtype == DType::f32 ? 0 : a.m * a.n);
-  void* final_out = a.out;
-  a.in_dtype = DType::f32;
+  Float32Output out(a.out, a.out_dtype, a.m * a.n);
+  a.in_dtype = a.out_dtype = DType::f32;
   a.lhs = lhs.data(), a.rhs = rhs.data(), a.bias = a.bias ? bias.data() : nullptr;
-  if (a.out_dtype != DType::f32) a.out = out.data();
-  const DType final_t = a.out_dtype;
-  a.out_dtype = DType::f32;
-  Status s = grouped_matmul(a);
-  if (s.ok() && final_t != DType::f32) convert(out.data(), DType::f32, final_out, final_t, a.m * a.n);
-  return s;
+  a.out = out.data();
+  return out.finish(grouped_matmul(a));
 }
 
 Status wgrad_f16(WgradArgs a) {
   auto lhs = widened(a.lhs, a.m * a.k);
   auto grad = widened(a.grad, a.m * a.n);
-  const int64_t out_count = a.num_groups * a.k * a.n;
-  std::vector<float> out(a.out_dtype == DType::f32 ? 0 : out_count);
-  void* final_out = a.out;
-  const DType final_t = a.out_dtype;
-  a.in_dtype = DType::f32, a.out_dtype = DType::f32;
+  Float32Output out(a.out, a.out_dtype, a.num_groups * a.k * a.n);
+  a.in_dtype = a.out_dtype = DType::f32;
   a.lhs = lhs.data(), a.grad = grad.data();
-  if (final_t != DType::f32) a.out = out.data();
-  Status s = grouped_matmul_wgrad(a);
-  if (s.ok() && final_t != DType::f32) convert(out.data(), DType::f32, final_out, final_t, out_count);
-  return s;
+  a.out = out.data();
+  return out.finish(grouped_matmul_wgrad(a));
 }
 
 }  // namespace
