@@ -43,9 +43,10 @@ def mark_varying(value, axes):
     return jax.lax.pcast(value, missing, to="varying") if missing else value
 
 
-def _workspace(num_groups, num_total_groups):
-    """The core's device workspace, as an extra XLA output (CUDA graphs cannot allocate)."""
-    nbytes = _core.workspace_bytes(True, num_groups, num_total_groups) if _core.cuda_compiled() else 0
+def _workspace(num_groups):
+    """The CUDA backend's per-group setup scratch, as an extra XLA output: a command
+    buffer cannot allocate. The CPU backend ignores it (and CPU-only builds make it empty)."""
+    nbytes = _core.workspace_bytes(True, num_groups) if _core.cuda_compiled() else 0
     return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
 
 
@@ -59,7 +60,7 @@ def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtyp
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     call = jax.ffi.ffi_call(
         "groupgemm_matmul",
-        (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g, group_sizes.shape[0])),
+        (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g)),
         vmap_method="sequential",
     )
     out, _ = call(lhs, rhs, group_sizes, group_offset,
@@ -73,7 +74,7 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, 
     accumulate = accumulate_into is not None
     call = jax.ffi.ffi_call(
         "groupgemm_wgrad",
-        (jax.ShapeDtypeStruct(shape, out_dtype), _workspace(num_groups, group_sizes.shape[0])),
+        (jax.ShapeDtypeStruct(shape, out_dtype), _workspace(num_groups)),
         vmap_method="sequential",
         # The accumulator is updated in place when the caller donates it.
         input_output_aliases={4: 0} if accumulate else None,
@@ -87,7 +88,7 @@ def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
     call = jax.ffi.ffi_call(
         "groupgemm_bias_grad",
         (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype),
-         _workspace(num_groups, group_sizes.shape[0])),
+         _workspace(num_groups)),
         vmap_method="sequential",
     )
     out, _ = call(grad, group_sizes, group_offset)

@@ -19,6 +19,13 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
+def _workspace(device: torch.device, num_groups: int) -> Optional[Tensor]:
+    """Scratch for the CUDA backend's per-group setup, allocated by torch like any output."""
+    if device.type != "cuda":
+        return None
+    return torch.empty(_core.workspace_bytes(True, num_groups), dtype=torch.uint8, device=device)
+
+
 def _raw(t: Optional[Tensor]) -> Optional[Tensor]:
     # __dlpack__ refuses tensors that require grad; the core reads them as plain memory.
     return None if t is None else t.detach()
@@ -31,7 +38,7 @@ def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Opti
     out = torch.empty((input.shape[0], n), dtype=out_dtype, device=input.device)
     _core.grouped_matmul(_raw(input), _raw(weight), group_sizes, out, bias=_raw(bias),
                          group_offset=group_offset, transpose_rhs=transpose_weight,
-                         stream=_stream(input.device))
+                         workspace=_workspace(input.device, weight.shape[0]), stream=_stream(input.device))
     return out
 
 
@@ -46,7 +53,8 @@ def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_gr
                         group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
     out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype, device=input.device)
     _core.grouped_matmul_wgrad(_raw(input), _raw(grad), group_sizes, out, group_offset=group_offset,
-                               accumulate=False, stream=_stream(input.device))
+                               accumulate=False, workspace=_workspace(input.device, num_groups),
+                               stream=_stream(input.device))
     return out
 
 
@@ -59,7 +67,9 @@ def _(input, grad, group_sizes, num_groups, group_offset, out_dtype):
 def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Tensor,
                                    accumulate_into: Tensor, group_offset: Optional[Tensor]) -> None:
     _core.grouped_matmul_wgrad(_raw(input), _raw(grad), group_sizes, _raw(accumulate_into),
-                               group_offset=group_offset, accumulate=True, stream=_stream(input.device))
+                               group_offset=group_offset, accumulate=True,
+                               workspace=_workspace(input.device, accumulate_into.shape[0]),
+                               stream=_stream(input.device))
 
 
 @grouped_mm_wgrad_accumulate_op.register_fake
@@ -72,7 +82,7 @@ def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int,
                          group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
     out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype, device=grad.device)
     _core.grouped_bias_grad(_raw(grad), group_sizes, out, group_offset=group_offset,
-                            stream=_stream(grad.device))
+                            workspace=_workspace(grad.device, num_groups), stream=_stream(grad.device))
     return out
 
 

@@ -9,7 +9,7 @@
 #include "convert.h"
 #include "gemm.h"
 #include "groupgemm/backends.h"
-#include "groupgemm/schedule.h"
+#include "groupgemm/problem.h"
 
 namespace groupgemm {
 namespace cpu {
@@ -21,8 +21,8 @@ class RowPlan {
   RowPlan(const IndexArray& sizes, const IndexArray& offset, int64_t num_local, int64_t m)
       : offset_(offset.data ? load_index(offset.data, offset.type, 0) : 0),
         window_(group_window(offset_, num_local, sizes.count)),
-        boundary_(window_.last + 1) {
-    row_boundaries(sizes.data, sizes.type, window_.last, m, boundary_.data());
+        boundary_(window_.last - window_.first + 1) {
+    window_row_boundaries(sizes.data, sizes.type, window_, m, boundary_.data());
   }
   RowRange group(int64_t local) const {
     return local_group_rows(boundary_.data(), window_, offset_, local);
@@ -125,13 +125,14 @@ Status grouped_matmul(const MatmulArgs& a) {
 
   for (int64_t g = 0; g < a.num_groups; ++g) {
     const RowRange rows = plan.group(g);
-    const void* bias = a.bias ? at(a.bias, g * a.n, a.in_dtype) : nullptr;
-    switch (forward_action(rows.rows(), a.k)) {
+    const GroupProblem p = forward_problem(rows, g, a.k, a.n, a.transpose_rhs);
+    const void* bias = a.bias ? at(a.bias, p.c_offset, a.in_dtype) : nullptr;
+    switch (p.action) {
       case GroupAction::gemm: {
-        const GemmCall call{a.in_dtype, a.out_dtype, rows.rows(), a.n, a.k,
-                            at(a.lhs, rows.begin * a.k, a.in_dtype), false,
-                            at(a.rhs, g * a.k * a.n, a.in_dtype), a.transpose_rhs,
-                            bias, at(a.out, rows.begin * a.n, a.out_dtype), false};
+        const GemmCall call{a.in_dtype, a.out_dtype, p.m, p.n, p.k,
+                            at(a.lhs, p.a_offset, a.in_dtype), p.a_transposed,
+                            at(a.rhs, p.b_offset, a.in_dtype), p.b_transposed,
+                            bias, at(a.out, p.d_offset, a.out_dtype), false};
         Status s = gemm(call);
         if (!s.ok()) return s;
         break;
@@ -156,14 +157,13 @@ Status grouped_matmul_wgrad(const WgradArgs& a) {
   if (block == 0) return Status::Ok();
 
   for (int64_t g = 0; g < a.num_groups; ++g) {
-    const RowRange rows = plan.group(g);
-    void* out = at(a.out, g * block, a.out_dtype);
-    switch (reduction_action(rows.rows(), a.accumulate)) {
+    const GroupProblem p = wgrad_problem(plan.group(g), g, a.k, a.n, a.accumulate);
+    void* out = at(a.out, p.d_offset, a.out_dtype);
+    switch (p.action) {
       case GroupAction::gemm: {
-        // out[g] = lhs_g^T @ grad_g: lhs_g [rows, K] read as a transposed [K, rows].
-        const GemmCall call{a.in_dtype, a.out_dtype, a.k, a.n, rows.rows(),
-                            at(a.lhs, rows.begin * a.k, a.in_dtype), true,
-                            at(a.grad, rows.begin * a.n, a.in_dtype), false,
+        const GemmCall call{a.in_dtype, a.out_dtype, p.m, p.n, p.k,
+                            at(a.lhs, p.a_offset, a.in_dtype), p.a_transposed,
+                            at(a.grad, p.b_offset, a.in_dtype), p.b_transposed,
                             nullptr, out, a.accumulate};
         Status s = gemm(call);
         if (!s.ok()) return s;

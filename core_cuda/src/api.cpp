@@ -5,6 +5,7 @@
 
 #include "groupgemm/backends.h"
 #include "groupgemm/groupgemm.h"
+#include "groupgemm/workspace.h"
 
 namespace groupgemm {
 namespace {
@@ -81,9 +82,10 @@ bool cuda_compiled() {
 #endif
 }
 
-int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int64_t num_total_groups) {
-  // The CPU backend needs no workspace.
-  return device == Device::cuda ? cuda::workspace_bytes(num_groups, num_total_groups) : 0;
+int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups) {
+  // The CPU backend needs no workspace; the CUDA one needs the setup kernel's arrays,
+  // whose size is known without the CUDA build (so frontends size it identically).
+  return device == Device::cuda ? workspace_layout(num_groups < 0 ? 0 : num_groups).bytes : 0;
 }
 
 Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {

@@ -12,7 +12,6 @@ Status not_built() {
 Status grouped_matmul(const MatmulArgs&, const ExecContext&) { return not_built(); }
 Status grouped_matmul_wgrad(const WgradArgs&, const ExecContext&) { return not_built(); }
 Status grouped_bias_grad(const BiasGradArgs&, const ExecContext&) { return not_built(); }
-int64_t workspace_bytes(int64_t, int64_t) { return 0; }
 
 }  // namespace cuda
 }  // namespace groupgemm

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "groupgemm/groupgemm.h"
-#include "groupgemm/schedule.h"
+#include "groupgemm/setup.h"
 
 using namespace groupgemm;
 
@@ -61,21 +61,33 @@ void test_schedule() {
 
   const int32_t sizes[] = {3, 0, 4, -2, 5, 1};
   int64_t boundary[7];
-  row_boundaries(sizes, IndexType::i32, 6, 10, boundary);
+  const GroupWindow all = group_window(0, 6, 6);
+  window_row_boundaries(sizes, IndexType::i32, all, 10, boundary);
   const int64_t want[] = {0, 3, 3, 7, 7, 10, 10};  // 3+0+4+0+5 > 10: clipped
   CHECK(std::memcmp(boundary, want, sizeof want) == 0);
+  CHECK(fold_row_boundary(sizes, IndexType::i32, 2, 5, 3, 10) == 10);  // one chunk of the scan
+  CHECK(fold_row_boundary(sizes, IndexType::i32, 1, 4, 3, 10) == 7);
   w = group_window(2, 2, 6);
-  RowRange r = local_group_rows(boundary, w, 2, 0);
+  int64_t window_boundary[3];
+  window_row_boundaries(sizes, IndexType::i32, w, 10, window_boundary);
+  CHECK(window_boundary[0] == 3 && window_boundary[1] == 7 && window_boundary[2] == 7);
+  RowRange r = local_group_rows(window_boundary, w, 2, 0);
   CHECK(r.begin == 3 && r.end == 7);
-  r = local_group_rows(boundary, w, 2, 1);
+  r = local_group_rows(window_boundary, w, 2, 1);
   CHECK(r.rows() == 0);
-  r = owned_rows(boundary, w);
+  r = owned_rows(window_boundary, w);
   CHECK(r.begin == 3 && r.end == 7);
-  CHECK(group_of_row(boundary, group_window(0, 6, 6), 3) == 2);  // skips the empty group 1
-  CHECK(group_of_row(boundary, group_window(0, 6, 6), 0) == 0);
-  CHECK(group_of_row(boundary, group_window(0, 6, 6), 9) == 4);
-  CHECK(group_of_row(boundary, group_window(0, 6, 6), 10) == -1);
-  CHECK(group_of_row(boundary, w, 2) == -1);  // outside the window: padding
+  CHECK(group_of_row(boundary, all, 3) == 2);  // skips the empty group 1
+  CHECK(group_of_row(boundary, all, 0) == 0);
+  CHECK(group_of_row(boundary, all, 9) == 4);
+  CHECK(group_of_row(boundary, all, 10) == -1);
+  CHECK(group_of_row(window_boundary, w, 2) == -1);  // before the window: padding
+  CHECK(group_of_row(window_boundary, w, 5) == 2);   // global index
+  CHECK(group_of_row(window_boundary, w, 7) == -1);  // after the window
+  const GroupWindow none = group_window(9, 2, 6);
+  int64_t none_boundary[1];
+  window_row_boundaries(sizes, IndexType::i32, none, 10, none_boundary);
+  CHECK(owned_rows(none_boundary, none).rows() == 0 && group_of_row(none_boundary, none, 0) == -1);
 
   const int64_t tile_start[] = {0, 2, 2, 3, 7};  // group 1 is empty
   CHECK(group_of_tile(tile_start, 4, 0) == 0);
@@ -130,8 +142,16 @@ bool close(T a, double b) {
   return std::fabs(double(a) - b) <= tol * std::max(1.0, std::fabs(b));
 }
 
+// Runs the three entry points: the CPU backend through the public API, or the CUDA
+// backend's schedule emulated on the host (below).
+struct Runner {
+  Status (*matmul)(const MatmulArgs&);
+  Status (*wgrad)(const WgradArgs&);
+  Status (*bias_grad)(const BiasGradArgs&);
+};
+
 template <typename T>
-void run_case(const Case& c, DType dt) {
+void run_case(const Case& c, DType dt, const Runner& run) {
   g_case = c.name;
   const int64_t G = c.num_local >= 0 ? c.num_local : int64_t(c.sizes.size());
   std::mt19937 rng(42);
@@ -141,7 +161,6 @@ void run_case(const Case& c, DType dt) {
   IndexArray sizes{c.sizes.data(), IndexType::i64, int64_t(c.sizes.size())};
   IndexArray offset = c.num_local >= 0 ? IndexArray{&c.offset, IndexType::i64, 1} : IndexArray{};
   const T nan = std::numeric_limits<T>::quiet_NaN();
-  const ExecContext cpu;
 
   for (int transpose = 0; transpose < 2; ++transpose) {
     std::vector<T> out(c.m * c.n, nan);  // dirty output memory
@@ -150,7 +169,7 @@ void run_case(const Case& c, DType dt) {
     a.lhs = lhs.data(), a.rhs = rhs.data(), a.bias = bias.data(), a.out = out.data();
     a.m = c.m, a.k = c.k, a.n = c.n, a.num_groups = G, a.transpose_rhs = transpose;
     a.group_sizes = sizes, a.group_offset = offset;
-    CHECK(grouped_matmul(a, cpu).ok());
+    CHECK(run.matmul(a).ok());
     std::vector<bool> owned(c.m, false);
     for (int64_t g = 0; g < G; ++g)
       for (int64_t r = rows[g].first; r < rows[g].second; ++r) {
@@ -176,7 +195,7 @@ void run_case(const Case& c, DType dt) {
     a.lhs = lhs.data(), a.grad = dout.data(), a.out = out.data();
     a.m = c.m, a.k = c.k, a.n = c.n, a.num_groups = G, a.accumulate = accumulate;
     a.group_sizes = sizes, a.group_offset = offset;
-    CHECK(grouped_matmul_wgrad(a, cpu).ok());
+    CHECK(run.wgrad(a).ok());
     for (int64_t g = 0; g < G; ++g) {
       const bool empty = rows[g].second == rows[g].first;
       for (int64_t i = 0; i < c.k; ++i)
@@ -201,7 +220,7 @@ void run_case(const Case& c, DType dt) {
   b.in_dtype = b.out_dtype = dt;
   b.grad = dout.data(), b.out = dbias.data(), b.m = c.m, b.n = c.n, b.num_groups = G;
   b.group_sizes = sizes, b.group_offset = offset;
-  CHECK(grouped_bias_grad(b, cpu).ok());
+  CHECK(run.bias_grad(b).ok());
   for (int64_t g = 0; g < G; ++g)
     for (int64_t j = 0; j < c.n; ++j) {
       double want = 0;
@@ -209,6 +228,172 @@ void run_case(const Case& c, DType dt) {
       if (rows[g].second == rows[g].first) CHECK(dbias[g * c.n + j] == T(0));
       else CHECK(close(dbias[g * c.n + j], want));
     }
+}
+
+// ---- the CUDA backend's schedule, run on the host ----------------------------------
+// The setup kernel's steps (groupgemm/setup.h) with `g_threads` chunks and a sequential
+// exclusive scan, then the workspace executed the way the CUDA kernels read it: a
+// grouped GEMM over (problem, pointers, lds) and the fill rules. Same order as
+// cuda/backend.cu. Checked by run_case like the CPU backend.
+
+int64_t g_threads = 1;
+
+struct EmulatedWorkspace {
+  explicit EmulatedWorkspace(int64_t num_groups)
+      : storage((workspace_layout(num_groups).bytes + 7) / 8), view(workspace_view(storage.data(), num_groups)) {}
+  std::vector<int64_t> storage;  // 8-byte aligned; every array is 16-byte aligned within it
+  WorkspaceView view;
+};
+
+void emulate_setup(const SetupArgs& a) {
+  const WorkspaceView ws = workspace_view(a.workspace, a.num_groups);
+  const int64_t offset = setup_group_offset(a);
+  const GroupWindow w = setup_window(a, offset);
+  int64_t start = 0;  // exclusive scan over the chunks, in thread order
+  for (int64_t t = 0; t < g_threads; ++t) {
+    const RowRange chunk = setup_chunk(t, g_threads, w);
+    write_chunk_boundaries(a, ws, w, chunk, start);
+    start = next_row_boundary(start, chunk_rows(a, chunk), a.m);
+  }
+  write_window(ws, w, offset);
+  if (a.kind == SetupKind::rows_only) return;
+  for (int64_t local = 0; local < a.num_groups; ++local) write_group_setup(a, ws, local);
+}
+
+// D = A B + beta C for every problem, reading only the workspace.
+template <typename T>
+void emulate_grouped_gemm(const WorkspaceView& ws, int64_t num_groups, bool a_col, bool b_col, T beta) {
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t m = ws.problem[3 * g], n = ws.problem[3 * g + 1], k = ws.problem[3 * g + 2];
+    const T* a = static_cast<const T*>(ws.ptr[0][g]);
+    const T* b = static_cast<const T*>(ws.ptr[1][g]);
+    const T* c = static_cast<const T*>(ws.ptr[2][g]);
+    T* d = static_cast<T*>(ws.ptr[3][g]);
+    const int64_t lda = ws.ld[0][g], ldb = ws.ld[1][g], ldc = ws.ld[2][g], ldd = ws.ld[3][g];
+    CHECK(m == 0 || k > 0);  // no k = 0 problem reaches the GEMM
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        T acc = beta != T(0) ? beta * c[i * ldc + j] : T(0);
+        for (int64_t p = 0; p < k; ++p)
+          acc += (a_col ? a[p * lda + i] : a[i * lda + p]) * (b_col ? b[j * ldb + p] : b[p * ldb + j]);
+        d[i * ldd + j] = acc;
+      }
+  }
+}
+
+template <typename T>
+Status emulate_matmul(const MatmulArgs& a) {
+  if (a.m == 0 || a.n == 0) return Status::Ok();
+  EmulatedWorkspace ws(a.num_groups);
+  const int64_t e = sizeof(T);
+  emulate_setup({SetupKind::forward, a.group_sizes, a.group_offset, a.num_groups, a.m, a.k, a.n,
+                 a.transpose_rhs, false, {a.lhs, a.rhs, a.bias, a.out, e, e, e, e}, ws.storage.data()});
+  T* out = static_cast<T*>(a.out);
+  const T* bias = static_cast<const T*>(a.bias);
+  for (int64_t r = 0; r < a.m; ++r) {  // the fill kernel
+    const int64_t local = local_group_of_row(ws.view, r);
+    if (local >= 0 && a.k != 0) continue;
+    for (int64_t j = 0; j < a.n; ++j) out[r * a.n + j] = (local >= 0 && bias) ? bias[local * a.n + j] : T(0);
+  }
+  if (a.k == 0 || a.num_groups == 0) return Status::Ok();
+  emulate_grouped_gemm<T>(ws.view, a.num_groups, false, a.transpose_rhs, a.bias ? T(1) : T(0));
+  return Status::Ok();
+}
+
+template <typename T>
+Status emulate_wgrad(const WgradArgs& a) {
+  if (a.num_groups == 0 || a.k == 0 || a.n == 0) return Status::Ok();
+  EmulatedWorkspace ws(a.num_groups);
+  const int64_t e = sizeof(T);
+  emulate_setup({SetupKind::wgrad, a.group_sizes, a.group_offset, a.num_groups, a.m, a.k, a.n, false,
+                 a.accumulate, {a.lhs, a.grad, a.accumulate ? a.out : nullptr, a.out, e, e, e, e},
+                 ws.storage.data()});
+  for (int64_t g = 0; g < a.num_groups; ++g)  // the empty-group kernel
+    if (!a.accumulate && ws.view.action[g] == int32_t(GroupAction::write_zero))
+      std::fill_n(static_cast<T*>(a.out) + g * a.k * a.n, a.k * a.n, T(0));
+  if (a.m == 0) return Status::Ok();
+  emulate_grouped_gemm<T>(ws.view, a.num_groups, true, false, a.accumulate ? T(1) : T(0));
+  return Status::Ok();
+}
+
+template <typename T>
+Status emulate_bias_grad(const BiasGradArgs& a) {
+  if (a.num_groups == 0 || a.n == 0) return Status::Ok();
+  EmulatedWorkspace ws(a.num_groups);
+  emulate_setup({SetupKind::rows_only, a.group_sizes, a.group_offset, a.num_groups, a.m, 0, a.n, false,
+                 false, {}, ws.storage.data()});
+  const T* grad = static_cast<const T*>(a.grad);
+  for (int64_t g = 0; g < a.num_groups; ++g) {
+    const RowRange rows = workspace_group_rows(ws.view, g);
+    for (int64_t j = 0; j < a.n; ++j) {
+      T sum = 0;
+      for (int64_t r = rows.begin; r < rows.end; ++r) sum += grad[r * a.n + j];
+      static_cast<T*>(a.out)[g * a.n + j] = sum;
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+Runner emulated_cuda() {
+  return {emulate_matmul<T>, emulate_wgrad<T>, emulate_bias_grad<T>};
+}
+
+template <typename T>
+Runner cpu_backend() {
+  return {[](const MatmulArgs& a) { return grouped_matmul(a, ExecContext{}); },
+          [](const WgradArgs& a) { return grouped_matmul_wgrad(a, ExecContext{}); },
+          [](const BiasGradArgs& a) { return grouped_bias_grad(a, ExecContext{}); }};
+}
+
+void test_workspace() {
+  g_case = "workspace";
+  for (int64_t g : {0, 1, 3, 64, 1000}) {
+    const WorkspaceLayout l = workspace_layout(g);
+    const int64_t starts[] = {l.window, l.boundary, l.action, l.problem, l.ptr[0], l.ptr[1], l.ptr[2],
+                              l.ptr[3], l.ld[0], l.ld[1], l.ld[2], l.ld[3], l.bytes};
+    const int64_t sizes[] = {32, (g + 1) * 8, g * 4, g * 12, g * 8, g * 8, g * 8, g * 8, g * 8, g * 8, g * 8, g * 8};
+    for (int i = 0; i < 12; ++i) {
+      CHECK(starts[i] % 16 == 0);
+      CHECK(starts[i] + sizes[i] <= starts[i + 1]);  // in order, no overlap
+    }
+    CHECK(grouped_matmul_workspace_bytes(Device::cuda, g) == l.bytes);
+    CHECK(grouped_matmul_workspace_bytes(Device::cpu, g) == 0);
+  }
+
+  // Pointer and leading-dimension arithmetic of one group, in int64 past 2^31 elements.
+  std::vector<int64_t> storage(workspace_layout(2).bytes / 8);
+  const WorkspaceView ws = workspace_view(storage.data(), 2);
+  const int64_t begin = int64_t(3) << 31, k = 1024, n = 96;
+  alignas(16) static const char base[16] = {};
+  const GemmOperands ops{base, base + 1, base + 2, const_cast<char*>(base + 3), 2, 2, 2, 4};
+  write_group(ws, 1, forward_problem({begin, begin + 5}, 1, k, n, true), ops);
+  CHECK(ws.action[1] == int32_t(GroupAction::gemm));
+  CHECK(ws.problem[3] == 5 && ws.problem[4] == n && ws.problem[5] == k);
+  CHECK(static_cast<const char*>(ws.ptr[0][1]) == base + begin * k * 2);
+  CHECK(static_cast<const char*>(ws.ptr[1][1]) == base + 1 + k * n * 2);
+  CHECK(static_cast<const char*>(ws.ptr[2][1]) == base + 2 + n * 2);  // bias row of group 1
+  CHECK(static_cast<const char*>(ws.ptr[3][1]) == base + 3 + begin * n * 4);
+  CHECK(ws.ld[0][1] == k && ws.ld[1][1] == k && ws.ld[2][1] == 0 && ws.ld[3][1] == n);
+  write_group(ws, 0, forward_problem({0, 5}, 0, k, n, false), ops);
+  CHECK(ws.ld[1][0] == n);  // [K, N] weight
+  write_group(ws, 0, forward_problem({7, 7}, 0, k, n, false), ops);  // empty: no GEMM problem
+  CHECK(ws.action[0] == int32_t(GroupAction::leave_untouched));
+  CHECK(ws.problem[0] == 0 && ws.problem[1] == 0 && ws.problem[2] == 0);
+  write_group(ws, 0, forward_problem({0, 5}, 0, 0, n, false), ops);  // K = 0: fill, no GEMM
+  CHECK(ws.action[0] == int32_t(GroupAction::write_zero) && ws.problem[0] == 0);
+
+  const GemmOperands wgrad_ops{base, base + 1, nullptr, const_cast<char*>(base + 3), 2, 2, 4, 4};
+  write_group(ws, 1, wgrad_problem({begin, begin + 5}, 1, k, n, false), wgrad_ops);
+  CHECK(ws.problem[3] == k && ws.problem[4] == n && ws.problem[5] == 5);  // contracts over rows
+  CHECK(static_cast<const char*>(ws.ptr[0][1]) == base + begin * k * 2 && ws.ld[0][1] == k);
+  CHECK(static_cast<const char*>(ws.ptr[1][1]) == base + 1 + begin * n * 2 && ws.ld[1][1] == n);
+  CHECK(ws.ptr[2][1] == ws.ptr[3][1]);  // no C: points at D, never read with beta = 0
+  CHECK(static_cast<const char*>(ws.ptr[3][1]) == base + 3 + k * n * 4);
+  write_group(ws, 1, wgrad_problem({4, 4}, 1, k, n, true), wgrad_ops);  // empty, accumulating
+  CHECK(ws.action[1] == int32_t(GroupAction::leave_untouched) && ws.problem[5] == 0);
+  write_group(ws, 1, wgrad_problem({4, 4}, 1, k, n, false), wgrad_ops);
+  CHECK(ws.action[1] == int32_t(GroupAction::write_zero) && ws.problem[3] == 0);
 }
 
 void test_errors() {
@@ -263,9 +448,14 @@ int main() {
       {"offset_before_start", 15, 8, 6, {3, 0, 4, 2, 5, 1}, 2, -1},
   };
   for (const Case& c : cases) {
-    run_case<double>(c, DType::f64);
-    run_case<float>(c, DType::f32);
+    run_case<double>(c, DType::f64, cpu_backend<double>());
+    run_case<float>(c, DType::f32, cpu_backend<float>());
+    for (int64_t threads : {1, 3, 256}) {  // one chunk, uneven chunks, the kernel's block
+      g_threads = threads;
+      run_case<double>(c, DType::f64, emulated_cuda<double>());
+    }
   }
+  test_workspace();
   test_errors();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;

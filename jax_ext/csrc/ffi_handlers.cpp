@@ -179,9 +179,9 @@ void bind_ffi_handlers(nb::module_& m) {
     out["CUDA"] = cuda;
     return out;
   }, "XLA FFI handler capsules by platform, then target name.");
-  m.def("workspace_bytes", [](bool cuda, int64_t num_groups, int64_t num_total_groups) {
-    return grouped_matmul_workspace_bytes(cuda ? Device::cuda : Device::cpu, num_groups, num_total_groups);
-  }, nb::arg("cuda"), nb::arg("num_groups"), nb::arg("num_total_groups"),
+  m.def("workspace_bytes", [](bool cuda, int64_t num_groups) {
+    return grouped_matmul_workspace_bytes(cuda ? Device::cuda : Device::cpu, num_groups);
+  }, nb::arg("cuda"), nb::arg("num_groups"),
      "Bytes of device workspace one call needs.");
 }
 

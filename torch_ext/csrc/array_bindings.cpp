@@ -68,6 +68,14 @@ class ContextBuilder {
     }
     first_ = false, type_ = type, id_ = id, first_name_ = name;
     ctx_.device = type == nb::device::cuda::value ? Device::cuda : Device::cpu;
+    ctx_.device_index = type == nb::device::cuda::value ? id : -1;
+  }
+  // The caller-allocated scratch the CUDA backend writes its per-group setup into.
+  void set_workspace(const std::optional<Array>& workspace) {
+    if (!workspace) return;
+    add(*workspace, "workspace");
+    ctx_.workspace = workspace->data();
+    ctx_.workspace_bytes = static_cast<int64_t>(workspace->nbytes());
   }
   const ExecContext& context() const { return ctx_; }
 
@@ -101,7 +109,7 @@ void run_core(Fn fn, const Args& args, const ExecContext& ctx) {
 
 void grouped_matmul_array(Array lhs, Array rhs, Array group_sizes, Array out,
                           std::optional<Array> bias, std::optional<Array> group_offset,
-                          bool transpose_rhs, uintptr_t stream) {
+                          bool transpose_rhs, std::optional<Array> workspace, uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&lhs, "lhs"}, {&rhs, "rhs"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
     devices.add(*a, name);
@@ -123,11 +131,13 @@ void grouped_matmul_array(Array lhs, Array rhs, Array group_sizes, Array out,
   a.lhs = lhs.data(), a.rhs = rhs.data(), a.out = out.data(), a.transpose_rhs = transpose_rhs;
   a.group_sizes = index_array(group_sizes, "group_sizes");
   a.group_offset = optional_offset(group_offset, devices);
+  devices.set_workspace(workspace);
   run_core(grouped_matmul, a, devices.context());
 }
 
 void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array out,
-                                std::optional<Array> group_offset, bool accumulate, uintptr_t stream) {
+                                std::optional<Array> group_offset, bool accumulate,
+                                std::optional<Array> workspace, uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&lhs, "lhs"}, {&grad, "grad"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
     devices.add(*a, name);
@@ -141,11 +151,13 @@ void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array 
   a.lhs = lhs.data(), a.grad = grad.data(), a.out = out.data(), a.accumulate = accumulate;
   a.group_sizes = index_array(group_sizes, "group_sizes");
   a.group_offset = optional_offset(group_offset, devices);
+  devices.set_workspace(workspace);
   run_core(grouped_matmul_wgrad, a, devices.context());
 }
 
 void grouped_bias_grad_array(Array grad, Array group_sizes, Array out,
-                             std::optional<Array> group_offset, uintptr_t stream) {
+                             std::optional<Array> group_offset, std::optional<Array> workspace,
+                             uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&grad, "grad"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
     devices.add(*a, name);
@@ -157,6 +169,7 @@ void grouped_bias_grad_array(Array grad, Array group_sizes, Array out,
   a.grad = grad.data(), a.out = out.data();
   a.group_sizes = index_array(group_sizes, "group_sizes");
   a.group_offset = optional_offset(group_offset, devices);
+  devices.set_workspace(workspace);
   run_core(grouped_bias_grad, a, devices.context());
 }
 
@@ -166,16 +179,18 @@ void bind_array_entry_points(nb::module_& m) {
   m.def("grouped_matmul", &grouped_matmul_array, nb::arg("lhs").noconvert(),
         nb::arg("rhs").noconvert(), nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
         nb::arg("bias").noconvert() = nb::none(), nb::arg("group_offset").noconvert() = nb::none(),
-        nb::arg("transpose_rhs") = false, nb::arg("stream") = 0,
+        nb::arg("transpose_rhs") = false, nb::arg("workspace").noconvert() = nb::none(),
+        nb::arg("stream") = 0,
         "out[M,N] = lhs[M,K] @ rhs[g] (+ bias[g]) per group; padding rows are written as 0.");
   m.def("grouped_matmul_wgrad", &grouped_matmul_wgrad_array, nb::arg("lhs").noconvert(),
         nb::arg("grad").noconvert(), nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
         nb::arg("group_offset").noconvert() = nb::none(), nb::arg("accumulate") = false,
-        nb::arg("stream") = 0,
+        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
         "out[g] = lhs_g^T @ grad_g (or += with accumulate); empty groups give 0 (or stay untouched).");
   m.def("grouped_bias_grad", &grouped_bias_grad_array, nb::arg("grad").noconvert(),
         nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
-        nb::arg("group_offset").noconvert() = nb::none(), nb::arg("stream") = 0,
+        nb::arg("group_offset").noconvert() = nb::none(),
+        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
         "out[g] = sum of grad rows of group g; empty groups give 0.");
 }
 

@@ -14,6 +14,5 @@ namespace cuda {
 Status grouped_matmul(const MatmulArgs& args, const ExecContext& ctx);
 Status grouped_matmul_wgrad(const WgradArgs& args, const ExecContext& ctx);
 Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
-int64_t workspace_bytes(int64_t num_groups, int64_t num_total_groups);
 }  // namespace cuda
 }  // namespace groupgemm

@@ -16,8 +16,9 @@ Status grouped_matmul_wgrad(const WgradArgs& args, const ExecContext& ctx);
 // Bias gradient: see BiasGradArgs.
 Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
 
-// Bytes of workspace each entry point needs on `device` (0 on CPU).
-int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int64_t num_total_groups);
+// Bytes of workspace each entry point needs on `device` for num_groups local groups
+// (0 on CPU).
+int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups);
 
 // True when this build contains the CUDA backend.
 bool cuda_compiled();

@@ -63,31 +63,39 @@ struct RowRange {
   GG_HD int64_t rows() const { return end - begin; }
 };
 
-// Row boundaries of global groups [0, last]: boundary[g] = min(sum(sizes[:g]), m).
-// Sequential; the CUDA setup kernel computes the same values with a scan built from
-// next_row_boundary's clamping. `boundary` has last + 1 entries.
-GG_HD void row_boundaries(const void* sizes, IndexType type, int64_t last, int64_t m,
-                          int64_t* boundary) {
-  int64_t row = 0;
-  boundary[0] = 0;
-  for (int64_t g = 0; g < last; ++g) {
+// Folds groups [begin, end) onto the row where group `begin` starts: the row where
+// group `end` starts. The CPU walks the whole window with it; each CUDA setup thread
+// folds one chunk of groups before a block scan joins the chunks.
+GG_HD int64_t fold_row_boundary(const void* sizes, IndexType type, int64_t begin, int64_t end,
+                                int64_t row, int64_t m) {
+  for (int64_t g = begin; g < end; ++g) row = next_row_boundary(row, load_index(sizes, type, g), m);
+  return row;
+}
+
+// Row boundaries of the window's groups: boundary[i] = min(sum(sizes[:w.first + i]), m)
+// for i in [0, w.last - w.first], so group w.first + i owns [boundary[i], boundary[i + 1]).
+// `boundary` has w.last - w.first + 1 entries.
+GG_HD void window_row_boundaries(const void* sizes, IndexType type, GroupWindow w, int64_t m,
+                                 int64_t* boundary) {
+  int64_t row = fold_row_boundary(sizes, type, 0, w.first, 0, m);
+  boundary[0] = row;
+  for (int64_t g = w.first; g < w.last; ++g) {
     row = next_row_boundary(row, load_index(sizes, type, g), m);
-    boundary[g + 1] = row;
+    boundary[g - w.first + 1] = row;
   }
 }
 
-// Rows of local group `local`, given the global boundaries from row_boundaries.
+// Rows of local group `local`, given the window's boundaries.
 GG_HD RowRange local_group_rows(const int64_t* boundary, GroupWindow w, int64_t group_offset,
                                 int64_t local) {
   const int64_t g = global_group(w, group_offset, local);
   if (g < 0) return {0, 0};
-  return {boundary[g], boundary[g + 1]};
+  return {boundary[g - w.first], boundary[g - w.first + 1]};
 }
 
-// Rows owned by local groups: [boundary[first], boundary[last]). Everything else is
-// padding and is written as exact zeros.
+// Rows owned by the window's groups. Everything else is padding, written as exact zeros.
 GG_HD RowRange owned_rows(const int64_t* boundary, GroupWindow w) {
-  return {boundary[w.first], boundary[w.last]};
+  return {boundary[0], boundary[w.last - w.first]};
 }
 
 GG_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -105,15 +113,17 @@ GG_HD int64_t group_of_tile(const int64_t* tile_start, int64_t num_local, int64_
   return lo;
 }
 
-// Which global group owns `row`, or -1 for padding (same search over row boundaries).
+// Which global group owns `row`, or -1 for padding: a binary search over the window's
+// boundaries that skips empty groups.
 GG_HD int64_t group_of_row(const int64_t* boundary, GroupWindow w, int64_t row) {
-  if (row < boundary[w.first] || row >= boundary[w.last]) return -1;
-  int64_t lo = w.first, hi = w.last;
+  const int64_t count = w.last - w.first;
+  if (count == 0 || row < boundary[0] || row >= boundary[count]) return -1;
+  int64_t lo = 0, hi = count;  // invariant: boundary[lo] <= row < boundary[hi]
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (boundary[mid] <= row) lo = mid; else hi = mid;
   }
-  return lo;
+  return w.first + lo;
 }
 
 // What a group's output block gets. An empty group never reaches a GEMM (a k = 0

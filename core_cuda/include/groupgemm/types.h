@@ -57,6 +57,7 @@ struct IndexArray {
 // core never allocates device memory at run time.
 struct ExecContext {
   Device device = Device::cpu;
+  int device_index = -1;  // CUDA device of the operands; -1: the current device
   void* stream = nullptr;
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;

@@ -1,0 +1,24 @@
+// DType -> device element type (CUTLASS's numeric types, which convert to and from float
+// with round-to-nearest-even).
+#pragma once
+
+#include "cutlass/bfloat16.h"
+#include "cutlass/half.h"
+#include "groupgemm/types.h"
+
+namespace groupgemm {
+namespace cuda {
+
+// Calls fn(T{}) for the element type of a CUDA-supported dtype (float64 is CPU-only and
+// rejected before any backend runs).
+template <typename Fn>
+auto visit_cuda_dtype(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::bf16: return fn(cutlass::bfloat16_t{});
+    case DType::f16: return fn(cutlass::half_t{});
+    default: return fn(float{});
+  }
+}
+
+}  // namespace cuda
+}  // namespace groupgemm

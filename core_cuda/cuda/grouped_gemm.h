@@ -1,0 +1,45 @@
+// The GEMM stage of the CUDA backend: one grouped GEMM over the problems, pointers and
+// leading dimensions that the setup kernel wrote into the workspace. Plain host header
+// (no CUTLASS), so the entry points and the per-dtype translation units share it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "groupgemm/types.h"
+
+namespace groupgemm {
+namespace cuda {
+
+// Operand storage of the three GEMM kinds, all with a row-major D:
+//   row_row: forward / dgrad, A = lhs [m, k], B = rhs[g] [k, n]
+//   row_col: forward / dgrad with rhs[g] stored [n, k]
+//   col_row: wgrad, A = lhs_g^T (lhs_g is [rows, k]), B = grad_g [rows, n]
+enum class GemmLayout : int { row_row = 0, row_col = 1, col_row = 2 };
+
+struct GroupedGemmLaunch {
+  DType in_dtype;
+  DType out_dtype;         // D, and C when beta != 0
+  GemmLayout layout;
+  const int32_t* problems;  // device GemmCoord[num_groups]; 0 x 0 x 0 for skipped groups
+  int num_groups;
+  void** ptr[4];           // device arrays: A, B, C, D per group
+  int64_t* ld[4];          // device arrays: lda, ldb, ldc, ldd per group
+  float beta;              // 0: D = A B;  1: D = A B + C (bias row, or D when accumulating)
+  int max_m;               // bound on any group's m (grid size of the fallback kernel)
+  int n;                   // every group's n
+  cudaStream_t stream;
+};
+
+// 16-bit inputs run on tensor cores when every group's operands are 16-byte aligned
+// (aligned == true); otherwise, and for misaligned shapes, a plain tiled kernel runs.
+// float32 runs exact fp32 FMA (no TF32) at any alignment.
+Status grouped_gemm(const GroupedGemmLaunch& launch, bool aligned);
+
+// Per-dtype halves, one translation unit each so they compile in parallel.
+Status grouped_gemm_bf16(const GroupedGemmLaunch& launch);
+Status grouped_gemm_f16(const GroupedGemmLaunch& launch);
+Status grouped_gemm_f32(const GroupedGemmLaunch& launch);
+Status grouped_gemm_unaligned(const GroupedGemmLaunch& launch);
+
+}  // namespace cuda
+}  // namespace groupgemm

@@ -1,0 +1,104 @@
+// The CUDA backend's per-call workspace: what its setup kernel writes from the device-
+// resident group sizes, and what the GEMM and fill kernels then read. The caller
+// provides the memory (an XLA output buffer, a torch tensor), so nothing is allocated at
+// run time and a CUDA graph can replay the call.
+//
+// The layout and the per-group writes are __host__ __device__ so the CPU tests check the
+// same pointer and leading-dimension arithmetic the GPU runs.
+#pragma once
+
+#include <cstdint>
+
+#include "groupgemm/problem.h"
+
+namespace groupgemm {
+
+// Byte offsets of the workspace arrays for G local groups, each 16-byte aligned.
+struct WorkspaceLayout {
+  int64_t window;    // int64[4]: window first, last, group_offset, unused
+  int64_t boundary;  // int64[G + 1]: the window's row boundaries
+  int64_t action;    // int32[G]: GroupAction of each local group
+  int64_t problem;   // int32[3 G]: (m, n, k) per group, CUTLASS's GemmCoord; 0s unless gemm
+  int64_t ptr[4];    // void*[G] each: A, B, C, D of each group
+  int64_t ld[4];     // int64[G] each: lda, ldb, ldc, ldd
+  int64_t bytes;     // total size
+};
+
+GG_HD int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+GG_HD WorkspaceLayout workspace_layout(int64_t num_groups) {
+  const int64_t g = num_groups;
+  WorkspaceLayout l{};
+  int64_t at = 0;
+  auto take = [&at](int64_t bytes) {
+    const int64_t here = at;
+    at += align16(bytes);
+    return here;
+  };
+  l.window = take(4 * 8);
+  l.boundary = take((g + 1) * 8);
+  l.action = take(g * 4);
+  l.problem = take(g * 3 * 4);
+  for (int i = 0; i < 4; ++i) l.ptr[i] = take(g * 8);
+  for (int i = 0; i < 4; ++i) l.ld[i] = take(g * 8);
+  l.bytes = at;
+  return l;
+}
+
+// Typed views of the workspace arrays.
+struct WorkspaceView {
+  int64_t* window;
+  int64_t* boundary;
+  int32_t* action;
+  int32_t* problem;
+  void** ptr[4];
+  int64_t* ld[4];
+};
+
+GG_HD WorkspaceView workspace_view(void* base, int64_t num_groups) {
+  const WorkspaceLayout l = workspace_layout(num_groups);
+  char* b = static_cast<char*>(base);
+  WorkspaceView v{};
+  v.window = reinterpret_cast<int64_t*>(b + l.window);
+  v.boundary = reinterpret_cast<int64_t*>(b + l.boundary);
+  v.action = reinterpret_cast<int32_t*>(b + l.action);
+  v.problem = reinterpret_cast<int32_t*>(b + l.problem);
+  for (int i = 0; i < 4; ++i) {
+    v.ptr[i] = reinterpret_cast<void**>(b + l.ptr[i]);
+    v.ld[i] = reinterpret_cast<int64_t*>(b + l.ld[i]);
+  }
+  return v;
+}
+
+// The call's operand base pointers and element sizes. C may be null (no bias): it then
+// points at D, which a GEMM with beta = 0 never reads.
+struct GemmOperands {
+  const void* a;
+  const void* b;
+  const void* c;
+  void* d;
+  int64_t a_bytes, b_bytes, c_bytes, d_bytes;  // element sizes
+};
+
+// Writes local group `local`'s entry. A group that is not a GEMM gets problem (0, 0, 0):
+// the grouped GEMM gives it no tiles, so no k = 0 problem ever reaches it, and the fill
+// kernels act on `action` instead.
+GG_HD void write_group(const WorkspaceView& ws, int64_t local, const GroupProblem& p,
+                       const GemmOperands& ops) {
+  const bool gemm = p.action == GroupAction::gemm;
+  ws.action[local] = static_cast<int32_t>(p.action);
+  ws.problem[3 * local + 0] = gemm ? static_cast<int32_t>(p.m) : 0;
+  ws.problem[3 * local + 1] = gemm ? static_cast<int32_t>(p.n) : 0;
+  ws.problem[3 * local + 2] = gemm ? static_cast<int32_t>(p.k) : 0;
+  char* d = static_cast<char*>(ops.d) + p.d_offset * ops.d_bytes;
+  ws.ptr[0][local] = const_cast<char*>(static_cast<const char*>(ops.a) + p.a_offset * ops.a_bytes);
+  ws.ptr[1][local] = const_cast<char*>(static_cast<const char*>(ops.b) + p.b_offset * ops.b_bytes);
+  ws.ptr[2][local] = ops.c ? const_cast<char*>(static_cast<const char*>(ops.c) + p.c_offset * ops.c_bytes) : d;
+  ws.ptr[3][local] = d;
+  ws.ld[0][local] = p.lda;
+  ws.ld[1][local] = p.ldb;
+  ws.ld[2][local] = ops.c ? p.ldc : p.ldd;
+  ws.ld[3][local] = p.ldd;
+}
+
+}  // namespace groupgemm
