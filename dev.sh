@@ -21,6 +21,10 @@ setup() {
   if [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
+  if command -v nvcc >/dev/null; then
+    # CUTLASS headers only: the wheel's Python dependencies are not needed to build.
+    pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
+  fi
   pip install -q -e . --no-build-isolation
   python -c "import groupgemm; print('groupgemm built; CUDA backend compiled:', groupgemm.cuda_compiled())"
 }

@@ -18,7 +18,7 @@ BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 def raw_bits(x):
     """The raw bits of an array from either framework, as unsigned integers."""
     if isinstance(x, torch.Tensor):
-        x = x.detach()
+        x = x.detach().cpu()
         return x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]).numpy().view(
             BITS[x.element_size()])
     x = np.asarray(x)
@@ -31,21 +31,24 @@ def assert_same_bits(a, b, what):
     assert np.array_equal(bits_a, bits_b), f"{what}: {np.count_nonzero(bits_a != bits_b)} elements differ"
 
 
-def both_frameworks(case, dtype, with_bias, transpose):
+def both_frameworks(case, dtype, with_bias, transpose, device="cpu"):
+    """Forward and all gradients of one case in JAX and in torch, on "cpu" or "cuda"."""
     x = inputs(case)
     rhs = x["rhs"].transpose(0, 2, 1) if transpose else x["rhs"]
     sizes, off = x["group_sizes"], case.group_offset
-    with jax.enable_x64(dtype == "float64"):
+    jax_device = jax.devices("cpu" if device == "cpu" else "gpu")[0]
+    with jax.enable_x64(dtype == "float64"), jax.default_device(jax_device):
         j = lambda a: jnp.asarray(a, JNP[dtype])  # noqa: E731
         out_j, vjp = jax.vjp(lambda l, r, b: gj.grouped_matmul(
             l, r, jnp.asarray(sizes), bias=b if with_bias else None, transpose_rhs=transpose,
             group_offset=None if off is None else jnp.int32(off)), j(x["lhs"]), j(rhs), j(x["bias"]))
         grads_j = vjp(j(x["dout"]))
         jax_results = [np.asarray(a) for a in (out_j, *grads_j)]
-    t = lambda a: torch.tensor(np.asarray(a), dtype=TORCH[dtype], requires_grad=True)  # noqa: E731
+    t = lambda a: torch.tensor(np.asarray(a), dtype=TORCH[dtype], device=device, requires_grad=True)  # noqa: E731
     lhs_t, rhs_t, bias_t = t(x["lhs"]), t(rhs), t(x["bias"])
-    out_t = gt.grouped_mm(lhs_t, rhs_t, torch.from_numpy(sizes), bias_t if with_bias else None,
-                          transpose_weight=transpose, group_offset=None if off is None else torch.tensor(off))
+    out_t = gt.grouped_mm(lhs_t, rhs_t, torch.from_numpy(sizes).to(device), bias_t if with_bias else None,
+                          transpose_weight=transpose,
+                          group_offset=None if off is None else torch.tensor(off, device=device))
     out_t.backward(t(x["dout"]).detach())
     bias_grad = bias_t.grad if with_bias else torch.zeros_like(bias_t)
     return jax_results, [out_t, lhs_t.grad, rhs_t.grad, bias_grad]

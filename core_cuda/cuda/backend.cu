@@ -53,9 +53,21 @@ Status check_workspace(const ExecContext& ctx, int64_t num_groups) {
   return Status::Ok();
 }
 
+// Without a driver or a device, say so before any launch (the runtime's own message is
+// "driver version is insufficient").
+Status check_device() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaSuccess && count > 0) return Status::Ok();
+  cudaGetLastError();  // clear the sticky error so later calls are not affected
+  return Status::Internal(std::string("no usable CUDA device (") +
+                          (e == cudaSuccess ? "none found" : cudaGetErrorString(e)) + ")");
+}
+
 Status check_call(const ExecContext& ctx, int64_t m, int64_t k, int64_t n, int64_t num_groups) {
   Status s = check_int32(m, k, n);
   if (s.ok()) s = check_workspace(ctx, num_groups);
+  if (s.ok()) s = check_device();
   return s;
 }
 

@@ -1,0 +1,131 @@
+"""What the CUDA build must guarantee on any machine, GPU or not: device code for both
+target architectures, no host-synchronising call in the core, and a clear error (never a
+crash) when a CUDA call meets a machine without a usable device."""
+
+import ctypes
+import pathlib
+import re
+import struct
+
+import numpy as np
+import pytest
+
+import groupgemm
+from groupgemm import _core
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# ---- the fatbinary ---------------------------------------------------------------------
+
+FATBIN_MAGIC = 0xBA55ED50
+ARCH_SPECIFIC = 0x100000  # entry flag of an arch-specific ("a") target such as sm_90a
+
+
+def elf_section(path, wanted):
+    data = pathlib.Path(path).read_bytes()
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx]
+    for h in headers:
+        start = names[4] + h[0]
+        if data[start:data.index(b"\0", start)].decode() == wanted:
+            return data[h[4]:h[4] + h[5]]
+    return b""
+
+
+def fatbin_images(section):
+    """(kind, sm, arch_specific) of every image; kind 1 is PTX, 2 is a cubin."""
+    images, pos = set(), 0
+    while pos + 16 <= len(section):
+        magic, _, header_size, size = struct.unpack_from("<IHHQ", section, pos)
+        if magic != FATBIN_MAGIC:
+            pos += 8  # fat binaries are 8-byte aligned within the section
+            continue
+        entry, end = pos + header_size, pos + header_size + size
+        while entry < end:
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", section, entry)
+            (sm,) = struct.unpack_from("<I", section, entry + 28)
+            (flags,) = struct.unpack_from("<Q", section, entry + 40)
+            images.add((kind, sm, bool(flags & ARCH_SPECIFIC)))
+            entry += entry_header + payload
+        pos = end
+    return images
+
+
+@pytest.mark.skipif(not groupgemm.cuda_compiled(), reason="built without nvcc: no device code to inspect")
+def test_fatbinary_holds_sm80_and_sm90a_cubins():
+    images = fatbin_images(elf_section(_core.__file__, ".nv_fatbin"))
+    cubins = {(sm, specific) for kind, sm, specific in images if kind == 2}
+    assert (80, False) in cubins, images
+    assert (90, True) in cubins, images
+
+
+# ---- no host synchronisation in the core ----------------------------------------------
+
+HOST_SYNC = re.compile(
+    r"cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaStreamQuery|cudaEventQuery"
+    r"|cudaMemcpy\s*\(|cudaMemcpyDeviceToHost|cudaMemcpyDefault|cudaMalloc|cudaFree|cudaHostAlloc"
+    r"|thrust::|\.synchronize\(")
+
+
+def host_sync_calls(text):
+    return [m.group(0) for m in HOST_SYNC.finditer(text)]
+
+
+def test_scanner_flags_host_synchronising_calls():
+    assert host_sync_calls("cudaStreamSynchronize(s); cudaMemcpy (d, h, n, k);") == [
+        "cudaStreamSynchronize", "cudaMemcpy ("]
+    assert host_sync_calls("cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, s);") == ["cudaMemcpyDeviceToHost"]
+    assert host_sync_calls("cudaMallocAsync(&p, n, s); cudaEventSynchronize(e);") == [
+        "cudaMalloc", "cudaEventSynchronize"]
+    assert host_sync_calls("kernel<<<1, 256, 0, stream>>>(args); cudaGetLastError();") == []
+
+
+def test_core_has_no_host_synchronising_call():
+    sources = [p for p in (ROOT / "core_cuda").rglob("*") if p.suffix in {".cu", ".cuh", ".h", ".cpp"}]
+    assert any(p.suffix == ".cu" for p in sources)
+    found = {str(p.relative_to(ROOT)): host_sync_calls(p.read_text()) for p in sources}
+    assert {p: calls for p, calls in found.items() if calls} == {}
+
+
+# ---- a CUDA call without a usable device ----------------------------------------------
+
+ctypes.pythonapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+ctypes.pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+DL_CUDA = 2
+
+
+class ClaimsCuda:
+    """A host array whose DLPack capsule says CUDA device 0. The core must refuse it
+    before any device access when no device exists (the test skips where one does)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack_device__(self):
+        return (DL_CUDA, 0)
+
+    def __dlpack__(self, **kwargs):
+        capsule = self.array.__dlpack__()
+        tensor = ctypes.pythonapi.PyCapsule_GetPointer(capsule, b"dltensor")
+        ctypes.c_int32.from_address(tensor + 8).value = DL_CUDA  # DLTensor.device.device_type
+        return capsule
+
+
+def test_cuda_call_without_a_device_raises_clearly():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a real device would be handed host pointers")
+    lhs, out = np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32)
+    rhs, sizes = np.zeros((2, 8, 8), np.float32), np.array([2, 2], np.int32)
+    workspace = np.zeros(_core.workspace_bytes(True, 2), np.uint8)
+    expected = "no usable CUDA device" if groupgemm.cuda_compiled() else "built without CUDA"
+    with pytest.raises((RuntimeError, ValueError), match=expected):
+        _core.grouped_matmul(*map(ClaimsCuda, (lhs, rhs, sizes, out)), workspace=ClaimsCuda(workspace))
+    with pytest.raises((RuntimeError, ValueError), match=expected):
+        _core.grouped_bias_grad(ClaimsCuda(out), ClaimsCuda(sizes), ClaimsCuda(np.zeros((2, 8), np.float32)),
+                                workspace=ClaimsCuda(workspace))
+    if groupgemm.cuda_compiled():
+        with pytest.raises(ValueError, match="workspace has 0 bytes"):
+            _core.grouped_matmul(*map(ClaimsCuda, (lhs, rhs, sizes, out)))
