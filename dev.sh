@@ -25,8 +25,9 @@ setup() {
     # CUTLASS headers only: the wheel's Python dependencies are not needed to build.
     pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
   fi
+  local started=$SECONDS
   pip install -q -e . --no-build-isolation
-  python -c "import groupgemm; print('groupgemm built; CUDA backend compiled:', groupgemm.cuda_compiled())"
+  python -c "import groupgemm; print('groupgemm built in $((SECONDS - started)) s; CUDA backend compiled:', groupgemm.cuda_compiled())"
 }
 
 core_tests() {
