@@ -36,11 +36,12 @@ class DeviceGuard {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The CUTLASS problem sizes are int32 (and so is its tile count).
-Status check_int32(int64_t m, int64_t k, int64_t n) {
-  const int64_t limit = std::numeric_limits<int32_t>::max();
-  if (m > limit || k > limit || n > limit)
-    return Status::Invalid("on CUDA, M, K and N must each be below 2^31");
+// CUTLASS's problem sizes and tile arithmetic are int32 and add up to a tile (128) to a
+// dimension before dividing, so leave that much headroom below 2^31.
+Status check_int32(int64_t m, int64_t k, int64_t n, int64_t num_groups) {
+  const int64_t limit = std::numeric_limits<int32_t>::max() - 256;
+  if (m > limit || k > limit || n > limit || num_groups > limit)
+    return Status::Invalid("on CUDA, M, K, N and the group count must each be below 2^31 - 256");
   return Status::Ok();
 }
 
@@ -64,10 +65,19 @@ Status check_device() {
                           (e == cudaSuccess ? "none found" : cudaGetErrorString(e)) + ")");
 }
 
+// An error left pending by someone else's earlier launch would otherwise be reported
+// (and cleared) as ours.
+Status check_no_pending_error() {
+  const cudaError_t e = cudaPeekAtLastError();
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Internal(std::string("an earlier CUDA error is pending: ") + cudaGetErrorString(e));
+}
+
 Status check_call(const ExecContext& ctx, int64_t m, int64_t k, int64_t n, int64_t num_groups) {
-  Status s = check_int32(m, k, n);
+  Status s = check_int32(m, k, n, num_groups);
   if (s.ok()) s = check_workspace(ctx, num_groups);
   if (s.ok()) s = check_device();
+  if (s.ok()) s = check_no_pending_error();
   return s;
 }
 
@@ -78,7 +88,9 @@ Status check_call(const ExecContext& ctx, int64_t m, int64_t k, int64_t n, int64
   } while (0)
 
 // 16-bit operands need every group's rows to start on a 16-byte boundary for the
-// tensor-core kernel; float32 runs at any alignment.
+// tensor-core kernel; float32 runs at any alignment. The choice depends on base
+// addresses too, so a torch view at an odd storage offset runs the unaligned kernel:
+// same values within rounding, but not the same bits as an aligned call.
 bool tensor_core_aligned(DType in, DType out, int64_t k, int64_t n, std::initializer_list<const void*> ptrs) {
   if (in == DType::f32) return true;
   if (k % 8 != 0 || n % 8 != 0 || (out == DType::f32 && n % 4 != 0)) return false;
