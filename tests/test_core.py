@@ -139,6 +139,34 @@ def test_same_call_gives_same_bits(dtype):
     assert all(torch.equal(wgrads[0], w) for w in wgrads[1:])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_small_groups_side_by_side_give_the_single_thread_bits(dtype):
+    # With several threads, groups smaller than a thread's share run concurrently, one
+    # thread each: the bits must be those of a single-threaded run, whichever thread
+    # took which group.
+    rng = np.random.default_rng(4)
+    sizes = torch.tensor([40, 0, 75, 33, 64, 1, 90, 57], dtype=torch.int32)
+    m, k, n = int(sizes.sum()), 128, 96
+    lhs = tensor(rng.standard_normal((m, k)), dtype)
+    rhs = tensor(rng.standard_normal((8, k, n)), dtype)
+    dout = tensor(rng.standard_normal((m, n)), dtype)
+    bits = torch.int16 if dtype == "bfloat16" else torch.int32
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for num_threads in (1, 2, 2):
+            torch.set_num_threads(num_threads)
+            out = torch.empty(m, n, dtype=TORCH_DTYPE[dtype])
+            core.grouped_matmul(lhs, rhs, sizes, out)
+            w = torch.empty(8, k, n, dtype=TORCH_DTYPE[dtype])
+            core.grouped_matmul_wgrad(lhs, dout, sizes, w)
+            results.append((out.view(bits), w.view(bits)))
+    finally:
+        torch.set_num_threads(threads)
+    for out, w in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(w, results[0][1])
+
+
 def test_errors_name_the_argument():
     lhs = torch.zeros(4, 3)
     rhs = torch.zeros(2, 3, 5)

@@ -1,6 +1,8 @@
 // The CPU backend: walks the schedule (groupgemm/schedule.h) on the host and runs one
 // library GEMM per non-empty local group. Padding rows and empty groups are written by
 // the schedule's policy, never by a GEMM with a zero dimension.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -65,6 +67,39 @@ void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t count
   });
 }
 
+double flops(const GemmCall& c) { return static_cast<double>(c.m) * c.n * c.k; }
+
+// Runs the per-group GEMMs of one call (they write disjoint outputs). A GEMM with at
+// least a thread's share of the work runs alone on all threads. The rest are small
+// (an MoE layer with many experts): splitting each across the threads costs a
+// synchronisation per group and leaves every thread too little work to amortise
+// re-packing the weight, so they run side by side instead, one thread each, largest
+// first. Which GEMMs share out depends only on the call's shapes and the thread
+// count, and a GEMM's bits do not depend on the thread that runs it.
+Status run_gemms(const std::vector<GemmCall>& calls) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  double total = 0;
+  for (const GemmCall& c : calls) total += flops(c);
+  std::vector<size_t> side_by_side;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (threads > 1 && flops(calls[i]) * threads < total && gemm_reentrant(calls[i])) {
+      side_by_side.push_back(i);
+      continue;
+    }
+    Status s = gemm(calls[i]);
+    if (!s.ok()) return s;
+  }
+  std::stable_sort(side_by_side.begin(), side_by_side.end(),
+                   [&](size_t a, size_t b) { return flops(calls[a]) > flops(calls[b]); });
+  std::vector<Status> status(side_by_side.size(), Status::Ok());
+  const int64_t count = static_cast<int64_t>(side_by_side.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (count > 1)
+  for (int64_t i = 0; i < count; ++i) status[i] = gemm(calls[side_by_side[i]]);
+  for (const Status& s : status)
+    if (!s.ok()) return s;
+  return Status::Ok();
+}
+
 // float16 has no fast library kernel: widen the operands to float32, run the float32
 // path, and round the result once.
 std::vector<float> widened(const void* data, int64_t count) {
@@ -123,6 +158,7 @@ Status grouped_matmul(const MatmulArgs& a) {
   zero_rows(a.out, {owned.end, a.m}, a.n, a.out_dtype);
   if (a.n == 0) return Status::Ok();
 
+  std::vector<GemmCall> gemms;
   for (int64_t g = 0; g < a.num_groups; ++g) {
     const RowRange rows = plan.group(g);
     const GroupProblem p = forward_problem(rows, g, a.k, a.n, a.transpose_rhs);
@@ -133,8 +169,7 @@ Status grouped_matmul(const MatmulArgs& a) {
                             at(a.lhs, p.a_offset, a.in_dtype), p.a_transposed,
                             at(a.rhs, p.b_offset, a.in_dtype), p.b_transposed,
                             bias, at(a.out, p.d_offset, a.out_dtype), false};
-        Status s = gemm(call);
-        if (!s.ok()) return s;
+        gemms.push_back(call);
         break;
       }
       case GroupAction::write_zero:  // K == 0: the product is empty, only the bias remains
@@ -147,7 +182,7 @@ Status grouped_matmul(const MatmulArgs& a) {
         break;
     }
   }
-  return Status::Ok();
+  return run_gemms(gemms);
 }
 
 Status grouped_matmul_wgrad(const WgradArgs& a) {
@@ -156,6 +191,7 @@ Status grouped_matmul_wgrad(const WgradArgs& a) {
   const int64_t block = a.k * a.n;
   if (block == 0) return Status::Ok();
 
+  std::vector<GemmCall> gemms;
   for (int64_t g = 0; g < a.num_groups; ++g) {
     const GroupProblem p = wgrad_problem(plan.group(g), g, a.k, a.n, a.accumulate);
     void* out = at(a.out, p.d_offset, a.out_dtype);
@@ -165,8 +201,7 @@ Status grouped_matmul_wgrad(const WgradArgs& a) {
                             at(a.lhs, p.a_offset, a.in_dtype), p.a_transposed,
                             at(a.grad, p.b_offset, a.in_dtype), p.b_transposed,
                             nullptr, out, a.accumulate};
-        Status s = gemm(call);
-        if (!s.ok()) return s;
+        gemms.push_back(call);
         break;
       }
       case GroupAction::write_zero:
@@ -176,7 +211,7 @@ Status grouped_matmul_wgrad(const WgradArgs& a) {
         break;
     }
   }
-  return Status::Ok();
+  return run_gemms(gemms);
 }
 
 Status grouped_bias_grad(const BiasGradArgs& a) {

@@ -40,5 +40,10 @@ Status gemm(const GemmCall& c) {
   return gemm_onednn(c);
 }
 
+bool gemm_reentrant(const GemmCall& c) {
+  // OpenBLAS (float64) threads itself; only oneDNN's GEMM kernel is known to be safe.
+  return (c.in_dtype == DType::f32 || c.in_dtype == DType::bf16) && gemm_onednn_reentrant(c);
+}
+
 }  // namespace cpu
 }  // namespace groupgemm

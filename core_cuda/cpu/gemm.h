@@ -28,8 +28,13 @@ struct GemmCall {
 
 Status gemm(const GemmCall& call);
 
+// Whether gemm(call) may run on several threads at once with other such calls; each
+// then computes on its calling thread only (inside an OpenMP parallel region).
+bool gemm_reentrant(const GemmCall& call);
+
 // The float32 / bfloat16 path of gemm (gemm_onednn.cpp).
 Status gemm_onednn(const GemmCall& call);
+bool gemm_onednn_reentrant(const GemmCall& call);
 
 }  // namespace cpu
 }  // namespace groupgemm

@@ -37,9 +37,16 @@ dnnl::engine& cpu_engine() {
 
 using Key = std::tuple<DType, DType, bool, bool, bool, bool>;
 
-const dnnl::matmul& cached_primitive(const GemmCall& c) {
+struct Primitive {
+  dnnl::matmul matmul;
+  // oneDNN's GEMM-based kernel ("gemm:jit") keeps no per-primitive buffers, so
+  // different threads may run it at the same time; its brgemm kernels may not.
+  bool reentrant;
+};
+
+const Primitive& cached_primitive(const GemmCall& c) {
   static std::mutex mutex;
-  static std::map<Key, dnnl::matmul> cache;
+  static std::map<Key, Primitive> cache;
   const Key key{c.in_dtype, c.out_dtype, c.a_transposed, c.b_transposed, c.bias != nullptr,
                 c.accumulate};
   std::lock_guard<std::mutex> lock(mutex);
@@ -64,16 +71,25 @@ const dnnl::matmul& cached_primitive(const GemmCall& c) {
   }
   dnnl::matmul::primitive_desc pd(cpu_engine(), a, b, bias, out, attr);
   // The reference kernel is orders of magnitude slower: treat picking it as a bug.
-  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
-    throw std::runtime_error(std::string("oneDNN chose its reference kernel: ") + pd.impl_info_str());
-  return cache.emplace(key, dnnl::matmul(pd)).first->second;
+  const std::string impl = pd.impl_info_str();
+  if (impl.rfind("ref", 0) == 0)
+    throw std::runtime_error("oneDNN chose its reference kernel: " + impl);
+  return cache.emplace(key, Primitive{dnnl::matmul(pd), impl.rfind("gemm:", 0) == 0}).first->second;
 }
 
 }  // namespace
 
+bool gemm_onednn_reentrant(const GemmCall& c) {
+  try {
+    return cached_primitive(c).reentrant;
+  } catch (const std::exception&) {
+    return false;  // the call itself reports the error
+  }
+}
+
 Status gemm_onednn(const GemmCall& c) {
   try {
-    const dnnl::matmul& prim = cached_primitive(c);
+    const dnnl::matmul& prim = cached_primitive(c).matmul;
     const auto in = onednn_type(c.in_dtype);
     auto& engine = cpu_engine();
     memory a({{c.m, c.k}, in, strides(c.a_transposed, c.m, c.k)}, engine, const_cast<void*>(c.a));
