@@ -2,7 +2,7 @@
 # One entry point for a fresh machine:
 #   ./dev.sh demo   set everything up, then run the MoE training demo
 #   ./dev.sh test   set everything up, then run the whole test suite (what CI runs)
-#   ./dev.sh bench  set everything up, then run the CPU benchmarks
+#   ./dev.sh bench  set everything up, then run the CPU benchmarks (results in benchmarks/results/)
 #   ./dev.sh setup  only set up: .venv, pinned dependencies, editable build
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -52,8 +52,7 @@ case "${1:-}" in
   bench)
     setup
     python benchmarks/core_throughput.py
-    python benchmarks/jax_vs_ragged_dot.py
-    python benchmarks/torch_vs_peers.py
+    python benchmarks/bench.py --dtype float32 bfloat16
     ;;
   *)
     echo "usage: ./dev.sh {demo|test|bench|setup}" >&2

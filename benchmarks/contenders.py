@@ -1,0 +1,18 @@
+"""What one benchmark row times: a contender's forward and forward+backward calls."""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+GROUPGEMM = "groupgemm"
+PER_EXPERT_LOOP = "per-expert loop"
+DENSE = "dense GEMM"  # one [M, K] x [K, N] GEMM: the ceiling for the same FLOPs
+
+
+@dataclass
+class Contender:
+    name: str
+    forward: Callable[[], None]  # runs the forward and waits for it
+    forward_backward: Callable[[], tuple]  # runs both, waits, returns (out, dlhs, drhs)
+    peak_bytes: Callable[[], Optional[int]]  # peak memory of one forward+backward, or None
+    xla_temp_bytes: Optional[int] = None  # XLA's planned temporaries (JAX only)
+    checked: bool = True  # the dense ceiling computes something else and is not checked
