@@ -184,22 +184,25 @@ def test_opcheck(index):
     torch.library.opcheck(op, args)
 
 
-def test_concurrent_calls_from_threads_are_correct():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_concurrent_calls_from_threads_are_correct(dtype):
+    # One layer's shapes (K, N) in every job, so the threads share one cached kernel, with
+    # groups large enough for oneDNN's blocked (brgemm) bfloat16 path.
     rng = np.random.default_rng(5)
     jobs = []
     for i in range(8):
-        sizes = rng.integers(0, 40, size=6)
-        lhs = torch.from_numpy(rng.standard_normal((int(sizes.sum()) + i, 64))).float()
-        rhs = torch.from_numpy(rng.standard_normal((6, 64, 48))).float()
+        sizes = rng.integers(0, 300, size=6)
+        lhs = t(rng.standard_normal((int(sizes.sum()) + i, 256)), dtype)
+        rhs = t(rng.standard_normal((6, 192, 256)), dtype)
         jobs.append((lhs, rhs, torch.from_numpy(sizes)))
-    expected = [grouped_mm(*job) for job in jobs]
+    expected = [grouped_mm(*job, transpose_weight=True) for job in jobs]
     results, errors = [None] * len(jobs), []
 
     def worker(i):
         try:
             for _ in range(5):
-                results[i] = grouped_mm(*jobs[i])
-                assert torch.equal(results[i], expected[i])
+                results[i] = grouped_mm(*jobs[i], transpose_weight=True)
+                assert torch.equal(results[i], expected[i]), f"job {i} differs from its serial result"
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -208,9 +211,10 @@ def test_concurrent_calls_from_threads_are_correct():
         th.start()
     for th in threads:
         th.join(timeout=60)
-    assert not errors and all(not th.is_alive() for th in threads)
-    for job, result in zip(jobs, results):
-        ref.assert_close(result.numpy(), ref.grouped_matmul(job[0].numpy(), job[1].numpy(), job[2].numpy()), "float32")
+    assert not errors and all(not th.is_alive() for th in threads), errors
+    for (lhs, rhs, sizes), result in zip(jobs, results):
+        want = ref.grouped_matmul(as_np(lhs), as_np(rhs), sizes.numpy(), transpose_rhs=True)
+        ref.assert_close(as_np(result), want, dtype)
 
 
 @pytest.mark.parametrize("call, error, match", [
