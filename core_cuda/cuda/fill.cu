@@ -17,9 +17,11 @@ template <typename In, typename Out>
 __global__ void fill_rows_kernel(Out* out, const In* bias, int64_t m, int64_t n, bool k_is_zero,
                                  const void* workspace, int64_t num_groups) {
   const WorkspaceView ws = workspace_view(const_cast<void*>(workspace), num_groups);
+  const RowRange owned = workspace_owned_rows(ws);
   for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
-    const int64_t local = local_group_of_row(ws, r);
-    if (local >= 0 && !k_is_zero) continue;  // a GEMM writes this row
+    const bool padding = r < owned.begin || r >= owned.end;
+    if (!padding && !k_is_zero) continue;  // a GEMM writes this row
+    const int64_t local = padding ? -1 : local_group_of_row(ws, r);
     const In* bias_row = (local >= 0 && bias) ? bias + local * n : nullptr;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
       out[r * n + j] = bias_row ? Out(float(bias_row[j])) : Out(0.0f);

@@ -290,9 +290,11 @@ Status emulate_matmul(const MatmulArgs& a) {
                  a.transpose_rhs, false, {a.lhs, a.rhs, a.bias, a.out, e, e, e, e}, ws.storage.data()});
   T* out = static_cast<T*>(a.out);
   const T* bias = static_cast<const T*>(a.bias);
+  const RowRange owned = workspace_owned_rows(ws.view);
   for (int64_t r = 0; r < a.m; ++r) {  // the fill kernel
-    const int64_t local = local_group_of_row(ws.view, r);
-    if (local >= 0 && a.k != 0) continue;
+    const bool padding = r < owned.begin || r >= owned.end;
+    if (!padding && a.k != 0) continue;
+    const int64_t local = padding ? -1 : local_group_of_row(ws.view, r);
     for (int64_t j = 0; j < a.n; ++j) out[r * a.n + j] = (local >= 0 && bias) ? bias[local * a.n + j] : T(0);
   }
   if (a.k == 0 || a.num_groups == 0) return Status::Ok();

@@ -76,6 +76,11 @@ GG_HD int64_t local_group_of_row(const WorkspaceView& ws, int64_t row) {
   return g < 0 ? -1 : g - ws.window[2];
 }
 
+// For the fill kernels: rows owned by the window's groups (everything else is padding).
+GG_HD RowRange workspace_owned_rows(const WorkspaceView& ws) {
+  return owned_rows(ws.boundary, GroupWindow{ws.window[0], ws.window[1]});
+}
+
 // For the bias gradient: rows of local group `local`.
 GG_HD RowRange workspace_group_rows(const WorkspaceView& ws, int64_t local) {
   return local_group_rows(ws.boundary, GroupWindow{ws.window[0], ws.window[1]}, ws.window[2], local);
