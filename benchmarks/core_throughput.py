@@ -9,7 +9,7 @@ import argparse
 import torch
 
 import groupgemm._core as core
-from timing import add_shape_arguments, median_seconds
+from timing import add_shape_arguments, interleaved_medians
 
 
 def main():
@@ -24,17 +24,20 @@ def main():
         dtype = getattr(torch, dtype_name)
         lhs = torch.randn(m, k).to(dtype)
         out = torch.empty(m, n, dtype=dtype)
-        dense_rhs = torch.randn(1, k, n).to(dtype)
-        dense_sizes = torch.tensor([m], dtype=torch.int32)
-        dense = median_seconds(lambda: core.grouped_matmul(lhs, dense_rhs, dense_sizes, out), args.repeats)
+        calls = {"dense": (torch.randn(1, k, n).to(dtype), torch.tensor([m], dtype=torch.int32))}
         for g in args.groups:
-            rhs = torch.randn(g, k, n).to(dtype)
             sizes = torch.full((g,), m // g, dtype=torch.int32)
             sizes[-1] += m - int(sizes.sum())
-            grouped = median_seconds(lambda: core.grouped_matmul(lhs, rhs, sizes, out), args.repeats)
+            calls[g] = (torch.randn(g, k, n).to(dtype), sizes)
+        # Round-robin, so a slow-down of the machine hits the dense and grouped calls alike.
+        times = interleaved_medians(
+            {name: (lambda rhs=rhs, sizes=sizes: core.grouped_matmul(lhs, rhs, sizes, out))
+             for name, (rhs, sizes) in calls.items()}, args.repeats)
+        dense = times["dense"][0]
+        for g in args.groups:
+            grouped = times[g][0]
             print(f"{dtype_name:>9} {g:>4} {flops / grouped / 1e9:>16.1f} {flops / dense / 1e9:>14.1f} "
                   f"{dense / grouped:>6.2f}")
-
 
 if __name__ == "__main__":
     main()

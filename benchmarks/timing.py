@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmark scripts: the problem-shape flags and median timers."""
+"""Shared pieces of the benchmark scripts: the problem-shape flags and an interleaved median timer."""
 
 import time
 
@@ -10,17 +10,6 @@ def add_shape_arguments(parser, dtypes=("float32", "bfloat16"), repeats=5):
     parser.add_argument("--groups", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--dtypes", nargs="+", default=list(dtypes))
     parser.add_argument("--repeats", type=int, default=repeats)
-
-
-def median_seconds(fn, repeats):
-    """Median wall time of fn() after one warm-up call; fn must wait for its own result."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 def _seconds(fn):
