@@ -19,25 +19,27 @@ def main():
     m, k, n = args.m, args.k, args.n
     flops = 2.0 * m * k * n
     print(f"M={m} K={k} N={n}, {torch.get_num_threads()} threads, median of {args.repeats}")
-    print(f"{'dtype':>9} {'G':>4} {'grouped GFLOP/s':>16} {'dense GFLOP/s':>14} {'ratio':>6}")
+    print(f"{'dtype':>9} {'weight':>7} {'G':>4} {'grouped GFLOP/s':>16} {'dense GFLOP/s':>14} {'ratio':>6}")
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         lhs = torch.randn(m, k).to(dtype)
         out = torch.empty(m, n, dtype=dtype)
-        calls = {"dense": (torch.randn(1, k, n).to(dtype), torch.tensor([m], dtype=torch.int32))}
-        for g in args.groups:
-            sizes = torch.full((g,), m // g, dtype=torch.int32)
-            sizes[-1] += m - int(sizes.sum())
-            calls[g] = (torch.randn(g, k, n).to(dtype), sizes)
-        # Round-robin, so a slow-down of the machine hits the dense and grouped calls alike.
-        times = interleaved_medians(
-            {name: (lambda rhs=rhs, sizes=sizes: core.grouped_matmul(lhs, rhs, sizes, out))
-             for name, (rhs, sizes) in calls.items()}, args.repeats)
-        dense = times["dense"][0]
-        for g in args.groups:
-            grouped = times[g][0]
-            print(f"{dtype_name:>9} {g:>4} {flops / grouped / 1e9:>16.1f} {flops / dense / 1e9:>14.1f} "
-                  f"{dense / grouped:>6.2f}")
+        # [G, K, N], and [G, N, K] (transpose_rhs: the nn.Linear layout GroupedLinear uses).
+        for transpose in (False, True):
+            calls = {}
+            for g in [1] + args.groups:  # one group of all M rows is the dense GEMM
+                sizes = torch.full((g,), m // g, dtype=torch.int32)
+                sizes[-1] += m - int(sizes.sum())
+                rhs = torch.randn(g, n, k) if transpose else torch.randn(g, k, n)
+                calls[g] = (lambda rhs=rhs.to(dtype), sizes=sizes:
+                            core.grouped_matmul(lhs, rhs, sizes, out, transpose_rhs=transpose))
+            # Round-robin, so a slow-down of the machine hits the dense and grouped calls alike.
+            times = interleaved_medians(calls, args.repeats)
+            dense = times[1][0]
+            for g in args.groups:
+                grouped = times[g][0]
+                print(f"{dtype_name:>9} {'[N,K]' if transpose else '[K,N]':>7} {g:>4} "
+                      f"{flops / grouped / 1e9:>16.1f} {flops / dense / 1e9:>14.1f} {dense / grouped:>6.2f}")
 
 if __name__ == "__main__":
     main()

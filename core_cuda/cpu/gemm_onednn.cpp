@@ -8,6 +8,7 @@
 //    faster than the GEMM-based one it picks when every dimension is run-time.
 //  - weight gradients (the contraction follows the rows) and float32: every dimension
 //    and stride is run-time, one primitive per layout; oneDNN has no faster choice there.
+#include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -117,10 +118,12 @@ Status gemm_onednn(const GemmCall& c) {
     // per thread keep concurrent callers independent.
     thread_local dnnl::stream stream(engine);
     thread_local std::vector<char> scratchpad;
-    if (scratchpad.size() < prim.scratchpad_bytes) scratchpad.resize(prim.scratchpad_bytes);
+    constexpr size_t kPage = 4096;  // the packed weight lives here: keep AMX tile loads aligned
+    if (scratchpad.size() < prim.scratchpad_bytes + kPage) scratchpad.resize(prim.scratchpad_bytes + kPage);
+    void* aligned = scratchpad.data() + (kPage - reinterpret_cast<uintptr_t>(scratchpad.data()) % kPage) % kPage;
     args.emplace(DNNL_ARG_SCRATCHPAD,
                  memory({{static_cast<memory::dim>(prim.scratchpad_bytes)}, memory::data_type::u8, {1}},
-                        engine, scratchpad.data()));
+                        engine, aligned));
     prim.matmul.execute(stream, args);
     stream.wait();
   } catch (const std::exception& e) {
