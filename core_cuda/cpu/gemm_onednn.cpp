@@ -4,8 +4,8 @@
 // run-time value (DNNL_RUNTIME_DIM_VAL) and no call pays oneDNN's JIT cost after the
 // first for its layout. Which other dimensions are run-time decides the kernel:
 //  - bfloat16 forward / dgrad (rows vary, K and N are the layer's): only M is run-time,
-//    one primitive per (K, N). oneDNN 3.2 then picks its AMX brgemm kernel, 1.4-2x
-//    faster than the GEMM-based one it picks when every dimension is run-time.
+//    one primitive per (K, N). oneDNN 3.2 then picks its AMX brgemm kernel, 1.2-1.4x
+//    faster here than the GEMM-based one it picks when every dimension is run-time.
 //  - weight gradients (the contraction follows the rows) and float32: every dimension
 //    and stride is run-time, one primitive per layout; oneDNN has no faster choice there.
 #include <cstdint>
