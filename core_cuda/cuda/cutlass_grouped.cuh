@@ -53,6 +53,13 @@ struct SimtF32Config {
   static constexpr int kOutAlignment = 1;
 };
 
+// The workspace stores each problem as int32 (m, n, k) (workspace.h); CUTLASS reads
+// the same bytes as GemmCoord.
+static_assert(sizeof(cutlass::gemm::GemmCoord) == 3 * sizeof(int32_t) &&
+                  cutlass::gemm::GemmCoord::kM == 0 && cutlass::gemm::GemmCoord::kN == 1 &&
+                  cutlass::gemm::GemmCoord::kK == 2,
+              "GemmCoord is not int32 (m, n, k)");
+
 template <typename In, typename Out, GemmLayout L, typename Config>
 Status run_cutlass_grouped(const GroupedGemmLaunch& l) {
   using Epilogue = cutlass::epilogue::thread::LinearCombination<Out, Config::kOutAlignment, float, float>;
