@@ -21,7 +21,7 @@ namespace {
 class RowPlan {
  public:
   RowPlan(const IndexArray& sizes, const IndexArray& offset, int64_t num_local, int64_t m)
-      : offset_(offset.data ? load_index(offset.data, offset.type, 0) : 0),
+      : offset_(read_group_offset(offset)),
         window_(group_window(offset_, num_local, sizes.count)),
         boundary_(window_.last - window_.first + 1) {
     window_row_boundaries(sizes.data, sizes.type, window_, m, boundary_.data());
@@ -92,7 +92,7 @@ Status run_gemms(const std::vector<GemmCall>& calls) {
   for (const GemmCall& c : calls) total += flops(c);
   std::vector<size_t> side_by_side;
   for (size_t i = 0; i < calls.size(); ++i) {
-    if (threads > 1 && flops(calls[i]) * threads < total && gemm_reentrant(calls[i])) {
+    if (threads > 1 && flops(calls[i]) * threads < total && gemm_runs_side_by_side(calls[i])) {
       side_by_side.push_back(i);
       continue;
     }

@@ -40,9 +40,9 @@ Status gemm(const GemmCall& c) {
   return gemm_onednn(c);
 }
 
-bool gemm_reentrant(const GemmCall& c) {
-  // OpenBLAS (float64) threads itself; only oneDNN's GEMM kernel is known to be safe.
-  return (c.in_dtype == DType::f32 || c.in_dtype == DType::bf16) && gemm_onednn_reentrant(c);
+bool gemm_runs_side_by_side(const GemmCall& c) {
+  // float64 (OpenBLAS, a test dtype) keeps its own threading.
+  return c.in_dtype != DType::f64 && gemm_onednn_runs_side_by_side(c);
 }
 
 }  // namespace cpu

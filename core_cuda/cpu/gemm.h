@@ -28,13 +28,13 @@ struct GemmCall {
 
 Status gemm(const GemmCall& call);
 
-// Whether gemm(call) may run on several threads at once with other such calls; each
-// then computes on its calling thread only (inside an OpenMP parallel region).
-bool gemm_reentrant(const GemmCall& call);
+// Whether a small gemm(call) runs side by side with others, one thread each (inside an
+// OpenMP parallel region), rather than alone on all threads.
+bool gemm_runs_side_by_side(const GemmCall& call);
 
 // The float32 / bfloat16 path of gemm (gemm_onednn.cpp).
 Status gemm_onednn(const GemmCall& call);
-bool gemm_onednn_reentrant(const GemmCall& call);
+bool gemm_onednn_runs_side_by_side(const GemmCall& call);
 
 }  // namespace cpu
 }  // namespace groupgemm

@@ -2,7 +2,7 @@
 //
 // Group sizes change every training step, so the dimension that follows them is a
 // run-time value (DNNL_RUNTIME_DIM_VAL) and no call pays oneDNN's JIT cost after the
-// first for its layout. Which other dimensions are run-time decides the kernel:
+// first for its primitive. Which other dimensions are run-time decides the kernel:
 //  - bfloat16 forward / dgrad (rows vary, K and N are the layer's): only M is run-time,
 //    one primitive per (K, N). oneDNN 3.2 then picks its AMX brgemm kernel, 1.2-1.4x
 //    faster here than the GEMM-based one it picks when every dimension is run-time.
@@ -53,9 +53,10 @@ struct Primitive {
   // mode): with oneDNN's own, concurrent executions of one brgemm primitive share it
   // and corrupt each other's results.
   size_t scratchpad_bytes;
-  // Whether it may run inside a parallel region on one thread with the same bits as
-  // on all threads: true of the GEMM-based kernel ("gemm:jit"), not of brgemm.
-  bool reentrant;
+  // Whether small calls of it run side by side, one per thread (cpu/backend.cpp): the
+  // GEMM-based kernel ("gemm:jit"), which gives the same bits on one thread as on all.
+  // The brgemm kernel measured no faster that way, so it keeps all threads per call.
+  bool side_by_side;
 };
 
 const Primitive& cached_primitive(const GemmCall& c) {
@@ -95,9 +96,9 @@ const Primitive& cached_primitive(const GemmCall& c) {
 
 }  // namespace
 
-bool gemm_onednn_reentrant(const GemmCall& c) {
+bool gemm_onednn_runs_side_by_side(const GemmCall& c) {
   try {
-    return cached_primitive(c).reentrant;
+    return cached_primitive(c).side_by_side;
   } catch (const std::exception&) {
     return false;  // the call itself reports the error
   }

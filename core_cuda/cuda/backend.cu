@@ -15,23 +15,34 @@ namespace groupgemm {
 namespace cuda {
 namespace {
 
-// Makes the operands' device current for the call (torch may call from any device
-// context); restores the caller's afterwards.
+// Makes the operands' device current for the call and restores the caller's afterwards.
+// torch names the tensors' device; XLA passes a stream of the buffers' device.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(const ExecContext& ctx) : stream_(static_cast<cudaStream_t>(ctx.stream)) {
+    int device = ctx.device_index;
+    if (device < 0 && stream_ && cudaStreamGetDevice(stream_, &device) != cudaSuccess) {
+      status_ = Status::Internal("cannot find the CUDA device of the stream");
+      return;
+    }
     if (device < 0 || cudaGetDevice(&previous_) != cudaSuccess || previous_ == device) return;
-    ok_ = cudaSetDevice(device) == cudaSuccess;
-    switched_ = ok_;
+    if (cudaSetDevice(device) != cudaSuccess) {
+      status_ = Status::Internal("cannot select the operands' CUDA device");
+      return;
+    }
+    switched_ = true;
   }
   ~DeviceGuard() {
     if (switched_) cudaSetDevice(previous_);
   }
-  bool ok() const { return ok_; }
+  const Status& status() const { return status_; }
+  cudaStream_t stream() const { return stream_; }
 
  private:
+  cudaStream_t stream_;
+  Status status_;
   int previous_ = -1;
-  bool ok_ = true, switched_ = false;
+  bool switched_ = false;
 };
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -81,19 +92,13 @@ Status check_call(const ExecContext& ctx, int64_t m, int64_t k, int64_t n, int64
   return s;
 }
 
-#define GG_CUDA_RETURN_IF_ERROR(expr) \
-  do {                                \
-    Status s_ = (expr);               \
-    if (!s_.ok()) return s_;          \
-  } while (0)
-
 // 16-bit operands need every group's rows to start on a 16-byte boundary for the
 // tensor-core kernel; float32 runs at any alignment. The choice depends on base
 // addresses too, so a torch view at an odd storage offset runs the unaligned kernel:
 // same values within rounding, but not the same bits as an aligned call.
-bool tensor_core_aligned(DType in, DType out, int64_t k, int64_t n, std::initializer_list<const void*> ptrs) {
+bool tensor_core_aligned(DType in, int64_t k, int64_t n, std::initializer_list<const void*> ptrs) {
   if (in == DType::f32) return true;
-  if (k % 8 != 0 || n % 8 != 0 || (out == DType::f32 && n % 4 != 0)) return false;
+  if (k % 8 != 0 || n % 8 != 0) return false;  // also covers float32 outputs (4 per 16 bytes)
   for (const void* p : ptrs)
     if (p && !aligned16(p)) return false;
   return true;
@@ -123,27 +128,27 @@ Status grouped_gemm(const GroupedGemmLaunch& launch, bool aligned) {
 }
 
 Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {
-  GG_CUDA_RETURN_IF_ERROR(check_call(ctx, a.m, a.k, a.n, a.num_groups));
+  GG_RETURN_IF_ERROR(check_call(ctx, a.m, a.k, a.n, a.num_groups));
   if (a.m == 0 || a.n == 0) return Status::Ok();  // the output is empty
-  DeviceGuard device(ctx.device_index);
-  if (!device.ok()) return Status::Internal("cannot select the operands' CUDA device");
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const DeviceGuard device(ctx);
+  GG_RETURN_IF_ERROR(device.status());
+  const cudaStream_t stream = device.stream();
   // The epilogue adds C in the output dtype: a bias of another dtype is added afterwards.
   const bool bias_in_epilogue = a.bias && a.out_dtype == a.in_dtype;
   const int64_t in_bytes = dtype_size(a.in_dtype), out_bytes = dtype_size(a.out_dtype);
   const GemmOperands ops{a.lhs, a.rhs, bias_in_epilogue ? a.bias : nullptr, a.out,
                          in_bytes, in_bytes, in_bytes, out_bytes};
-  GG_CUDA_RETURN_IF_ERROR(launch_setup({SetupKind::forward, a.group_sizes, a.group_offset, a.num_groups,
+  GG_RETURN_IF_ERROR(launch_setup({SetupKind::forward, a.group_sizes, a.group_offset, a.num_groups,
                                         a.m, a.k, a.n, a.transpose_rhs, false, ops, ctx.workspace},
                                        stream));
-  GG_CUDA_RETURN_IF_ERROR(launch_fill_rows(a.in_dtype, a.out_dtype, a.out, a.bias, a.m, a.n, a.k,
-                                           a.num_groups, ctx.workspace, stream));
+  GG_RETURN_IF_ERROR(launch_fill_rows(a.in_dtype, a.out_dtype, a.out, a.bias, a.m, a.n, a.k == 0,
+                                      a.num_groups, ctx.workspace, stream));
   if (a.k == 0 || a.num_groups == 0) return Status::Ok();  // the fill wrote every row
 
   const GemmLayout layout = a.transpose_rhs ? GemmLayout::row_col : GemmLayout::row_row;
-  const bool aligned = tensor_core_aligned(a.in_dtype, a.out_dtype, a.k, a.n,
+  const bool aligned = tensor_core_aligned(a.in_dtype, a.k, a.n,
                                            {a.lhs, a.rhs, a.out, bias_in_epilogue ? a.bias : nullptr});
-  GG_CUDA_RETURN_IF_ERROR(grouped_gemm(
+  GG_RETURN_IF_ERROR(grouped_gemm(
       gemm_launch(a.in_dtype, a.out_dtype, layout, ctx, a.num_groups, bias_in_epilogue ? 1.0f : 0.0f, a.m, a.n),
       aligned));
   if (a.bias && !bias_in_epilogue)
@@ -153,34 +158,34 @@ Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {
 }
 
 Status grouped_matmul_wgrad(const WgradArgs& a, const ExecContext& ctx) {
-  GG_CUDA_RETURN_IF_ERROR(check_call(ctx, a.m, a.k, a.n, a.num_groups));
+  GG_RETURN_IF_ERROR(check_call(ctx, a.m, a.k, a.n, a.num_groups));
   if (a.num_groups == 0 || a.k == 0 || a.n == 0) return Status::Ok();  // the output is empty
-  DeviceGuard device(ctx.device_index);
-  if (!device.ok()) return Status::Internal("cannot select the operands' CUDA device");
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const DeviceGuard device(ctx);
+  GG_RETURN_IF_ERROR(device.status());
+  const cudaStream_t stream = device.stream();
   const int64_t in_bytes = dtype_size(a.in_dtype), out_bytes = dtype_size(a.out_dtype);
   const GemmOperands ops{a.lhs, a.grad, a.accumulate ? a.out : nullptr, a.out,
                          in_bytes, in_bytes, out_bytes, out_bytes};
-  GG_CUDA_RETURN_IF_ERROR(launch_setup({SetupKind::wgrad, a.group_sizes, a.group_offset, a.num_groups,
+  GG_RETURN_IF_ERROR(launch_setup({SetupKind::wgrad, a.group_sizes, a.group_offset, a.num_groups,
                                         a.m, a.k, a.n, false, a.accumulate, ops, ctx.workspace},
                                        stream));
   if (!a.accumulate)
-    GG_CUDA_RETURN_IF_ERROR(launch_zero_empty_groups(a.out_dtype, a.out, a.k * a.n, a.num_groups,
+    GG_RETURN_IF_ERROR(launch_zero_empty_groups(a.out_dtype, a.out, a.k * a.n, a.num_groups,
                                                      ctx.workspace, stream));
   if (a.m == 0) return Status::Ok();  // every group is empty
-  const bool aligned = tensor_core_aligned(a.in_dtype, a.out_dtype, a.k, a.n, {a.lhs, a.grad, a.out});
+  const bool aligned = tensor_core_aligned(a.in_dtype, a.k, a.n, {a.lhs, a.grad, a.out});
   return grouped_gemm(gemm_launch(a.in_dtype, a.out_dtype, GemmLayout::col_row, ctx, a.num_groups,
                                   a.accumulate ? 1.0f : 0.0f, a.k, a.n),
                       aligned);
 }
 
 Status grouped_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
-  GG_CUDA_RETURN_IF_ERROR(check_call(ctx, a.m, 0, a.n, a.num_groups));
+  GG_RETURN_IF_ERROR(check_call(ctx, a.m, 0, a.n, a.num_groups));
   if (a.num_groups == 0 || a.n == 0) return Status::Ok();  // the output is empty
-  DeviceGuard device(ctx.device_index);
-  if (!device.ok()) return Status::Internal("cannot select the operands' CUDA device");
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
-  GG_CUDA_RETURN_IF_ERROR(launch_setup({SetupKind::rows_only, a.group_sizes, a.group_offset, a.num_groups,
+  const DeviceGuard device(ctx);
+  GG_RETURN_IF_ERROR(device.status());
+  const cudaStream_t stream = device.stream();
+  GG_RETURN_IF_ERROR(launch_setup({SetupKind::rows_only, a.group_sizes, a.group_offset, a.num_groups,
                                         a.m, 0, a.n, false, false, {}, ctx.workspace},
                                        stream));
   return launch_bias_grad(a.in_dtype, a.out_dtype, a.grad, a.out, a.n, a.num_groups, ctx.workspace, stream);

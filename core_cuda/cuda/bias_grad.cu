@@ -7,8 +7,6 @@ namespace groupgemm {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 template <typename In, typename Out>
 __global__ void bias_grad_kernel(const In* grad, Out* out, int64_t n, const void* workspace,
                                  int64_t num_groups) {
@@ -27,16 +25,13 @@ __global__ void bias_grad_kernel(const In* grad, Out* out, int64_t n, const void
 
 Status launch_bias_grad(DType in, DType out_dtype, const void* grad, void* out, int64_t n,
                         int64_t num_groups, const void* workspace, cudaStream_t stream) {
-  return visit_cuda_dtype(in, [&](auto in_tag) {
+  return visit_cuda_dtypes(in, out_dtype, [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
-    return visit_cuda_dtype(out_dtype, [&](auto out_tag) {
-      using Out = decltype(out_tag);
-      const dim3 grid(static_cast<unsigned>(ceil_div(n, kThreads)),
-                      static_cast<unsigned>(num_groups < 65535 ? num_groups : 65535));
-      bias_grad_kernel<In, Out><<<grid, kThreads, 0, stream>>>(static_cast<const In*>(grad),
-                                                               static_cast<Out*>(out), n, workspace, num_groups);
-      return last_launch("the bias-gradient kernel");
-    });
+    using Out = decltype(out_tag);
+    const dim3 grid(grid_dim(ceil_div(n, kThreads), kMaxGridX), grid_dim(num_groups, kMaxGridYZ));
+    bias_grad_kernel<In, Out><<<grid, kThreads, 0, stream>>>(static_cast<const In*>(grad),
+                                                             static_cast<Out*>(out), n, workspace, num_groups);
+    return last_launch("the bias-gradient kernel");
   });
 }
 

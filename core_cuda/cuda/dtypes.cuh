@@ -20,5 +20,13 @@ auto visit_cuda_dtype(DType t, Fn&& fn) {
   }
 }
 
+// Calls fn(In{}, Out{}) for an input and an output dtype.
+template <typename Fn>
+auto visit_cuda_dtypes(DType in, DType out, Fn&& fn) {
+  return visit_cuda_dtype(in, [&](auto in_tag) {
+    return visit_cuda_dtype(out, [&](auto out_tag) { return fn(in_tag, out_tag); });
+  });
+}
+
 }  // namespace cuda
 }  // namespace groupgemm

@@ -1,6 +1,7 @@
-// Kernels that write what no GEMM writes. They find each row's group by binary search
-// over the window's boundaries in the workspace (setup.h's local_group_of_row), so they
-// need no host-side knowledge of the group sizes either.
+// Kernels that write what no GEMM writes, reading the schedule the setup kernel left in
+// the workspace (the window, row boundaries and each group's action), so they need no
+// host-side knowledge of the group sizes either. Their per-row and per-group decisions
+// are setup.h's functions, which the CPU tests run too.
 #include "dtypes.cuh"
 #include "kernels.h"
 
@@ -8,21 +9,17 @@ namespace groupgemm {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 // Enough blocks to fill the GPU; each block strides over rows, its threads over columns.
-unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < 4096 ? (rows > 0 ? rows : 1) : 4096); }
+unsigned row_blocks(int64_t rows) { return grid_dim(rows, 4096); }
 
 template <typename In, typename Out>
 __global__ void fill_rows_kernel(Out* out, const In* bias, int64_t m, int64_t n, bool k_is_zero,
                                  const void* workspace, int64_t num_groups) {
   const WorkspaceView ws = workspace_view(const_cast<void*>(workspace), num_groups);
-  const RowRange owned = workspace_owned_rows(ws);
   for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
-    const bool padding = r < owned.begin || r >= owned.end;
-    if (!padding && !k_is_zero) continue;  // a GEMM writes this row
-    const int64_t local = padding ? -1 : local_group_of_row(ws, r);
-    const In* bias_row = (local >= 0 && bias) ? bias + local * n : nullptr;
+    const RowFill fill = forward_row_fill(ws, r, k_is_zero, bias != nullptr);
+    if (!fill.write) continue;
+    const In* bias_row = fill.local >= 0 ? bias + fill.local * n : nullptr;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
       out[r * n + j] = bias_row ? Out(float(bias_row[j])) : Out(0.0f);
   }
@@ -52,23 +49,17 @@ __global__ void zero_empty_groups_kernel(Out* out, int64_t block_elements, const
   }
 }
 
-unsigned group_blocks(int64_t num_groups) {
-  return static_cast<unsigned>(num_groups < 65535 ? (num_groups > 0 ? num_groups : 1) : 65535);
-}
-
 }  // namespace
 
 Status launch_fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m,
-                        int64_t n, int64_t k, int64_t num_groups, const void* workspace,
+                        int64_t n, bool k_is_zero, int64_t num_groups, const void* workspace,
                         cudaStream_t stream) {
-  return visit_cuda_dtype(in, [&](auto in_tag) {
+  return visit_cuda_dtypes(in, out_dtype, [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
-    return visit_cuda_dtype(out_dtype, [&](auto out_tag) {
-      using Out = decltype(out_tag);
-      fill_rows_kernel<In, Out><<<row_blocks(m), kThreads, 0, stream>>>(
-          static_cast<Out*>(out), static_cast<const In*>(bias), m, n, k == 0, workspace, num_groups);
-      return last_launch("the padding-row kernel");
-    });
+    using Out = decltype(out_tag);
+    fill_rows_kernel<In, Out><<<row_blocks(m), kThreads, 0, stream>>>(
+        static_cast<Out*>(out), static_cast<const In*>(bias), m, n, k_is_zero, workspace, num_groups);
+    return last_launch("the padding-row kernel");
   });
 }
 
@@ -86,8 +77,7 @@ Status launch_zero_empty_groups(DType out_dtype, void* out, int64_t block_elemen
                                 int64_t num_groups, const void* workspace, cudaStream_t stream) {
   return visit_cuda_dtype(out_dtype, [&](auto out_tag) {
     using Out = decltype(out_tag);
-    const int64_t per_group = ceil_div(block_elements, kThreads);
-    const dim3 grid(static_cast<unsigned>(per_group < 64 ? per_group : 64), group_blocks(num_groups));
+    const dim3 grid(grid_dim(ceil_div(block_elements, kThreads), 64), grid_dim(num_groups, kMaxGridYZ));
     zero_empty_groups_kernel<Out><<<grid, kThreads, 0, stream>>>(static_cast<Out*>(out), block_elements,
                                                                  workspace, num_groups);
     return last_launch("the empty-group kernel");

@@ -50,17 +50,13 @@ __global__ void __launch_bounds__(kTile * kTile)
 Status grouped_gemm_unaligned(const GroupedGemmLaunch& l) {
   const bool a_col = l.layout == GemmLayout::col_row;
   const bool b_col = l.layout == GemmLayout::row_col;
-  const int64_t row_tiles = ceil_div(l.max_m, kTile);
-  const dim3 grid(static_cast<unsigned>(ceil_div(l.n, kTile)),
-                  static_cast<unsigned>(row_tiles < 1024 ? row_tiles : 1024),
-                  static_cast<unsigned>(l.num_groups < 65535 ? l.num_groups : 65535));
-  return visit_cuda_dtype(l.in_dtype, [&](auto in_tag) {
+  const dim3 grid(grid_dim(ceil_div(l.n, kTile), kMaxGridX), grid_dim(ceil_div(l.max_m, kTile), 1024),
+                  grid_dim(l.num_groups, kMaxGridYZ));
+  return visit_cuda_dtypes(l.in_dtype, l.out_dtype, [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
-    return visit_cuda_dtype(l.out_dtype, [&](auto out_tag) {
-      using Out = decltype(out_tag);
-      unaligned_gemm_kernel<In, Out><<<grid, dim3(kTile, kTile), 0, l.stream>>>(l, a_col, b_col);
-      return last_launch("the unaligned grouped GEMM");
-    });
+    using Out = decltype(out_tag);
+    unaligned_gemm_kernel<In, Out><<<grid, dim3(kTile, kTile), 0, l.stream>>>(l, a_col, b_col);
+    return last_launch("the unaligned grouped GEMM");
   });
 }
 

@@ -9,7 +9,7 @@ namespace groupgemm {
 namespace cuda {
 namespace {
 
-constexpr int kSetupThreads = 256;
+constexpr int kSetupThreads = kThreads;
 
 struct SaturatingRowSum {
   int64_t m;
@@ -20,8 +20,8 @@ __global__ void __launch_bounds__(kSetupThreads) setup_kernel(SetupArgs a) {
   using Scan = cub::BlockScan<int64_t, kSetupThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const WorkspaceView ws = workspace_view(a.workspace, a.num_groups);
-  const int64_t offset = setup_group_offset(a);
-  const GroupWindow w = setup_window(a, offset);
+  const int64_t offset = read_group_offset(a.group_offset);
+  const GroupWindow w = group_window(offset, a.num_groups, a.group_sizes.count);
 
   const RowRange chunk = setup_chunk(threadIdx.x, kSetupThreads, w);
   int64_t row = 0;

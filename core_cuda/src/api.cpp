@@ -58,12 +58,6 @@ Status check_ptr(const void* p, int64_t elements, const char* name) {
   return Status::Ok();
 }
 
-#define GG_RETURN_IF_ERROR(expr)   \
-  do {                             \
-    Status s_ = (expr);            \
-    if (!s_.ok()) return s_;       \
-  } while (0)
-
 // Runs the CPU or the CUDA backend (no_cuda.cpp in builds without nvcc) for already
 // validated arguments.
 template <typename Args, typename Cpu, typename Cuda>

@@ -1,6 +1,8 @@
 // Core tests, built under AddressSanitizer + UndefinedBehaviorSanitizer: the schedule
-// functions and the CPU backend through the public API, on the edge cases of
-// DESIGN.md §2, against a naive double-precision reference.
+// functions, the CPU backend through the public API, and the CUDA backend's setup and
+// fill steps emulated on the host, on the edge cases of the semantics (clamped sizes,
+// windows, empty groups, K/N/M = 0), against a naive double-precision reference; plus
+// the CUDA workspace layout and its pointer and leading-dimension arithmetic.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -231,12 +233,12 @@ void run_case(const Case& c, DType dt, const Runner& run) {
 }
 
 // ---- the CUDA backend's schedule, run on the host ----------------------------------
-// The setup kernel's steps (groupgemm/setup.h) with `g_threads` chunks and a sequential
+// The setup kernel's steps (groupgemm/setup.h) with `g_scan_chunks` chunks and a sequential
 // exclusive scan, then the workspace executed the way the CUDA kernels read it: a
 // grouped GEMM over (problem, pointers, lds) and the fill rules. Same order as
 // cuda/backend.cu. Checked by run_case like the CPU backend.
 
-int64_t g_threads = 1;
+int64_t g_scan_chunks = 1;
 
 struct EmulatedWorkspace {
   explicit EmulatedWorkspace(int64_t num_groups)
@@ -247,11 +249,11 @@ struct EmulatedWorkspace {
 
 void emulate_setup(const SetupArgs& a) {
   const WorkspaceView ws = workspace_view(a.workspace, a.num_groups);
-  const int64_t offset = setup_group_offset(a);
-  const GroupWindow w = setup_window(a, offset);
+  const int64_t offset = read_group_offset(a.group_offset);
+  const GroupWindow w = group_window(offset, a.num_groups, a.group_sizes.count);
   int64_t start = 0;  // exclusive scan over the chunks, in thread order
-  for (int64_t t = 0; t < g_threads; ++t) {
-    const RowRange chunk = setup_chunk(t, g_threads, w);
+  for (int64_t t = 0; t < g_scan_chunks; ++t) {
+    const RowRange chunk = setup_chunk(t, g_scan_chunks, w);
     write_chunk_boundaries(a, ws, w, chunk, start);
     start = next_row_boundary(start, chunk_rows(a, chunk), a.m);
   }
@@ -290,12 +292,10 @@ Status emulate_matmul(const MatmulArgs& a) {
                  a.transpose_rhs, false, {a.lhs, a.rhs, a.bias, a.out, e, e, e, e}, ws.storage.data()});
   T* out = static_cast<T*>(a.out);
   const T* bias = static_cast<const T*>(a.bias);
-  const RowRange owned = workspace_owned_rows(ws.view);
   for (int64_t r = 0; r < a.m; ++r) {  // the fill kernel
-    const bool padding = r < owned.begin || r >= owned.end;
-    if (!padding && a.k != 0) continue;
-    const int64_t local = padding ? -1 : local_group_of_row(ws.view, r);
-    for (int64_t j = 0; j < a.n; ++j) out[r * a.n + j] = (local >= 0 && bias) ? bias[local * a.n + j] : T(0);
+    const RowFill fill = forward_row_fill(ws.view, r, a.k == 0, bias != nullptr);
+    if (!fill.write) continue;
+    for (int64_t j = 0; j < a.n; ++j) out[r * a.n + j] = fill.local >= 0 ? bias[fill.local * a.n + j] : T(0);
   }
   if (a.k == 0 || a.num_groups == 0) return Status::Ok();
   emulate_grouped_gemm<T>(ws.view, a.num_groups, false, a.transpose_rhs, a.bias ? T(1) : T(0));
@@ -341,7 +341,6 @@ Runner emulated_cuda() {
   return {emulate_matmul<T>, emulate_wgrad<T>, emulate_bias_grad<T>};
 }
 
-template <typename T>
 Runner cpu_backend() {
   return {[](const MatmulArgs& a) { return grouped_matmul(a, ExecContext{}); },
           [](const WgradArgs& a) { return grouped_matmul_wgrad(a, ExecContext{}); },
@@ -450,11 +449,12 @@ int main() {
       {"offset_before_start", 15, 8, 6, {3, 0, 4, 2, 5, 1}, 2, -1},
   };
   for (const Case& c : cases) {
-    run_case<double>(c, DType::f64, cpu_backend<double>());
-    run_case<float>(c, DType::f32, cpu_backend<float>());
-    for (int64_t threads : {1, 3, 256}) {  // one chunk, uneven chunks, the kernel's block
-      g_threads = threads;
+    run_case<double>(c, DType::f64, cpu_backend());
+    run_case<float>(c, DType::f32, cpu_backend());
+    for (int64_t chunks : {1, 3, 256}) {  // one chunk, uneven chunks, the kernel's block
+      g_scan_chunks = chunks;
       run_case<double>(c, DType::f64, emulated_cuda<double>());
+      run_case<float>(c, DType::f32, emulated_cuda<float>());
     }
   }
   test_workspace();

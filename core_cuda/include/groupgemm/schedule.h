@@ -25,6 +25,11 @@ GG_HD int64_t load_index(const void* data, IndexType type, int64_t i) {
                                 : static_cast<const int64_t*>(data)[i];
 }
 
+// group_offset, a scalar in device memory; absent means 0.
+GG_HD int64_t read_group_offset(const IndexArray& offset) {
+  return offset.data ? load_index(offset.data, offset.type, 0) : 0;
+}
+
 // A negative group size counts as 0.
 GG_HD int64_t clamp_group_size(int64_t raw) { return raw > 0 ? raw : 0; }
 

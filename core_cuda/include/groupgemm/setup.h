@@ -1,7 +1,8 @@
-// The CUDA setup kernel's work, as __host__ __device__ steps. The kernel (cuda/setup.cu)
-// runs them with one thread block and a block scan; the CPU tests run the same steps
-// with a sequential scan and then execute the resulting workspace on the host, so every
-// pointer, leading dimension and policy decision the GPU relies on is checked here.
+// The CUDA setup kernel's work, and the per-row rules of the fill kernels, as
+// __host__ __device__ steps. The kernels (cuda/setup.cu, cuda/fill.cu) run them on the
+// device; the CPU tests run the same steps with a sequential scan and execute the
+// resulting workspace on the host, which checks the problem sizes, pointers, leading
+// dimensions and empty-group policy the GPU kernels rely on.
 #pragma once
 
 #include <cstdint>
@@ -22,14 +23,6 @@ struct SetupArgs {
   GemmOperands operands;
   void* workspace;
 };
-
-GG_HD int64_t setup_group_offset(const SetupArgs& a) {
-  return a.group_offset.data ? load_index(a.group_offset.data, a.group_offset.type, 0) : 0;
-}
-
-GG_HD GroupWindow setup_window(const SetupArgs& a, int64_t group_offset) {
-  return group_window(group_offset, a.num_groups, a.group_sizes.count);
-}
 
 // Thread `t` of `threads` folds the contiguous chunk [begin, end) of groups [0, w.last).
 GG_HD RowRange setup_chunk(int64_t t, int64_t threads, GroupWindow w) {
@@ -57,33 +50,42 @@ GG_HD void write_chunk_boundaries(const SetupArgs& a, const WorkspaceView& ws, G
 
 // Written once (thread 0): the window, and boundary[0] when no chunk holds w.first.
 GG_HD void write_window(const WorkspaceView& ws, GroupWindow w, int64_t group_offset) {
-  ws.window[0] = w.first, ws.window[1] = w.last, ws.window[2] = group_offset, ws.window[3] = 0;
+  *ws.window = WindowHeader{w, group_offset, 0};
   if (w.first == w.last) ws.boundary[0] = 0;  // no group in the window: every row is padding
+}
+
+// Rows of local group `local`, from the written boundaries.
+GG_HD RowRange workspace_group_rows(const WorkspaceView& ws, int64_t local) {
+  return local_group_rows(ws.boundary, ws.window->window, ws.window->group_offset, local);
 }
 
 // After all boundaries are written: local group `local`'s problem, pointers and lds.
 GG_HD void write_group_setup(const SetupArgs& a, const WorkspaceView& ws, int64_t local) {
-  const GroupWindow w{ws.window[0], ws.window[1]};
-  const RowRange rows = local_group_rows(ws.boundary, w, ws.window[2], local);
+  const RowRange rows = workspace_group_rows(ws, local);
   const GroupProblem p = a.kind == SetupKind::wgrad ? wgrad_problem(rows, local, a.k, a.n, a.accumulate)
                                                     : forward_problem(rows, local, a.k, a.n, a.transpose_rhs);
   write_group(ws, local, p, a.operands);
 }
 
-// For the fill kernels: the local group that owns `row`, or -1 for a padding row.
+// What the forward fill kernel writes into output row `row`, which no GEMM writes when
+// it is padding (zeros) or when K = 0 (its group's bias row, or zeros).
+struct RowFill {
+  bool write;     // false: a GEMM writes this row
+  int64_t local;  // local group whose bias row to copy, or -1 for zeros
+};
+
+GG_HD RowFill forward_row_fill(const WorkspaceView& ws, int64_t row, bool k_is_zero, bool has_bias) {
+  const RowRange owned = owned_rows(ws.boundary, ws.window->window);
+  if (row < owned.begin || row >= owned.end) return {true, -1};
+  if (!k_is_zero) return {false, -1};
+  const int64_t g = group_of_row(ws.boundary, ws.window->window, row);  // owned: g >= 0
+  return {true, has_bias ? g - ws.window->group_offset : -1};
+}
+
+// For the float32 late-bias kernel: the local group that owns `row`, or -1 for padding.
 GG_HD int64_t local_group_of_row(const WorkspaceView& ws, int64_t row) {
-  const int64_t g = group_of_row(ws.boundary, GroupWindow{ws.window[0], ws.window[1]}, row);
-  return g < 0 ? -1 : g - ws.window[2];
-}
-
-// For the fill kernels: rows owned by the window's groups (everything else is padding).
-GG_HD RowRange workspace_owned_rows(const WorkspaceView& ws) {
-  return owned_rows(ws.boundary, GroupWindow{ws.window[0], ws.window[1]});
-}
-
-// For the bias gradient: rows of local group `local`.
-GG_HD RowRange workspace_group_rows(const WorkspaceView& ws, int64_t local) {
-  return local_group_rows(ws.boundary, GroupWindow{ws.window[0], ws.window[1]}, ws.window[2], local);
+  const int64_t g = group_of_row(ws.boundary, ws.window->window, row);
+  return g < 0 ? -1 : g - ws.window->group_offset;
 }
 
 }  // namespace groupgemm

@@ -44,6 +44,12 @@ struct Status {
   bool ok() const { return code == Code::ok; }
 };
 
+#define GG_RETURN_IF_ERROR(expr) \
+  do {                           \
+    Status s_ = (expr);          \
+    if (!s_.ok()) return s_;     \
+  } while (0)
+
 // A 1-D integer array (group_sizes) or a scalar (group_offset, count == 1) that lives
 // on the same device as the operands. The core reads it there: never a host copy.
 struct IndexArray {

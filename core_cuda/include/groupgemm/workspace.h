@@ -13,9 +13,16 @@
 
 namespace groupgemm {
 
+// The call's group window and offset, as the setup kernel read them from the device.
+struct WindowHeader {
+  GroupWindow window;
+  int64_t group_offset;
+  int64_t reserved;  // keeps the header 32 bytes
+};
+
 // Byte offsets of the workspace arrays for G local groups, each 16-byte aligned.
 struct WorkspaceLayout {
-  int64_t window;    // int64[4]: window first, last, group_offset, unused
+  int64_t window;    // WindowHeader: the group window and group_offset
   int64_t boundary;  // int64[G + 1]: the window's row boundaries
   int64_t action;    // int32[G]: GroupAction of each local group
   int64_t problem;   // int32[3 G]: (m, n, k) per group, CUTLASS's GemmCoord; 0s unless gemm
@@ -35,7 +42,7 @@ GG_HD WorkspaceLayout workspace_layout(int64_t num_groups) {
     at += align16(bytes);
     return here;
   };
-  l.window = take(4 * 8);
+  l.window = take(sizeof(WindowHeader));
   l.boundary = take((g + 1) * 8);
   l.action = take(g * 4);
   l.problem = take(g * 3 * 4);
@@ -47,7 +54,7 @@ GG_HD WorkspaceLayout workspace_layout(int64_t num_groups) {
 
 // Typed views of the workspace arrays.
 struct WorkspaceView {
-  int64_t* window;
+  WindowHeader* window;
   int64_t* boundary;
   int32_t* action;
   int32_t* problem;
@@ -59,7 +66,7 @@ GG_HD WorkspaceView workspace_view(void* base, int64_t num_groups) {
   const WorkspaceLayout l = workspace_layout(num_groups);
   char* b = static_cast<char*>(base);
   WorkspaceView v{};
-  v.window = reinterpret_cast<int64_t*>(b + l.window);
+  v.window = reinterpret_cast<WindowHeader*>(b + l.window);
   v.boundary = reinterpret_cast<int64_t*>(b + l.boundary);
   v.action = reinterpret_cast<int32_t*>(b + l.action);
   v.problem = reinterpret_cast<int32_t*>(b + l.problem);
