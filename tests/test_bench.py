@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench.py")
@@ -69,3 +70,33 @@ def test_bench_reports_cpu_peak_memory_as_not_measured(bench_run):
     out, stdout = bench_run
     assert all(r["peak_mb"] == "" for r in csv.DictReader(open(out / "bench.csv")))
     assert "| groupgemm |" in stdout and "n/a" in stdout
+
+
+@pytest.fixture
+def bench_modules(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.dirname(BENCH))
+    import bench
+    import problem
+    return bench, problem
+
+
+def test_check_rejects_wrong_and_uninitialised_results(bench_modules):
+    _, problem = bench_modules
+    p = problem.Problem.draw(problem.Config("float32", 4, 64, 32, 32, "some-empty"))
+    right = [p.reference[name].copy() for name in ("out", "dlhs", "drhs")]
+    assert problem.check(p, right)[0]
+    off_by_one = [r.copy() for r in right]
+    off_by_one[2][0, 0, 0] += 1.0
+    assert problem.check(p, off_by_one)[0::2] == (False, "drhs")
+    garbage = [r.copy() for r in right]
+    garbage[1][-1] = np.nan  # a row a kernel left uninitialised
+    passed, error, worst = problem.check(p, garbage)
+    assert not passed and error == float("inf") and worst == "dlhs"
+
+
+def test_bench_exits_nonzero_when_a_groupgemm_check_fails(bench_modules, monkeypatch, tmp_path):
+    bench, _ = bench_modules
+    monkeypatch.setattr(bench, "check", lambda problem, results: (False, 1.0, "out"))
+    argv = ["--frameworks", "torch", "--tokens", "32", "--hidden", "16", "--ffn", "16", "--experts", "2",
+            "--repeats", "1", "--overhead-repeats", "2", "--out", str(tmp_path)]
+    assert bench.main(argv) == 1

@@ -1,6 +1,9 @@
 // groupgemm._core: the core's array entry points (used by the PyTorch frontend and the
 // tests) and, once registered by groupgemm.jax, its XLA FFI handlers.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
 
 #include "groupgemm/groupgemm.h"
 
@@ -14,6 +17,8 @@ void bind_ffi_handlers(nb::module_& m);
 NB_MODULE(_core, m) {
   m.doc() = "groupgemm core: grouped GEMM for Mixture-of-Experts layers";
   m.def("cuda_compiled", &groupgemm::cuda_compiled, "True when the CUDA backend was compiled in.");
+  m.def("cuda_architectures", [] { return std::string(groupgemm::cuda_compiled() ? GROUPGEMM_CUDA_ARCHS : ""); },
+        "The CUDA architectures compiled for, comma-separated (CMAKE_CUDA_ARCHITECTURES).");
   groupgemm::bind_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
 }
