@@ -9,12 +9,17 @@ import argparse
 import torch
 
 import groupgemm._core as core
-from timing import add_shape_arguments, interleaved_medians
+from timing import interleaved_medians
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    add_shape_arguments(parser, repeats=10)
+    parser.add_argument("--m", type=int, default=4096, help="rows (tokens x top-k)")
+    parser.add_argument("--k", type=int, default=1024)
+    parser.add_argument("--n", type=int, default=1024)
+    parser.add_argument("--groups", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     m, k, n = args.m, args.k, args.n
     flops = 2.0 * m * k * n

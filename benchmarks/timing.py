@@ -1,15 +1,6 @@
-"""Shared pieces of the benchmark scripts: the problem-shape flags and an interleaved median timer."""
+"""The benchmarks' timer: medians of calls interleaved round-robin."""
 
 import time
-
-
-def add_shape_arguments(parser, dtypes=("float32", "bfloat16"), repeats=5):
-    parser.add_argument("--m", type=int, default=4096, help="rows (tokens x top-k)")
-    parser.add_argument("--k", type=int, default=1024)
-    parser.add_argument("--n", type=int, default=1024)
-    parser.add_argument("--groups", type=int, nargs="+", default=[8, 64])
-    parser.add_argument("--dtypes", nargs="+", default=list(dtypes))
-    parser.add_argument("--repeats", type=int, default=repeats)
 
 
 def _seconds(fn):

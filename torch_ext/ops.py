@@ -27,7 +27,7 @@ def _workspace(device: torch.device, num_groups: int) -> Optional[Tensor]:
     return torch.empty(_core.workspace_bytes(True, num_groups), dtype=torch.uint8, device=device)
 
 
-def _dl(t: Optional[Tensor]):
+def _capsule(t: Optional[Tensor]):
     """A tensor as a DLPack capsule for the core (zero-copy). The legacy to_dlpack is used
     on purpose: it costs about 0.25 µs, Tensor.__dlpack__ about 2.3 µs, which is most of
     an empty call's time; and it accepts tensors that require grad."""
@@ -39,9 +39,10 @@ def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Opti
                   group_offset: Optional[Tensor], transpose_weight: bool, out_dtype: torch.dtype) -> Tensor:
     n = weight.shape[1] if transpose_weight else weight.shape[2]
     out = torch.empty((input.shape[0], n), dtype=out_dtype, device=input.device)
-    _core.grouped_matmul(_dl(input), _dl(weight), _dl(group_sizes), _dl(out), bias=_dl(bias),
-                         group_offset=_dl(group_offset), transpose_rhs=transpose_weight,
-                         workspace=_dl(_workspace(input.device, weight.shape[0])), stream=_stream(input.device))
+    _core.grouped_matmul(*map(_capsule, (input, weight, group_sizes, out)), bias=_capsule(bias),
+                         group_offset=_capsule(group_offset), transpose_rhs=transpose_weight,
+                         workspace=_capsule(_workspace(input.device, weight.shape[0])),
+                         stream=_stream(input.device))
     return out
 
 
@@ -55,8 +56,9 @@ def _(input, weight, group_sizes, bias, group_offset, transpose_weight, out_dtyp
 def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int,
                         group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
     out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype, device=input.device)
-    _core.grouped_matmul_wgrad(_dl(input), _dl(grad), _dl(group_sizes), _dl(out), group_offset=_dl(group_offset),
-                               accumulate=False, workspace=_dl(_workspace(input.device, num_groups)),
+    _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, out)),
+                               group_offset=_capsule(group_offset), accumulate=False,
+                               workspace=_capsule(_workspace(input.device, num_groups)),
                                stream=_stream(input.device))
     return out
 
@@ -69,9 +71,9 @@ def _(input, grad, group_sizes, num_groups, group_offset, out_dtype):
 @torch.library.custom_op("groupgemm::grouped_mm_wgrad_accumulate", mutates_args=("accumulate_into",))
 def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Tensor,
                                    accumulate_into: Tensor, group_offset: Optional[Tensor]) -> None:
-    _core.grouped_matmul_wgrad(_dl(input), _dl(grad), _dl(group_sizes), _dl(accumulate_into),
-                               group_offset=_dl(group_offset), accumulate=True,
-                               workspace=_dl(_workspace(input.device, accumulate_into.shape[0])),
+    _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, accumulate_into)),
+                               group_offset=_capsule(group_offset), accumulate=True,
+                               workspace=_capsule(_workspace(input.device, accumulate_into.shape[0])),
                                stream=_stream(input.device))
 
 
@@ -84,8 +86,9 @@ def _(input, grad, group_sizes, accumulate_into, group_offset):
 def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int,
                          group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
     out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype, device=grad.device)
-    _core.grouped_bias_grad(_dl(grad), _dl(group_sizes), _dl(out), group_offset=_dl(group_offset),
-                            workspace=_dl(_workspace(grad.device, num_groups)), stream=_stream(grad.device))
+    _core.grouped_bias_grad(*map(_capsule, (grad, group_sizes, out)), group_offset=_capsule(group_offset),
+                            workspace=_capsule(_workspace(grad.device, num_groups)),
+                            stream=_stream(grad.device))
     return out
 
 

@@ -95,7 +95,7 @@ Status run_cutlass_grouped(const GroupedGemmLaunch& l) {
 }
 
 // Dispatches on the output dtype and the layout for one input type.
-template <typename In, typename Config32, typename Config16>
+template <typename In, typename ConfigF32Out, typename ConfigSameOut>
 Status run_for_input(const GroupedGemmLaunch& l) {
   auto by_layout = [&](auto out_tag, auto config_tag) {
     using Out = decltype(out_tag);
@@ -107,8 +107,8 @@ Status run_for_input(const GroupedGemmLaunch& l) {
     }
     return Status::Internal("unknown GEMM layout");
   };
-  if (l.out_dtype == DType::f32) return by_layout(float{}, Config32{});
-  return by_layout(In{}, Config16{});
+  if (l.out_dtype == DType::f32) return by_layout(float{}, ConfigF32Out{});
+  return by_layout(In{}, ConfigSameOut{});
 }
 
 }  // namespace cuda
