@@ -55,6 +55,9 @@ CASES = [
 ]
 
 CASE_IDS = [c.name for c in CASES]
+# (with_bias, transpose_rhs) variants every frontend test runs each case in.
+VARIANTS = [(False, False), (True, True)]
+VARIANT_IDS = ["plain", "bias_transposed"]
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
 
 

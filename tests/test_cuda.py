@@ -15,9 +15,10 @@ import torch
 import groupgemm
 import groupgemm.jax as gj
 import groupgemm.torch as gt
-from cases import CASES, Case, inputs
+from cases import CASES, VARIANT_IDS, VARIANTS, Case, inputs
+from forward_backward import jax_forward_backward, torch_forward_backward
 from reference import assert_close, empty_groups, padding_rows
-from test_parity import TORCH, assert_same_bits, both_frameworks
+from test_parity import assert_same_bits
 
 
 def _jax_gpu():
@@ -41,29 +42,20 @@ GPU_CASES = CASES + [
     Case("unaligned", 200, 36, 20, (50, 0, 100, 50)),
 ]
 GPU_IDS = [c.name for c in GPU_CASES]
-VARIANTS = pytest.mark.parametrize("variant", [(False, False), (True, True)], ids=["plain", "bias_transposed"])
+each_variant = pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 
 
-def torch_forward_backward(case, dtype, with_bias, transpose, device):
-    x = inputs(case)
-    rhs = x["rhs"].transpose(0, 2, 1) if transpose else x["rhs"]
-    t = lambda a: torch.tensor(a, dtype=TORCH[dtype], device=device, requires_grad=True)  # noqa: E731
-    lhs, weight, bias = t(x["lhs"]), t(rhs), t(x["bias"])
-    offset = None if case.group_offset is None else torch.tensor(case.group_offset, device=device)
-    out = gt.grouped_mm(lhs, weight, torch.tensor(x["group_sizes"], device=device),
-                        bias if with_bias else None, transpose_weight=transpose, group_offset=offset)
-    out.backward(torch.tensor(x["dout"], dtype=TORCH[dtype], device=device))
-    dbias = bias.grad if with_bias else torch.zeros_like(bias)
-    return [v.detach().cpu().double().numpy() for v in (out, lhs.grad, weight.grad, dbias)]
+def torch_results(case, dtype, variant, device):
+    return [v.detach().cpu().double().numpy() for v in torch_forward_backward(case, dtype, *variant, device)]
 
 
 @needs_torch_cuda
-@VARIANTS
+@each_variant
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
 def test_torch_cuda_matches_cpu_backend_and_keeps_exact_zeros(case, dtype, variant):
-    gpu = torch_forward_backward(case, dtype, *variant, "cuda")
-    cpu = torch_forward_backward(case, dtype, *variant, "cpu")
+    gpu = torch_results(case, dtype, variant, "cuda")
+    cpu = torch_results(case, dtype, variant, "cpu")
     for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), gpu, cpu):
         assert_close(a, b, dtype, f"{case.name}/{dtype}/{name}")
     sizes = inputs(case)["group_sizes"]
@@ -98,15 +90,10 @@ def test_jax_cuda_matches_cpu_backend(case, dtype):
     x = inputs(case)
 
     def run(device):
-        with jax.default_device(device):
-            j = lambda a: jnp.asarray(a, jnp.dtype(dtype))  # noqa: E731
-            offset = None if case.group_offset is None else jnp.int32(case.group_offset)
-            out, vjp = jax.vjp(lambda l, r, b: gj.grouped_matmul(
-                l, r, jnp.asarray(x["group_sizes"]), bias=b, group_offset=offset), j(x["lhs"]), j(x["rhs"]), j(x["bias"]))
-            return [np.asarray(v, np.float64) for v in (out, *vjp(j(x["dout"])))]
+        return [np.asarray(v, np.float64) for v in jax_forward_backward(case, dtype, True, False, device)]
 
-    gpu = run(_jax_gpu())
-    for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), gpu, run(jax.devices("cpu")[0])):
+    gpu = run("cuda")
+    for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), gpu, run("cpu")):
         assert_close(a, b, dtype, f"{case.name}/{dtype}/{name}")
     pad = padding_rows(x["group_sizes"], case.m, case.g, case.offset)
     assert (gpu[0][pad] == 0).all() and (gpu[1][pad] == 0).all()
@@ -115,11 +102,12 @@ def test_jax_cuda_matches_cpu_backend(case, dtype):
 
 
 @needs_both
-@VARIANTS
+@each_variant
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
 def test_cuda_jax_and_torch_are_bitwise_identical(case, dtype, variant):
-    jax_results, torch_results = both_frameworks(case, dtype, *variant, device="cuda")
+    jax_results = jax_forward_backward(case, dtype, *variant, "cuda")
+    torch_results = torch_forward_backward(case, dtype, *variant, "cuda")
     for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), jax_results, torch_results):
         assert_same_bits(a, b, f"cuda/{case.name}/{dtype}/{name}")
 

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cases import CASE_IDS, CASES, DTYPES, inputs, round_to
+from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, inputs, round_to
+from forward_backward import JNP
 from groupgemm.jax import grouped_matmul, grouped_matmul_wgrad, ragged_dot
 import reference as ref
 
-JNP = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
 
 
 def x64_if(dtype):
@@ -28,7 +28,7 @@ def offset_arg(case):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("variant", [(False, False), (True, True)], ids=["plain", "bias_transposed"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_forward_and_gradients_match_reference(case, dtype, variant):
     with_bias, transpose = variant
     x = inputs(case)

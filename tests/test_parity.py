@@ -1,17 +1,15 @@
 """JAX and PyTorch give bitwise-identical results: one core computes both."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
-from cases import CASE_IDS, CASES, DTYPES, inputs
+from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, inputs
+from forward_backward import JNP, TORCH, jax_forward_backward, torch_forward_backward
 import groupgemm.jax as gj
 import groupgemm.torch as gt
 
-JNP = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
-TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -31,32 +29,14 @@ def assert_same_bits(a, b, what):
     assert np.array_equal(bits_a, bits_b), f"{what}: {np.count_nonzero(bits_a != bits_b)} elements differ"
 
 
-def both_frameworks(case, dtype, with_bias, transpose, device="cpu"):
-    """Forward and all gradients of one case in JAX and in torch, on "cpu" or "cuda"."""
-    x = inputs(case)
-    rhs = x["rhs"].transpose(0, 2, 1) if transpose else x["rhs"]
-    sizes, off = x["group_sizes"], case.group_offset
-    jax_device = jax.devices("cpu" if device == "cpu" else "gpu")[0]
-    with jax.enable_x64(dtype == "float64"), jax.default_device(jax_device):
-        j = lambda a: jnp.asarray(a, JNP[dtype])  # noqa: E731
-        out_j, vjp = jax.vjp(lambda l, r, b: gj.grouped_matmul(
-            l, r, jnp.asarray(sizes), bias=b if with_bias else None, transpose_rhs=transpose,
-            group_offset=None if off is None else jnp.int32(off)), j(x["lhs"]), j(rhs), j(x["bias"]))
-        grads_j = vjp(j(x["dout"]))
-        jax_results = [np.asarray(a) for a in (out_j, *grads_j)]
-    t = lambda a: torch.tensor(np.asarray(a), dtype=TORCH[dtype], device=device, requires_grad=True)  # noqa: E731
-    lhs_t, rhs_t, bias_t = t(x["lhs"]), t(rhs), t(x["bias"])
-    out_t = gt.grouped_mm(lhs_t, rhs_t, torch.from_numpy(sizes).to(device), bias_t if with_bias else None,
-                          transpose_weight=transpose,
-                          group_offset=None if off is None else torch.tensor(off, device=device))
-    out_t.backward(t(x["dout"]).detach())
-    bias_grad = bias_t.grad if with_bias else torch.zeros_like(bias_t)
-    return jax_results, [out_t, lhs_t.grad, rhs_t.grad, bias_grad]
+def both_frameworks(case, dtype, with_bias, transpose):
+    return (jax_forward_backward(case, dtype, with_bias, transpose),
+            torch_forward_backward(case, dtype, with_bias, transpose))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("variant", [(False, False), (True, True)], ids=["plain", "bias_transposed"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_jax_and_torch_outputs_and_gradients_are_bitwise_identical(case, dtype, variant):
     jax_results, torch_results = both_frameworks(case, dtype, *variant)
     for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), jax_results, torch_results):

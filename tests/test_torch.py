@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from cases import CASE_IDS, CASES, DTYPES, inputs, round_to
+from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, inputs, round_to
+from forward_backward import TORCH
 from groupgemm.torch import GroupedLinear, grouped_mm, grouped_mm_wgrad
 import reference as ref
 
-TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def t(x, dtype, requires_grad=False):
@@ -33,7 +33,7 @@ def dirty_allocator(numel, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("variant", [(False, False), (True, True)], ids=["plain", "bias_transposed"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_forward_and_gradients_match_reference(case, dtype, variant):
     with_bias, transpose = variant
     x = inputs(case)
