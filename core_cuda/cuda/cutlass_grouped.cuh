@@ -4,6 +4,7 @@
 // split-K, no atomics).
 #pragma once
 
+#include <atomic>
 #include <string>
 
 #include "cutlass/cutlass.h"
@@ -77,8 +78,16 @@ Status run_cutlass_grouped(const GroupedGemmLaunch& l) {
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return Status::Internal("cannot query the CUDA device");
-  const int per_sm = Gemm::maximum_active_blocks();
-  if (per_sm <= 0) return Status::Internal("the grouped GEMM kernel does not fit on this device");
+  // Blocks per SM is a property of the kernel: query the occupancy API once, not on
+  // every call (the grid size only affects speed; device-only scheduling is correct
+  // for any). initialize() below still sets the kernel's shared-memory limit per call.
+  static std::atomic<int> cached_per_sm{0};
+  int per_sm = cached_per_sm.load(std::memory_order_relaxed);
+  if (per_sm <= 0) {
+    per_sm = Gemm::maximum_active_blocks();
+    if (per_sm <= 0) return Status::Internal("the grouped GEMM kernel does not fit on this device");
+    cached_per_sm.store(per_sm, std::memory_order_relaxed);
+  }
 
   typename Gemm::Arguments args(
       reinterpret_cast<cutlass::gemm::GemmCoord*>(const_cast<int32_t*>(l.problems)), l.num_groups,
