@@ -108,6 +108,29 @@ def test_bias_grad_matches_reference_and_zeroes_empty_groups(case, dtype):
         assert (out[g] == 0).all()
 
 
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32", "accumulate"])
+def test_bfloat16_wgrad_of_long_groups(out_dtype):
+    # The bfloat16 weight gradient runs the contraction in chunks of at most 2048 rows,
+    # the last one padded with zero rows to a multiple of 64: groups longer than a chunk,
+    # of exactly one chunk, and one row over it.
+    rng = np.random.default_rng(5)
+    sizes = np.array([4300, 0, 64, 2048, 2049, 7], np.int32)
+    m, k, n = int(sizes.sum()), 16, 24
+    lhs, dout = (round_to(rng.standard_normal(s), "bfloat16") for s in ((m, k), (m, n)))
+    before = rng.standard_normal((len(sizes), k, n)).astype(np.float32)
+    out = (torch.from_numpy(before.copy()) if out_dtype == "accumulate"
+           else dirty((len(sizes), k, n), TORCH_DTYPE[out_dtype]))
+    core.grouped_matmul_wgrad(tensor(lhs, "bfloat16"), tensor(dout, "bfloat16"), torch.from_numpy(sizes),
+                              out, accumulate=out_dtype == "accumulate")
+    expected = ref.grouped_matmul_wgrad(lhs, dout, sizes, len(sizes),
+                                        accumulate_into=before if out_dtype == "accumulate" else None)
+    ref.assert_close(as_np(out), expected, "bfloat16" if out_dtype == "bfloat16" else "float32", "long groups")
+    if out_dtype == "accumulate":
+        assert torch.equal(out[1].view(torch.int32), torch.from_numpy(before[1]).view(torch.int32))
+    else:
+        assert (out[1] == 0).all()
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_group_sizes_and_offset_accept_int32_and_int64(index_dtype):
     case = CASES[12]  # a window

@@ -1,14 +1,22 @@
-// float32 / bfloat16 GEMM through oneDNN matmul primitives with run-time shapes.
+// float32 / bfloat16 GEMM through oneDNN matmul primitives.
 //
 // Group sizes change every training step, so the dimension that follows them is a
-// run-time value (DNNL_RUNTIME_DIM_VAL) and no call pays oneDNN's JIT cost after the
-// first for its primitive. Which other dimensions are run-time decides the kernel:
+// run-time value (DNNL_RUNTIME_DIM_VAL) wherever oneDNN keeps its fast kernel that way,
+// and no call pays oneDNN's JIT cost after the first for its primitive. Which
+// dimensions are fixed decides the kernel:
 //  - bfloat16 forward / dgrad (rows vary, K and N are the layer's): only M is run-time,
 //    one primitive per (K, N). oneDNN 3.2 then picks its AMX brgemm kernel, 1.2-1.4x
 //    faster here than the GEMM-based one it picks when every dimension is run-time.
-//  - weight gradients (the contraction follows the rows) and float32: every dimension
-//    and stride is run-time, one primitive per layout; oneDNN has no faster choice there.
+//  - bfloat16 weight gradients (the contraction is the group's rows): oneDNN 3.2 picks
+//    brgemm only when every dimension is fixed, so the contraction runs in chunks whose
+//    length is rounded up to a multiple of kContractionStep with zero rows, one
+//    primitive per (M, N, chunk length): 2-2.5x faster than all-run-time (8 or 64 groups
+//    of M=4096, K=N=1024), and at most kMaxChunk / kContractionStep lengths per layer.
+//  - float32: every dimension and stride is run-time, one primitive per layout; oneDNN
+//    has no faster choice there.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -18,6 +26,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "convert.h"
 #include "gemm.h"
 
 namespace groupgemm {
@@ -41,11 +50,25 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// dtypes, layout, bias, accumulate, and K and N when they are fixed (else 0).
-using Key = std::tuple<DType, DType, bool, bool, bool, bool, int64_t, int64_t>;
-
-// Whether a call gets a primitive with only M at run time (see the top of the file).
+// Which dimensions of a call's primitive are fixed (see the top of the file).
 bool fixed_k_and_n(const GemmCall& c) { return c.in_dtype == DType::bf16 && !c.a_transposed; }
+bool fixed_contraction(const GemmCall& c) { return c.in_dtype == DType::bf16 && c.a_transposed; }
+
+constexpr int64_t kContractionStep = 64;  // the AMX brgemm kernel's natural K blocking
+constexpr int64_t kMaxChunk = 2048;
+// Padding a chunk copies it; this bounds that scratch for very wide layers.
+constexpr int64_t kMaxPaddedBytes = int64_t(16) << 20;
+
+int64_t round_up(int64_t v, int64_t step) { return (v + step - 1) / step * step; }
+
+// Rows of the contraction per chunk for a fixed_contraction call.
+int64_t contraction_chunk(const GemmCall& c) {
+  const int64_t fits = kMaxPaddedBytes / ((c.m + c.n) * int64_t(sizeof(bf16_t)));
+  return std::clamp(fits / kContractionStep * kContractionStep, kContractionStep, kMaxChunk);
+}
+
+// dtypes, layout, bias, accumulate, and M, N, K when they are fixed (else 0).
+using Key = std::tuple<DType, DType, bool, bool, bool, bool, int64_t, int64_t, int64_t>;
 
 struct Primitive {
   dnnl::matmul matmul;
@@ -62,20 +85,21 @@ struct Primitive {
 const Primitive& cached_primitive(const GemmCall& c) {
   static std::mutex mutex;
   static std::map<Key, Primitive> cache;
-  const bool fixed = fixed_k_and_n(c);
+  const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
   const Key key{c.in_dtype, c.out_dtype, c.a_transposed, c.b_transposed, c.bias != nullptr,
-                c.accumulate, fixed ? c.k : 0, fixed ? c.n : 0};
+                c.accumulate, all_fixed ? c.m : 0, fixed ? c.k : 0, fixed ? c.n : 0};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
 
   // Run-time sizes and leading dimensions; which stride is 1 is fixed at creation (with
   // both strides unknown oneDNN 3.2 falls back to its reference kernel).
-  const memory::dim k = fixed ? c.k : kRuntime, n = fixed ? c.n : kRuntime;
-  const memory::desc a({kRuntime, k}, onednn_type(c.in_dtype),
-                       c.a_transposed ? memory::dims{1, kRuntime} : memory::dims{k, 1});
+  const memory::dim m = all_fixed ? c.m : kRuntime, k = fixed ? c.k : kRuntime,
+                    n = fixed ? c.n : kRuntime;
+  const memory::desc a({m, k}, onednn_type(c.in_dtype),
+                       c.a_transposed ? memory::dims{1, m} : memory::dims{k, 1});
   const memory::desc b({k, n}, onednn_type(c.in_dtype), c.b_transposed ? memory::dims{1, k} : memory::dims{n, 1});
-  const memory::desc out({kRuntime, n}, onednn_type(c.out_dtype), memory::dims{n, 1});
+  const memory::desc out({m, n}, onednn_type(c.out_dtype), memory::dims{n, 1});
   const memory::desc bias = c.bias ? memory::desc({1, n}, onednn_type(c.in_dtype), memory::dims{n, 1})
                                    : memory::desc();
   dnnl::primitive_attr attr;
@@ -94,17 +118,8 @@ const Primitive& cached_primitive(const GemmCall& c) {
                                       impl.rfind("gemm:", 0) == 0}).first->second;
 }
 
-}  // namespace
-
-bool gemm_onednn_runs_side_by_side(const GemmCall& c) {
-  try {
-    return cached_primitive(c).side_by_side;
-  } catch (const std::exception&) {
-    return false;  // the call itself reports the error
-  }
-}
-
-Status gemm_onednn(const GemmCall& c) {
+// Runs one call on its cached primitive.
+Status execute(const GemmCall& c) {
   try {
     const Primitive& prim = cached_primitive(c);
     const auto in = onednn_type(c.in_dtype);
@@ -131,6 +146,60 @@ Status gemm_onednn(const GemmCall& c) {
     return Status::Internal(std::string("oneDNN matmul failed: ") + e.what());
   }
   return Status::Ok();
+}
+
+// A chunk of the contraction whose length is not a multiple of kContractionStep, copied
+// with zero rows after it: they add exact zeros to every sum. Per thread and kept (at
+// most kMaxPaddedBytes), so steady-state training allocates nothing here.
+GemmCall padded(const GemmCall& c) {
+  thread_local std::vector<bf16_t> scratch;
+  const int64_t k = round_up(c.k, kContractionStep);
+  scratch.assign(k * (c.m + c.n), bf16_t{0});
+  // A is stored [k, m] (transposed), B is [k, n]: both are rows of the contraction.
+  std::memcpy(scratch.data(), c.a, c.k * c.m * sizeof(bf16_t));
+  std::memcpy(scratch.data() + k * c.m, c.b, c.k * c.n * sizeof(bf16_t));
+  GemmCall p = c;
+  p.k = k;
+  p.a = scratch.data();
+  p.b = scratch.data() + k * c.m;
+  return p;
+}
+
+// A fixed_contraction call, chunk by chunk. Several chunks of a bfloat16 output add up in
+// a float32 scratch that is rounded once at the end.
+Status execute_in_chunks(const GemmCall& c) {
+  const int64_t chunk = contraction_chunk(c);
+  std::vector<float> sum(c.k > chunk && c.out_dtype != DType::f32 ? c.m * c.n : 0);
+  const auto* a = static_cast<const bf16_t*>(c.a);
+  const auto* b = static_cast<const bf16_t*>(c.b);
+  for (int64_t k0 = 0; k0 < c.k; k0 += chunk) {
+    GemmCall part = c;
+    part.k = std::min(chunk, c.k - k0);
+    part.a = a + k0 * c.m;
+    part.b = b + k0 * c.n;
+    part.accumulate = c.accumulate || k0 > 0;
+    if (!sum.empty()) part.out_dtype = DType::f32, part.c = sum.data();
+    Status s = execute(part.k % kContractionStep ? padded(part) : part);
+    if (!s.ok()) return s;
+  }
+  auto* out = static_cast<bf16_t*>(c.c);
+  for (size_t i = 0; i < sum.size(); ++i) out[i] = narrow<bf16_t>(sum[i]);
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool gemm_onednn_runs_side_by_side(const GemmCall& c) {
+  try {
+    if (fixed_contraction(c)) return false;  // brgemm: see Primitive::side_by_side
+    return cached_primitive(c).side_by_side;
+  } catch (const std::exception&) {
+    return false;  // the call itself reports the error
+  }
+}
+
+Status gemm_onednn(const GemmCall& c) {
+  return fixed_contraction(c) ? execute_in_chunks(c) : execute(c);
 }
 
 }  // namespace cpu

@@ -232,6 +232,58 @@ void run_case(const Case& c, DType dt, const Runner& run) {
     }
 }
 
+// bfloat16 weight gradients run the contraction in chunks of at most 2048 rows, the last
+// padded with zero rows to a multiple of 64 (cpu/gemm_onednn.cpp): groups longer than a
+// chunk, of one chunk exactly and of a few rows, into bfloat16, float32 and accumulated
+// float32 output. Small integers keep every float32 sum exact, so the checks are too.
+uint16_t bf16_bits(float v) {  // exact for the small integers used here
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return uint16_t(u >> 16);
+}
+float bf16_value(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+void test_bf16_wgrad_chunks() {
+  g_case = "bf16_wgrad_chunks";
+  const std::vector<int64_t> group_sizes = {2100, 0, 70, 2048, 5};
+  const int64_t G = int64_t(group_sizes.size()), k = 8, n = 8;
+  int64_t m = 0;
+  for (int64_t s : group_sizes) m += s;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(-2, 2);
+  std::vector<uint16_t> lhs(m * k), grad(m * n);
+  for (auto& v : lhs) v = bf16_bits(float(small(rng)));
+  for (auto& v : grad) v = bf16_bits(float(small(rng)));
+  std::vector<double> want(G * k * n, 0.0);
+  for (int64_t g = 0, row = 0; g < G; row += group_sizes[g++])
+    for (int64_t r = row; r < row + group_sizes[g]; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          want[(g * k + i) * n + j] += double(bf16_value(lhs[r * k + i])) * bf16_value(grad[r * n + j]);
+  WgradArgs a;
+  a.in_dtype = DType::bf16;
+  a.lhs = lhs.data(), a.grad = grad.data();
+  a.m = m, a.k = k, a.n = n, a.num_groups = G;
+  a.group_sizes = {group_sizes.data(), IndexType::i64, G};
+  std::vector<float> f32(G * k * n, std::numeric_limits<float>::quiet_NaN());
+  a.out_dtype = DType::f32, a.out = f32.data();
+  CHECK(grouped_matmul_wgrad(a, ExecContext{}).ok());
+  for (int64_t e = 0; e < G * k * n; ++e) CHECK(f32[e] == float(want[e]));
+  a.accumulate = true;  // adds the same sums again
+  CHECK(grouped_matmul_wgrad(a, ExecContext{}).ok());
+  for (int64_t e = 0; e < G * k * n; ++e) CHECK(f32[e] == float(2 * want[e]));
+  std::vector<uint16_t> bf16(G * k * n, 0x7fc0);  // NaN
+  a.accumulate = false, a.out_dtype = DType::bf16, a.out = bf16.data();
+  CHECK(grouped_matmul_wgrad(a, ExecContext{}).ok());
+  for (int64_t e = 0; e < G * k * n; ++e)  // one rounding of the exact sum (|sum| < 2^15)
+    CHECK(std::fabs(bf16_value(bf16[e]) - want[e]) <= std::fabs(want[e]) / 256);
+}
+
 // ---- the CUDA backend's schedule, run on the host ----------------------------------
 // The setup kernel's steps (groupgemm/setup.h) with `g_scan_chunks` chunks and a sequential
 // exclusive scan, then the workspace executed the way the CUDA kernels read it: a
@@ -457,6 +509,7 @@ int main() {
       run_case<float>(c, DType::f32, emulated_cuda<float>());
     }
   }
+  test_bf16_wgrad_chunks();
   test_workspace();
   test_errors();
   std::printf("%d passed, %d failed\n", passed, failed);
