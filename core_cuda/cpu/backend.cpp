@@ -10,6 +10,7 @@
 
 #include "convert.h"
 #include "gemm.h"
+#include "huge_pages.h"
 #include "groupgemm/backends.h"
 #include "groupgemm/problem.h"
 
@@ -163,6 +164,7 @@ Status wgrad_f16(WgradArgs a) {
 Status grouped_matmul(const MatmulArgs& a) {
   if (a.in_dtype == DType::f16) return matmul_f16(a);
   const RowPlan plan(a.group_sizes, a.group_offset, a.num_groups, a.m);
+  advise_huge_pages(a.out, a.m * a.n * dtype_size(a.out_dtype));
   const RowRange owned = plan.owned();
   zero_rows(a.out, {0, owned.begin}, a.n, a.out_dtype);
   zero_rows(a.out, {owned.end, a.m}, a.n, a.out_dtype);
@@ -200,6 +202,7 @@ Status grouped_matmul_wgrad(const WgradArgs& a) {
   const RowPlan plan(a.group_sizes, a.group_offset, a.num_groups, a.m);
   const int64_t block = a.k * a.n;
   if (block == 0) return Status::Ok();
+  advise_huge_pages(a.out, a.num_groups * block * dtype_size(a.out_dtype));
 
   std::vector<GemmCall> gemms;
   for (int64_t g = 0; g < a.num_groups; ++g) {

@@ -1,0 +1,35 @@
+// Transparent huge pages for large outputs.
+//
+// A freshly allocated buffer (a new gradient every training step: allocators hand
+// large blocks straight from mmap) costs a page fault per 4 KiB on its first write,
+// and those faults can take longer than the GEMM that writes it: filling a new
+// 128 MB buffer took 84 ms here with 4 KiB pages and 34 ms with 2 MiB ones. Asking for
+// huge pages before the first write is advice only: it never changes the contents, and
+// where the kernel declines (THP off, a file mapping) nothing happens.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace groupgemm {
+namespace cpu {
+
+inline void advise_huge_pages(void* data, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHugePage = uintptr_t(2) << 20;
+  constexpr int64_t kMinBytes = int64_t(8) << 20;  // smaller blocks are usually reused, already mapped
+  if (bytes < kMinBytes) return;
+  // Only whole huge pages inside the buffer: the advice covers no one else's memory.
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + uintptr_t(bytes)) & ~(kHugePage - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)data, (void)bytes;
+#endif
+}
+
+}  // namespace cpu
+}  // namespace groupgemm
