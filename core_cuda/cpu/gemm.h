@@ -34,7 +34,6 @@ bool gemm_runs_side_by_side(const GemmCall& call);
 
 // The float32 / bfloat16 path of gemm (gemm_onednn.cpp).
 Status gemm_onednn(const GemmCall& call);
-bool gemm_onednn_runs_side_by_side(const GemmCall& call);
 
 }  // namespace cpu
 }  // namespace groupgemm

@@ -76,10 +76,6 @@ struct Primitive {
   // mode): with oneDNN's own, concurrent executions of one brgemm primitive share it
   // and corrupt each other's results.
   size_t scratchpad_bytes;
-  // Whether small calls of it run side by side, one per thread (cpu/backend.cpp): the
-  // GEMM-based kernel ("gemm:jit"), which gives the same bits on one thread as on all.
-  // The brgemm kernel measured no faster that way, so it keeps all threads per call.
-  bool side_by_side;
 };
 
 const Primitive& cached_primitive(const GemmCall& c) {
@@ -114,8 +110,7 @@ const Primitive& cached_primitive(const GemmCall& c) {
   const std::string impl = pd.impl_info_str();
   if (impl.rfind("ref", 0) == 0)
     throw std::runtime_error("oneDNN chose its reference kernel: " + impl);
-  return cache.emplace(key, Primitive{dnnl::matmul(pd), pd.scratchpad_desc().get_size(),
-                                      impl.rfind("gemm:", 0) == 0}).first->second;
+  return cache.emplace(key, Primitive{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first->second;
 }
 
 // Runs one call on its cached primitive.
@@ -188,15 +183,6 @@ Status execute_in_chunks(const GemmCall& c) {
 }
 
 }  // namespace
-
-bool gemm_onednn_runs_side_by_side(const GemmCall& c) {
-  try {
-    if (fixed_contraction(c)) return false;  // brgemm: see Primitive::side_by_side
-    return cached_primitive(c).side_by_side;
-  } catch (const std::exception&) {
-    return false;  // the call itself reports the error
-  }
-}
 
 Status gemm_onednn(const GemmCall& c) {
   return fixed_contraction(c) ? execute_in_chunks(c) : execute(c);
