@@ -132,18 +132,18 @@ def test_bfloat16_wgrad_of_long_groups(out_dtype):
 
 
 def test_large_accumulate_buffer_keeps_its_contents():
-    # Outputs of 8 MB and more get huge-page advice before they are written; the
+    # Outputs of 64 MB and more get huge-page advice before they are written; the
     # buffer's contents must come through it: the empty group bit for bit, the others
     # added to.
     rng = np.random.default_rng(6)
-    sizes = np.array([5, 0, 3], np.int32)
-    k = n = 1024
-    lhs, dout = rng.standard_normal((8, k)), rng.standard_normal((8, n))
-    before = rng.standard_normal((3, k, n)).astype(np.float32)  # 12 MB
+    sizes = np.array([5, 0, 3, 2], np.int32)
+    k = n = 2048
+    lhs, dout = rng.standard_normal((10, k)), rng.standard_normal((10, n))
+    before = rng.standard_normal((4, k, n)).astype(np.float32)  # 64 MB
     acc = torch.from_numpy(before.copy())
     core.grouped_matmul_wgrad(tensor(lhs, "float32"), tensor(dout, "float32"), torch.from_numpy(sizes),
                               acc, accumulate=True)
-    expected = ref.grouped_matmul_wgrad(round_to(lhs, "float32"), round_to(dout, "float32"), sizes, 3,
+    expected = ref.grouped_matmul_wgrad(round_to(lhs, "float32"), round_to(dout, "float32"), sizes, 4,
                                         accumulate_into=before)
     ref.assert_close(as_np(acc), expected, "float32", "large buffer")
     assert torch.equal(acc[1].view(torch.int32), torch.from_numpy(before[1]).view(torch.int32))

@@ -5,7 +5,10 @@
 // and those faults can take longer than the GEMM that writes it: filling a new
 // 128 MB buffer took 84 ms here with 4 KiB pages and 34 ms with 2 MiB ones. Asking for
 // huge pages before the first write is advice only: it never changes the contents, and
-// where the kernel declines (THP off, a file mapping) nothing happens.
+// where the kernel declines (THP off, a file mapping) nothing happens. Only blocks of
+// kMinBytes and more are advised: glibc serves every block over 32 MB with a mapping of
+// its own, which goes away when the block is freed, whereas advising part of the heap
+// would split the heap's mapping for good.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +23,7 @@ namespace cpu {
 inline void advise_huge_pages(void* data, int64_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = uintptr_t(2) << 20;
-  constexpr int64_t kMinBytes = int64_t(8) << 20;  // smaller blocks are usually reused, already mapped
+  constexpr int64_t kMinBytes = int64_t(64) << 20;
   if (bytes < kMinBytes) return;
   // Only whole huge pages inside the buffer: the advice covers no one else's memory.
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
