@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from groupgemm._shapes import check_rank, check_shape, groups_and_columns, weight_layout
 from groupgemm.jax_ext import _ffi
 
 _FLOATS = tuple(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64))
@@ -19,11 +20,6 @@ _SIXTEEN_BIT = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 def _check_float(x, name, fn):
     if np.dtype(x.dtype) not in _FLOATS:
         raise TypeError(f"{fn}: {name} must be float32, bfloat16, float16 or float64, got {x.dtype}")
-
-
-def _check_rank(x, rank, name, layout, fn):
-    if x.ndim != rank:
-        raise ValueError(f"{fn}: {name} must be {rank}-D {layout}, got shape {x.shape}")
 
 
 def _index_operands(group_sizes, group_offset, num_groups, fn):
@@ -111,20 +107,15 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
     """
     fn = "grouped_matmul"
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    _check_rank(lhs, 2, "lhs", "[M, K]", fn)
-    _check_rank(rhs, 3, "rhs", "[G, N, K]" if transpose_rhs else "[G, K, N]", fn)
+    check_rank(lhs.shape, 2, "lhs", "[M, K]", fn)
+    check_rank(rhs.shape, 3, "rhs", weight_layout(transpose_rhs), fn)
     _check_float(lhs, "lhs", fn)
     if rhs.dtype != lhs.dtype:
         raise TypeError(f"{fn}: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
-    k_axis = 2 if transpose_rhs else 1
-    if rhs.shape[k_axis] != lhs.shape[1]:
-        raise ValueError(f"{fn}: rhs shape {rhs.shape} does not contract with lhs shape {lhs.shape} "
-                         f"(transpose_rhs={transpose_rhs})")
-    num_groups, n = rhs.shape[0], rhs.shape[3 - k_axis]
+    num_groups, n = groups_and_columns(lhs.shape, rhs.shape, transpose_rhs, ("lhs", "rhs", "transpose_rhs"), fn)
     if bias is not None:
         bias = jnp.asarray(bias)
-        if bias.shape != (num_groups, n):
-            raise ValueError(f"{fn}: bias must have shape {(num_groups, n)}, got {bias.shape}")
+        check_shape(bias.shape, (num_groups, n), "bias", fn)
         if bias.dtype != lhs.dtype:
             raise TypeError(f"{fn}: bias dtype {bias.dtype} differs from lhs dtype {lhs.dtype}")
     group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, fn)
@@ -147,8 +138,8 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
     """
     fn = "grouped_matmul_wgrad"
     lhs, grad = jnp.asarray(lhs), jnp.asarray(grad)
-    _check_rank(lhs, 2, "lhs", "[M, K]", fn)
-    _check_rank(grad, 2, "grad", "[M, N]", fn)
+    check_rank(lhs.shape, 2, "lhs", "[M, K]", fn)
+    check_rank(grad.shape, 2, "grad", "[M, N]", fn)
     _check_float(lhs, "lhs", fn)
     if grad.dtype != lhs.dtype:
         raise TypeError(f"{fn}: grad dtype {grad.dtype} differs from lhs dtype {lhs.dtype}")
@@ -165,8 +156,7 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
         want = np.dtype(np.float64 if lhs.dtype == np.float64 else np.float32)
         if accumulate_into.dtype != want:
             raise TypeError(f"{fn}: accumulate_into must be {want}, got {accumulate_into.dtype}")
-        if accumulate_into.shape != shape:
-            raise ValueError(f"{fn}: accumulate_into must have shape {shape}, got {accumulate_into.shape}")
+        check_shape(accumulate_into.shape, shape, "accumulate_into", fn)
         out_dtype = want
     return _ffi.wgrad(lhs, grad, group_sizes, group_offset, accumulate_into,
                       num_groups=int(num_groups), out_dtype=out_dtype)

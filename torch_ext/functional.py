@@ -4,6 +4,7 @@ from typing import Optional
 
 import torch
 
+from groupgemm._shapes import check_rank, check_shape, groups_and_columns, weight_layout
 from groupgemm.torch_ext import ops
 
 Tensor = torch.Tensor
@@ -16,11 +17,6 @@ def _check_float(t: Tensor, name: str, fn: str) -> None:
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _FLOATS:
         raise TypeError(f"{fn}: {name} must be float32, bfloat16, float16 or float64, got {t.dtype}")
-
-
-def _check_rank(t: Tensor, rank: int, name: str, layout: str, fn: str) -> None:
-    if t.dim() != rank:
-        raise ValueError(f"{fn}: {name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
 
 
 def _check_device(t: Tensor, name: str, device: torch.device, fn: str) -> None:
@@ -73,20 +69,16 @@ def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_o
     """Validates grouped_mm's arguments; returns (group_sizes, group_offset, out_dtype)."""
     _check_float(input, "input", fn)
     _check_float(weight, "weight", fn)
-    _check_rank(input, 2, "input", "[M, K]", fn)
-    _check_rank(weight, 3, "weight", "[G, N, K]" if transpose_weight else "[G, K, N]", fn)
+    check_rank(input.shape, 2, "input", "[M, K]", fn)
+    check_rank(weight.shape, 3, "weight", weight_layout(transpose_weight), fn)
     if weight.dtype != input.dtype:
         raise TypeError(f"{fn}: weight dtype {weight.dtype} differs from input dtype {input.dtype}")
     _check_device(weight, "weight", input.device, fn)
-    k_axis = 2 if transpose_weight else 1
-    if weight.shape[k_axis] != input.shape[1]:
-        raise ValueError(f"{fn}: weight shape {tuple(weight.shape)} does not contract with input shape "
-                         f"{tuple(input.shape)} (transpose_weight={transpose_weight})")
-    num_groups, n = weight.shape[0], weight.shape[3 - k_axis]
+    num_groups, n = groups_and_columns(input.shape, weight.shape, transpose_weight,
+                                       ("input", "weight", "transpose_weight"), fn)
     if bias is not None:
         _check_float(bias, "bias", fn)
-        if tuple(bias.shape) != (num_groups, n):
-            raise ValueError(f"{fn}: bias must have shape {(num_groups, n)}, got {tuple(bias.shape)}")
+        check_shape(bias.shape, (num_groups, n), "bias", fn)
         if bias.dtype != input.dtype:
             raise TypeError(f"{fn}: bias dtype {bias.dtype} differs from input dtype {input.dtype}")
         _check_device(bias, "bias", input.device, fn)
@@ -123,8 +115,8 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
     fn = "grouped_mm_wgrad"
     _check_float(input, "input", fn)
     _check_float(grad, "grad", fn)
-    _check_rank(input, 2, "input", "[M, K]", fn)
-    _check_rank(grad, 2, "grad", "[M, N]", fn)
+    check_rank(input.shape, 2, "input", "[M, K]", fn)
+    check_rank(grad.shape, 2, "grad", "[M, N]", fn)
     if grad.dtype != input.dtype:
         raise TypeError(f"{fn}: grad dtype {grad.dtype} differs from input dtype {input.dtype}")
     if grad.shape[0] != input.shape[0]:
@@ -140,8 +132,7 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
     if not isinstance(accumulate_into, Tensor) or accumulate_into.dtype != want:
         raise TypeError(f"{fn}: accumulate_into must be a {want} tensor")
     shape = (num_groups, input.shape[1], grad.shape[1])
-    if tuple(accumulate_into.shape) != shape:
-        raise ValueError(f"{fn}: accumulate_into must have shape {shape}, got {tuple(accumulate_into.shape)}")
+    check_shape(accumulate_into.shape, shape, "accumulate_into", fn)
     if not accumulate_into.is_contiguous():
         raise ValueError(f"{fn}: accumulate_into must be contiguous (it is updated in place)")
     _check_device(accumulate_into, "accumulate_into", input.device, fn)
