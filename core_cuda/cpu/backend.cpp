@@ -59,25 +59,6 @@ void zero_rows(void* out, RowRange rows, int64_t n, DType t) {
   if (rows.rows() > 0) zero_bytes(at(out, rows.begin * n, t), rows.rows() * n * dtype_size(t));
 }
 
-// Converts `count` elements between dtypes (exact when widening).
-void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t count) {
-  visit_dtype(src_t, [&](auto s) {
-    using S = decltype(s);
-    visit_dtype(dst_t, [&](auto d) {
-      using D = decltype(d);
-      const S* in = static_cast<const S*>(src);
-      D* out = static_cast<D*>(dst);
-      for (int64_t i = 0; i < count; ++i) {
-        if constexpr (std::is_same_v<D, double>) out[i] = static_cast<double>(widen(in[i]));
-        else if constexpr (std::is_same_v<S, double>) out[i] = narrow<D>(static_cast<float>(in[i]));
-        else out[i] = narrow<D>(widen(in[i]));
-      }
-      return 0;
-    });
-    return 0;
-  });
-}
-
 double flops(const GemmCall& c) { return static_cast<double>(c.m) * c.n * c.k; }
 
 // Runs the per-group GEMMs of one call (they write disjoint outputs). A GEMM with at

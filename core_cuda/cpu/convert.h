@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "groupgemm/types.h"
 
@@ -49,6 +50,25 @@ auto visit_dtype(DType t, Fn&& fn) {
     case DType::f32: break;
   }
   return fn(float{});
+}
+
+// Converts `count` elements between dtypes (exact when widening).
+inline void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t count) {
+  visit_dtype(src_t, [&](auto s) {
+    using S = decltype(s);
+    visit_dtype(dst_t, [&](auto d) {
+      using D = decltype(d);
+      const S* in = static_cast<const S*>(src);
+      D* out = static_cast<D*>(dst);
+      for (int64_t i = 0; i < count; ++i) {
+        if constexpr (std::is_same_v<D, double>) out[i] = static_cast<double>(widen(in[i]));
+        else if constexpr (std::is_same_v<S, double>) out[i] = narrow<D>(static_cast<float>(in[i]));
+        else out[i] = narrow<D>(widen(in[i]));
+      }
+      return 0;
+    });
+    return 0;
+  });
 }
 
 }  // namespace cpu

@@ -149,14 +149,18 @@ Status execute(const GemmCall& c) {
 GemmCall padded(const GemmCall& c) {
   thread_local std::vector<bf16_t> scratch;
   const int64_t k = round_up(c.k, kContractionStep);
-  scratch.assign(k * (c.m + c.n), bf16_t{0});
+  if (scratch.size() < size_t(k * (c.m + c.n))) scratch.resize(k * (c.m + c.n));
   // A is stored [k, m] (transposed), B is [k, n]: both are rows of the contraction.
-  std::memcpy(scratch.data(), c.a, c.k * c.m * sizeof(bf16_t));
-  std::memcpy(scratch.data() + k * c.m, c.b, c.k * c.n * sizeof(bf16_t));
+  bf16_t* a = scratch.data();
+  bf16_t* b = a + k * c.m;
+  std::memcpy(a, c.a, c.k * c.m * sizeof(bf16_t));
+  std::memset(a + c.k * c.m, 0, (k - c.k) * c.m * sizeof(bf16_t));
+  std::memcpy(b, c.b, c.k * c.n * sizeof(bf16_t));
+  std::memset(b + c.k * c.n, 0, (k - c.k) * c.n * sizeof(bf16_t));
   GemmCall p = c;
   p.k = k;
-  p.a = scratch.data();
-  p.b = scratch.data() + k * c.m;
+  p.a = a;
+  p.b = b;
   return p;
 }
 
@@ -177,8 +181,7 @@ Status execute_in_chunks(const GemmCall& c) {
     Status s = execute(part.k % kContractionStep ? padded(part) : part);
     if (!s.ok()) return s;
   }
-  auto* out = static_cast<bf16_t*>(c.c);
-  for (size_t i = 0; i < sum.size(); ++i) out[i] = narrow<bf16_t>(sum[i]);
+  if (!sum.empty()) convert(sum.data(), DType::f32, c.c, c.out_dtype, c.m * c.n);
   return Status::Ok();
 }
 
