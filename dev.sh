@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine:
 #   ./dev.sh demo   set everything up, then run the MoE training demo
-#   ./dev.sh test   set everything up, then run the whole test suite (what CI runs)
+#   ./dev.sh test   set everything up, then run the whole test suite (what CI runs), with the
+#                   install checks: an isolated Python 3.12 wheel with the oldest torch and jax
 #   ./dev.sh bench  set everything up, then run the CPU benchmarks (results in benchmarks/results/)
 #   ./dev.sh setup  only set up: .venv, pinned dependencies, editable build
 set -euo pipefail
@@ -26,7 +27,9 @@ setup() {
     pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
   fi
   local started=$SECONDS
-  pip install -q -e . --no-build-isolation
+  # A kept build folder makes rebuilds incremental (about 2 s); pip install . without it
+  # builds in a temporary one, as isolated builds must.
+  pip install -q -e . --no-build-isolation -Cbuild-dir=build/{wheel_tag}
   python -c "import groupgemm; print('groupgemm built in $((SECONDS - started)) s; CUDA backend compiled:', groupgemm.cuda_compiled())"
 }
 
@@ -38,12 +41,61 @@ core_tests() {
   (cd build/sanitized && ctest --output-on-failure)
 }
 
+# The oldest torch and jax supported, checked on Python 3.12 by install_matrix.
+OLDEST_TORCH=2.6.0
+OLDEST_JAX=0.5.0
+
+python312() {
+  command -v python3.12 2>/dev/null && python3.12 --version >/dev/null 2>&1 && return
+  ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -n 1 | grep . \
+    || { echo "dev.sh: python3.12 is needed for the install checks" >&2; return 1; }
+}
+
+# A wheel of the checkout built as a user's pip builds it (isolated build environment,
+# Python 3.12, XLA FFI headers of the oldest jax), installed into a torch-only and a
+# jax-only environment. tests/test_install.py runs in each; the case table and parity
+# tests run with both (the jax environment's packages on the torch one's path).
+install_matrix() {
+  local py started=$SECONDS wheel
+  py=$(python312)
+  mkdir -p build
+  printf 'jax==%s\njaxlib==%s\n' "$OLDEST_JAX" "$OLDEST_JAX" > build/oldest-jax.txt
+  rm -rf build/wheel-py312
+  PIP_CONSTRAINT=build/oldest-jax.txt "$py" -m pip wheel -q --no-deps -w build/wheel-py312 .
+  wheel=$(ls build/wheel-py312/groupgemm-*.whl)
+  echo "isolated Python 3.12 wheel built in $((SECONDS - started)) s: $wheel"
+  started=$SECONDS
+  local env frameworks
+  for env in torch jax; do
+    frameworks="torch==$OLDEST_TORCH"
+    [ "$env" = jax ] && frameworks="jax==$OLDEST_JAX jaxlib==$OLDEST_JAX"
+    [ -x ".venvs/py312-$env/bin/python" ] || "$py" -m venv ".venvs/py312-$env"
+    # shellcheck disable=SC2086
+    ".venvs/py312-$env/bin/pip" install -q $frameworks pytest hypothesis
+    ".venvs/py312-$env/bin/pip" install -q "$wheel"  # its dependencies
+    ".venvs/py312-$env/bin/pip" install -q --force-reinstall --no-deps "$wheel"  # this build's bits
+  done
+  echo "torch-only and jax-only Python 3.12 environments ready in $((SECONDS - started)) s"
+  export GROUPGEMM_TORCH_ONLY_PYTHON="$PWD/.venvs/py312-torch/bin/python"
+  export GROUPGEMM_JAX_ONLY_PYTHON="$PWD/.venvs/py312-jax/bin/python"
+}
+
+oldest_versions_subset() {
+  local jax_site
+  jax_site=$(.venvs/py312-jax/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  PYTHONPATH="$jax_site" .venvs/py312-torch/bin/python -m pytest -q -p no:cacheprovider \
+    tests/test_jax.py tests/test_torch.py tests/test_parity.py \
+    -k "forward_and_gradients_match_reference or bitwise_identical or zero_token_case"
+}
+
 case "${1:-}" in
   setup) setup ;;
   test)
     setup
     core_tests
+    install_matrix
     python -m pytest tests -q
+    oldest_versions_subset
     ;;
   demo)
     setup

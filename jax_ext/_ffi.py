@@ -21,8 +21,15 @@ def _register_targets():
 _register_targets()
 
 
+# jax releases before varying-axis types (0.5, 0.6) have neither of these; there a
+# shard_map result carries no such type and nothing needs marking.
+_TYPES_VARYING_AXES = hasattr(jax, "typeof") and hasattr(jax.lax, "pcast")
+
+
 def varying_axes(*values):
     """shard_map axes along which any of `values` varies (None entries are skipped)."""
+    if not _TYPES_VARYING_AXES:
+        return ()
     axes = set()
     for v in values:
         if v is not None:

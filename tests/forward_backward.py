@@ -11,6 +11,14 @@ import groupgemm.jax as gj
 import groupgemm.torch as gt
 
 JNP = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
+def x64(enabled):
+    """jax.enable_x64 as a context manager (jax.experimental's before jax 0.7)."""
+    enable = getattr(jax, "enable_x64", None)
+    if enable is None:
+        from jax.experimental import enable_x64 as enable
+    return enable(enabled)
+
+
 TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -23,7 +31,7 @@ def jax_forward_backward(case, dtype, with_bias, transpose, device="cpu"):
     """[out, dlhs, drhs, dbias] as NumPy arrays in `dtype` (dbias is zeros without bias)."""
     x, rhs = _operands(case, transpose)
     off = case.group_offset
-    with jax.enable_x64(dtype == "float64"), jax.default_device(jax.devices("cpu" if device == "cpu" else "gpu")[0]):
+    with x64(dtype == "float64"), jax.default_device(jax.devices("cpu" if device == "cpu" else "gpu")[0]):
         j = lambda a: jnp.asarray(a, JNP[dtype])  # noqa: E731
         out, vjp = jax.vjp(lambda l, r, b: gj.grouped_matmul(
             l, r, jnp.asarray(x["group_sizes"]), bias=b if with_bias else None, transpose_rhs=transpose,

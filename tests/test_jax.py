@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, inputs, round_to
-from forward_backward import JNP
+from forward_backward import JNP, x64
 from groupgemm.jax import grouped_matmul, grouped_matmul_wgrad, ragged_dot
 import reference as ref
 
 
 
 def x64_if(dtype):
-    return jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext()
+    return x64(True) if dtype == "float64" else contextlib.nullcontext()
 
 
 def as_np(x):

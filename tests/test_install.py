@@ -1,0 +1,101 @@
+"""The installed wheel where a user has only one framework, and the build backend's rules.
+
+``./dev.sh test`` builds a wheel of the checkout with build isolation and installs it
+into a torch-only and a jax-only environment (Python 3.12, the oldest torch and jax that
+install here); their interpreters arrive as GROUPGEMM_TORCH_ONLY_PYTHON and
+GROUPGEMM_JAX_ONLY_PYTHON.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+import build_backend  # noqa: E402
+
+TORCH_ONLY = """
+    import importlib.util
+    import torch
+    import groupgemm, groupgemm.torch as gt
+    assert importlib.util.find_spec("jax") is None, "this environment must not have jax"
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    y = gt.grouped_mm(x, w, torch.tensor([2, 0, 3]))
+    y.square().sum().backward()
+    want = torch.cat([x[:2] @ w[0], x[2:5] @ w[2]]).detach()
+    assert torch.allclose(y[:5].detach(), want) and (y[5] == 0).all()
+    assert (w.grad[1] == 0).all() and (x.grad[5] == 0).all()
+    assert torch.allclose(w.grad[0], 2 * x[:2].detach().T @ want[:2])
+    print(groupgemm.__version__, torch.__version__, groupgemm.cuda_compiled())
+"""
+
+JAX_ONLY = """
+    import importlib.util
+    import jax, jax.numpy as jnp, numpy as np
+    import groupgemm, groupgemm.jax as gj
+    assert importlib.util.find_spec("torch") is None, "this environment must not have torch"
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((6, 4)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 4, 5)), jnp.float32)
+    sizes = jnp.asarray([2, 0, 3], jnp.int32)
+    y = jax.jit(gj.grouped_matmul)(x, w, sizes)
+    dw = jax.jit(jax.grad(lambda w, s: jnp.sum(gj.grouped_matmul(x, w, s) ** 2)))(w, sizes)
+    want = np.concatenate([np.asarray(x[:2]) @ np.asarray(w[0]), np.asarray(x[2:5]) @ np.asarray(w[2])])
+    np.testing.assert_allclose(np.asarray(y[:5]), want, rtol=1e-5, atol=1e-5)
+    assert (np.asarray(y[5]) == 0).all() and (np.asarray(dw[1]) == 0).all()
+    np.testing.assert_allclose(np.asarray(dw[0]), 2 * np.asarray(x[:2]).T @ want[:2], rtol=1e-4, atol=1e-4)
+    print(groupgemm.__version__, jax.__version__, groupgemm.cuda_compiled())
+"""
+
+
+def run_in(variable, script):
+    python = os.environ.get(variable)
+    if not python:
+        pytest.skip(f"{variable} is not set: ./dev.sh test builds that environment")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    # Outside the checkout, so that the installed wheel is imported, not the sources.
+    result = subprocess.run([python, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                            cwd=os.path.expanduser("~"), env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.split()
+
+
+def test_torch_only_environment_runs_forward_and_backward():
+    version, _, cuda = run_in("GROUPGEMM_TORCH_ONLY_PYTHON", TORCH_ONLY)
+    assert version == __import__("groupgemm").__version__
+    assert cuda == str(__import__("groupgemm").cuda_compiled())  # nvcc here: both builds have CUDA
+
+
+def test_jax_only_environment_runs_a_jitted_grad():
+    version, _, cuda = run_in("GROUPGEMM_JAX_ONLY_PYTHON", JAX_ONLY)
+    assert version == __import__("groupgemm").__version__
+    assert cuda == str(__import__("groupgemm").cuda_compiled())
+
+
+@pytest.mark.parametrize("settings, env, want", [
+    ({}, {}, True),
+    ({}, {"GROUPGEMM_CUDA": "OFF"}, False),
+    ({}, {"GROUPGEMM_CUDA": "0"}, False),
+    ({"cmake.define.GROUPGEMM_CUDA": "OFF"}, {}, False),
+    ({"cmake.define.GROUPGEMM_CUDA": "ON"}, {"GROUPGEMM_CUDA": "OFF"}, True),  # -C wins
+])
+def test_cuda_is_requested_unless_turned_off(settings, env, want, monkeypatch):
+    monkeypatch.delenv("GROUPGEMM_CUDA", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert build_backend.cuda_requested(settings) is want
+
+
+def test_cutlass_headers_are_a_build_requirement_only_with_nvcc(monkeypatch, tmp_path):
+    monkeypatch.delenv("GROUPGEMM_CUDA", raising=False)
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text("#!/bin/sh\n")
+    fake_nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDACXX", str(fake_nvcc))
+    assert build_backend._cuda_requirements({}) == [build_backend.CUTLASS_HEADERS]
+    assert build_backend._cuda_requirements({"cmake.define.GROUPGEMM_CUDA": "OFF"}) == []
+    monkeypatch.setenv("CUDACXX", str(tmp_path / "missing-nvcc"))
+    assert build_backend.find_nvcc() is None and build_backend._cuda_requirements({}) == []
