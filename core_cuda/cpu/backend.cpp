@@ -8,11 +8,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends.h"
 #include "convert.h"
 #include "gemm.h"
-#include "huge_pages.h"
-#include "groupgemm/backends.h"
 #include "groupgemm/problem.h"
+#include "huge_pages.h"
 
 namespace groupgemm {
 namespace cpu {

@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "groupgemm/backends.h"
+#include "backends.h"
 #include "grouped_gemm.h"
 #include "kernels.h"
 

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime.h>
 
-#include "groupgemm/setup.h"
+#include "setup.h"
 
 namespace groupgemm {
 namespace cuda {
@@ -21,7 +21,7 @@ inline unsigned grid_dim(int64_t count, int64_t limit) {
 }
 
 // One thread block: the window's row boundaries by a saturating block scan of the sizes,
-// then each group's problem, pointers and leading dimensions (groupgemm/setup.h).
+// then each group's problem, pointers and leading dimensions (src/setup.h).
 Status launch_setup(const SetupArgs& args, cudaStream_t stream);
 
 // Forward output rows that no GEMM writes (setup.h's forward_row_fill): padding rows

@@ -1,6 +1,6 @@
 // The setup kernel: reads group_sizes and group_offset where they live (device memory)
 // and writes the workspace the GEMM and fill kernels read. Its steps are the shared
-// __host__ __device__ functions of groupgemm/setup.h; this file only adds the block scan.
+// __host__ __device__ functions of src/setup.h; this file only adds the block scan.
 #include <cub/block/block_scan.cuh>
 
 #include "kernels.h"

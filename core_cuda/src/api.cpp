@@ -3,9 +3,9 @@
 // clamped by the schedule instead.
 #include <string>
 
-#include "groupgemm/backends.h"
+#include "backends.h"
 #include "groupgemm/groupgemm.h"
-#include "groupgemm/workspace.h"
+#include "workspace.h"
 
 namespace groupgemm {
 namespace {

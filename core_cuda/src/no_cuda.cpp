@@ -1,5 +1,5 @@
 // The CUDA backend's entry points in a build without nvcc: each reports that clearly.
-#include "groupgemm/backends.h"
+#include "backends.h"
 
 namespace groupgemm {
 namespace cuda {

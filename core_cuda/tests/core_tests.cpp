@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "groupgemm/groupgemm.h"
-#include "groupgemm/setup.h"
+#include "setup.h"
 
 using namespace groupgemm;
 
@@ -285,7 +285,7 @@ void test_bf16_wgrad_chunks() {
 }
 
 // ---- the CUDA backend's schedule, run on the host ----------------------------------
-// The setup kernel's steps (groupgemm/setup.h) with `g_scan_chunks` chunks and a sequential
+// The setup kernel's steps (src/setup.h) with `g_scan_chunks` chunks and a sequential
 // exclusive scan, then the workspace executed the way the CUDA kernels read it: a
 // grouped GEMM over (problem, pointers, lds) and the fill rules. Same order as
 // cuda/backend.cu. Checked by run_case like the CPU backend.

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "groupgemm/workspace.h"
+#include "workspace.h"
 
 namespace groupgemm {
 
