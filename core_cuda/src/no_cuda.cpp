@@ -5,7 +5,7 @@ namespace groupgemm {
 namespace cuda {
 namespace {
 Status not_built() {
-  return Status::Invalid("groupgemm was built without CUDA; reinstall with nvcc available");
+  return Status::Unimplemented("groupgemm was built without CUDA; reinstall with nvcc available");
 }
 }  // namespace
 

@@ -91,12 +91,6 @@ void test_schedule() {
   window_row_boundaries(sizes, IndexType::i32, none, 10, none_boundary);
   CHECK(owned_rows(none_boundary, none).rows() == 0 && group_of_row(none_boundary, none, 0) == -1);
 
-  const int64_t tile_start[] = {0, 2, 2, 3, 7};  // group 1 is empty
-  CHECK(group_of_tile(tile_start, 4, 0) == 0);
-  CHECK(group_of_tile(tile_start, 4, 1) == 0);
-  CHECK(group_of_tile(tile_start, 4, 2) == 2);
-  CHECK(group_of_tile(tile_start, 4, 6) == 3);
-  CHECK(group_of_tile(tile_start, 4, 7) == -1);
   CHECK(ceil_div(0, 128) == 0 && ceil_div(129, 128) == 2);
 
   CHECK(reduction_action(3, false) == GroupAction::gemm);

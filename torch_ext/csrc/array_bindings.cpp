@@ -94,7 +94,8 @@ IndexArray optional_offset(const std::optional<Array>& offset, ContextBuilder& d
 }
 
 // Runs a core entry point without the GIL (other Python threads keep going) and turns
-// its status into ValueError (bad argument) or RuntimeError.
+// its status into ValueError (bad argument), NotImplementedError (a backend this build
+// lacks; a RuntimeError subclass) or RuntimeError.
 template <typename Args, typename Fn>
 void run_core(Fn fn, const Args& args, const ExecContext& ctx) {
   Status s;
@@ -104,6 +105,10 @@ void run_core(Fn fn, const Args& args, const ExecContext& ctx) {
   }
   if (s.ok()) return;
   if (s.code == Status::Code::invalid_argument) throw nb::value_error(s.message.c_str());
+  if (s.code == Status::Code::unimplemented) {
+    PyErr_SetString(PyExc_NotImplementedError, s.message.c_str());
+    throw nb::python_error();
+  }
   throw std::runtime_error(s.message);
 }
 

@@ -1,5 +1,5 @@
 // The schedule arithmetic of a grouped GEMM: which rows belong to which local group,
-// which rows are padding, how row tiles map to groups, and what an empty group does.
+// which rows are padding, and what an empty group does.
 //
 // Every function here is __host__ __device__: the CUDA setup kernel and the CPU backend
 // run exactly this code, so the CPU tests exercise the logic the GPU path relies on.
@@ -104,19 +104,6 @@ GG_HD RowRange owned_rows(const int64_t* boundary, GroupWindow w) {
 }
 
 GG_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Row tiles of fixed height: tile_start[g] = number of tiles in local groups before g.
-// Returns the local group that owns tile t (tile_start has num_local + 1 entries and is
-// non-decreasing), by binary search; -1 when t is past the last tile.
-GG_HD int64_t group_of_tile(const int64_t* tile_start, int64_t num_local, int64_t t) {
-  if (t < 0 || t >= tile_start[num_local]) return -1;
-  int64_t lo = 0, hi = num_local;  // invariant: tile_start[lo] <= t < tile_start[hi]
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (tile_start[mid] <= t) lo = mid; else hi = mid;
-  }
-  return lo;
-}
 
 // Which global group owns `row`, or -1 for padding: a binary search over the window's
 // boundaries that skips empty groups.
