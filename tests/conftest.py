@@ -3,4 +3,5 @@ import sys
 
 # Several CPU devices for the shard_map tests; must be set before JAX initialises.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-sys.path.insert(0, os.path.dirname(__file__))
+# The shared case table, the reference, the frontend adapters and the workers.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))

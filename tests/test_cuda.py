@@ -15,10 +15,11 @@ import torch
 import groupgemm
 import groupgemm.jax as gj
 import groupgemm.torch as gt
-from cases import CASES, VARIANT_IDS, VARIANTS, Case, inputs
-from forward_backward import jax_forward_backward, torch_forward_backward
+import jax_frontend
+import torch_frontend
+from bits import assert_same_bits
+from cases import CASES, CUDA_DTYPES, VARIANT_IDS, VARIANTS, Case, inputs
 from reference import assert_close, empty_groups, padding_rows
-from test_parity import assert_same_bits
 
 
 def _jax_gpu():
@@ -34,7 +35,6 @@ needs_torch_cuda = pytest.mark.skipif(not TORCH_CUDA, reason="needs a CUDA GPU a
 needs_jax_gpu = pytest.mark.skipif(not JAX_GPU, reason="needs a CUDA GPU, jax[cuda] and a CUDA build")
 needs_both = pytest.mark.skipif(not (TORCH_CUDA and JAX_GPU), reason="needs a CUDA GPU in both frameworks")
 
-CUDA_DTYPES = ["float32", "bfloat16", "float16"]  # float64 is CPU-only
 # Beyond the shared table: several 128 x 128 tiles per group on the tensor-core path, and
 # K, N that are not multiples of 8 (the unaligned kernel).
 GPU_CASES = CASES + [
@@ -45,19 +45,21 @@ GPU_IDS = [c.name for c in GPU_CASES]
 each_variant = pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 
 
-def torch_results(case, dtype, variant, device):
-    return [v.detach().cpu().double().numpy() for v in torch_forward_backward(case, dtype, *variant, device)]
+ON_CUDA = {"jax": (jax_frontend, JAX_GPU), "torch": (torch_frontend, TORCH_CUDA)}
 
 
-@needs_torch_cuda
 @each_variant
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
-def test_torch_cuda_matches_cpu_backend_and_keeps_exact_zeros(case, dtype, variant):
-    gpu = torch_results(case, dtype, variant, "cuda")
-    cpu = torch_results(case, dtype, variant, "cpu")
-    for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), gpu, cpu):
-        assert_close(a, b, dtype, f"{case.name}/{dtype}/{name}")
+@pytest.mark.parametrize("name", list(ON_CUDA))
+def test_cuda_matches_cpu_backend_and_keeps_exact_zeros(name, case, dtype, variant):
+    frontend, available = ON_CUDA[name]
+    if not available:
+        pytest.skip(f"needs a CUDA GPU, {name} with CUDA and a CUDA build")
+    gpu, cpu = ([frontend.to_float64(v) for v in frontend.forward_backward(case, dtype, *variant, device)]
+                for device in ("cuda", "cpu"))
+    for what, a, b in zip(("out", "dlhs", "drhs", "dbias"), gpu, cpu):
+        assert_close(a, b, dtype, f"{case.name}/{dtype}/{what}")
     sizes = inputs(case)["group_sizes"]
     pad = padding_rows(sizes, case.m, case.g, case.offset)
     assert (gpu[0][pad] == 0).all() and (gpu[1][pad] == 0).all()
@@ -83,31 +85,13 @@ def test_torch_cuda_wgrad_accumulates_and_leaves_empty_groups_bitwise(case):
         assert torch.equal(acc[g].view(torch.int32), before[g].view(torch.int32))
 
 
-@needs_jax_gpu
-@pytest.mark.parametrize("dtype", CUDA_DTYPES)
-@pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
-def test_jax_cuda_matches_cpu_backend(case, dtype):
-    x = inputs(case)
-
-    def run(device):
-        return [np.asarray(v, np.float64) for v in jax_forward_backward(case, dtype, True, False, device)]
-
-    gpu = run("cuda")
-    for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), gpu, run("cpu")):
-        assert_close(a, b, dtype, f"{case.name}/{dtype}/{name}")
-    pad = padding_rows(x["group_sizes"], case.m, case.g, case.offset)
-    assert (gpu[0][pad] == 0).all() and (gpu[1][pad] == 0).all()
-    for g in empty_groups(x["group_sizes"], case.m, case.g, case.offset):
-        assert (gpu[2][g] == 0).all() and (gpu[3][g] == 0).all()
-
-
 @needs_both
 @each_variant
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
 def test_cuda_jax_and_torch_are_bitwise_identical(case, dtype, variant):
-    jax_results = jax_forward_backward(case, dtype, *variant, "cuda")
-    torch_results = torch_forward_backward(case, dtype, *variant, "cuda")
+    jax_results = jax_frontend.forward_backward(case, dtype, *variant, "cuda")
+    torch_results = torch_frontend.forward_backward(case, dtype, *variant, "cuda")
     for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), jax_results, torch_results):
         assert_same_bits(a, b, f"cuda/{case.name}/{dtype}/{name}")
 

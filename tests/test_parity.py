@@ -1,37 +1,17 @@
 """JAX and PyTorch give bitwise-identical results: one core computes both."""
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
-from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, inputs
-from forward_backward import JNP, TORCH, jax_forward_backward, torch_forward_backward
-import groupgemm.jax as gj
-import groupgemm.torch as gt
-
-BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def raw_bits(x):
-    """The raw bits of an array from either framework, as unsigned integers."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
-        return x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]).numpy().view(
-            BITS[x.element_size()])
-    x = np.asarray(x)
-    return x.view(BITS[x.dtype.itemsize])
-
-
-def assert_same_bits(a, b, what):
-    bits_a, bits_b = raw_bits(a), raw_bits(b)
-    assert bits_a.shape == bits_b.shape, what
-    assert np.array_equal(bits_a, bits_b), f"{what}: {np.count_nonzero(bits_a != bits_b)} elements differ"
+import jax_frontend
+import torch_frontend
+from bits import assert_same_bits, raw_bits
+from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, case as named_case, inputs
 
 
 def both_frameworks(case, dtype, with_bias, transpose):
-    return (jax_forward_backward(case, dtype, with_bias, transpose),
-            torch_forward_backward(case, dtype, with_bias, transpose))
+    return (jax_frontend.forward_backward(case, dtype, with_bias, transpose),
+            torch_frontend.forward_backward(case, dtype, with_bias, transpose))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -45,7 +25,7 @@ def test_jax_and_torch_outputs_and_gradients_are_bitwise_identical(case, dtype, 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_zero_token_case_gives_full_shape_exact_zero_gradients_in_both(dtype):
-    case = next(c for c in CASES if c.name == "all_empty")
+    case = named_case("all_empty")
     jax_results, torch_results = both_frameworks(case, dtype, True, True)
     for results in (jax_results, torch_results):
         out, dlhs, drhs, dbias = (np.asarray(raw_bits(r)) for r in results)
@@ -59,13 +39,9 @@ def test_all_zero_token_case_gives_full_shape_exact_zero_gradients_in_both(dtype
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_accumulated_main_grad_is_bitwise_identical(case, dtype):
     x = inputs(case)
-    off = case.group_offset
-    acc_j = gj.grouped_matmul_wgrad(jnp.asarray(x["lhs"], JNP[dtype]), jnp.asarray(x["dout"], JNP[dtype]),
-                                    jnp.asarray(x["group_sizes"]), num_groups=case.g,
-                                    group_offset=None if off is None else jnp.int32(off),
-                                    accumulate_into=jnp.asarray(x["acc"], jnp.float32))
-    acc_t = torch.tensor(x["acc"], dtype=torch.float32)
-    gt.grouped_mm_wgrad(torch.tensor(x["lhs"], dtype=TORCH[dtype]), torch.tensor(x["dout"], dtype=TORCH[dtype]),
-                        torch.from_numpy(x["group_sizes"]), case.g,
-                        group_offset=None if off is None else torch.tensor(off), accumulate_into=acc_t)
-    assert_same_bits(np.asarray(acc_j), acc_t, f"{case.name}/{dtype}/main_grad")
+    accumulated = []
+    for frontend in (jax_frontend, torch_frontend):
+        accumulated.append(frontend.accumulate(
+            frontend.array(x["lhs"], dtype), frontend.array(x["dout"], dtype), frontend.array(x["group_sizes"], "int32"),
+            case.g, frontend.array(x["acc"], "float32"), offset=case.group_offset))
+    assert_same_bits(np.asarray(accumulated[0]), accumulated[1], f"{case.name}/{dtype}/main_grad")

@@ -1,15 +1,11 @@
 """Property-based checks: random shapes and group sizes (zeros likely), both frontends
 against the float64 reference, with exact zeros where the contract promises them."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import groupgemm.jax as gj
-import groupgemm.torch as gt
 import reference as ref
+from frontends import frontend  # noqa: F401 - the fixture
 
 sizes_st = st.lists(st.one_of(st.just(0), st.integers(-2, 12)), min_size=0, max_size=7)
 
@@ -28,7 +24,9 @@ def problems(draw):
     return sizes, m, k, n, num_local, offset, seed
 
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The frontend fixture is the same for every example of a test: nothing to reset.
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
 def data(problem):
@@ -53,23 +51,6 @@ def check(problem, out, dlhs, drhs):
 
 @SETTINGS
 @given(problems())
-def test_jax_matches_reference_on_random_problems(problem):
+def test_matches_reference_on_random_problems(frontend, problem):
     lhs, rhs, dout, gs = data(problem)
-    offset = problem[5]
-    out, vjp = jax.vjp(lambda l, r: gj.grouped_matmul(
-        l, r, jnp.asarray(gs), group_offset=None if offset is None else jnp.int32(offset)),
-        jnp.asarray(lhs), jnp.asarray(rhs))
-    dlhs, drhs = vjp(jnp.asarray(dout))
-    check(problem, np.asarray(out), np.asarray(dlhs), np.asarray(drhs))
-
-
-@SETTINGS
-@given(problems())
-def test_torch_matches_reference_on_random_problems(problem):
-    lhs, rhs, dout, gs = data(problem)
-    offset = problem[5]
-    lhs_t = torch.from_numpy(lhs).requires_grad_()
-    rhs_t = torch.from_numpy(rhs).requires_grad_()
-    out = gt.grouped_mm(lhs_t, rhs_t, torch.from_numpy(gs), group_offset=offset)
-    out.backward(torch.from_numpy(dout))
-    check(problem, out.detach().numpy(), lhs_t.grad.numpy(), rhs_t.grad.numpy())
+    check(problem, *frontend.matmul_and_grads(lhs, rhs, gs, dout, offset=problem[5]))

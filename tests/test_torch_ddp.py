@@ -10,7 +10,7 @@ import ddp_worker
 
 
 def test_ddp_step_with_a_zero_token_rank_matches_single_process(tmp_path):
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "ddp_worker.py"), str(tmp_path)],
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "helpers", "ddp_worker.py"), str(tmp_path)],
                    check=True, timeout=240)  # a hang fails the test instead of stalling CI
     ranks = [torch.load(tmp_path / f"grads{r}.pt") for r in range(ddp_worker.WORLD)]
 

@@ -12,7 +12,7 @@ import ep_worker
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_expert_parallel_training_with_zero_token_ranks_matches_single_process(world, tmp_path):
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "ep_worker.py"), str(world),
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "helpers", "ep_worker.py"), str(world),
                     str(tmp_path)], check=True, timeout=240)  # a hang fails instead of stalling CI
     reference = ep_worker.single_process_reference(world)
     assert not torch.equal(reference["w1"], ep_worker.init_params(world)["w1"])  # training moved the experts

@@ -1,89 +1,72 @@
-"""Public PyTorch functions: argument checks, then the groupgemm custom ops."""
+"""groupgemm for PyTorch: the checked public functions (rules from groupgemm._contract),
+then the raw custom ops."""
 
 from typing import Optional
 
 import torch
 
-from groupgemm._shapes import check_rank, check_shape, groups_and_columns, weight_layout
-from groupgemm.torch_ext import ops
+from groupgemm import _contract as contract
+from groupgemm.torch_ext import raw
 
 Tensor = torch.Tensor
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+NAMES = contract.TORCH_NAMES
+_INT64_MAX = torch.iinfo(torch.int64).max
 
 
-def _check_float(t: Tensor, name: str, fn: str) -> None:
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _tensor(t, name, fn):
     if not isinstance(t, Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOATS:
-        raise TypeError(f"{fn}: {name} must be float32, bfloat16, float16 or float64, got {t.dtype}")
+    return tuple(t.shape), dtype_name(t.dtype)
 
 
-def _check_device(t: Tensor, name: str, device: torch.device, fn: str) -> None:
-    if t.device != device:
-        raise ValueError(f"{fn}: {name} is on {t.device} but input is on {device}; move it explicitly")
+def _same_device(t, name, device, fn):
+    contract.check_device(str(t.device), str(device), name, fn)
 
 
-def _index_operands(group_sizes, group_offset, num_groups: int, device, fn: str):
+def _index_tensor(t: Tensor) -> Tensor:
+    """An integer operand as the int32/int64 tensor the core reads, its value kept."""
+    conversion = contract.index_conversion(dtype_name(t.dtype))
+    if conversion is None:
+        return t.contiguous()
+    target, saturate = conversion
+    if saturate and t.dtype == torch.uint64:  # torch has no uint64 comparison: read the bits
+        as_int64 = t.contiguous().view(torch.int64)
+        return torch.where(as_int64 < 0, _INT64_MAX, as_int64)
+    return t.to(getattr(torch, target)).contiguous()
+
+
+def index_operands(group_sizes, group_offset, num_groups: int, device, fn: str):
+    """Checked group_sizes / group_offset as the core's operands (group_offset may be None)."""
     if not isinstance(group_sizes, Tensor):
         raise TypeError(f"{fn}: group_sizes must be a 1-D integer tensor, got {type(group_sizes).__name__}")
-    if group_sizes.dim() != 1:
-        raise ValueError(f"{fn}: group_sizes must be 1-D, got shape {tuple(group_sizes.shape)}")
-    if group_sizes.dtype.is_floating_point or group_sizes.dtype.is_complex or group_sizes.dtype == torch.bool:
-        raise TypeError(f"{fn}: group_sizes must be an integer tensor, got {group_sizes.dtype}")
-    _check_device(group_sizes, "group_sizes", device, fn)
+    contract.check_group_sizes(tuple(group_sizes.shape), dtype_name(group_sizes.dtype), num_groups,
+                               group_offset is not None, fn)
+    _same_device(group_sizes, "group_sizes", device, fn)
     if group_offset is None:
-        if group_sizes.shape[0] != num_groups:
-            raise ValueError(f"{fn}: group_sizes has {group_sizes.shape[0]} entries but there are "
-                             f"{num_groups} groups; pass group_offset to select a window")
-    else:
-        if isinstance(group_offset, int):
-            group_offset = torch.tensor(group_offset, dtype=torch.int64, device=device)
-        if not isinstance(group_offset, Tensor) or group_offset.numel() != 1 or group_offset.dim() > 1:
-            raise ValueError(f"{fn}: group_offset must be an int or a one-element integer tensor")
-        if group_offset.dtype.is_floating_point or group_offset.dtype == torch.bool:
-            raise TypeError(f"{fn}: group_offset must be an integer, got {group_offset.dtype}")
-        _check_device(group_offset, "group_offset", device, fn)
-        if group_sizes.shape[0] < num_groups:
-            raise ValueError(f"{fn}: group_sizes has {group_sizes.shape[0]} entries, fewer than the "
-                             f"{num_groups} local groups")
-        group_offset = group_offset.reshape(()).to(torch.int64)
-
-    def as_index(t):  # the core reads int32 or int64; narrower integers are widened on device
-        return t if t.dtype in (torch.int32, torch.int64) else t.to(torch.int32)
-
-    return as_index(group_sizes).contiguous(), group_offset
-
-
-def _out_dtype(in_dtype, out_dtype, fn: str):
-    if out_dtype is None or out_dtype == in_dtype:
-        return in_dtype
-    if in_dtype in _SIXTEEN_BIT and out_dtype == torch.float32:
-        return out_dtype
-    raise TypeError(f"{fn}: out_dtype {out_dtype} is not supported for {in_dtype} inputs "
-                    "(use the input dtype, or float32 for 16-bit inputs)")
+        return _index_tensor(group_sizes), None
+    if not isinstance(group_offset, Tensor):  # a Python or NumPy scalar
+        group_offset = torch.tensor(contract.static_group_offset(group_offset, num_groups, group_sizes.shape[0],
+                                                                 fn), device=device)
+    contract.check_group_offset_array(tuple(group_offset.shape), dtype_name(group_offset.dtype), fn)
+    _same_device(group_offset, "group_offset", device, fn)
+    return _index_tensor(group_sizes), _index_tensor(group_offset.reshape(())).to(torch.int64)
 
 
 def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_offset, out_dtype,
                      fn="grouped_mm"):
     """Validates grouped_mm's arguments; returns (group_sizes, group_offset, out_dtype)."""
-    _check_float(input, "input", fn)
-    _check_float(weight, "weight", fn)
-    check_rank(input.shape, 2, "input", "[M, K]", fn)
-    check_rank(weight.shape, 3, "weight", weight_layout(transpose_weight), fn)
-    if weight.dtype != input.dtype:
-        raise TypeError(f"{fn}: weight dtype {weight.dtype} differs from input dtype {input.dtype}")
-    _check_device(weight, "weight", input.device, fn)
-    num_groups, n = groups_and_columns(input.shape, weight.shape, transpose_weight,
-                                       ("input", "weight", "transpose_weight"), fn)
-    if bias is not None:
-        _check_float(bias, "bias", fn)
-        check_shape(bias.shape, (num_groups, n), "bias", fn)
-        if bias.dtype != input.dtype:
-            raise TypeError(f"{fn}: bias dtype {bias.dtype} differs from input dtype {input.dtype}")
-        _check_device(bias, "bias", input.device, fn)
-    group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, input.device, fn)
-    return group_sizes, group_offset, _out_dtype(input.dtype, out_dtype, fn)
+    num_groups, _, out = contract.matmul(
+        fn, NAMES, _tensor(input, NAMES["lhs"], fn), _tensor(weight, NAMES["rhs"], fn), bool(transpose_weight),
+        None if bias is None else _tensor(bias, "bias", fn), None if out_dtype is None else dtype_name(out_dtype))
+    for t, name in ((weight, NAMES["rhs"]), (bias, "bias")):
+        if t is not None:
+            _same_device(t, name, input.device, fn)
+    group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, input.device, fn)
+    return group_sizes, group_offset, getattr(torch, out)
 
 
 def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Optional[Tensor] = None, *,
@@ -99,9 +82,13 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Optiona
     """
     group_sizes, group_offset, out_dtype = check_grouped_mm(
         input, weight, group_sizes, bias, transpose_weight, group_offset, out_dtype)
-    return ops.grouped_mm_op(input.contiguous(), weight.contiguous(), group_sizes,
+    return raw.grouped_mm_op(input.contiguous(), weight.contiguous(), group_sizes,
                              None if bias is None else bias.contiguous(), group_offset,
                              bool(transpose_weight), out_dtype)
+
+
+def _shares_memory(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() > 0 and b.numel() > 0
 
 
 def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int, *,
@@ -113,28 +100,20 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
     empty groups are left bit-for-bit unchanged.
     """
     fn = "grouped_mm_wgrad"
-    _check_float(input, "input", fn)
-    _check_float(grad, "grad", fn)
-    check_rank(input.shape, 2, "input", "[M, K]", fn)
-    check_rank(grad.shape, 2, "grad", "[M, N]", fn)
-    if grad.dtype != input.dtype:
-        raise TypeError(f"{fn}: grad dtype {grad.dtype} differs from input dtype {input.dtype}")
-    if grad.shape[0] != input.shape[0]:
-        raise ValueError(f"{fn}: grad has {grad.shape[0]} rows but input has {input.shape[0]}")
-    _check_device(grad, "grad", input.device, fn)
-    if not isinstance(num_groups, int) or num_groups < 0:
-        raise ValueError(f"{fn}: num_groups must be a non-negative int, got {num_groups!r}")
-    group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, input.device, fn)
-    input, grad = input.contiguous(), ops.incoming_grad(grad, grad.dtype)
+    num_groups, shape = contract.wgrad(fn, NAMES, _tensor(input, NAMES["lhs"], fn), _tensor(grad, "grad", fn),
+                                       num_groups)
+    _same_device(grad, "grad", input.device, fn)
+    group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, input.device, fn)
+    if accumulate_into is not None:
+        acc_shape, acc_dtype = _tensor(accumulate_into, "accumulate_into", fn)
+        aliased = next((name for t, name in ((input, NAMES["lhs"]), (grad, "grad"))
+                        if _shares_memory(accumulate_into, t)), None)
+        contract.accumulator(fn, acc_shape, acc_dtype, shape, dtype_name(input.dtype), None, NAMES["out_dtype"],
+                             contiguous=accumulate_into.is_contiguous(),
+                             requires_grad=accumulate_into.requires_grad, aliases=aliased)
+        _same_device(accumulate_into, "accumulate_into", input.device, fn)
+    input, grad = input.contiguous(), raw.incoming_grad(grad, grad.dtype)
     if accumulate_into is None:
-        return ops.grouped_mm_wgrad_op(input, grad, group_sizes, num_groups, group_offset, input.dtype)
-    want = torch.float64 if input.dtype == torch.float64 else torch.float32
-    if not isinstance(accumulate_into, Tensor) or accumulate_into.dtype != want:
-        raise TypeError(f"{fn}: accumulate_into must be a {want} tensor")
-    shape = (num_groups, input.shape[1], grad.shape[1])
-    check_shape(accumulate_into.shape, shape, "accumulate_into", fn)
-    if not accumulate_into.is_contiguous():
-        raise ValueError(f"{fn}: accumulate_into must be contiguous (it is updated in place)")
-    _check_device(accumulate_into, "accumulate_into", input.device, fn)
-    ops.grouped_mm_wgrad_accumulate_op(input, grad, group_sizes, accumulate_into, group_offset)
+        return raw.grouped_mm_wgrad_op(input, grad, group_sizes, num_groups, group_offset, input.dtype)
+    raw.grouped_mm_wgrad_accumulate_op(input, grad, group_sizes, accumulate_into, group_offset)
     return accumulate_into

@@ -5,7 +5,8 @@ import math
 import torch
 from torch import nn
 
-from groupgemm.torch_ext import functional, ops
+from groupgemm import _contract as contract
+from groupgemm.torch_ext import functional, raw
 
 
 class _MainGradGroupedLinear(torch.autograd.Function):
@@ -23,14 +24,14 @@ class _MainGradGroupedLinear(torch.autograd.Function):
         ctx.weight = weight  # the Parameter itself: main_grad lives on it
         ctx.transpose_weight = True
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return ops.grouped_mm_op(input, weight, group_sizes, bias, None, True, input.dtype)
+        return raw.grouped_mm_op(input, weight.contiguous(), group_sizes, bias, None, True, input.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         input, group_sizes = ctx.saved_tensors
         weight = ctx.weight
-        grad = ops.incoming_grad(grad, input.dtype)
-        dinput, dbias = ops.input_and_bias_grads(ctx, grad, weight, group_sizes, None, input.dtype)
+        grad = raw.incoming_grad(grad, input.dtype)
+        dinput, dbias = raw.input_and_bias_grads(ctx, grad, weight.contiguous(), group_sizes, None, input.dtype)
         main_grad = getattr(weight, "main_grad", None)
         if main_grad is None:
             raise RuntimeError("GroupedLinear(accumulate_into_main_grad=True): weight.main_grad is not set; "
@@ -76,12 +77,14 @@ class GroupedLinear(nn.Module):
 
     def forward(self, x, group_sizes):
         if isinstance(group_sizes, (list, tuple)):
-            group_sizes = torch.tensor(group_sizes, dtype=torch.int64, device=x.device)
+            sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
+            group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)
         if not self.accumulate_into_main_grad:
             return functional.grouped_mm(x, self.weight, group_sizes, self.bias, transpose_weight=True)
         group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, self.bias, True, None,
                                                         None, fn="GroupedLinear")
-        return _MainGradGroupedLinear.apply(x.contiguous(), self.weight, group_sizes, self.bias)
+        bias = None if self.bias is None else self.bias.contiguous()
+        return _MainGradGroupedLinear.apply(x.contiguous(), self.weight, group_sizes, bias)
 
     def extra_repr(self):
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

@@ -8,6 +8,8 @@ into an error instead.
 
 import numpy as np
 
+from groupgemm import _contract as contract
+
 
 def check_group_sizes(group_sizes, num_rows: int) -> None:
     """Raises ``ValueError`` if any size is negative or they sum to more than ``num_rows``.
@@ -17,15 +19,15 @@ def check_group_sizes(group_sizes, num_rows: int) -> None:
     """
     if hasattr(group_sizes, "detach"):  # torch tensors, possibly on a device
         group_sizes = group_sizes.detach().cpu()
+    fn = "check_group_sizes"
     sizes = np.asarray(group_sizes)
     if sizes.ndim != 1:
-        raise ValueError(f"group_sizes must be 1-D, got shape {sizes.shape}")
-    if not np.issubdtype(sizes.dtype, np.integer):
-        raise ValueError(f"group_sizes must be integers, got {sizes.dtype}")
+        raise ValueError(f"{fn}: group_sizes must be 1-D, got shape {sizes.shape}")
+    contract.check_index_dtype(sizes.dtype.name, "group_sizes", fn)
     negative = np.flatnonzero(sizes < 0)
     if negative.size:
         g = int(negative[0])
-        raise ValueError(f"group_sizes[{g}] = {int(sizes[g])} is negative")
-    total = int(sizes.astype(np.int64).sum())
+        raise ValueError(f"{fn}: group_sizes[{g}] = {int(sizes[g])} is negative")
+    total = sum(int(s) for s in sizes)  # Python ints: no wrap-around for any integer dtype
     if total > num_rows:
-        raise ValueError(f"group_sizes sum to {total}, more than num_rows = {num_rows}")
+        raise ValueError(f"{fn}: group_sizes sum to {total}, more than num_rows = {num_rows}")

@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from cases import TOLERANCE
+
 
 def local_group_rows(group_sizes, num_rows, num_local, group_offset=0):
     """[(begin, end)] per local group: clamped sizes, exclusive cumsum, clipped to num_rows."""
@@ -61,8 +63,6 @@ def empty_groups(group_sizes, num_rows, num_local, group_offset=0):
             if e == b]
 
 
-# Tolerances relative to the scale of the result, per input dtype.
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
 
 
 def assert_close(actual, expected, dtype_name, what=""):

@@ -6,6 +6,7 @@ values, so results can be compared to one float64 reference and to each other.
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 
 
@@ -55,10 +56,29 @@ CASES = [
 ]
 
 CASE_IDS = [c.name for c in CASES]
+_BY_NAME = {c.name: c for c in CASES}
+
+
+def case(name: str) -> Case:
+    """A case of the table, by name."""
+    return _BY_NAME[name]
+
+
 # (with_bias, transpose_rhs) variants every frontend test runs each case in.
 VARIANTS = [(False, False), (True, True)]
 VARIANT_IDS = ["plain", "bias_transposed"]
-DTYPES = ["float32", "bfloat16", "float16", "float64"]
+
+# The tests' dtype table: each input dtype, its NumPy type (ml_dtypes for bfloat16) and the
+# tolerance of its results relative to their scale. A new dtype is one row here.
+DTYPE_TABLE = {
+    "float32": (np.float32, 1e-5),
+    "bfloat16": (ml_dtypes.bfloat16, 2e-2),
+    "float16": (np.float16, 2e-3),
+    "float64": (np.float64, 1e-12),
+}
+DTYPES = list(DTYPE_TABLE)
+CUDA_DTYPES = [d for d in DTYPES if d != "float64"]  # float64 is CPU-only
+TOLERANCE = {name: tol for name, (_, tol) in DTYPE_TABLE.items()}
 
 
 def inputs(case: Case, seed: int = 0):
@@ -76,8 +96,4 @@ def inputs(case: Case, seed: int = 0):
 
 def round_to(x, dtype_name):
     """Rounds float64 values to dtype_name and back, so references see the same inputs."""
-    import ml_dtypes
-
-    np_dtype = {"float32": np.float32, "float16": np.float16, "float64": np.float64,
-                "bfloat16": ml_dtypes.bfloat16}[dtype_name]
-    return np.asarray(x).astype(np_dtype).astype(np.float64)
+    return np.asarray(x).astype(DTYPE_TABLE[dtype_name][0]).astype(np.float64)

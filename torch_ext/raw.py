@@ -1,9 +1,12 @@
-"""The groupgemm custom ops for PyTorch (namespace ``groupgemm``) and their autograd.
+"""The raw calls of groupgemm for PyTorch: custom ops (namespace ``groupgemm``) and their
+autograd.
 
 Each op allocates its outputs with torch (so CUDA-graph memory pools work) and hands
 every tensor to the core zero-copy through groupgemm._core; the CUDA stream is the
 current torch stream. Backward is built from the same custom ops and never reads
-group sizes on the host. Argument checking lives in functional.py.
+group sizes on the host. The public functions check every argument first
+(functional.py); called directly, an op checks what it needs to run (ranks and
+contiguity here, dtypes, shapes and devices in the core).
 """
 
 from typing import Optional
@@ -27,17 +30,56 @@ def _workspace(device: torch.device, num_groups: int) -> Optional[Tensor]:
     return torch.empty(_core.workspace_bytes(True, num_groups), dtype=torch.uint8, device=device)
 
 
+def _require(op: str, *tensors) -> None:
+    """(tensor, rank, name) triples: the ranks an op's shape arithmetic relies on, and the
+    contiguity the core needs (it takes no strides)."""
+    for t, rank, name in tensors:
+        if t is None:
+            continue
+        if t.dim() != rank:
+            raise ValueError(f"groupgemm::{op}: {name} must be {rank}-D, got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"groupgemm::{op}: {name} must be contiguous")
+
+
+def _require_count(op: str, num_groups: int) -> None:
+    if num_groups < 0:
+        raise ValueError(f"groupgemm::{op}: num_groups must be non-negative, got {num_groups}")
+
+
+def _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight) -> int:
+    _require("grouped_mm", (input, 2, "input"), (weight, 3, "weight"), (group_sizes, 1, "group_sizes"),
+             (bias, 2, "bias"))
+    return weight.shape[1] if transpose_weight else weight.shape[2]
+
+
+def _require_wgrad(op, input, grad, group_sizes, num_groups) -> None:
+    _require_count(op, num_groups)
+    _require(op, (input, 2, "input"), (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
+
+
+def _require_accumulate(input, grad, group_sizes, accumulate_into) -> None:
+    _require_wgrad("grouped_mm_wgrad_accumulate", input, grad, group_sizes, 0)
+    _require("grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
+
+
+def _require_bias_grad(grad, group_sizes, num_groups) -> None:
+    _require_count("grouped_bias_grad", num_groups)
+    _require("grouped_bias_grad", (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
+
+
 def _capsule(t: Optional[Tensor]):
     """A tensor as a DLPack capsule for the core (zero-copy). The legacy to_dlpack is used
-    on purpose: it costs about 0.25 µs, Tensor.__dlpack__ about 2.3 µs, which is most of
-    an empty call's time; and it accepts tensors that require grad."""
+    on purpose: it is several times cheaper than Tensor.__dlpack__, which would be most
+    of an empty call's time (README, call overhead), and it accepts tensors that require
+    grad."""
     return None if t is None else to_dlpack(t)
 
 
 @torch.library.custom_op("groupgemm::grouped_mm", mutates_args=())
 def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Optional[Tensor],
                   group_offset: Optional[Tensor], transpose_weight: bool, out_dtype: torch.dtype) -> Tensor:
-    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
     out = torch.empty((input.shape[0], n), dtype=out_dtype, device=input.device)
     _core.grouped_matmul(*map(_capsule, (input, weight, group_sizes, out)), bias=_capsule(bias),
                          group_offset=_capsule(group_offset), transpose_rhs=transpose_weight,
@@ -48,13 +90,14 @@ def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Opti
 
 @grouped_mm_op.register_fake
 def _(input, weight, group_sizes, bias, group_offset, transpose_weight, out_dtype):
-    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
     return input.new_empty((input.shape[0], n), dtype=out_dtype)
 
 
 @torch.library.custom_op("groupgemm::grouped_mm_wgrad", mutates_args=())
 def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int,
                         group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+    _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
     out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype, device=input.device)
     _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, out)),
                                group_offset=_capsule(group_offset), accumulate=False,
@@ -65,12 +108,14 @@ def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_gr
 
 @grouped_mm_wgrad_op.register_fake
 def _(input, grad, group_sizes, num_groups, group_offset, out_dtype):
+    _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
     return input.new_empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype)
 
 
 @torch.library.custom_op("groupgemm::grouped_mm_wgrad_accumulate", mutates_args=("accumulate_into",))
 def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Tensor,
                                    accumulate_into: Tensor, group_offset: Optional[Tensor]) -> None:
+    _require_accumulate(input, grad, group_sizes, accumulate_into)
     _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, accumulate_into)),
                                group_offset=_capsule(group_offset), accumulate=True,
                                workspace=_capsule(_workspace(input.device, accumulate_into.shape[0])),
@@ -79,12 +124,14 @@ def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Ten
 
 @grouped_mm_wgrad_accumulate_op.register_fake
 def _(input, grad, group_sizes, accumulate_into, group_offset):
+    _require_accumulate(input, grad, group_sizes, accumulate_into)
     return None
 
 
 @torch.library.custom_op("groupgemm::grouped_bias_grad", mutates_args=())
 def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int,
                          group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+    _require_bias_grad(grad, group_sizes, num_groups)
     out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype, device=grad.device)
     _core.grouped_bias_grad(*map(_capsule, (grad, group_sizes, out)), group_offset=_capsule(group_offset),
                             workspace=_capsule(_workspace(grad.device, num_groups)),
@@ -94,6 +141,7 @@ def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int,
 
 @grouped_bias_grad_op.register_fake
 def _(grad, group_sizes, num_groups, group_offset, out_dtype):
+    _require_bias_grad(grad, group_sizes, num_groups)
     return grad.new_empty((num_groups, grad.shape[1]), dtype=out_dtype)
 
 

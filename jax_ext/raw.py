@@ -1,7 +1,10 @@
-"""XLA FFI targets of groupgemm, registered at import, and the raw custom calls.
+"""The raw calls of groupgemm for JAX: XLA FFI targets registered at import, the custom
+calls, and the custom VJP of the grouped matmul built from them.
 
-Nothing here is differentiable; ops.py adds the custom VJPs and argument checks.
+Arguments arrive checked (functional.py); the core re-checks what it can see.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -100,3 +103,30 @@ def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
     )
     out, _ = call(grad, group_sizes, group_offset)
     return mark_varying(out, varying_axes(grad, group_sizes, group_offset))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def differentiable_matmul(lhs, rhs, group_sizes, group_offset, bias, transpose_rhs, out_dtype):
+    return matmul(lhs, rhs, group_sizes, group_offset, bias, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
+
+
+def _matmul_fwd(lhs, rhs, group_sizes, group_offset, bias, transpose_rhs, out_dtype):
+    out = differentiable_matmul(lhs, rhs, group_sizes, group_offset, bias, transpose_rhs, out_dtype)
+    return out, (lhs, rhs, group_sizes, group_offset, bias)
+
+
+def _matmul_bwd(transpose_rhs, out_dtype, residuals, dout):
+    lhs, rhs, group_sizes, group_offset, bias = residuals
+    # The core multiplies operands of one dtype: a wider dout is rounded to the input
+    # dtype once, and all three gradients use that same dout (as the torch frontend does).
+    dout = dout.astype(lhs.dtype)
+    num_groups = rhs.shape[0]
+    dlhs = matmul(dout, rhs, group_sizes, group_offset, None, transpose_rhs=not transpose_rhs, out_dtype=lhs.dtype)
+    a, b = (dout, lhs) if transpose_rhs else (lhs, dout)  # rhs [G,N,K] or [G,K,N]
+    drhs = wgrad(a, b, group_sizes, group_offset, None, num_groups=num_groups, out_dtype=rhs.dtype)
+    dbias = None if bias is None else bias_grad(dout, group_sizes, group_offset, num_groups=num_groups,
+                                                out_dtype=bias.dtype)
+    return dlhs, drhs, None, None, dbias
+
+
+differentiable_matmul.defvjp(_matmul_fwd, _matmul_bwd)

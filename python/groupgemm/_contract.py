@@ -1,0 +1,220 @@
+"""The argument contract of every public function, written once for both frontends.
+
+Framework-neutral: it sees shapes (tuples of ints), dtype names ("float32", "uint32"),
+flags and plain Python values, never arrays. Each frontend translates its own arrays,
+dtypes and devices into these and calls it before any kernel, so JAX and PyTorch apply
+the same rules with the same messages. ``fn`` names the public function in a message;
+``names`` maps the contract's argument roles to the caller's spelling of them.
+
+The C++ core keeps its own checks as the backstop for C++ callers (tests hold the two
+layers to the same bad-input table).
+"""
+
+import numbers
+
+# The core's operand dtypes, and for each the output dtypes allowed besides itself.
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+WIDER_OUTPUTS = {"bfloat16": ("float32",), "float16": ("float32",)}
+# The integer dtypes the core reads group sizes and offsets in.
+INDEX_DTYPES = ("int32", "int64")
+_INT64_MAX = 2**63 - 1
+
+JAX_NAMES = {"lhs": "lhs", "rhs": "rhs", "transpose": "transpose_rhs", "out_dtype": "preferred_element_type"}
+TORCH_NAMES = {"lhs": "input", "rhs": "weight", "transpose": "transpose_weight", "out_dtype": "out_dtype"}
+
+
+def _float_list():
+    return ", ".join(FLOAT_DTYPES[:-1]) + " or " + FLOAT_DTYPES[-1]
+
+
+def check_float(dtype, name, fn):
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{fn}: {name} must be {_float_list()}, got {dtype}")
+
+
+def check_same_dtype(dtype, want, name, other, fn):
+    if dtype != want:
+        raise TypeError(f"{fn}: {name} dtype {dtype} differs from {other} dtype {want}")
+
+
+def check_rank(shape, rank, name, layout, fn):
+    if len(shape) != rank:
+        raise ValueError(f"{fn}: {name} must be {rank}-D {layout}, got shape {tuple(shape)}")
+
+
+def check_shape(shape, want, name, fn):
+    if tuple(shape) != tuple(want):
+        raise ValueError(f"{fn}: {name} must have shape {tuple(want)}, got {tuple(shape)}")
+
+
+def check_device(device, want, name, fn):
+    if device != want:
+        raise ValueError(f"{fn}: {name} is on {device} but the inputs are on {want}; move it explicitly")
+
+
+def weight_layout(transpose):
+    return "[G, N, K]" if transpose else "[G, K, N]"
+
+
+def output_dtype(in_dtype, requested, fn, name):
+    """The output dtype: the input dtype by default, or float32 for 16-bit inputs."""
+    if requested is None or requested == in_dtype:
+        return in_dtype
+    if requested in WIDER_OUTPUTS.get(in_dtype, ()):
+        return requested
+    raise TypeError(f"{fn}: {name} {requested} is not supported for {in_dtype} inputs "
+                    "(use the input dtype, or float32 for 16-bit inputs)")
+
+
+def accumulate_dtype(in_dtype):
+    """Accumulate mode adds into float32 (float64 for float64 inputs)."""
+    return "float64" if in_dtype == "float64" else "float32"
+
+
+# ---- static integers and integer operands ---------------------------------------
+
+
+def _is_static_int(value):
+    """Python and NumPy integers; bool (and NumPy's bool_) is not one here."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def static_count(value, name, fn):
+    """A non-negative Python or NumPy integer (bool is not an integer here)."""
+    if not _is_static_int(value) or value < 0:
+        raise ValueError(f"{fn}: {name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def is_index_dtype(dtype):
+    return dtype.startswith(("int", "uint"))
+
+
+def check_index_dtype(dtype, name, fn):
+    if not is_index_dtype(dtype):
+        raise TypeError(f"{fn}: {name} must be an integer array, got {dtype}")
+
+
+def index_conversion(dtype):
+    """How a frontend turns an integer operand into one the core reads, keeping its
+    value: (target dtype, saturate) or None when it already is int32/int64.
+
+    Narrow integers widen exactly. uint32 widens to int64 (or, where a framework has no
+    int64, saturates at int32's maximum: a size that large already covers every row).
+    uint64 saturates at int64's maximum. Saturating is exact because sizes are clipped
+    to the row count and offsets past the last group select nothing, so values are
+    never wrapped into negative ones."""
+    if dtype in INDEX_DTYPES:
+        return None
+    if dtype in ("uint32", "uint64"):
+        return "int64", True
+    return "int32", False
+
+
+def check_group_sizes(shape, dtype, num_groups, has_offset, fn):
+    if len(shape) != 1:
+        raise ValueError(f"{fn}: group_sizes must be 1-D, got shape {tuple(shape)}")
+    check_index_dtype(dtype, "group_sizes", fn)
+    if not has_offset and shape[0] != num_groups:
+        raise ValueError(f"{fn}: group_sizes has {shape[0]} entries but there are "
+                         f"{num_groups} groups; pass group_offset to select a window")
+    if has_offset and shape[0] < num_groups:
+        raise ValueError(f"{fn}: group_sizes has {shape[0]} entries, fewer than the "
+                         f"{num_groups} local groups")
+
+
+def check_group_offset_array(shape, dtype, fn):
+    if len(shape) > 1 or _size(shape) != 1:
+        raise ValueError(f"{fn}: group_offset must be an int or a one-element integer array, "
+                         f"got shape {tuple(shape)}")
+    check_index_dtype(dtype, "group_offset", fn)
+
+
+def _size(shape):
+    size = 1
+    for d in shape:
+        size *= d
+    return size
+
+
+def static_group_offset(value, num_local, num_total, fn):
+    """A Python or NumPy integer group_offset, clamped to [-num_local, num_total]: every
+    offset outside that range selects no group either way, and the clamped one fits any
+    index dtype."""
+    if not _is_static_int(value):
+        raise TypeError(f"{fn}: group_offset must be an integer, got {value!r}")
+    return max(-num_local, min(int(value), num_total))
+
+
+def static_group_sizes(values, num_rows, fn):
+    """A Python sequence of sizes, each clamped to [0, num_rows] (what the kernels do
+    with it anyway), so no size overflows the index dtype."""
+    sizes = []
+    for v in values:
+        if not _is_static_int(v):
+            raise TypeError(f"{fn}: group_sizes must hold integers, got {v!r}")
+        sizes.append(max(0, min(int(v), num_rows)))
+    return sizes
+
+
+# ---- whole calls ----------------------------------------------------------------
+
+
+def matmul(fn, names, lhs, rhs, transpose, bias=None, out_dtype=None):
+    """Checks ``lhs [M, K] @ rhs [G, K, N]`` (``[G, N, K]`` when transposed) ``+ bias [G, N]``.
+
+    ``lhs``, ``rhs`` and ``bias`` are (shape, dtype name) pairs (bias may be None).
+    Returns (G, N, output dtype name)."""
+    (lhs_shape, lhs_dtype), (rhs_shape, rhs_dtype) = lhs, rhs
+    check_float(lhs_dtype, names["lhs"], fn)
+    check_float(rhs_dtype, names["rhs"], fn)
+    check_rank(lhs_shape, 2, names["lhs"], "[M, K]", fn)
+    check_rank(rhs_shape, 3, names["rhs"], weight_layout(transpose), fn)
+    check_same_dtype(rhs_dtype, lhs_dtype, names["rhs"], names["lhs"], fn)
+    k_axis = 2 if transpose else 1
+    if rhs_shape[k_axis] != lhs_shape[1]:
+        raise ValueError(f"{fn}: {names['rhs']} shape {tuple(rhs_shape)} does not contract with "
+                         f"{names['lhs']} shape {tuple(lhs_shape)} ({names['transpose']}={transpose})")
+    num_groups, n = rhs_shape[0], rhs_shape[3 - k_axis]
+    if bias is not None:
+        check_float(bias[1], "bias", fn)
+        check_shape(bias[0], (num_groups, n), "bias", fn)
+        check_same_dtype(bias[1], lhs_dtype, "bias", names["lhs"], fn)
+    return num_groups, n, output_dtype(lhs_dtype, out_dtype, fn, names["out_dtype"])
+
+
+def wgrad(fn, names, lhs, grad, num_groups):
+    """Checks the weight-gradient product ``lhs [M, K]^T @ grad [M, N]`` per group;
+    returns (num_groups, the result's shape)."""
+    (lhs_shape, lhs_dtype), (grad_shape, grad_dtype) = lhs, grad
+    check_float(lhs_dtype, names["lhs"], fn)
+    check_float(grad_dtype, "grad", fn)
+    check_rank(lhs_shape, 2, names["lhs"], "[M, K]", fn)
+    check_rank(grad_shape, 2, "grad", "[M, N]", fn)
+    check_same_dtype(grad_dtype, lhs_dtype, "grad", names["lhs"], fn)
+    if grad_shape[0] != lhs_shape[0]:
+        raise ValueError(f"{fn}: grad has {grad_shape[0]} rows but {names['lhs']} has {lhs_shape[0]}")
+    num_groups = static_count(num_groups, "num_groups", fn)
+    return num_groups, (num_groups, lhs_shape[1], grad_shape[1])
+
+
+def accumulator(fn, shape, dtype, want_shape, in_dtype, requested_out_dtype, out_dtype_name, *,
+                contiguous=True, requires_grad=False, aliases=None):
+    """Checks an ``accumulate_into`` buffer, updated in place; returns its dtype name.
+
+    ``aliases`` names an input whose memory it shares, if any."""
+    want = accumulate_dtype(in_dtype)
+    if dtype != want:
+        raise TypeError(f"{fn}: accumulate_into must be {want}, got {dtype}")
+    if requested_out_dtype is not None and requested_out_dtype != want:
+        raise TypeError(f"{fn}: {out_dtype_name} {requested_out_dtype} conflicts with accumulate_into, "
+                        f"which is {want}")
+    check_shape(shape, want_shape, "accumulate_into", fn)
+    if not contiguous:
+        raise ValueError(f"{fn}: accumulate_into must be contiguous (it is updated in place)")
+    if requires_grad:
+        raise ValueError(f"{fn}: accumulate_into must not require grad (it is updated in place, "
+                         "outside autograd)")
+    if aliases is not None:
+        raise ValueError(f"{fn}: accumulate_into shares memory with {aliases}; pass a separate buffer")
+    return want

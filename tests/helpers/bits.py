@@ -1,0 +1,26 @@
+"""Raw bits of results from either framework, for the bitwise parity checks."""
+
+import numpy as np
+
+
+BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def raw_bits(x):
+    """The raw bits of an array from either framework, as unsigned integers."""
+    if hasattr(x, "element_size"):  # a torch tensor
+        import torch
+
+        x = x.detach().cpu()
+        return x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]).numpy().view(
+            BITS[x.element_size()])
+    x = np.asarray(x)
+    return x.view(BITS[x.dtype.itemsize])
+
+
+def assert_same_bits(a, b, what):
+    bits_a, bits_b = raw_bits(a), raw_bits(b)
+    assert bits_a.shape == bits_b.shape, what
+    assert np.array_equal(bits_a, bits_b), f"{what}: {np.count_nonzero(bits_a != bits_b)} elements differ"
+
+

@@ -1,0 +1,88 @@
+"""groupgemm.torch behind the tests' frontend surface (see frontends.py). No jax here."""
+
+import contextlib
+
+import numpy as np
+import torch
+
+import groupgemm.torch as gt
+from cases import inputs
+from groupgemm import _contract
+
+NAME = "torch"
+NAMES = _contract.TORCH_NAMES
+
+
+def precision(dtype):
+    return contextlib.nullcontext()
+
+
+def array(values, dtype, device="cpu"):
+    """values (NumPy or nested lists) as a tensor of the dtype named `dtype`."""
+    values = np.asarray(values, dtype if dtype.startswith(("int", "uint")) else np.float64)
+    return torch.from_numpy(values).to(device=device, dtype=getattr(torch, dtype))
+
+
+def to_float64(t):
+    return t.detach().cpu().to(torch.float64).numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64)
+
+
+def matmul(lhs, rhs, sizes, *, bias=None, transpose=False, offset=None, out_dtype=None):
+    return gt.grouped_mm(lhs, rhs, sizes, bias, transpose_weight=transpose, group_offset=offset, out_dtype=out_dtype)
+
+
+def wgrad(lhs, grad, sizes, num_groups, *, offset=None, accumulate_into=None, out_dtype=None):
+    if out_dtype is not None:
+        raise TypeError("grouped_mm_wgrad: the output dtype is the input dtype (or accumulate_into's)")
+    return gt.grouped_mm_wgrad(lhs, grad, sizes, num_groups, group_offset=offset, accumulate_into=accumulate_into)
+
+
+def accumulate(lhs, grad, sizes, num_groups, acc, offset=None):
+    """acc + the weight gradient, added in place: returns acc itself."""
+    result = wgrad(lhs, grad, sizes, num_groups, offset=offset, accumulate_into=acc)
+    assert result is acc
+    return result
+
+
+def _dirty_allocator(numel, dtype):
+    """Leaves freed NaN-filled blocks behind so fresh outputs likely reuse dirty memory."""
+    for _ in range(4):
+        torch.full((max(numel, 1),), float("nan"), dtype=dtype)
+
+
+def forward_backward(case, dtype, with_bias, transpose, device="cpu"):
+    """[out, dinput, dweight, dbias] of a case's inputs in `dtype` (dbias is zeros without bias)."""
+    x = inputs(case)
+    rhs = x["rhs"].transpose(0, 2, 1) if transpose else x["rhs"]
+    torch_dtype = getattr(torch, dtype)
+    leaf = lambda a: torch.tensor(np.asarray(a), dtype=torch_dtype, device=device, requires_grad=True)  # noqa: E731
+    lhs_t, rhs_t, bias_t = leaf(x["lhs"]), leaf(rhs), leaf(x["bias"])
+    offset = None if case.group_offset is None else torch.tensor(case.group_offset, device=device)
+    if device == "cpu":
+        _dirty_allocator(case.m * max(case.n, case.k), torch_dtype)
+    out = matmul(lhs_t, rhs_t, torch.from_numpy(x["group_sizes"]).to(device), bias=bias_t if with_bias else None,
+                 transpose=transpose, offset=offset)
+    out.backward(torch.tensor(np.asarray(x["dout"]), dtype=torch_dtype, device=device))
+    return [out, lhs_t.grad, rhs_t.grad, bias_t.grad if with_bias else torch.zeros_like(bias_t)]
+
+
+def check_float64_gradients(fn, args):
+    """Gradients of fn against finite differences (torch.autograd.gradcheck), in float64."""
+    leaves = [torch.tensor(np.asarray(a), dtype=torch.float64, requires_grad=True) for a in args]
+    assert torch.autograd.gradcheck(fn, leaves)
+
+
+def cast(t, dtype):
+    return t.to(getattr(torch, dtype))
+
+
+def dtype_of(t):
+    return str(t.dtype).removeprefix("torch.")
+
+
+def matmul_and_grads(lhs, rhs, sizes, dout, offset=None):
+    """out, dinput, dweight of a float32 grouped matmul of NumPy inputs, as float64 NumPy."""
+    lhs_t, rhs_t = torch.from_numpy(lhs).requires_grad_(), torch.from_numpy(rhs).requires_grad_()
+    out = matmul(lhs_t, rhs_t, torch.from_numpy(sizes), offset=offset)
+    out.backward(torch.from_numpy(dout))
+    return [to_float64(t) for t in (out, lhs_t.grad, rhs_t.grad)]
