@@ -20,6 +20,7 @@ import torch
 
 import groupgemm.jax as gj
 from groupgemm.torch import GroupedLinear
+from moe_dispatch import sort_by_expert
 
 DIM, FFN, EXPERTS, TOP_K, TOKENS = 64, 128, 8, 2, 512
 RANKS = 2  # experts [0, 4) on rank 0 and [4, 8) on rank 1, simulated
@@ -54,9 +55,8 @@ def jax_moe(params, x, allowed):
     logits = jnp.where(allowed, x @ params["router"], -jnp.inf)
     top_p, top_e = jax.lax.top_k(jax.nn.softmax(logits), TOP_K)
     flat_e = top_e.reshape(-1)
-    order = jnp.argsort(flat_e, stable=True)
+    order, sizes = sort_by_expert(flat_e, EXPERTS)  # sizes stay on the device
     token = order // TOP_K
-    sizes = jnp.bincount(flat_e, length=EXPERTS).astype(jnp.int32)  # stays on device
     h = jax.nn.gelu(gj.grouped_matmul(x[token], params["w1"], sizes), approximate=False)
     y = gj.grouped_matmul(h, params["w2"], sizes) * top_p.reshape(-1)[order][:, None]
     return jnp.zeros_like(x).at[token].add(y), sizes
@@ -90,9 +90,8 @@ class TorchMoE(torch.nn.Module):
         logits = (x @ self.router).masked_fill(~allowed, float("-inf"))
         top_p, top_e = torch.topk(torch.softmax(logits, -1), TOP_K, dim=-1)
         flat_e = top_e.reshape(-1)
-        order = torch.sort(flat_e, stable=True).indices
+        order, sizes = sort_by_expert(flat_e, EXPERTS)
         token = order // TOP_K
-        sizes = torch.zeros(EXPERTS, dtype=torch.int64).index_add(0, flat_e, torch.ones_like(flat_e))
         h = torch.nn.functional.gelu(self.up(x[token], sizes))
         y = self.down(h, sizes) * top_p.reshape(-1)[order].unsqueeze(-1)
         return torch.zeros_like(x).index_add(0, token, y)

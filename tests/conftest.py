@@ -5,3 +5,5 @@ import sys
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 # The shared case table, the reference, the frontend adapters and the workers.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
+# The examples' MoE dispatch helper, shared by the demo, the tests and the workers.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))

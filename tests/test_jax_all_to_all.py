@@ -13,6 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from groupgemm.jax import grouped_matmul
+from moe_dispatch import sort_by_expert
 
 DEVICES, LOCAL, DIM, FFN, TOKENS = 4, 2, 8, 16, 6
 EXPERTS, CAPACITY = DEVICES * LOCAL, TOKENS  # top-1: at most TOKENS rows to one device
@@ -39,8 +40,7 @@ def ep_local(params, x, valid, target):
     recv_x = jax.lax.all_to_all(send_x.reshape(DEVICES, CAPACITY, DIM), "d", 0, 0, tiled=True)
     recv_e = jax.lax.all_to_all(send_e.reshape(DEVICES, CAPACITY), "d", 0, 0, tiled=True)
     recv_x, recv_e = recv_x.reshape(-1, DIM), recv_e.reshape(-1)
-    order = jnp.argsort(recv_e, stable=True)  # by local expert, padding (LOCAL) last
-    sizes = jnp.bincount(recv_e, length=LOCAL + 1)[:LOCAL].astype(jnp.int32)
+    order, sizes = sort_by_expert(recv_e, LOCAL)  # by local expert, padding (LOCAL) last
     y = jnp.zeros_like(recv_x).at[order].set(experts(params["w1"], params["w2"], recv_x[order], sizes))
     back = jax.lax.all_to_all(y.reshape(DEVICES, CAPACITY, DIM), "d", 0, 0, tiled=True).reshape(-1, DIM)
     back = jnp.concatenate([back, jnp.zeros((1, DIM))])[flat]
@@ -51,8 +51,7 @@ def ep_local(params, x, valid, target):
 
 def single_loss(params, x, valid, target):
     gate, expert = route(params, x, valid)
-    order = jnp.argsort(expert, stable=True)
-    sizes = jnp.bincount(expert, length=EXPERTS + 1)[:EXPERTS].astype(jnp.int32)
+    order, sizes = sort_by_expert(expert, EXPERTS)
     y = experts(params["w1"], params["w2"], x[order], sizes)
     out = jnp.zeros_like(x).at[order].set(y) * gate[:, None]
     return jnp.sum(jnp.where(valid[:, None], (out - target) ** 2, 0.0)) / jnp.maximum(valid.sum(), 1)

@@ -13,6 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from groupgemm.jax import grouped_matmul
+from moe_dispatch import sort_by_expert
 
 DEVICES, LOCAL_EXPERTS, DIM, FFN, TOKENS = 4, 2, 8, 16, 6
 EXPERTS = DEVICES * LOCAL_EXPERTS
@@ -23,8 +24,7 @@ def moe(params, x, valid, group_offset, num_local):
     probs = jax.nn.softmax(x @ params["router"])
     gate, expert = probs.max(-1), probs.argmax(-1)
     expert = jnp.where(valid, expert, EXPERTS)  # padding sorts last and joins no group
-    order = jnp.argsort(expert, stable=True)
-    sizes = jnp.bincount(expert, length=EXPERTS + 1)[:EXPERTS].astype(jnp.int32)
+    order, sizes = sort_by_expert(expert, EXPERTS)
     h = jax.nn.gelu(grouped_matmul(x[order], params["w1"], sizes, group_offset=group_offset))
     y = grouped_matmul(h, params["w2"], sizes, group_offset=group_offset)
     return jnp.zeros_like(x).at[order].add(y * gate[order][:, None])

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from groupgemm.jax import grouped_matmul
+from moe_dispatch import sort_by_expert
 
 TOKENS, DIM, FFN, EXPERTS, TOP_K = 64, 16, 32, 6, 2
 NEVER_ROUTED = (1, 4)  # experts the router cannot pick: they receive zero tokens
@@ -15,9 +16,8 @@ def moe_layer(params, x, matmul):
     logits = x @ params["router"] + params["router_bias"]
     top_p, top_e = jax.lax.top_k(jax.nn.softmax(logits), TOP_K)
     flat_e = top_e.reshape(-1)
-    order = jnp.argsort(flat_e, stable=True)
+    order, sizes = sort_by_expert(flat_e, EXPERTS)
     token = order // TOP_K
-    sizes = jnp.bincount(flat_e, length=EXPERTS).astype(jnp.int32)
     h = jax.nn.gelu(matmul(x[token], params["w1"], sizes))
     y = matmul(h, params["w2"], sizes) * top_p.reshape(-1)[order][:, None]
     return jnp.zeros_like(x).at[token].add(y), sizes

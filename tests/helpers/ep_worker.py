@@ -18,6 +18,9 @@ import torch.multiprocessing as mp
 
 from groupgemm.torch import GroupedLinear
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+from moe_dispatch import sort_by_expert  # noqa: E402
+
 DIM, FFN, LOCAL_EXPERTS, STEPS, LR = 8, 16, 2, 4, 0.1
 
 
@@ -58,13 +61,12 @@ class Experts(torch.nn.Module):
 def route(x, router, allowed):
     probs = torch.softmax((x @ router).masked_fill(~allowed, float("-inf")), -1)
     gate, expert = probs.max(-1)
-    order = torch.sort(expert, stable=True).indices
-    return gate, expert, order
+    order, counts = sort_by_expert(expert, len(allowed))
+    return gate, order, counts
 
 
 def ep_forward(x, router, experts, allowed, rank, world):
-    gate, expert, order = route(x, router, allowed)
-    counts = torch.zeros(world * LOCAL_EXPERTS, dtype=torch.int64).index_add(0, expert, torch.ones_like(expert))
+    gate, order, counts = route(x, router, allowed)
     recv_counts = torch.empty_like(counts)  # [source rank, local expert]
     dist.all_to_all_single(recv_counts, counts)
     send_split = counts.view(world, LOCAL_EXPERTS).sum(1).tolist()  # the dispatcher's split sizes
@@ -72,8 +74,7 @@ def ep_forward(x, router, experts, allowed, rank, world):
     received = dist_fn.all_to_all_single(x.new_empty(sum(recv_split), DIM), x[order], recv_split, send_split)
     # Rows arrive by source rank, then expert: regroup them by local expert.
     local_expert = torch.arange(LOCAL_EXPERTS).repeat(world).repeat_interleave(recv_counts)
-    regroup = torch.sort(local_expert, stable=True).indices
-    sizes = recv_counts.view(world, LOCAL_EXPERTS).sum(0)
+    regroup, sizes = sort_by_expert(local_expert, LOCAL_EXPERTS)
     y = torch.empty_like(received).index_copy(0, regroup, experts(received[regroup], sizes))
     back = dist_fn.all_to_all_single(x.new_empty(len(order), DIM), y, send_split, recv_split)
     return torch.zeros_like(x).index_add(0, order, back * gate[order].unsqueeze(-1))
@@ -114,8 +115,7 @@ def single_process_reference(world):
         batches = [tokens(step, r) for r in range(world)]
         x = torch.cat([b[0] for b in batches])
         target = torch.cat([b[1] for b in batches])
-        gate, expert, order = route(x, router, allowed_experts(step, world))
-        sizes = torch.zeros(world * LOCAL_EXPERTS, dtype=torch.int64).index_add(0, expert, torch.ones_like(expert))
+        gate, order, sizes = route(x, router, allowed_experts(step, world))
         y = experts(x[order], sizes)
         out = torch.zeros_like(x).index_add(0, order, y * gate[order].unsqueeze(-1))
         loss = (out - target).square().sum() / max(len(x), 1)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from groupgemm.torch import GroupedLinear
+from moe_dispatch import sort_by_expert
 
 
 class MoEBlock(nn.Module):
@@ -22,10 +23,8 @@ class MoEBlock(nn.Module):
             logits = logits.masked_fill(~expert_mask, float("-inf"))
         top_p, top_e = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
         flat_e = top_e.reshape(-1)
-        order = torch.sort(flat_e, stable=True).indices
+        order, sizes = sort_by_expert(flat_e, self.experts)
         token = order // self.top_k
-        sizes = torch.zeros(self.experts, dtype=torch.int64, device=x.device)
-        sizes = sizes.index_add(0, flat_e, torch.ones_like(flat_e))
         h = torch.nn.functional.gelu(self.up(x[token], sizes))
         y = self.down(h, sizes) * top_p.reshape(-1)[order].unsqueeze(-1)
         return torch.zeros_like(x).index_add(0, token, y)
