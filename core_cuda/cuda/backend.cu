@@ -1,13 +1,16 @@
-// CUDA backend entry points. Each call enqueues, on the caller's stream and without any
-// host synchronisation: the setup kernel (device group sizes -> workspace), the kernels
-// for rows and groups no GEMM writes, and one grouped GEMM. Nothing is allocated and
-// nothing is copied to the host, so the sequence can be captured in a CUDA graph.
+// CUDA backend entry points. Each call checks what only the CUDA backend needs (int32
+// problem sizes, the workspace, a usable device), then enqueues the call sequence of
+// call_sequence.h on the caller's stream without any host synchronisation: the setup
+// kernel (device group sizes -> workspace), the kernels for rows and groups no GEMM
+// writes, and one grouped GEMM. Nothing is allocated and nothing is copied to the host,
+// so the sequence can be captured in a CUDA graph.
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "backends.h"
+#include "call_sequence.h"
 #include "grouped_gemm.h"
 #include "kernels.h"
 
@@ -19,9 +22,10 @@ namespace {
 // torch names the tensors' device; XLA passes a stream of the buffers' device.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(const ExecContext& ctx) : stream_(static_cast<cudaStream_t>(ctx.stream)) {
+  explicit DeviceGuard(const ExecContext& ctx) {
+    const auto stream = static_cast<cudaStream_t>(ctx.stream);
     int device = ctx.device_index;
-    if (device < 0 && stream_ && cudaStreamGetDevice(stream_, &device) != cudaSuccess) {
+    if (device < 0 && stream && cudaStreamGetDevice(stream, &device) != cudaSuccess) {
       status_ = Status::Internal("cannot find the CUDA device of the stream");
       return;
     }
@@ -32,20 +36,18 @@ class DeviceGuard {
     }
     switched_ = true;
   }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
   ~DeviceGuard() {
     if (switched_) cudaSetDevice(previous_);
   }
   const Status& status() const { return status_; }
-  cudaStream_t stream() const { return stream_; }
 
  private:
-  cudaStream_t stream_;
   Status status_;
   int previous_ = -1;
   bool switched_ = false;
 };
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // CUTLASS's problem sizes and tile arithmetic are int32 and add up to a tile (128) to a
 // dimension before dividing, so leave that much headroom below 2^31.
@@ -61,7 +63,7 @@ Status check_workspace(const ExecContext& ctx, int64_t num_groups) {
   if (ctx.workspace == nullptr || ctx.workspace_bytes < need)
     return Status::Invalid("workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, the call needs " +
                            std::to_string(need) + " (see workspace_bytes)");
-  if (!aligned16(ctx.workspace)) return Status::Invalid("workspace must be 16-byte aligned");
+  if (!is_aligned16(ctx.workspace)) return Status::Invalid("workspace must be 16-byte aligned");
   return Status::Ok();
 }
 
@@ -92,29 +94,52 @@ Status check_call(const ExecContext& ctx, int64_t m, int64_t k, int64_t n, int64
   return s;
 }
 
-// 16-bit operands need every group's rows to start on a 16-byte boundary for the
-// tensor-core kernel; float32 runs at any alignment. The choice depends on base
-// addresses too, so a torch view at an odd storage offset runs the unaligned kernel:
-// same values within rounding, but not the same bits as an aligned call.
-bool tensor_core_aligned(DType in, int64_t k, int64_t n, std::initializer_list<const void*> ptrs) {
-  if (in == DType::f32) return true;
-  if (k % 8 != 0 || n % 8 != 0) return false;  // also covers float32 outputs (4 per 16 bytes)
-  for (const void* p : ptrs)
-    if (p && !aligned16(p)) return false;
-  return true;
-}
-
-GroupedGemmLaunch gemm_launch(DType in, DType out, GemmLayout layout, const ExecContext& ctx,
-                              int64_t num_groups, float beta, int64_t max_m, int64_t n) {
-  const WorkspaceView ws = workspace_view(ctx.workspace, num_groups);
+GroupedGemmLaunch gemm_launch(const GroupedGemmCall& call, cudaStream_t stream) {
+  const WorkspaceView ws = workspace_view(const_cast<void*>(call.workspace), call.num_groups);
   GroupedGemmLaunch l{};
-  l.in_dtype = in, l.out_dtype = out, l.layout = layout;
-  l.problems = ws.problem, l.num_groups = static_cast<int>(num_groups);
+  l.in_dtype = call.in_dtype, l.out_dtype = call.out_dtype, l.layout = call.layout;
+  l.problems = ws.problem, l.num_groups = static_cast<int>(call.num_groups);
   for (int i = 0; i < 4; ++i) l.ptr[i] = ws.ptr[i], l.ld[i] = ws.ld[i];
-  l.beta = beta, l.max_m = static_cast<int>(max_m), l.n = static_cast<int>(n);
-  l.stream = static_cast<cudaStream_t>(ctx.stream);
+  l.beta = call.beta, l.max_m = static_cast<int>(call.max_m), l.n = static_cast<int>(call.n);
+  l.stream = stream;
   return l;
 }
+
+// The steps of call_sequence.h as CUDA launches on the caller's stream.
+class CudaLauncher {
+ public:
+  explicit CudaLauncher(const ExecContext& ctx) : ctx_(ctx), stream_(static_cast<cudaStream_t>(ctx.stream)) {}
+
+  Status start() {
+    device_.emplace(ctx_);  // held until the launcher goes: every launch runs on that device
+    return device_->status();
+  }
+  Status setup(const SetupArgs& args) { return launch_setup(args, stream_); }
+  Status fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m, int64_t n, bool k_is_zero,
+                   int64_t num_groups, const void* workspace) {
+    return launch_fill_rows(in, out_dtype, out, bias, m, n, k_is_zero, num_groups, workspace, stream_);
+  }
+  Status grouped_gemm(const GroupedGemmCall& call, bool aligned) {
+    return cuda::grouped_gemm(gemm_launch(call, stream_), aligned);
+  }
+  Status add_bias_rows(DType in, float* out, const void* bias, int64_t m, int64_t n, int64_t num_groups,
+                       const void* workspace) {
+    return launch_add_bias_rows(in, out, bias, m, n, num_groups, workspace, stream_);
+  }
+  Status zero_empty_groups(DType out_dtype, void* out, int64_t block_elements, int64_t num_groups,
+                           const void* workspace) {
+    return launch_zero_empty_groups(out_dtype, out, block_elements, num_groups, workspace, stream_);
+  }
+  Status bias_grad(DType in, DType out_dtype, const void* grad, void* out, int64_t n, int64_t num_groups,
+                   const void* workspace) {
+    return launch_bias_grad(in, out_dtype, grad, out, n, num_groups, workspace, stream_);
+  }
+
+ private:
+  const ExecContext& ctx_;
+  cudaStream_t stream_;
+  std::optional<DeviceGuard> device_;
+};
 
 }  // namespace
 
@@ -129,66 +154,20 @@ Status grouped_gemm(const GroupedGemmLaunch& launch, bool aligned) {
 
 Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_call(ctx, a.m, a.k, a.n, a.num_groups));
-  if (a.m == 0 || a.n == 0) return Status::Ok();  // the output is empty
-  const DeviceGuard device(ctx);
-  GG_RETURN_IF_ERROR(device.status());
-  const cudaStream_t stream = device.stream();
-  // The epilogue adds C in the output dtype: a bias of another dtype is added afterwards.
-  const bool bias_in_epilogue = a.bias && a.out_dtype == a.in_dtype;
-  const int64_t in_bytes = dtype_size(a.in_dtype), out_bytes = dtype_size(a.out_dtype);
-  const GemmOperands ops{a.lhs, a.rhs, bias_in_epilogue ? a.bias : nullptr, a.out,
-                         in_bytes, in_bytes, in_bytes, out_bytes};
-  GG_RETURN_IF_ERROR(launch_setup({SetupKind::forward, a.group_sizes, a.group_offset, a.num_groups,
-                                        a.m, a.k, a.n, a.transpose_rhs, false, ops, ctx.workspace},
-                                       stream));
-  GG_RETURN_IF_ERROR(launch_fill_rows(a.in_dtype, a.out_dtype, a.out, a.bias, a.m, a.n, a.k == 0,
-                                      a.num_groups, ctx.workspace, stream));
-  if (a.k == 0 || a.num_groups == 0) return Status::Ok();  // the fill wrote every row
-
-  const GemmLayout layout = a.transpose_rhs ? GemmLayout::row_col : GemmLayout::row_row;
-  const bool aligned = tensor_core_aligned(a.in_dtype, a.k, a.n,
-                                           {a.lhs, a.rhs, a.out, bias_in_epilogue ? a.bias : nullptr});
-  GG_RETURN_IF_ERROR(grouped_gemm(
-      gemm_launch(a.in_dtype, a.out_dtype, layout, ctx, a.num_groups, bias_in_epilogue ? 1.0f : 0.0f, a.m, a.n),
-      aligned));
-  if (a.bias && !bias_in_epilogue)
-    return launch_add_bias_rows(a.in_dtype, static_cast<float*>(a.out), a.bias, a.m, a.n, a.num_groups,
-                                ctx.workspace, stream);
-  return Status::Ok();
+  CudaLauncher launch(ctx);
+  return enqueue_grouped_matmul(a, ctx.workspace, launch);
 }
 
 Status grouped_matmul_wgrad(const WgradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_call(ctx, a.m, a.k, a.n, a.num_groups));
-  if (a.num_groups == 0 || a.k == 0 || a.n == 0) return Status::Ok();  // the output is empty
-  const DeviceGuard device(ctx);
-  GG_RETURN_IF_ERROR(device.status());
-  const cudaStream_t stream = device.stream();
-  const int64_t in_bytes = dtype_size(a.in_dtype), out_bytes = dtype_size(a.out_dtype);
-  const GemmOperands ops{a.lhs, a.grad, a.accumulate ? a.out : nullptr, a.out,
-                         in_bytes, in_bytes, out_bytes, out_bytes};
-  GG_RETURN_IF_ERROR(launch_setup({SetupKind::wgrad, a.group_sizes, a.group_offset, a.num_groups,
-                                        a.m, a.k, a.n, false, a.accumulate, ops, ctx.workspace},
-                                       stream));
-  if (!a.accumulate)
-    GG_RETURN_IF_ERROR(launch_zero_empty_groups(a.out_dtype, a.out, a.k * a.n, a.num_groups,
-                                                     ctx.workspace, stream));
-  if (a.m == 0) return Status::Ok();  // every group is empty
-  const bool aligned = tensor_core_aligned(a.in_dtype, a.k, a.n, {a.lhs, a.grad, a.out});
-  return grouped_gemm(gemm_launch(a.in_dtype, a.out_dtype, GemmLayout::col_row, ctx, a.num_groups,
-                                  a.accumulate ? 1.0f : 0.0f, a.k, a.n),
-                      aligned);
+  CudaLauncher launch(ctx);
+  return enqueue_grouped_matmul_wgrad(a, ctx.workspace, launch);
 }
 
 Status grouped_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_call(ctx, a.m, 0, a.n, a.num_groups));
-  if (a.num_groups == 0 || a.n == 0) return Status::Ok();  // the output is empty
-  const DeviceGuard device(ctx);
-  GG_RETURN_IF_ERROR(device.status());
-  const cudaStream_t stream = device.stream();
-  GG_RETURN_IF_ERROR(launch_setup({SetupKind::rows_only, a.group_sizes, a.group_offset, a.num_groups,
-                                        a.m, 0, a.n, false, false, {}, ctx.workspace},
-                                       stream));
-  return launch_bias_grad(a.in_dtype, a.out_dtype, a.grad, a.out, a.n, a.num_groups, ctx.workspace, stream);
+  CudaLauncher launch(ctx);
+  return enqueue_grouped_bias_grad(a, ctx.workspace, launch);
 }
 
 }  // namespace cuda

@@ -5,17 +5,13 @@
 
 #include <cuda_runtime.h>
 
+#include "call_sequence.h"
 #include "groupgemm/types.h"
 
 namespace groupgemm {
 namespace cuda {
 
-// Operand storage of the three GEMM kinds, all with a row-major D:
-//   row_row: forward / dgrad, A = lhs [m, k], B = rhs[g] [k, n]
-//   row_col: forward / dgrad with rhs[g] stored [n, k]
-//   col_row: wgrad, A = lhs_g^T (lhs_g is [rows, k]), B = grad_g [rows, n]
-enum class GemmLayout : int { row_row = 0, row_col = 1, col_row = 2 };
-
+// A GroupedGemmCall (call_sequence.h) with the workspace's device arrays and the stream.
 struct GroupedGemmLaunch {
   DType in_dtype;
   DType out_dtype;         // D, and C when beta != 0

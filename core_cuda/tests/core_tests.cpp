@@ -1,18 +1,25 @@
 // Core tests, built under AddressSanitizer + UndefinedBehaviorSanitizer: the schedule
-// functions, the CPU backend through the public API, and the CUDA backend's setup and
-// fill steps emulated on the host, on the edge cases of the semantics (clamped sizes,
-// windows, empty groups, K/N/M = 0), against a naive double-precision reference; plus
-// the CUDA workspace layout and its pointer and leading-dimension arithmetic.
+// functions; the CPU backend through the public API; the CUDA backend's call sequence
+// (src/call_sequence.h) run on a host launcher that executes its kernels' steps
+// (host_launcher.h), including the late bias and the aligned/unaligned GEMM choice. Both
+// backends run the edge cases of the semantics (clamped sizes, windows, empty groups,
+// K/N/M = 0) in every accepted dtype pair against a naive double-precision reference;
+// plus the CUDA workspace layout and its pointer and leading-dimension arithmetic.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "call_sequence.h"
+#include "convert.h"
 #include "groupgemm/groupgemm.h"
-#include "setup.h"
+#include "host_launcher.h"
 
 using namespace groupgemm;
 
@@ -26,11 +33,11 @@ int passed = 0, failed = 0;
       ++passed;                                                              \
     } else {                                                                 \
       ++failed;                                                              \
-      std::printf("FAILED %s:%d [%s]: %s\n", __FILE__, __LINE__, g_case, #cond); \
+      std::printf("FAILED %s:%d [%s]: %s\n", __FILE__, __LINE__, g_case.c_str(), #cond); \
     }                                                                        \
   } while (0)
 
-const char* g_case = "";
+std::string g_case;
 
 // ---- schedule --------------------------------------------------------------------
 
@@ -101,7 +108,7 @@ void test_schedule() {
   CHECK(forward_action(4, 8) == GroupAction::gemm);
 }
 
-// ---- CPU backend ------------------------------------------------------------------
+// ---- both backends on the case table ----------------------------------------------
 
 struct Case {
   const char* name;
@@ -124,44 +131,155 @@ std::vector<std::pair<int64_t, int64_t>> ref_rows(const Case& c, int64_t g_local
   return rows;
 }
 
+// Storage types of the four dtypes: double, float, cpu::bf16_t, cpu::f16_t.
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, double>) return DType::f64;
+  else if constexpr (std::is_same_v<T, float>) return DType::f32;
+  else if constexpr (std::is_same_v<T, cpu::bf16_t>) return DType::bf16;
+  else return DType::f16;
+}
+
+template <typename T>
+T from_double(double v) {
+  return emulated::store<T>(v);
+}
+
+template <typename T>
+double to_double(T v) {
+  return static_cast<double>(cpu::widen(v));
+}
+
+// Operand storage whose first element sits `shift` elements past a 64-byte boundary, so a
+// test decides which operands the CUDA backend sees as 16-byte aligned.
+template <typename T>
+class Buffer {
+ public:
+  Buffer(const std::vector<T>& values, int64_t shift) : storage_(values.size() + 64 / sizeof(T) + shift) {
+    while (reinterpret_cast<uintptr_t>(storage_.data() + offset_) % 64 != 0) ++offset_;
+    offset_ += shift;
+    std::copy(values.begin(), values.end(), data());
+  }
+  T* data() { return storage_.data() + offset_; }
+  const T& operator[](int64_t i) const { return storage_[offset_ + i]; }
+  std::vector<T> values(int64_t count) const {
+    return {storage_.begin() + offset_, storage_.begin() + offset_ + count};
+  }
+
+ private:
+  std::vector<T> storage_;
+  int64_t offset_ = 0;
+};
+
 template <typename T>
 std::vector<T> random_vec(int64_t count, std::mt19937& rng) {
   std::normal_distribution<double> d;
   std::vector<T> v(count);
-  for (auto& x : v) x = T(d(rng));
+  for (auto& x : v) x = from_double<T>(d(rng));
   return v;
 }
 
 template <typename T>
-bool close(T a, double b) {
-  const double tol = sizeof(T) == 8 ? 1e-10 : 1e-4;
-  return std::fabs(double(a) - b) <= tol * std::max(1.0, std::fabs(b));
+std::vector<T> nan_vec(int64_t count) {  // dirty output memory
+  return std::vector<T>(count, from_double<T>(std::numeric_limits<double>::quiet_NaN()));
 }
 
+// Relative tolerance of an output of type T against the double reference of the same
+// (already rounded) inputs: float32 accumulation, then one rounding to T.
+template <typename T>
+bool close(T a, double b) {
+  const DType t = dtype_of<T>();
+  const double tol = t == DType::f64 ? 1e-10 : t == DType::f32 ? 1e-4 : t == DType::f16 ? 1.0 / 1024 : 1.0 / 128;
+  return std::fabs(to_double(a) - b) <= tol * std::max(1.0, std::fabs(b));
+}
+
+// The CUDA backend's kernel choice, as the tests state it: float32 always runs its main
+// kernel; 16-bit operands run the aligned (tensor-core) kernel only when K and N are
+// multiples of 8 (16 bytes) and every operand the GEMM reads or writes starts on a
+// 16-byte boundary.
+bool expect_aligned_kernel(DType in, int64_t k, int64_t n, std::initializer_list<const void*> operands) {
+  if (in == DType::f32) return true;
+  bool aligned = k % 8 == 0 && n % 8 == 0;
+  for (const void* p : operands) aligned = aligned && (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0);
+  return aligned;
+}
+
+// Which CUDA GEMM paths the emulated runs took, per input dtype and call kind.
+struct PathsSeen {
+  int aligned = 0, unaligned = 0;
+};
+PathsSeen g_forward_paths[4], g_wgrad_paths[4];
+int g_late_bias_runs = 0;
+
 // Runs the three entry points: the CPU backend through the public API, or the CUDA
-// backend's schedule emulated on the host (below).
+// backend's call sequence on the host launcher, whose record the case then checks.
 struct Runner {
-  Status (*matmul)(const MatmulArgs&);
-  Status (*wgrad)(const WgradArgs&);
-  Status (*bias_grad)(const BiasGradArgs&);
+  const char* name;
+  std::function<Status(const MatmulArgs&)> matmul;
+  std::function<Status(const WgradArgs&)> wgrad;
+  std::function<Status(const BiasGradArgs&)> bias_grad;
+  std::shared_ptr<emulated::LaunchRecord> record;  // the last call's; null for the CPU backend
+  int64_t scan_chunks;
 };
 
-template <typename T>
-void run_case(const Case& c, DType dt, const Runner& run) {
-  g_case = c.name;
+Runner cpu_backend() {
+  return {"cpu",
+          [](const MatmulArgs& a) { return grouped_matmul(a, ExecContext{}); },
+          [](const WgradArgs& a) { return grouped_matmul_wgrad(a, ExecContext{}); },
+          [](const BiasGradArgs& a) { return grouped_bias_grad(a, ExecContext{}); },
+          nullptr, 0};
+}
+
+// The setup kernel's scan with `scan_chunks` chunks: one, uneven ones, the kernel's block.
+Runner emulated_cuda(int64_t scan_chunks) {
+  auto record = std::make_shared<emulated::LaunchRecord>();
+  auto run = [record, scan_chunks](const auto& args, int64_t num_groups, auto enqueue) {
+    emulated::Workspace workspace(num_groups);
+    emulated::HostLauncher launch(scan_chunks);
+    const Status s = enqueue(args, workspace.data(), launch);
+    *record = launch.record();
+    return s;
+  };
+  return {"emulated_cuda",
+          [run](const MatmulArgs& a) {
+            return run(a, a.num_groups, enqueue_grouped_matmul<emulated::HostLauncher>);
+          },
+          [run](const WgradArgs& a) {
+            return run(a, a.num_groups, enqueue_grouped_matmul_wgrad<emulated::HostLauncher>);
+          },
+          [run](const BiasGradArgs& a) {
+            return run(a, a.num_groups, enqueue_grouped_bias_grad<emulated::HostLauncher>);
+          },
+          record, scan_chunks};
+}
+
+// Element offsets from a 64-byte boundary of each operand (all 0: every one aligned).
+struct Shifts {
+  int64_t lhs = 0, rhs = 0, bias = 0, grad = 0, out = 0;
+};
+
+// In: lhs, rhs, bias and grad; Out: the output of forward, wgrad (unless accumulating,
+// which is float32, or float64 for float64 inputs) and dbias.
+template <typename In, typename Out>
+void run_case(const Case& c, const Runner& run, Shifts shift = {}) {
+  using Wide = emulated::Accumulator<In>;
+  const DType in = dtype_of<In>(), out_dtype = dtype_of<Out>();
+  const std::string label = std::string(c.name) + " " + dtype_name(in) + "->" + dtype_name(out_dtype) + " " +
+                            run.name + (run.record ? " scan chunks " + std::to_string(run.scan_chunks) : "");
+  g_case = label;
   const int64_t G = c.num_local >= 0 ? c.num_local : int64_t(c.sizes.size());
   std::mt19937 rng(42);
-  auto lhs = random_vec<T>(c.m * c.k, rng), rhs = random_vec<T>(G * c.k * c.n, rng);
-  auto bias = random_vec<T>(G * c.n, rng), dout = random_vec<T>(c.m * c.n, rng);
+  Buffer<In> lhs(random_vec<In>(c.m * c.k, rng), shift.lhs), rhs(random_vec<In>(G * c.k * c.n, rng), shift.rhs);
+  Buffer<In> bias(random_vec<In>(G * c.n, rng), shift.bias), dout(random_vec<In>(c.m * c.n, rng), shift.grad);
   const auto rows = ref_rows(c, G);
   IndexArray sizes{c.sizes.data(), IndexType::i64, int64_t(c.sizes.size())};
   IndexArray offset = c.num_local >= 0 ? IndexArray{&c.offset, IndexType::i64, 1} : IndexArray{};
-  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const bool cuda_dtype = in != DType::f64;
 
   for (int transpose = 0; transpose < 2; ++transpose) {
-    std::vector<T> out(c.m * c.n, nan);  // dirty output memory
+    Buffer<Out> out(nan_vec<Out>(c.m * c.n), shift.out);
     MatmulArgs a;
-    a.in_dtype = a.out_dtype = dt;
+    a.in_dtype = in, a.out_dtype = out_dtype;
     a.lhs = lhs.data(), a.rhs = rhs.data(), a.bias = bias.data(), a.out = out.data();
     a.m = c.m, a.k = c.k, a.n = c.n, a.num_groups = G, a.transpose_rhs = transpose;
     a.group_sizes = sizes, a.group_offset = offset;
@@ -171,24 +289,42 @@ void run_case(const Case& c, DType dt, const Runner& run) {
       for (int64_t r = rows[g].first; r < rows[g].second; ++r) {
         owned[r] = true;
         for (int64_t j = 0; j < c.n; ++j) {
-          double want = bias[g * c.n + j];
+          double want = to_double(bias[g * c.n + j]);
           for (int64_t i = 0; i < c.k; ++i)
-            want += double(lhs[r * c.k + i]) *
-                    double(rhs[g * c.k * c.n + (transpose ? j * c.k + i : i * c.n + j)]);
+            want += to_double(lhs[r * c.k + i]) *
+                    to_double(rhs[g * c.k * c.n + (transpose ? j * c.k + i : i * c.n + j)]);
           CHECK(close(out[r * c.n + j], want));
         }
       }
     for (int64_t r = 0; r < c.m; ++r)
       if (!owned[r])
-        for (int64_t j = 0; j < c.n; ++j) CHECK(out[r * c.n + j] == T(0));
+        for (int64_t j = 0; j < c.n; ++j) CHECK(to_double(out[r * c.n + j]) == 0.0);
+    if (run.record) {
+      const emulated::LaunchRecord& rec = *run.record;
+      const bool gemm = c.m > 0 && c.n > 0 && c.k > 0 && G > 0;
+      const bool late_bias = gemm && out_dtype != in;  // every case has a bias
+      CHECK(rec.gemms == (gemm ? 1 : 0));
+      CHECK(rec.late_bias == (late_bias ? 1 : 0));
+      CHECK(rec.zero_k_problems == 0);  // no k = 0 problem reaches the GEMM
+      if (gemm && cuda_dtype) {
+        const bool want = expect_aligned_kernel(in, c.k, c.n, {a.lhs, a.rhs, a.out, late_bias ? nullptr : a.bias});
+        CHECK(rec.gemm_aligned == want);
+        PathsSeen& seen = g_forward_paths[int(in)];
+        ++(rec.gemm_aligned ? seen.aligned : seen.unaligned);
+        g_late_bias_runs += rec.late_bias;
+      }
+    }
   }
 
   for (int accumulate = 0; accumulate < 2; ++accumulate) {
-    std::vector<T> out = accumulate ? random_vec<T>(G * c.k * c.n, rng) : std::vector<T>(G * c.k * c.n, nan);
-    const std::vector<T> before = out;
+    // Accumulating reads and writes a Wide buffer, otherwise the output is Out.
+    Buffer<Wide> acc(random_vec<Wide>(G * c.k * c.n, rng), shift.out);
+    Buffer<Out> fresh(nan_vec<Out>(G * c.k * c.n), shift.out);
+    const std::vector<Wide> before = acc.values(G * c.k * c.n);
     WgradArgs a;
-    a.in_dtype = a.out_dtype = dt;
-    a.lhs = lhs.data(), a.grad = dout.data(), a.out = out.data();
+    a.in_dtype = in, a.out_dtype = accumulate ? dtype_of<Wide>() : out_dtype;
+    a.lhs = lhs.data(), a.grad = dout.data();
+    a.out = accumulate ? static_cast<void*>(acc.data()) : static_cast<void*>(fresh.data());
     a.m = c.m, a.k = c.k, a.n = c.n, a.num_groups = G, a.accumulate = accumulate;
     a.group_sizes = sizes, a.group_offset = offset;
     CHECK(run.wgrad(a).ok());
@@ -198,50 +334,60 @@ void run_case(const Case& c, DType dt, const Runner& run) {
         for (int64_t j = 0; j < c.n; ++j) {
           const int64_t e = (g * c.k + i) * c.n + j;
           if (empty && accumulate) {
-            CHECK(std::memcmp(&out[e], &before[e], sizeof(T)) == 0);  // bit-for-bit
+            CHECK(std::memcmp(&acc[e], &before[e], sizeof(Wide)) == 0);  // bit-for-bit
           } else if (empty) {
-            CHECK(out[e] == T(0));
+            CHECK(to_double(fresh[e]) == 0.0);
           } else {
             double want = accumulate ? double(before[e]) : 0.0;
             for (int64_t r = rows[g].first; r < rows[g].second; ++r)
-              want += double(lhs[r * c.k + i]) * double(dout[r * c.n + j]);
-            CHECK(close(out[e], want));
+              want += to_double(lhs[r * c.k + i]) * to_double(dout[r * c.n + j]);
+            CHECK(accumulate ? close(acc[e], want) : close(fresh[e], want));
           }
         }
     }
+    if (run.record) {
+      const emulated::LaunchRecord& rec = *run.record;
+      const bool gemm = G > 0 && c.k > 0 && c.n > 0 && c.m > 0;
+      CHECK(rec.gemms == (gemm ? 1 : 0));
+      CHECK(rec.zero_k_problems == 0);
+      if (gemm && cuda_dtype) {
+        CHECK(rec.gemm_aligned == expect_aligned_kernel(in, c.k, c.n, {a.lhs, a.grad, a.out}));
+        PathsSeen& seen = g_wgrad_paths[int(in)];
+        ++(rec.gemm_aligned ? seen.aligned : seen.unaligned);
+      }
+    }
   }
 
-  std::vector<T> dbias(G * c.n, nan);
+  Buffer<Out> dbias(nan_vec<Out>(G * c.n), shift.out);
   BiasGradArgs b;
-  b.in_dtype = b.out_dtype = dt;
+  b.in_dtype = in, b.out_dtype = out_dtype;
   b.grad = dout.data(), b.out = dbias.data(), b.m = c.m, b.n = c.n, b.num_groups = G;
   b.group_sizes = sizes, b.group_offset = offset;
   CHECK(run.bias_grad(b).ok());
   for (int64_t g = 0; g < G; ++g)
     for (int64_t j = 0; j < c.n; ++j) {
       double want = 0;
-      for (int64_t r = rows[g].first; r < rows[g].second; ++r) want += dout[r * c.n + j];
-      if (rows[g].second == rows[g].first) CHECK(dbias[g * c.n + j] == T(0));
+      for (int64_t r = rows[g].first; r < rows[g].second; ++r) want += to_double(dout[r * c.n + j]);
+      if (rows[g].second == rows[g].first) CHECK(to_double(dbias[g * c.n + j]) == 0.0);
       else CHECK(close(dbias[g * c.n + j], want));
     }
+}
+
+// Every dtype pair the core accepts (output in the input dtype, or float32 for 16-bit
+// inputs) through one runner.
+void run_all_dtypes(const Case& c, const Runner& run, Shifts shift = {}) {
+  run_case<double, double>(c, run, shift);
+  run_case<float, float>(c, run, shift);
+  run_case<cpu::bf16_t, cpu::bf16_t>(c, run, shift);
+  run_case<cpu::bf16_t, float>(c, run, shift);
+  run_case<cpu::f16_t, cpu::f16_t>(c, run, shift);
+  run_case<cpu::f16_t, float>(c, run, shift);
 }
 
 // bfloat16 weight gradients run the contraction in chunks of at most 2048 rows, the last
 // padded with zero rows to a multiple of 64 (cpu/gemm_onednn.cpp): groups longer than a
 // chunk, of one chunk exactly and of a few rows, into bfloat16, float32 and accumulated
 // float32 output. Small integers keep every float32 sum exact, so the checks are too.
-uint16_t bf16_bits(float v) {  // exact for the small integers used here
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof u);
-  return uint16_t(u >> 16);
-}
-float bf16_value(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
-}
-
 void test_bf16_wgrad_chunks() {
   g_case = "bf16_wgrad_chunks";
   const std::vector<int64_t> group_sizes = {2100, 0, 70, 2048, 5};
@@ -250,15 +396,15 @@ void test_bf16_wgrad_chunks() {
   for (int64_t s : group_sizes) m += s;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> small(-2, 2);
-  std::vector<uint16_t> lhs(m * k), grad(m * n);
-  for (auto& v : lhs) v = bf16_bits(float(small(rng)));
-  for (auto& v : grad) v = bf16_bits(float(small(rng)));
+  std::vector<cpu::bf16_t> lhs(m * k), grad(m * n);
+  for (auto& v : lhs) v = cpu::narrow<cpu::bf16_t>(float(small(rng)));
+  for (auto& v : grad) v = cpu::narrow<cpu::bf16_t>(float(small(rng)));
   std::vector<double> want(G * k * n, 0.0);
   for (int64_t g = 0, row = 0; g < G; row += group_sizes[g++])
     for (int64_t r = row; r < row + group_sizes[g]; ++r)
       for (int64_t i = 0; i < k; ++i)
         for (int64_t j = 0; j < n; ++j)
-          want[(g * k + i) * n + j] += double(bf16_value(lhs[r * k + i])) * bf16_value(grad[r * n + j]);
+          want[(g * k + i) * n + j] += to_double(lhs[r * k + i]) * to_double(grad[r * n + j]);
   WgradArgs a;
   a.in_dtype = DType::bf16;
   a.lhs = lhs.data(), a.grad = grad.data();
@@ -271,126 +417,11 @@ void test_bf16_wgrad_chunks() {
   a.accumulate = true;  // adds the same sums again
   CHECK(grouped_matmul_wgrad(a, ExecContext{}).ok());
   for (int64_t e = 0; e < G * k * n; ++e) CHECK(f32[e] == float(2 * want[e]));
-  std::vector<uint16_t> bf16(G * k * n, 0x7fc0);  // NaN
+  std::vector<cpu::bf16_t> bf16(G * k * n, cpu::bf16_t{0x7fc0});  // NaN
   a.accumulate = false, a.out_dtype = DType::bf16, a.out = bf16.data();
   CHECK(grouped_matmul_wgrad(a, ExecContext{}).ok());
   for (int64_t e = 0; e < G * k * n; ++e)  // one rounding of the exact sum (|sum| < 2^15)
-    CHECK(std::fabs(bf16_value(bf16[e]) - want[e]) <= std::fabs(want[e]) / 256);
-}
-
-// ---- the CUDA backend's schedule, run on the host ----------------------------------
-// The setup kernel's steps (src/setup.h) with `g_scan_chunks` chunks and a sequential
-// exclusive scan, then the workspace executed the way the CUDA kernels read it: a
-// grouped GEMM over (problem, pointers, lds) and the fill rules. Same order as
-// cuda/backend.cu. Checked by run_case like the CPU backend.
-
-int64_t g_scan_chunks = 1;
-
-struct EmulatedWorkspace {
-  explicit EmulatedWorkspace(int64_t num_groups)
-      : storage((workspace_layout(num_groups).bytes + 7) / 8), view(workspace_view(storage.data(), num_groups)) {}
-  std::vector<int64_t> storage;  // 8-byte aligned; every array is 16-byte aligned within it
-  WorkspaceView view;
-};
-
-void emulate_setup(const SetupArgs& a) {
-  const WorkspaceView ws = workspace_view(a.workspace, a.num_groups);
-  const int64_t offset = read_group_offset(a.group_offset);
-  const GroupWindow w = group_window(offset, a.num_groups, a.group_sizes.count);
-  int64_t start = 0;  // exclusive scan over the chunks, in thread order
-  for (int64_t t = 0; t < g_scan_chunks; ++t) {
-    const RowRange chunk = setup_chunk(t, g_scan_chunks, w);
-    write_chunk_boundaries(a, ws, w, chunk, start);
-    start = next_row_boundary(start, chunk_rows(a, chunk), a.m);
-  }
-  write_window(ws, w, offset);
-  if (a.kind == SetupKind::rows_only) return;
-  for (int64_t local = 0; local < a.num_groups; ++local) write_group_setup(a, ws, local);
-}
-
-// D = A B + beta C for every problem, reading only the workspace.
-template <typename T>
-void emulate_grouped_gemm(const WorkspaceView& ws, int64_t num_groups, bool a_col, bool b_col, T beta) {
-  for (int64_t g = 0; g < num_groups; ++g) {
-    const int64_t m = ws.problem[3 * g], n = ws.problem[3 * g + 1], k = ws.problem[3 * g + 2];
-    const T* a = static_cast<const T*>(ws.ptr[0][g]);
-    const T* b = static_cast<const T*>(ws.ptr[1][g]);
-    const T* c = static_cast<const T*>(ws.ptr[2][g]);
-    T* d = static_cast<T*>(ws.ptr[3][g]);
-    const int64_t lda = ws.ld[0][g], ldb = ws.ld[1][g], ldc = ws.ld[2][g], ldd = ws.ld[3][g];
-    CHECK(m == 0 || k > 0);  // no k = 0 problem reaches the GEMM
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        T acc = beta != T(0) ? beta * c[i * ldc + j] : T(0);
-        for (int64_t p = 0; p < k; ++p)
-          acc += (a_col ? a[p * lda + i] : a[i * lda + p]) * (b_col ? b[j * ldb + p] : b[p * ldb + j]);
-        d[i * ldd + j] = acc;
-      }
-  }
-}
-
-template <typename T>
-Status emulate_matmul(const MatmulArgs& a) {
-  if (a.m == 0 || a.n == 0) return Status::Ok();
-  EmulatedWorkspace ws(a.num_groups);
-  const int64_t e = sizeof(T);
-  emulate_setup({SetupKind::forward, a.group_sizes, a.group_offset, a.num_groups, a.m, a.k, a.n,
-                 a.transpose_rhs, false, {a.lhs, a.rhs, a.bias, a.out, e, e, e, e}, ws.storage.data()});
-  T* out = static_cast<T*>(a.out);
-  const T* bias = static_cast<const T*>(a.bias);
-  for (int64_t r = 0; r < a.m; ++r) {  // the fill kernel
-    const RowFill fill = forward_row_fill(ws.view, r, a.k == 0, bias != nullptr);
-    if (!fill.write) continue;
-    for (int64_t j = 0; j < a.n; ++j) out[r * a.n + j] = fill.local >= 0 ? bias[fill.local * a.n + j] : T(0);
-  }
-  if (a.k == 0 || a.num_groups == 0) return Status::Ok();
-  emulate_grouped_gemm<T>(ws.view, a.num_groups, false, a.transpose_rhs, a.bias ? T(1) : T(0));
-  return Status::Ok();
-}
-
-template <typename T>
-Status emulate_wgrad(const WgradArgs& a) {
-  if (a.num_groups == 0 || a.k == 0 || a.n == 0) return Status::Ok();
-  EmulatedWorkspace ws(a.num_groups);
-  const int64_t e = sizeof(T);
-  emulate_setup({SetupKind::wgrad, a.group_sizes, a.group_offset, a.num_groups, a.m, a.k, a.n, false,
-                 a.accumulate, {a.lhs, a.grad, a.accumulate ? a.out : nullptr, a.out, e, e, e, e},
-                 ws.storage.data()});
-  for (int64_t g = 0; g < a.num_groups; ++g)  // the empty-group kernel
-    if (!a.accumulate && ws.view.action[g] == int32_t(GroupAction::write_zero))
-      std::fill_n(static_cast<T*>(a.out) + g * a.k * a.n, a.k * a.n, T(0));
-  if (a.m == 0) return Status::Ok();
-  emulate_grouped_gemm<T>(ws.view, a.num_groups, true, false, a.accumulate ? T(1) : T(0));
-  return Status::Ok();
-}
-
-template <typename T>
-Status emulate_bias_grad(const BiasGradArgs& a) {
-  if (a.num_groups == 0 || a.n == 0) return Status::Ok();
-  EmulatedWorkspace ws(a.num_groups);
-  emulate_setup({SetupKind::rows_only, a.group_sizes, a.group_offset, a.num_groups, a.m, 0, a.n, false,
-                 false, {}, ws.storage.data()});
-  const T* grad = static_cast<const T*>(a.grad);
-  for (int64_t g = 0; g < a.num_groups; ++g) {
-    const RowRange rows = workspace_group_rows(ws.view, g);
-    for (int64_t j = 0; j < a.n; ++j) {
-      T sum = 0;
-      for (int64_t r = rows.begin; r < rows.end; ++r) sum += grad[r * a.n + j];
-      static_cast<T*>(a.out)[g * a.n + j] = sum;
-    }
-  }
-  return Status::Ok();
-}
-
-template <typename T>
-Runner emulated_cuda() {
-  return {emulate_matmul<T>, emulate_wgrad<T>, emulate_bias_grad<T>};
-}
-
-Runner cpu_backend() {
-  return {[](const MatmulArgs& a) { return grouped_matmul(a, ExecContext{}); },
-          [](const WgradArgs& a) { return grouped_matmul_wgrad(a, ExecContext{}); },
-          [](const BiasGradArgs& a) { return grouped_bias_grad(a, ExecContext{}); }};
+    CHECK(std::fabs(to_double(bf16[e]) - want[e]) <= std::fabs(want[e]) / 256);
 }
 
 void test_workspace() {
@@ -472,10 +503,25 @@ void test_errors() {
   CHECK(!s.ok() && s.message.find("CUDA") != std::string::npos);
 }
 
+// Over all the runs: both GEMM kernels ran for each 16-bit dtype, forward and wgrad;
+// float32 only ever ran its main one; the late bias ran.
+void check_gemm_paths_seen() {
+  g_case = "gemm_paths_seen";
+  for (DType t : {DType::bf16, DType::f16}) {
+    CHECK(g_forward_paths[int(t)].aligned > 0 && g_forward_paths[int(t)].unaligned > 0);
+    CHECK(g_wgrad_paths[int(t)].aligned > 0 && g_wgrad_paths[int(t)].unaligned > 0);
+  }
+  const int f32 = int(DType::f32);
+  CHECK(g_forward_paths[f32].aligned > 0 && g_forward_paths[f32].unaligned == 0);
+  CHECK(g_wgrad_paths[f32].aligned > 0 && g_wgrad_paths[f32].unaligned == 0);
+  CHECK(g_late_bias_runs > 0);
+}
+
 }  // namespace
 
 int main() {
   test_schedule();
+  const Case aligned_shape = {"k_n_multiples_of_8", 40, 16, 8, {8, 0, 24, 8}, -1, 0};  // 16-bit: aligned kernel
   const std::vector<Case> cases = {
       {"uniform", 24, 8, 6, {6, 6, 6, 6}, -1, 0},
       {"first_empty", 24, 8, 6, {0, 8, 8, 8}, -1, 0},
@@ -493,16 +539,24 @@ int main() {
       {"offset_end", 15, 8, 6, {3, 0, 4, 2, 5, 1}, 2, 4},
       {"offset_past_end", 15, 8, 6, {3, 0, 4, 2, 5, 1}, 2, 5},
       {"offset_before_start", 15, 8, 6, {3, 0, 4, 2, 5, 1}, 2, -1},
+      aligned_shape,
+      {"k_not_multiple_of_8", 24, 12, 8, {6, 6, 6, 6}, -1, 0},
   };
+  const Runner cpu = cpu_backend();
+  const Runner cuda[] = {emulated_cuda(1), emulated_cuda(3), emulated_cuda(256)};
   for (const Case& c : cases) {
-    run_case<double>(c, DType::f64, cpu_backend());
-    run_case<float>(c, DType::f32, cpu_backend());
-    for (int64_t chunks : {1, 3, 256}) {  // one chunk, uneven chunks, the kernel's block
-      g_scan_chunks = chunks;
-      run_case<double>(c, DType::f64, emulated_cuda<double>());
-      run_case<float>(c, DType::f32, emulated_cuda<float>());
-    }
+    run_all_dtypes(c, cpu);
+    for (const Runner& run : cuda) run_all_dtypes(c, run);
   }
+  // One operand an element past a 16-byte boundary (a view at an odd offset): a 16-bit
+  // GEMM that reads or writes it runs the unaligned kernel; a late bias is not the GEMM's.
+  for (int64_t Shifts::*operand : {&Shifts::lhs, &Shifts::rhs, &Shifts::bias, &Shifts::grad, &Shifts::out}) {
+    Shifts shift;
+    shift.*operand = 1;
+    run_all_dtypes(aligned_shape, cpu, shift);
+    run_all_dtypes(aligned_shape, cuda[1], shift);
+  }
+  check_gemm_paths_seen();
   test_bf16_wgrad_chunks();
   test_workspace();
   test_errors();
