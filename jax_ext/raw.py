@@ -56,7 +56,7 @@ def mark_varying(value, axes):
 def _workspace(num_groups):
     """The CUDA backend's per-group setup scratch, as an extra XLA output: a command
     buffer cannot allocate. The CPU backend ignores it (and CPU-only builds make it empty)."""
-    nbytes = _core.workspace_bytes(True, num_groups) if _core.cuda_compiled() else 0
+    nbytes = _core.workspace_bytes(_core.Device.cuda, num_groups) if _core.cuda_compiled() else 0
     return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
 
 

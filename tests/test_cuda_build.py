@@ -130,7 +130,7 @@ def test_cuda_call_without_a_device_raises_clearly():
         pytest.skip("a real device would be handed host pointers")
     lhs, out = np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32)
     rhs, sizes = np.zeros((2, 8, 8), np.float32), np.array([2, 2], np.int32)
-    workspace = np.zeros(_core.workspace_bytes(True, 2), np.uint8)
+    workspace = np.zeros(_core.workspace_bytes(_core.Device.cuda, 2), np.uint8)
     expected = "no usable CUDA device" if groupgemm.cuda_compiled() else "built without CUDA"
     with pytest.raises((RuntimeError, ValueError), match=expected):
         _core.grouped_matmul(*map(ClaimsCuda, (lhs, rhs, sizes, out)), workspace=ClaimsCuda(workspace))

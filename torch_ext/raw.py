@@ -27,7 +27,7 @@ def _workspace(device: torch.device, num_groups: int) -> Optional[Tensor]:
     """Scratch for the CUDA backend's per-group setup, allocated by torch like any output."""
     if device.type != "cuda":
         return None
-    return torch.empty(_core.workspace_bytes(True, num_groups), dtype=torch.uint8, device=device)
+    return torch.empty(_core.workspace_bytes(_core.Device.cuda, num_groups), dtype=torch.uint8, device=device)
 
 
 def _require(op: str, *tensors) -> None:

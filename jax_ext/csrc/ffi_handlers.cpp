@@ -179,10 +179,6 @@ void bind_ffi_handlers(nb::module_& m) {
     out["CUDA"] = cuda;
     return out;
   }, "XLA FFI handler capsules by platform, then target name.");
-  m.def("workspace_bytes", [](bool cuda, int64_t num_groups) {
-    return grouped_matmul_workspace_bytes(cuda ? Device::cuda : Device::cpu, num_groups);
-  }, nb::arg("cuda"), nb::arg("num_groups"),
-     "Bytes of device workspace one call needs.");
 }
 
 }  // namespace groupgemm

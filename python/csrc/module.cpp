@@ -1,4 +1,5 @@
-// groupgemm._core: the core's array entry points (used by the PyTorch frontend and the
+// groupgemm._core: what both frontends share (the build's CUDA facts, the Device enum,
+// workspace sizes), the core's array entry points (used by the PyTorch frontend and the
 // tests) and, once registered by groupgemm.jax, its XLA FFI handlers.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -19,6 +20,11 @@ NB_MODULE(_core, m) {
   m.def("cuda_compiled", &groupgemm::cuda_compiled, "True when the CUDA backend was compiled in.");
   m.def("cuda_architectures", [] { return std::string(groupgemm::cuda_compiled() ? GROUPGEMM_CUDA_ARCHS : ""); },
         "The CUDA architectures compiled for, comma-separated (CMAKE_CUDA_ARCHITECTURES).");
+  nb::enum_<groupgemm::Device>(m, "Device", "Where a call runs.")
+      .value("cpu", groupgemm::Device::cpu)
+      .value("cuda", groupgemm::Device::cuda);
+  m.def("workspace_bytes", &groupgemm::grouped_matmul_workspace_bytes, nb::arg("device"), nb::arg("num_groups"),
+        "Bytes of workspace one call with num_groups local groups needs on `device` (0 on the CPU).");
   groupgemm::bind_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
 }
