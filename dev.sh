@@ -5,6 +5,11 @@
 #                   install checks: an isolated Python 3.12 wheel with the oldest torch and jax
 #   ./dev.sh bench  set everything up, then run the CPU benchmarks (results in benchmarks/results/)
 #   ./dev.sh setup  only set up: .venv, pinned dependencies, editable build
+#   ./dev.sh gpu-wheels [DIR]  download the wheels a GPU machine without network needs (into
+#                   .gpu-wheels/, git-ignored: carry it along with the working tree)
+#   ./dev.sh gpu [--wheels DIR] [--out DIR] [--quick] [--dry-run]  on a machine with an NVIDIA
+#                   GPU, with its own python3 (torch, jax[cuda]): build against the carried wheels,
+#                   then CUDA tests, compute-sanitizer, graph capture, benchmark (benchmarks/gpu/)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -106,8 +111,16 @@ case "${1:-}" in
     python benchmarks/core_throughput.py
     python benchmarks/bench.py --dtype float32 bfloat16
     ;;
+  gpu-wheels)
+    # For the GPU machine's CPython 3.12 on x86-64 Linux, whatever this machine runs.
+    exec python3 benchmarks/gpu/wheels.py "${@:2}"
+    ;;
+  gpu)
+    # The machine's own python3, never .venv: it carries the CUDA builds of torch and jax.
+    exec python3 benchmarks/gpu/kit.py "${@:2}"
+    ;;
   *)
-    echo "usage: ./dev.sh {demo|test|bench|setup}" >&2
+    echo "usage: ./dev.sh {demo|test|bench|setup|gpu-wheels [DIR]|gpu [--quick] [--dry-run] [--wheels DIR] [--out DIR]}" >&2
     exit 2
     ;;
 esac

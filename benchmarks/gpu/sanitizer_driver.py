@@ -1,0 +1,229 @@
+"""Calls every CUDA kernel of the core through groupgemm._core, for compute-sanitizer.
+
+Each call hands torch CUDA tensors to the core the way the PyTorch frontend does (DLPack
+capsules, a uint8 workspace of _core.workspace_bytes(...) bytes, the current stream) and
+checks the result against the float64 NumPy reference of the tests (tests/reference.py)
+on the shared case table (tests/cases.py) plus multi-tile and unaligned shapes: values,
+exact-zero padding rows and empty groups, accumulators left bit-for-bit. The only device
+work besides the core's kernels is copies, so what the sanitizer reports is the core's.
+At the end it checks that every kernel and CUTLASS instantiation was reached
+(driver_calls.py). Exit status: 0 all good, 1 a mismatch or a kernel not reached,
+3 no CUDA GPU (or no torch).
+
+    compute-sanitizer --tool memcheck python3 benchmarks/gpu/sanitizer_driver.py --quick
+"""
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests")
+sys.path[:0] = [HERE, os.path.join(TESTS, "helpers"), TESTS]  # the tests' case table and reference
+
+import numpy as np  # noqa: E402
+import reference  # noqa: E402
+from cases import CASES, Case, inputs, round_to  # noqa: E402
+from driver_calls import DTYPES, calls_for, describe, kernels_reached, required_kernels  # noqa: E402
+
+NO_GPU_EXIT = 3
+# Largest error allowed relative to the result's scale, per input dtype (the tests' values).
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
+EXTRA_CASES = [
+    Case("tiles", 1000, 256, 136, (300, 0, 129, 1, 0, 400, 170, 0)),  # several 128 x 128 tiles per group
+    Case("tiles_window", 700, 64, 256, (100, 200, 0, 300, 100), num_groups=3, group_offset=1),
+    Case("unaligned_k", 200, 36, 24, (50, 0, 100, 50)),  # K not a multiple of 8
+    Case("unaligned_n", 200, 32, 20, (50, 0, 100, 50)),  # N not a multiple of 8
+]
+ALL_CASES = {c.name: c for c in CASES + EXTRA_CASES}
+# Still every kernel and instantiation (tests/test_gpu_kit.py checks), in a third of the calls.
+QUICK_CASES = ("skewed", "all_empty", "sum_above_rows", "negative_size", "window_past_end", "zero_k", "tiles_window",
+               "unaligned_k", "unaligned_n")
+STICKY = ("illegal", "misaligned address", "unspecified launch failure", "an earlier CUDA error")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=f"only {len(QUICK_CASES)} cases (still every kernel)")
+    p.add_argument("--prefill", choices=["nan", "empty"], default="nan",
+                   help="outputs filled with NaN (a row no kernel writes fails the check) or left "
+                        "uninitialised (for initcheck)")
+    p.add_argument("--cases", nargs="+", choices=sorted(ALL_CASES), help="run only these cases")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu rehearses the same calls and checks on the CPU backend (no kernel is reached)")
+    return p.parse_args(argv)
+
+
+class Device:
+    """Tensors on the GPU made by copies only, and the core's calling convention."""
+
+    def __init__(self, torch, core, name="cuda"):
+        from torch.utils.dlpack import to_dlpack
+
+        self.torch, self.core, self.to_dlpack, self.name = torch, core, to_dlpack, name
+        self.dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+    def tensor(self, array, dtype, offset=0):
+        """`array` rounded to `dtype` on the host, then copied; with `offset`, a view that
+        starts `offset` elements into its device storage."""
+        host = self.torch.from_numpy(np.ascontiguousarray(array, np.float64)).to(self.dtypes[dtype])
+        if not offset:
+            return host.to(self.name)
+        flat = self.torch.zeros(host.numel() + offset, dtype=host.dtype)
+        flat[offset:] = host.reshape(-1)
+        return flat.to(self.name)[offset:].view(host.shape)
+
+    def index(self, values, dtype):
+        return self.torch.from_numpy(np.asarray(values, dtype)).to(self.name)
+
+    def output(self, shape, dtype, prefill):
+        if prefill == "empty":
+            return self.torch.empty(shape, dtype=self.dtypes[dtype], device=self.name)
+        return self.torch.full(shape, float("nan"), dtype=self.dtypes[dtype]).to(self.name)
+
+    def workspace(self, groups):
+        if self.name == "cpu":
+            return None  # the CPU backend needs none
+        # workspace_bytes takes _core.Device.cuda; builds before that enum took True for CUDA.
+        cuda = self.core.Device.cuda if hasattr(self.core, "Device") else True
+        nbytes = self.core.workspace_bytes(cuda, groups)
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.name)
+
+    def capsule(self, t):
+        return None if t is None else self.to_dlpack(t)
+
+    def stream(self):
+        return self.torch.cuda.current_stream().cuda_stream if self.name == "cuda" else 0
+
+    def host(self, t):
+        if self.name == "cuda":
+            self.torch.cuda.synchronize()  # an asynchronous fault surfaces at this call, not a later one
+        return t.cpu().double().numpy()
+
+
+def run_call(dev, call, case, x, prefill):
+    """Runs one call; returns (result, expected float64, mask of entries that must be
+    exactly equal to `exact_value`, exact_value array)."""
+    c = dev.capsule
+    g, off = case.g, case.group_offset
+    index_dtype = np.int64 if case.m % 2 else np.int32  # both index types the setup kernel reads
+    sizes_np = x["group_sizes"]
+    sizes = dev.index(sizes_np, index_dtype)
+    offset = None if off is None else dev.index(off, np.int32)
+    lhs_r, dout_r = round_to(x["lhs"], call.dtype), round_to(x["dout"], call.dtype)
+    if call.kind == "forward":
+        rhs = np.ascontiguousarray(x["rhs"].transpose(0, 2, 1)) if call.transpose else x["rhs"]
+        bias = dev.tensor(x["bias"], call.dtype) if call.bias else None
+        lhs_t = dev.tensor(x["lhs"], call.dtype, offset=1 if call.misaligned else 0)
+        out = dev.output((case.m, case.n), call.out_dtype, prefill)
+        dev.core.grouped_matmul(c(lhs_t), c(dev.tensor(rhs, call.dtype)), c(sizes), c(out), bias=c(bias),
+                                group_offset=c(offset), transpose_rhs=call.transpose,
+                                workspace=c(dev.workspace(g)), stream=dev.stream())
+        want = reference.grouped_matmul(lhs_r, round_to(rhs, call.dtype), sizes_np,
+                                        bias=round_to(x["bias"], call.dtype) if call.bias else None,
+                                        transpose_rhs=call.transpose, group_offset=case.offset)
+        zero_rows = reference.padding_rows(sizes_np, case.m, g, case.offset)
+        return dev.host(out), want, np.broadcast_to(zero_rows[:, None], want.shape), np.zeros(want.shape)
+    if call.kind == "wgrad":
+        lhs_t, grad_t = dev.tensor(x["lhs"], call.dtype), dev.tensor(x["dout"], call.dtype)
+        acc = round_to(x["acc"], "float32") if call.accumulate else None
+        shape = (g, case.k, case.n)
+        out = dev.tensor(acc, "float32") if call.accumulate else dev.output(shape, call.out_dtype, prefill)
+        dev.core.grouped_matmul_wgrad(c(lhs_t), c(grad_t), c(sizes), c(out), group_offset=c(offset),
+                                      accumulate=call.accumulate, workspace=c(dev.workspace(g)), stream=dev.stream())
+        want = reference.grouped_matmul_wgrad(lhs_r, dout_r, sizes_np, g, case.offset, accumulate_into=acc)
+        untouched = np.zeros(want.shape, bool)
+        untouched[reference.empty_groups(sizes_np, case.m, g, case.offset)] = True
+        return dev.host(out), want, untouched, acc if call.accumulate else np.zeros(want.shape)
+    grad_t = dev.tensor(x["dout"], call.dtype)
+    out = dev.output((g, case.n), call.out_dtype, prefill)
+    dev.core.grouped_bias_grad(c(grad_t), c(sizes), c(out), group_offset=c(offset),
+                               workspace=c(dev.workspace(g)), stream=dev.stream())
+    want = reference.grouped_bias_grad(dout_r, sizes_np, g, case.offset)
+    empty = np.zeros(want.shape, bool)
+    empty[reference.empty_groups(sizes_np, case.m, g, case.offset)] = True
+    return dev.host(out), want, empty, np.zeros(want.shape)
+
+
+def mismatch(call, got, want, exact, exact_value):
+    """Why `got` is wrong, or None."""
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    if exact.any() and not np.array_equal(got[exact], exact_value[exact]):
+        return "entries that must stay exact (padding rows, empty groups, untouched accumulators) changed"
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    error = float(np.abs(got - want).max(initial=0.0)) if got.size else 0.0
+    if not np.isfinite(error) or error > TOLERANCE[call.dtype] * scale:
+        return f"max error {error:.3g} > {TOLERANCE[call.dtype]:g} x scale {scale:.3g}"
+    return None
+
+
+def layout_facts(case):
+    rows = reference.local_group_rows(case.group_sizes, case.m, case.g, case.offset)
+    return any(e > b for b, e in rows), any(e == b for b, e in rows)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        import torch
+    except ImportError as exc:
+        print(f"no CUDA GPU to test: torch is not importable ({exc})")
+        print("RESULT: SKIP torch is not installed")
+        return NO_GPU_EXIT
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"no CUDA GPU: torch {torch.__version__} sees no CUDA device; this driver needs one")
+        print("RESULT: SKIP no CUDA GPU")
+        return NO_GPU_EXIT
+    import groupgemm
+    from groupgemm import _core
+
+    if args.device == "cuda" and not groupgemm.cuda_compiled():
+        print("RESULT: FAIL groupgemm was built without its CUDA backend")
+        return 1
+    dev = Device(torch, _core, args.device)
+    names = args.cases or (QUICK_CASES if args.quick else list(ALL_CASES))
+    reached, failures, count = set(), [], 0
+    for name in names:
+        case = ALL_CASES[name]
+        x = inputs(case)
+        busy, has_empty = layout_facts(case)
+        for dtype in DTYPES:
+            for call in calls_for(dtype):
+                if call.misaligned and case.m * case.k == 0:
+                    continue
+                count += 1
+                label = f"{case.name}/{call.name}"
+                try:
+                    problem = mismatch(call, *run_call(dev, call, case, x, args.prefill))
+                except (RuntimeError, ValueError, TypeError) as exc:
+                    problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                if problem:
+                    failures.append(f"{label}: {problem}")
+                    print(f"FAIL {label}: {problem}", flush=True)
+                    if any(word in problem for word in STICKY):
+                        print("RESULT: FAIL a CUDA error ended the run: " + failures[-1])
+                        return 1
+                else:
+                    reached |= kernels_reached(call, case.m, case.k, case.n, case.g, busy, has_empty)
+    # On the CPU backend no kernel runs: the rehearsal checks the calls and the values only.
+    required = required_kernels()
+    missing = sorted(map(describe, required - reached)) if args.device == "cuda" else []
+    print(f"{count} calls over {len(names)} cases on {args.device}, prefill {args.prefill}; "
+          f"{len(required & reached)} of the {len(required)} required kernels and instantiations reached")
+    for kernel in missing:
+        print(f"not reached: {kernel}")
+    if failures or missing:
+        print(f"RESULT: FAIL {len(failures)} of {count} calls wrong, {len(missing)} kernels not reached"
+              + (f"; first: {failures[0]}" if failures else ""))
+        return 1
+    if args.device == "cpu":
+        print(f"RESULT: PASS {count} calls match the float64 reference on the CPU backend (no CUDA kernel ran)")
+    else:
+        print(f"RESULT: PASS {count} calls match the float64 reference; all {len(required)} kernels "
+              "and instantiations reached")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

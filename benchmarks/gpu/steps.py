@@ -1,0 +1,164 @@
+"""The kit's steps and the exact commands each runs, built from the run's settings. Kept
+apart from running them so --dry-run prints the same commands a real run executes.
+Standard library only."""
+
+import dataclasses
+import os
+
+# In run order. wheels and build are what every other step needs; they always run.
+STEPS = ("wheels", "build", "environment", "pytest", "sanitizer", "capture", "bench")
+PREREQUISITES = STEPS[:2]
+SELECTABLE = STEPS[2:]
+NEEDS_GPU = ("pytest", "sanitizer", "capture", "bench")
+
+PURPOSE = {
+    "wheels": "install the carried wheels (oneDNN, OpenBLAS, CUTLASS headers) into a scratch prefix",
+    "build": "build and install groupgemm into the scratch prefix for this GPU's architecture",
+    "environment": "GPU, driver, nvcc, torch and jax versions; does JAX see the GPU; is CUDA compiled in",
+    "pytest": "the pytest suite, test_cuda.py included, in both frameworks",
+    "sanitizer": "compute-sanitizer memcheck, racecheck, initcheck, synccheck over every CUDA kernel",
+    "capture": "JAX with XLA command buffers (first call inside jit) and torch CUDA-graph replay",
+    "bench": "bfloat16 benchmark at MoE shapes against dense, torch._grouped_mm, a loop, ragged_dot",
+}
+
+SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+# initcheck needs outputs torch leaves uninitialised (a kernel reading one is reported);
+# the other tools get NaN-filled outputs, so a row no kernel writes fails the value check.
+SANITIZER_PREFILL = {"initcheck": "empty"}
+
+# --quick: the GPU tests and the case-table tests (those of these files that exist).
+QUICK_PYTEST = ("tests/test_cuda.py", "tests/test_cuda_build.py", "tests/test_core.py", "tests/test_parity.py")
+GRAPH_TESTS = ("tests/test_cuda.py", "-k", "graph")  # test_cuda.py's CUDA-graph replay test
+
+# One bench.py run per expert shape (its flags sweep a product; real models are points).
+QUICK_SWEEP = ({"experts": (8, 32), "tokens": (4096,), "hidden": (2048,), "ffn": (1408,)},)
+FULL_SWEEP = (
+    {"experts": (128,), "tokens": (4096, 16384, 65536), "hidden": (2048,), "ffn": (1408,)},  # fine-grained experts
+    {"experts": (32,), "tokens": (4096, 16384, 65536), "hidden": (7168,), "ffn": (2048,)},  # 256 experts over 8 ranks
+    {"experts": (8,), "tokens": (4096, 16384, 65536), "hidden": (4096,), "ffn": (14336,)},  # 8 wide experts
+)
+BENCH_TIMING = ("--repeats", "5", "--budget", "2")
+
+# Seconds each step may take at most, (quick, full); a run's deadline can cut them shorter.
+TIMEOUTS = {
+    "wheels": (180, 180),
+    "build": (420, 600),
+    "environment": (120, 120),
+    "pytest": (240, 1500),
+    "sanitizer": (240, 900),
+    "capture": (150, 300),
+    "bench": (120, 560),
+}
+# Whole-run deadlines: every step's limit is cut to what is left, so a run ends at its
+# deadline plus at most half a minute (a killed command's grace, the benchmark's merge):
+# --quick within 8 minutes, a full run within one command of 10 minutes, summary included
+# (the steps it had no time for are run by a second command with --steps).
+DEADLINE = {True: 450, False: 550}
+MERGE_RESERVE_S = 30  # of the bench step's time, kept for merging its parts
+
+
+@dataclasses.dataclass
+class Command:
+    argv: list
+    env: dict = dataclasses.field(default_factory=dict)
+    label: str = ""
+
+
+@dataclasses.dataclass
+class Context:
+    """Everything the commands depend on."""
+    python: str  # the machine's own interpreter, which carries torch and jax
+    repo: str
+    wheels: list  # wheel files to install
+    scratch: str
+    site_dir: str  # where the prefix's packages land (found after the wheels step)
+    arch: str  # CMAKE_CUDA_ARCHITECTURES
+    sanitizer: str  # path of compute-sanitizer, or "" when missing
+    out: str
+    quick: bool
+
+    @property
+    def prefix(self):
+        return os.path.join(self.scratch, "prefix")
+
+
+def kit_script(ctx, name):
+    return os.path.join(ctx.repo, "benchmarks", "gpu", name)
+
+
+def python_env(ctx):
+    """Environment of every step that imports groupgemm: the scratch prefix first on the
+    path; JAX allocating on demand, as torch does (its default takes 75% of the GPU up
+    front and leaves torch too little in the same process)."""
+    path = ctx.site_dir + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    return {"PYTHONPATH": path, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+def _pip_install(ctx):
+    # --prefix, not --target: --target drops the files oneDNN's wheel installs outside
+    # its package (lib/libdnnl.so.3, include/), which CMake and groupgemm look up through
+    # the wheel's metadata. --ignore-installed: never "already satisfied" by the system.
+    return [ctx.python, "-m", "pip", "install", "--no-index", "--no-deps", "--ignore-installed",
+            "--no-warn-script-location", "--disable-pip-version-check", "--prefix", ctx.prefix]
+
+
+def _bench_commands(ctx):
+    commands = []
+    sweep = QUICK_SWEEP if ctx.quick else FULL_SWEEP
+    for i, shape in enumerate(sweep):
+        argv = [ctx.python, os.path.join(ctx.repo, "benchmarks", "bench.py"), "--device", "cuda",
+                "--dtype", "bfloat16", *BENCH_TIMING, "--overhead-repeats", "500" if i == 0 else "50"]
+        for flag in ("experts", "tokens", "hidden", "ffn"):
+            argv += [f"--{flag}", *map(str, shape[flag])]
+        argv += ["--out", bench_part_dir(ctx, i)]
+        label = f"G={','.join(map(str, shape['experts']))} K={shape['hidden'][0]} N={shape['ffn'][0]}"
+        commands.append(Command(argv, python_env(ctx), label))
+    parts = [bench_part_dir(ctx, i) for i in range(len(sweep))]
+    commands.append(Command([ctx.python, kit_script(ctx, "bench_merge.py"), "--out", ctx.out, *parts],
+                            python_env(ctx), "merge"))
+    return commands
+
+
+def bench_part_dir(ctx, index):
+    return os.path.join(ctx.scratch, "bench", f"part{index}")
+
+
+def commands(step, ctx):
+    """The commands of one step, in order."""
+    env = python_env(ctx)
+    if step == "wheels":
+        return [Command(_pip_install(ctx) + list(ctx.wheels), {}, "install")]
+    if step == "build":
+        argv = _pip_install(ctx) + ["--no-build-isolation", "-C", f"cmake.define.CMAKE_CUDA_ARCHITECTURES={ctx.arch}",
+                                    "-C", f"build-dir={os.path.join(ctx.scratch, 'build')}", ctx.repo]
+        return [Command(argv, env, "build")]
+    if step == "environment":
+        return [Command([ctx.python, kit_script(ctx, "environment_report.py")], env, "report")]
+    if step == "pytest":
+        targets = [t for t in QUICK_PYTEST if os.path.exists(os.path.join(ctx.repo, t))] if ctx.quick else ["tests"]
+        return [Command([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets], env, "pytest")]
+    if step == "sanitizer":
+        driver = [ctx.python, kit_script(ctx, "sanitizer_driver.py")] + (["--quick"] if ctx.quick else [])
+        return [Command([ctx.sanitizer or "compute-sanitizer", "--tool", tool,
+                         # torch probes the runtime with calls that fail by design; the
+                         # driver checks every status of the core's own calls itself.
+                         "--report-api-errors", "no", "--print-limit", "20",
+                         *driver, "--prefill", SANITIZER_PREFILL.get(tool, "nan")], env, tool)
+                for tool in SANITIZER_TOOLS]
+    if step == "capture":
+        dumps = os.path.join(ctx.scratch, "xla-dump")
+        jax_check = [ctx.python, kit_script(ctx, "jax_capture_check.py")]
+        return [
+            Command(jax_check + ["--command-buffers", "custom-calls", "--dump-dir", dumps + "-custom-calls"],
+                    env, "jax command buffers"),
+            Command(jax_check + ["--command-buffers", "default", "--dump-dir", dumps + "-default"], env, "jax default"),
+            Command([ctx.python, kit_script(ctx, "capture_check.py")], env, "torch graphs"),
+            Command([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GRAPH_TESTS], env, "graph test"),
+        ]
+    if step == "bench":
+        return _bench_commands(ctx)
+    raise ValueError(f"unknown step {step!r}")
+
+
+def timeout(step, quick):
+    return TIMEOUTS[step][0 if quick else 1]

@@ -1,0 +1,397 @@
+"""The GPU kit (benchmarks/gpu/) on a machine without a GPU: its command line, how it
+reads pytest's and compute-sanitizer's output, its summary and results folder, its plan,
+a whole run against canned command output, and the sanitizer driver's calls and checks
+on the CPU backend. The kit itself only does its real work where there is a GPU."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+KIT_DIR = os.path.join(ROOT, "benchmarks", "gpu")
+sys.path.insert(0, KIT_DIR)
+
+import driver_calls  # noqa: E402
+import hlo_command_buffers  # noqa: E402
+import kit  # noqa: E402
+import machine  # noqa: E402
+import results_dir  # noqa: E402
+import runner  # noqa: E402
+import steps  # noqa: E402
+import verdicts  # noqa: E402
+import wheels  # noqa: E402
+from verdicts import FAIL, PASS, SKIP, Verdict  # noqa: E402
+
+KIT = os.path.join(KIT_DIR, "kit.py")
+
+
+def run_kit(*args):
+    return subprocess.run([sys.executable, KIT, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+# ---- command line ---------------------------------------------------------------------
+
+def test_defaults_point_into_the_repository_and_run_every_step():
+    args = kit.parse_args([])
+    repo = os.path.normpath(ROOT)
+    assert args.wheels == os.path.join(repo, ".gpu-wheels")
+    assert args.out == os.path.join(repo, "benchmarks", "results", "gpu")
+    assert args.scratch == os.path.join(repo, "build", "gpu-kit")
+    assert not args.quick and not args.dry_run
+    assert args.steps == ["environment", "pytest", "sanitizer", "capture", "bench"]
+    assert args.deadline == 550  # a full run ends within a 10-minute command
+
+
+def test_quick_has_the_eight_minute_deadline_and_flags_are_taken(tmp_path):
+    args = kit.parse_args(["--quick", "--out", str(tmp_path / "o"), "--wheels", str(tmp_path / "w"),
+                           "--steps", "capture", "bench", "--arch", "80"])
+    assert args.quick and args.deadline + 30 <= 8 * 60
+    assert args.out == str(tmp_path / "o") and args.wheels == str(tmp_path / "w")
+    assert kit.parse_args(["--out", "here"]).out == os.path.abspath("here")  # given: relative to the caller
+    assert args.steps == ["capture", "bench"] and args.arch == "80"
+    assert kit.parse_args(["--quick", "--deadline", "0"]).deadline == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--steps", "wheels"], "invalid choice: 'wheels'"),
+    (["--deadline", "-5"], "--deadline must be 0 or more seconds"),
+    (["--deadline", "soon"], "invalid float value"),
+    (["--out"], "expected one argument"),
+])
+def test_bad_flags_exit_non_zero_with_a_message(argv, message):
+    proc = run_kit(*argv)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "usage: ./dev.sh gpu" in proc.stderr
+
+
+# ---- reading the tools' output ----------------------------------------------------------
+
+@pytest.mark.parametrize("text, counts", [
+    ("12 passed, 3 skipped in 4.2s", {"passed": 12, "skipped": 3}),
+    ("..F\n==== 1 failed, 10 passed, 2 errors in 3s ====", {"failed": 1, "passed": 10, "errors": 2}),
+    ("= 1 passed, 1 warning, 1 error in 62.01s (0:01:02) =", {"passed": 1, "warnings": 1, "errors": 1}),
+    ("3 passed, 1 deselected, 2 xfailed in 0.10s", {"passed": 3, "deselected": 1, "xfailed": 2}),
+    ("no tests ran in 0.01s", {}),
+    ("collecting ...\nKilled", None),
+    ("", None),
+])
+def test_pytest_closing_line_is_parsed(text, counts):
+    assert verdicts.parse_pytest_summary(text) == counts
+
+
+def test_pytest_verdicts():
+    assert verdicts.pytest_verdict("12 passed, 3 skipped in 4.2s", 0) == (PASS, "12 passed, 3 skipped")
+    assert verdicts.pytest_verdict("1 failed, 10 passed, 2 errors in 3s", 1) == (
+        FAIL, "10 passed, 1 failed, 2 errors")
+    assert verdicts.pytest_verdict("10 passed, 2 errors in 3s", 1) == (FAIL, "10 passed, 2 errors")
+    assert verdicts.pytest_verdict("4 skipped in 1s", 0)[0] == FAIL  # nothing passed: nothing proven
+    assert verdicts.pytest_verdict("no tests ran in 0.01s", 5)[0] == FAIL
+    assert verdicts.pytest_verdict("3 passed in 1s", 3)[0] == FAIL  # a crash after the closing line
+    assert verdicts.pytest_verdict("....\n", -9) == (FAIL, "no pytest summary line (exit -9)")
+
+
+def test_sanitizer_error_summary_decides():
+    clean = "RESULT: PASS 402 calls\n========= ERROR SUMMARY: 0 errors\n"
+    dirty = "========= Invalid __global__ read\n========= ERROR SUMMARY: 3 errors\n"
+    assert verdicts.sanitizer_errors(clean) == 0 and verdicts.sanitizer_errors(dirty) == 3
+    assert verdicts.sanitizer_errors("========= ERROR SUMMARY: 1 error") == 1
+    assert verdicts.sanitizer_errors("the driver crashed") is None
+    races = "========= RACECHECK SUMMARY: 2 hazards displayed ({} errors, {} warnings)\n"
+    assert verdicts.sanitizer_errors(races.format(0, 2)) == 0 and verdicts.sanitizer_errors(races.format(1, 1)) == 1
+    assert verdicts.sanitizer_tool_verdict("racecheck", races.format(0, 2), 0) == (
+        PASS, "racecheck: 0 errors, 2 race warnings")
+    assert verdicts.sanitizer_tool_verdict("racecheck", races.format(2, 0) + clean, 0)[0] == FAIL
+    assert verdicts.sanitizer_tool_verdict("memcheck", clean, 0) == (PASS, "memcheck: 0 errors")
+    assert verdicts.sanitizer_tool_verdict("racecheck", dirty, 0) == (FAIL, "racecheck: 3 errors")
+    assert verdicts.sanitizer_tool_verdict("initcheck", "Segmentation fault", -11)[0] == FAIL
+    wrong_values = "RESULT: FAIL 2 of 9 calls wrong\n========= ERROR SUMMARY: 0 errors\n"
+    assert verdicts.sanitizer_tool_verdict("synccheck", wrong_values, 1) == (
+        FAIL, "synccheck: 0 errors, driver exited 1 (2 of 9 calls wrong)")
+
+
+def test_check_scripts_are_judged_by_their_result_line_and_exit_status():
+    assert verdicts.script_verdict("torch graphs", "x\nRESULT: PASS all replayed\n", 0) == (
+        PASS, "torch graphs: all replayed")
+    assert verdicts.script_verdict("t", "RESULT: PASS fine\nSegmentation fault\n", -11)[0] == FAIL
+    assert verdicts.script_verdict("t", "RESULT: SKIP no CUDA GPU\n", 3) == (SKIP, "t: no CUDA GPU")
+    assert verdicts.script_verdict("t", "Traceback ...\n", 1) == (FAIL, "t: no RESULT line (exit 1)")
+    assert verdicts.combine([(PASS, "a"), (SKIP, "b")]) == (PASS, "a; b")
+    assert verdicts.combine([(PASS, "a"), (FAIL, "b")])[0] == FAIL
+    assert verdicts.combine([(SKIP, "a")])[0] == SKIP
+
+
+def test_summary_table_has_one_row_per_step_in_order():
+    table = verdicts.render_table([Verdict("build", PASS, "built for 90a", 61.4),
+                                   Verdict("pytest", FAIL, "1 failed | 3 passed", 120.0, earlier=True)])
+    lines = table.splitlines()
+    assert lines[0] == "| step | verdict | seconds | details |" and len(lines) == 4
+    assert lines[2] == "| build | PASS | 61 | built for 90a |"
+    assert lines[3] == "| pytest | FAIL | 120 | 1 failed \\| 3 passed (earlier run) |"
+
+
+def test_command_buffer_placement_is_read_from_optimized_hlo(tmp_path):
+    hlo = "\n".join([
+        "HloModule jit_loss",
+        "%command_buffer (p: bf16[96,64], p.1: s32[4]) -> (bf16[96,32], u8[240]) {",
+        '  %cc = (bf16[96,32]{1,0}, u8[240]{0}) custom-call(%p, %p.1), custom_call_target="groupgemm_matmul"',
+        "}",
+        "ENTRY %main.2 (a: bf16[96,64]) -> bf16[96,32] {",
+        '  %cc.1 = (f32[2,64,32]{2,1,0}, u8[240]{0}) custom-call(%a), custom_call_target="groupgemm_wgrad"',
+        '  %other = f32[2] custom-call(%a), custom_call_target="__cublas$gemm"',
+        "}",
+    ])
+    calls = hlo_command_buffers.custom_calls(hlo)
+    assert calls == [("command_buffer", "groupgemm_matmul"), ("main.2", "groupgemm_wgrad")]
+    assert hlo_command_buffers.in_command_buffers(calls) == 1
+    (tmp_path / "module_0001.jit_loss.sm_9.0_gpu_after_optimizations.txt").write_text(hlo)
+    (tmp_path / "module_0002.jit_loss.cpu_after_optimizations.txt").write_text(hlo)  # CPU: never captured
+    assert hlo_command_buffers.scan_dump(str(tmp_path)) == (1, 2)
+
+
+# ---- machine, wheels, results folder ----------------------------------------------------
+
+def test_compute_capability_becomes_the_cmake_architecture():
+    assert machine.cuda_architecture("9.0") == "90a"  # H100, H200
+    assert machine.cuda_architecture("8.0") == "80" and machine.cuda_architecture(" 8.6") == "86"
+    assert machine.cuda_architecture("10.0") == "100"
+    with pytest.raises(ValueError):
+        machine.cuda_architecture("[N/A]")
+    assert machine.architecture_for([], sys.executable) == "80;90a"  # no GPU: what CMakeLists.txt builds
+    assert machine.architecture_for([("H100", "580.65", "9.0")], sys.executable) == "90a"
+    # nvidia-smi without the capability: torch is asked, and where torch sees no GPU, the default
+    assert machine.architecture_for([("GPU", "470.1", "[N/A]")], sys.executable) == "80;90a"
+
+
+def test_required_wheels_are_found_by_name_and_version(tmp_path):
+    for name in ("onednn_cpu_gomp-2023.2.0-py2.py3-none-manylinux1_x86_64.whl",
+                 "nvidia_cutlass-4.2.0.0-py3-none-any.whl", "nvidia_cutlass-4.1.0.0-py3-none-any.whl",
+                 "scipy_openblas32-0.3.30.0-py3-none-manylinux_2_28_x86_64.whl"):
+        (tmp_path / name).write_bytes(b"")
+    found, missing = wheels.find_wheels(str(tmp_path))
+    assert set(found) == {"onednn-cpu-gomp", "nvidia-cutlass"}
+    assert os.path.basename(found["nvidia-cutlass"]) == "nvidia_cutlass-4.2.0.0-py3-none-any.whl"
+    assert missing == ["onednn-devel-cpu-gomp==2023.2.0", "scipy-openblas32==0.3.34.481.3"]
+    assert wheels.find_wheels(str(tmp_path / "absent"))[0] == {}
+
+
+def test_wheels_are_downloaded_for_the_gpu_machines_python():
+    command = wheels.download_command("nvidia-cutlass", "4.2.0.0", "DEST", python="python3")
+    assert command[:4] == ["python3", "-m", "pip", "download"]
+    for flag in ("--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+                 "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
+        assert flag in command
+    assert command[-3:] == ["-d", "DEST", "nvidia-cutlass==4.2.0.0"]
+
+
+def test_results_folder_budget(tmp_path):
+    for i in range(8):
+        (tmp_path / f"f{i}").write_text("x")
+    assert results_dir.budget_problems(str(tmp_path)) == []
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "deep_enough").write_text("x")
+    problems = results_dir.budget_problems(str(tmp_path))
+    assert problems == [f"9 files in {tmp_path}, at most 8"]
+    (tmp_path / "a" / "b" / "c").mkdir()
+    (tmp_path / "a" / "b" / "c" / "too_deep").write_text("x")
+    assert any("too_deep is 3 folders deep" in p for p in results_dir.budget_problems(str(tmp_path)))
+    assert len(results_dir.KIT_FILES) <= results_dir.MAX_FILES
+
+
+def test_site_dir_is_found_wherever_pip_put_it(tmp_path):
+    site = tmp_path / "local" / "lib" / "python3.12" / "dist-packages"
+    (site / "onednn_cpu_gomp-2023.2.0.dist-info").mkdir(parents=True)
+    assert kit.find_site_dir(str(tmp_path)) == str(site)
+    guess = kit.find_site_dir(str(tmp_path / "empty"))
+    assert guess.endswith(os.path.join("lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages"))
+
+
+# ---- the plan ---------------------------------------------------------------------------
+
+def gpu_facts(tmp_path, sanitizer="/usr/local/cuda/bin/compute-sanitizer"):
+    found = {name: str(tmp_path / f"{name}.whl") for name, _ in wheels.REQUIRED}
+    return kit.Facts([("NVIDIA H100 80GB HBM3", "580.65", "9.0")], "90a", sanitizer, found, [], "python3.12")
+
+
+def test_dev_sh_dry_run_prints_the_plan_and_exits_0(tmp_path):
+    proc = subprocess.run([os.path.join(ROOT, "dev.sh"), "gpu", "--dry-run", "--wheels", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "plan only (--dry-run)" in out
+    for name in steps.STEPS:
+        assert f"{name}: {steps.PURPOSE[name]}" in out
+    assert out.count("MISSING") == len(wheels.REQUIRED)  # an empty wheels folder
+    assert "compute-sanitizer:" in out and "pip install" in out
+    assert not os.path.exists(os.path.join(str(tmp_path), "prefix"))  # nothing was installed
+
+
+def test_plan_with_a_gpu_has_every_command(tmp_path):
+    args = kit.parse_args(["--wheels", str(tmp_path), "--scratch", str(tmp_path / "s"), "--out", str(tmp_path / "o")])
+    plan = kit.plan_text(args, gpu_facts(tmp_path))
+    assert "SKIPPED" not in plan and "no GPU" not in plan
+    assert "CMAKE_CUDA_ARCHITECTURES=90a" in plan and "--no-build-isolation" in plan
+    assert f"--prefix {tmp_path / 's' / 'prefix'}" in plan
+    for tool in steps.SANITIZER_TOOLS:
+        assert f"--tool {tool}" in plan
+    assert "-m pytest -q -p no:cacheprovider tests\n" in plan
+    assert plan.count("benchmarks/bench.py --device cuda --dtype bfloat16") == len(steps.FULL_SWEEP)
+    assert "jax_capture_check.py --command-buffers custom-calls" in plan and "capture_check.py" in plan
+
+
+def test_plan_says_what_would_be_skipped_and_why(tmp_path):
+    args = kit.parse_args(["--quick", "--wheels", str(tmp_path), "--steps", "sanitizer"])
+    facts = gpu_facts(tmp_path, sanitizer="")
+    facts.gpus = []
+    plan = kit.plan_text(args, facts)
+    assert "no GPU: steps 2-5 (pytest, sanitizer, capture, bench) would be skipped" in plan
+    assert "would be SKIPPED: no CUDA GPU (nvidia-smi found none); compute-sanitizer not found" in plan
+    assert "would be SKIPPED: not selected (--steps)" in plan
+    assert "sanitizer_driver.py --quick" in plan
+    assert plan.count("benchmarks/bench.py") == 0  # unselected steps show no commands
+
+
+# ---- a whole run, against canned output ---------------------------------------------------
+
+CANNED = {
+    "pytest": "....\n120 passed, 3 skipped in 95.1s\n",
+    "compute-sanitizer": "RESULT: PASS 402 calls match\n========= ERROR SUMMARY: 0 errors\n",
+    "bench.py": "wrote bench.csv\n",
+    "bench_merge.py": "RESULT: PASS 2 configurations; torch fwd+bwd 500-600 TFLOP/s\n",
+    "environment_report.py": "RESULT: PASS NVIDIA H100, driver 580.65\n",
+    "jax_capture_check.py": "RESULT: PASS 6 routings match\n",
+    "capture_check.py": "RESULT: PASS replayed\n",
+    "pip": "Successfully installed\n",
+}
+
+
+def fake_runner(failing=()):
+    seen = []
+
+    def run(command, log, timeout, env_changes=None, cwd=None):
+        seen.append(command)
+        line = " ".join(command)
+        key = next(k for k in CANNED if (k == "pytest" and "pytest" in command) or
+                   (k != "pytest" and any(os.path.basename(part) == k or part == k for part in command)))
+        text = CANNED[key]
+        if any(f in line for f in failing):
+            text = "...F\n1 failed, 119 passed in 90s\n" if key == "pytest" else "boom\n"
+        log.write(text)
+        return runner.Completed(0 if text == CANNED[key] else 1, text, 1.0, False)
+
+    return run, seen
+
+
+def test_a_whole_run_continues_past_failures_and_writes_its_summary(tmp_path, monkeypatch, capsys):
+    run, seen = fake_runner(failing=["tests/test_core.py"])  # only in --quick's pytest command
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(kit, "detect", lambda args: gpu_facts(tmp_path))
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    code = kit.main(["--quick", "--out", str(out), "--scratch", str(scratch), "--deadline", "0"])
+    assert code == 1  # pytest failed
+    table = capsys.readouterr().out
+    assert "| pytest | FAIL |" in table and "1 failed" in table
+    for name in ("wheels", "build", "environment", "sanitizer", "capture", "bench"):
+        assert f"| {name} | PASS |" in table, name  # the steps after the failure still ran
+    assert sum("compute-sanitizer" in c[0] for c in seen) == 4
+    assert sorted(os.listdir(out)) == ["kit.log", "summary.json", "summary.md"]
+    assert results_dir.budget_problems(str(out)) == []
+    assert "| sanitizer | PASS |" in (out / "summary.md").read_text()
+
+    # A second run of one step keeps the other verdicts, marked as earlier.
+    run, seen = fake_runner()
+    monkeypatch.setattr(runner, "run", run)
+    code = kit.main(["--quick", "--out", str(out), "--scratch", str(scratch), "--deadline", "0", "--steps", "pytest"])
+    assert code == 0
+    table = (out / "summary.md").read_text()
+    assert "| pytest | PASS |" in table and "| bench | PASS |" in table
+    assert table.count("(earlier run)") == 4  # environment, sanitizer, capture, bench
+
+
+def test_a_failed_build_skips_what_needs_it(tmp_path, monkeypatch):
+    run, _ = fake_runner(failing=["--no-build-isolation"])
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(kit, "detect", lambda args: gpu_facts(tmp_path))
+    args = kit.parse_args(["--out", str(tmp_path / "o"), "--scratch", str(tmp_path / "s"), "--deadline", "0"])
+    with open(tmp_path / "log", "w") as log:
+        result = {v.step: v for v in kit.run_all(args, gpu_facts(tmp_path), log)}
+    assert result["build"].status == FAIL and result["wheels"].status == PASS
+    assert all(result[name].status == SKIP and result[name].reason == "the build failed"
+               for name in steps.SELECTABLE)
+
+
+def test_a_step_past_the_deadline_is_skipped_with_how_to_finish(tmp_path, monkeypatch):
+    run, _ = fake_runner()
+    monkeypatch.setattr(runner, "run", run)
+    args = kit.parse_args(["--out", str(tmp_path / "o"), "--scratch", str(tmp_path / "s"), "--deadline", "5"])
+    with open(tmp_path / "log", "w") as log:
+        result = {v.step: v for v in kit.run_all(args, gpu_facts(tmp_path), log)}
+    assert result["wheels"].status == SKIP and "out of time: run again with --steps wheels" in result["wheels"].reason
+    assert result["environment"].reason == "nothing was built"
+
+
+def test_a_failed_build_is_summed_up_by_its_compiler_error():
+    output = ("ninja: build stopped\n/src/gemm_bf16.cu(12): error: identifier \"X\" is undefined\n"
+              "error: subprocess-exited-with-error\nERROR: Failed building wheel for groupgemm\n")
+    assert kit.last_error_line(output) == '/src/gemm_bf16.cu(12): error: identifier "X" is undefined'
+    missing = "ModuleNotFoundError: No module named 'x'"
+    assert kit.last_error_line(missing + "\n") == missing
+    assert kit.last_error_line("just this\n") == "just this"
+
+
+def test_runner_ends_a_command_past_its_limit(tmp_path):
+    with open(tmp_path / "log", "w") as log:
+        done = runner.run([sys.executable, "-c", "print('started', flush=True); import time; time.sleep(60)"],
+                          log, timeout=1)
+    assert done.timed_out and done.returncode != 0 and done.seconds < 30
+    assert "started" in done.output and "stopped after" in (tmp_path / "log").read_text()
+
+
+# ---- the sanitizer driver's plan and checks -----------------------------------------------
+
+def test_the_quick_cases_reach_every_kernel_and_instantiation():
+    import sanitizer_driver as driver
+
+    def reached(names):
+        found = set()
+        for name in names:
+            case = driver.ALL_CASES[name]
+            busy, has_empty = driver.layout_facts(case)
+            for dtype in driver_calls.DTYPES:
+                for call in driver_calls.calls_for(dtype):
+                    found |= driver_calls.kernels_reached(call, case.m, case.k, case.n, case.g, busy, has_empty)
+        return found
+
+    required = driver_calls.required_kernels()
+    # 5 small kernels; float32 CUTLASS: 3 layouts + 2 with a C operand; bfloat16 and float16,
+    # CUTLASS and unaligned each: 2 output dtypes x 3 layouts + 2 with a C operand.
+    assert len(required) == 5 + 5 + 2 * 2 * 8
+    assert required <= reached(driver.QUICK_CASES)
+    aligned_only = [n for n in driver.QUICK_CASES if not n.startswith("unaligned")]
+    assert {k[0] for k in required - reached(aligned_only) if isinstance(k, tuple)} == {driver_calls.UNALIGNED}
+
+
+@pytest.mark.parametrize("name", ["skewed", "window_middle", "zero_k", "all_empty", "unaligned_k"])
+def test_the_driver_checks_pass_on_the_cpu_backend_and_catch_wrong_results(name):
+    torch = pytest.importorskip("torch")
+    import sanitizer_driver as driver
+
+    from groupgemm import _core
+
+    dev = driver.Device(torch, _core, "cpu")
+    case = driver.ALL_CASES[name]
+    x = driver.inputs(case)
+    for dtype in ("float32", "bfloat16"):
+        for call in driver_calls.calls_for(dtype):
+            got, want, exact, exact_value = driver.run_call(dev, call, case, x, "nan")
+            assert driver.mismatch(call, got, want, exact, exact_value) is None, call.name
+            if got.size and exact.any():
+                spoiled = got.copy()
+                spoiled[exact] += 1.0  # a padding row, an empty group or an untouched accumulator
+                assert driver.mismatch(call, spoiled, want, exact, exact_value) is not None
+            if got.size and not exact.all():
+                spoiled = got.copy()
+                spoiled[~exact] += 0.5 * max(1.0, abs(want).max())
+                assert "max error" in driver.mismatch(call, spoiled, want, exact, exact_value)
