@@ -108,6 +108,16 @@ void test_schedule() {
   CHECK(forward_action(4, 8) == GroupAction::gemm);
 }
 
+// The dtype list (types.h): enum values, sizes and names.
+void test_dtype_list() {
+  g_case = "dtype_list";
+  CHECK(kNumDTypes == 4);
+  CHECK(int(DType::f32) == 0 && dtype_size(DType::f32) == 4 && std::string(dtype_name(DType::f32)) == "float32");
+  CHECK(int(DType::bf16) == 1 && dtype_size(DType::bf16) == 2 && std::string(dtype_name(DType::bf16)) == "bfloat16");
+  CHECK(int(DType::f16) == 2 && dtype_size(DType::f16) == 2 && std::string(dtype_name(DType::f16)) == "float16");
+  CHECK(int(DType::f64) == 3 && dtype_size(DType::f64) == 8 && std::string(dtype_name(DType::f64)) == "float64");
+}
+
 // ---- both backends on the case table ----------------------------------------------
 
 struct Case {
@@ -208,7 +218,7 @@ bool expect_aligned_kernel(DType in, int64_t k, int64_t n, std::initializer_list
 struct PathsSeen {
   int aligned = 0, unaligned = 0;
 };
-PathsSeen g_forward_paths[4], g_wgrad_paths[4];
+PathsSeen g_forward_paths[kNumDTypes], g_wgrad_paths[kNumDTypes];
 int g_late_bias_runs = 0;
 
 // Runs the three entry points: the CPU backend through the public API, or the CUDA
@@ -521,6 +531,7 @@ void check_gemm_paths_seen() {
 
 int main() {
   test_schedule();
+  test_dtype_list();
   const Case aligned_shape = {"k_n_multiples_of_8", 40, 16, 8, {8, 0, 24, 8}, -1, 0};  // 16-bit: aligned kernel
   const std::vector<Case> cases = {
       {"uniform", 24, 8, 6, {6, 6, 6, 6}, -1, 0},

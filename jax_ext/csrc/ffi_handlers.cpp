@@ -6,8 +6,10 @@
 // The shapes were validated in Python at trace time; the core re-checks them.
 #include <nanobind/nanobind.h>
 
+#include <optional>
 #include <string>
 
+#include "dtype_table.h"
 #include "groupgemm/groupgemm.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -26,13 +28,9 @@ ffi::Error to_ffi(const Status& s) {
 }
 
 bool float_dtype(ffi::DataType t, DType* out) {
-  switch (t) {
-    case ffi::DataType::F32: *out = DType::f32; return true;
-    case ffi::DataType::BF16: *out = DType::bf16; return true;
-    case ffi::DataType::F16: *out = DType::f16; return true;
-    case ffi::DataType::F64: *out = DType::f64; return true;
-    default: return false;
-  }
+  const std::optional<DType> dtype = dtype_from_xla(t);
+  if (dtype) *out = *dtype;
+  return dtype.has_value();
 }
 
 bool index_array(const ffi::AnyBuffer& b, IndexArray* out) {

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dtype_table.h"
 #include "groupgemm/groupgemm.h"
 
 namespace nb = nanobind;
@@ -21,15 +22,8 @@ namespace {
 using Array = nb::ndarray<nb::c_contig>;
 
 DType float_dtype(const Array& a, const char* name) {
-  const nb::dlpack::dtype t = a.dtype();
-  if (t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float)) {
-    if (t.bits == 32) return DType::f32;
-    if (t.bits == 16) return DType::f16;
-    if (t.bits == 64) return DType::f64;
-  }
-  if (t.lanes == 1 && t.bits == 16 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat))
-    return DType::bf16;
-  throw nb::type_error((std::string(name) + " must be float32, bfloat16, float16 or float64").c_str());
+  if (const std::optional<DType> t = dtype_from_dlpack(a.dtype())) return *t;
+  throw nb::type_error((std::string(name) + " must be " + accepted_dtype_names()).c_str());
 }
 
 IndexArray index_array(const Array& a, const char* name) {

@@ -7,26 +7,43 @@
 
 namespace groupgemm {
 
-enum class DType : int { f32 = 0, bf16 = 1, f16 = 2, f64 = 3 };
+// Every floating-point dtype the core knows, one row each: enum name, the name messages
+// use, bytes per element. The enum values follow the rows (f32 = 0, bf16 = 1, ...), so a
+// new dtype goes last.
+#define GROUPGEMM_DTYPES(X) \
+  X(f32, "float32", 4)      \
+  X(bf16, "bfloat16", 2)    \
+  X(f16, "float16", 2)      \
+  X(f64, "float64", 8)
+
+enum class DType : int {
+#define GG_DTYPE_ENUMERATOR(id, name, bytes) id,
+  GROUPGEMM_DTYPES(GG_DTYPE_ENUMERATOR)
+#undef GG_DTYPE_ENUMERATOR
+};
 enum class IndexType : int { i32 = 0, i64 = 1 };
 enum class Device : int { cpu = 0, cuda = 1 };
 
+#define GG_DTYPE_COUNT(id, name, bytes) +1
+constexpr int kNumDTypes = 0 GROUPGEMM_DTYPES(GG_DTYPE_COUNT);
+#undef GG_DTYPE_COUNT
+
 inline int64_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::f64: return 8;
+#define GG_DTYPE_SIZE(id, name, bytes) \
+  case DType::id: return bytes;
+    GROUPGEMM_DTYPES(GG_DTYPE_SIZE)
+#undef GG_DTYPE_SIZE
   }
   return 0;
 }
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "float32";
-    case DType::bf16: return "bfloat16";
-    case DType::f16: return "float16";
-    case DType::f64: return "float64";
+#define GG_DTYPE_NAME(id, name, bytes) \
+  case DType::id: return name;
+    GROUPGEMM_DTYPES(GG_DTYPE_NAME)
+#undef GG_DTYPE_NAME
   }
   return "unknown";
 }
