@@ -6,6 +6,7 @@
 // matmul with run-time shapes). Callers never pass m, n or k == 0.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "groupgemm/types.h"
@@ -34,6 +35,13 @@ bool gemm_runs_side_by_side(const GemmCall& call);
 
 // The float32 / bfloat16 path of gemm (gemm_onednn.cpp).
 Status gemm_onednn(const GemmCall& call);
+
+// gemm_onednn keeps the oneDNN primitives it created, the least recently used evicted
+// past this many.
+constexpr size_t kOnednnCacheCapacity = 256;
+
+// How many primitives it holds now.
+size_t onednn_cached_primitives();
 
 }  // namespace cpu
 }  // namespace groupgemm

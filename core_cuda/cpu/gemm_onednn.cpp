@@ -17,17 +17,18 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
-#include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "convert.h"
 #include "gemm.h"
+#include "lru_cache.h"
 
 namespace groupgemm {
 namespace cpu {
@@ -78,16 +79,19 @@ struct Primitive {
   size_t scratchpad_bytes;
 };
 
-const Primitive& cached_primitive(const GemmCall& c) {
-  static std::mutex mutex;
-  static std::map<Key, Primitive> cache;
-  const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
-  const Key key{c.in_dtype, c.out_dtype, c.a_transposed, c.b_transposed, c.bias != nullptr,
-                c.accumulate, all_fixed ? c.m : 0, fixed ? c.k : 0, fixed ? c.n : 0};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+// The primitives calls created, the least recently used evicted past kOnednnCacheCapacity.
+// One expert MLP shape (two weights) needs up to about 140 bfloat16 training primitives,
+// most of them its weight gradients' tail chunk lengths, so the capacity keeps those
+// resident; and it bounds the memory: a primitive holds its generated kernel code and
+// descriptors, at most a few hundred KB, so the cache stays under about 100 MB however
+// many shapes a process sees.
+LruCache<Key, Primitive>& primitive_cache() {
+  static LruCache<Key, Primitive> cache(kOnednnCacheCapacity);
+  return cache;
+}
 
+Primitive create_primitive(const GemmCall& c) {
+  const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
   // Run-time sizes and leading dimensions; which stride is 1 is fixed at creation (with
   // both strides unknown oneDNN 3.2 falls back to its reference kernel).
   const memory::dim m = all_fixed ? c.m : kRuntime, k = fixed ? c.k : kRuntime,
@@ -110,13 +114,22 @@ const Primitive& cached_primitive(const GemmCall& c) {
   const std::string impl = pd.impl_info_str();
   if (impl.rfind("ref", 0) == 0)
     throw std::runtime_error("oneDNN chose its reference kernel: " + impl);
-  return cache.emplace(key, Primitive{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first->second;
+  return Primitive{dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+}
+
+// Held by the caller while it executes, so an eviction by another thread cannot free it.
+std::shared_ptr<const Primitive> cached_primitive(const GemmCall& c) {
+  const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
+  const Key key{c.in_dtype, c.out_dtype, c.a_transposed, c.b_transposed, c.bias != nullptr,
+                c.accumulate, all_fixed ? c.m : 0, fixed ? c.k : 0, fixed ? c.n : 0};
+  return primitive_cache().get(key, [&] { return create_primitive(c); });
 }
 
 // Runs one call on its cached primitive.
 Status execute(const GemmCall& c) {
   try {
-    const Primitive& prim = cached_primitive(c);
+    const std::shared_ptr<const Primitive> held = cached_primitive(c);
+    const Primitive& prim = *held;
     const auto in = onednn_type(c.in_dtype);
     auto& engine = cpu_engine();
     memory a({{c.m, c.k}, in, strides(c.a_transposed, c.m, c.k)}, engine, const_cast<void*>(c.a));
@@ -190,6 +203,8 @@ Status execute_in_chunks(const GemmCall& c) {
 Status gemm_onednn(const GemmCall& c) {
   return fixed_contraction(c) ? execute_in_chunks(c) : execute(c);
 }
+
+size_t onednn_cached_primitives() { return primitive_cache().size(); }
 
 }  // namespace cpu
 }  // namespace groupgemm

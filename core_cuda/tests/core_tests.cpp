@@ -12,14 +12,18 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "call_sequence.h"
 #include "convert.h"
+#include "gemm.h"
 #include "groupgemm/groupgemm.h"
 #include "host_launcher.h"
+#include "lru_cache.h"
 
 using namespace groupgemm;
 
@@ -434,6 +438,77 @@ void test_bf16_wgrad_chunks() {
     CHECK(std::fabs(to_double(bf16[e]) - want[e]) <= std::fabs(want[e]) / 256);
 }
 
+// The cache's policy on its own: least recently used evicted first, a value handed out
+// stays valid after its eviction (AddressSanitizer would flag a use after free), a key
+// asked for again after eviction is created anew, a failed creation caches nothing.
+void test_lru_cache() {
+  g_case = "lru_cache";
+  int made = 0;
+  auto make = [&made](int v) { return [&made, v] { return ++made, std::vector<int>(64, v); }; };
+  cpu::LruCache<int, std::vector<int>> cache(2);
+  const std::shared_ptr<const std::vector<int>> one = cache.get(1, make(1));
+  cache.get(2, make(2));
+  CHECK(cache.get(1, make(1)) == one && made == 2);  // a hit; 1 is now the most recent
+  cache.get(3, make(3));                             // evicts 2
+  CHECK(cache.size() == 2 && made == 3);
+  CHECK(cache.get(1, make(1)) == one && made == 3);
+  cache.get(2, make(2));  // created again; evicts 3
+  cache.get(4, make(4));  // evicts 1 while `one` is still held
+  CHECK(made == 5 && cache.size() == 2);
+  CHECK((*one)[0] == 1 && (*one)[63] == 1);
+  CHECK(cache.get(1, make(1)) != one && made == 6);
+  bool threw = false;
+  try {
+    cache.get(5, []() -> std::vector<int> { throw std::runtime_error("no"); });
+  } catch (const std::runtime_error&) {
+    threw = true;
+  }
+  CHECK(threw && cache.size() == 2);
+}
+
+// bfloat16 forward with `k` columns into float32: small integers keep every result exact.
+bool bf16_forward_exact(int64_t k) {
+  const int64_t m = 4, n = 8;
+  std::vector<cpu::bf16_t> lhs(m * k), rhs(k * n);
+  for (int64_t i = 0; i < m * k; ++i) lhs[i] = cpu::narrow<cpu::bf16_t>(float(i % 3 - 1));
+  for (int64_t i = 0; i < k * n; ++i) rhs[i] = cpu::narrow<cpu::bf16_t>(float(i % 5 - 2));
+  std::vector<float> out(m * n, std::numeric_limits<float>::quiet_NaN());
+  const int64_t sizes[] = {m};
+  MatmulArgs a;
+  a.in_dtype = DType::bf16, a.out_dtype = DType::f32;
+  a.lhs = lhs.data(), a.rhs = rhs.data(), a.out = out.data();
+  a.m = m, a.k = k, a.n = n, a.num_groups = 1, a.group_sizes = {sizes, IndexType::i64, 1};
+  if (!grouped_matmul(a, ExecContext{}).ok()) return false;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (int64_t i = 0; i < k; ++i) want += to_double(lhs[r * k + i]) * to_double(rhs[i * n + j]);
+      if (out[r * n + j] != float(want)) return false;
+    }
+  return true;
+}
+
+// The CPU backend's oneDNN primitive cache stays bounded: more bfloat16 forward shapes
+// than its capacity (one primitive per (K, N)), each result right, the first shape again
+// after its eviction, and two threads adding shapes to the full cache at once.
+void test_onednn_cache_bound() {
+  g_case = "onednn_cache_bound";
+  const int64_t shapes = int64_t(cpu::kOnednnCacheCapacity) + 44;
+  for (int64_t s = 0; s < shapes; ++s) CHECK(bf16_forward_exact(1 + s));
+  CHECK(cpu::onednn_cached_primitives() == cpu::kOnednnCacheCapacity);
+  CHECK(bf16_forward_exact(1));  // evicted by now: created again
+  bool results[2][48];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([t, &results] {
+      for (int s = 0; s < 48; ++s) results[t][s] = bf16_forward_exact(1000 + 2 * s + t);
+    });
+  for (std::thread& t : threads) t.join();
+  for (const auto& thread_results : results)
+    for (bool ok : thread_results) CHECK(ok);
+  CHECK(cpu::onednn_cached_primitives() == cpu::kOnednnCacheCapacity);
+}
+
 void test_workspace() {
   g_case = "workspace";
   for (int64_t g : {0, 1, 3, 64, 1000}) {
@@ -569,6 +644,8 @@ int main() {
   }
   check_gemm_paths_seen();
   test_bf16_wgrad_chunks();
+  test_lru_cache();
+  test_onednn_cache_bound();
   test_workspace();
   test_errors();
   std::printf("%d passed, %d failed\n", passed, failed);
