@@ -51,7 +51,7 @@ OLDEST_TORCH=2.6.0
 OLDEST_JAX=0.5.0
 
 python312() {
-  command -v python3.12 2>/dev/null && python3.12 --version >/dev/null 2>&1 && return
+  if python3.12 --version >/dev/null 2>&1; then command -v python3.12; return; fi
   ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -n 1 | grep . \
     || { echo "dev.sh: python3.12 is needed for the install checks" >&2; return 1; }
 }
