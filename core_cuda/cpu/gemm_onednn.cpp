@@ -16,6 +16,7 @@
 //    has no faster choice there.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -46,8 +47,20 @@ memory::dims strides(bool transposed, int64_t rows, int64_t cols) {
   return transposed ? memory::dims{1, rows} : memory::dims{cols, 1};
 }
 
+// oneDNN keeps a primitive cache of its own (1024 primitives by default), which would hold
+// on to every primitive primitive_cache() below evicts and so defeat its bound. That cache
+// is the one this file relies on: oneDNN's is turned off, unless the environment sets its
+// capacity.
+void turn_off_onednn_primitive_cache() {
+  if (!std::getenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY") && !std::getenv("DNNL_PRIMITIVE_CACHE_CAPACITY"))
+    dnnl::set_primitive_cache_capacity(0);
+}
+
 dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    turn_off_onednn_primitive_cache();  // before any primitive is created
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
