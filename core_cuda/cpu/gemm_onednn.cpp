@@ -5,13 +5,15 @@
 // and no call pays oneDNN's JIT cost after the first for its primitive. Which
 // dimensions are fixed decides the kernel:
 //  - bfloat16 forward / dgrad (rows vary, K and N are the layer's): only M is run-time,
-//    one primitive per (K, N). oneDNN 3.2 then picks its AMX brgemm kernel, 1.2-1.4x
-//    faster here than the GEMM-based one it picks when every dimension is run-time.
+//    one primitive per (K, N). oneDNN 3.2 then picks its AMX brgemm kernel, which is
+//    generated for the known K and N, rather than the GEMM-based one it picks when every
+//    dimension is run-time.
 //  - bfloat16 weight gradients (the contraction is the group's rows): oneDNN 3.2 picks
 //    brgemm only when every dimension is fixed, so the contraction runs in chunks whose
 //    length is rounded up to a multiple of kContractionStep with zero rows, one
-//    primitive per (M, N, chunk length): 2-2.5x faster than all-run-time (8 or 64 groups
-//    of M=4096, K=N=1024), and at most kMaxChunk / kContractionStep lengths per layer.
+//    primitive per (M, N, chunk length): copying a chunk to pad it costs far less than
+//    brgemm saves over the all-run-time kernel (the README has measured figures), and
+//    there are at most kMaxChunk / kContractionStep lengths per layer.
 //  - float32: every dimension and stride is run-time, one primitive per layout; oneDNN
 //    has no faster choice there.
 #include <algorithm>
