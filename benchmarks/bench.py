@@ -20,14 +20,13 @@ import platform
 import sys
 import textwrap
 
+import overhead
+import report
 from contenders import GROUPGEMM
 from problem import Config, Problem, check
 from progress import Progress
 from routing import ROUTINGS
 from timing import interleaved_medians
-
-import overhead
-import report
 
 FRAMEWORKS = {"jax": "jax_contenders", "torch": "torch_contenders"}
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

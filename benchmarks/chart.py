@@ -6,7 +6,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
-
 from contenders import DENSE, GROUPGEMM, PER_EXPERT_LOOP  # noqa: E402
 
 COLORS = {GROUPGEMM: "#d62728", DENSE: "#7f7f7f", PER_EXPERT_LOOP: "#2ca02c"}

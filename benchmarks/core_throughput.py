@@ -10,9 +10,9 @@ time it takes just to read the G weights. Run: python benchmarks/core_throughput
 import argparse
 
 import torch
+from timing import interleaved_medians
 
 import groupgemm._core as core
-from timing import interleaved_medians
 
 
 def main():

@@ -8,8 +8,8 @@ compilation per routing, which is why MoE code does not do this).
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from contenders import DENSE, GROUPGEMM, PER_EXPERT_LOOP, Contender
+
 from groupgemm.jax import grouped_matmul
 
 RAGGED_DOT = "jax.lax.ragged_dot"

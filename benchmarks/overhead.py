@@ -9,7 +9,6 @@ grad also records the autograd node, so it is measured both ways.
 """
 
 import numpy as np
-
 from timing import interleaved_medians
 
 SHAPE = {"tokens": 128, "hidden": 64, "ffn": 64, "experts": 8}

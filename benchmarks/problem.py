@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
-
 from routing import group_sizes
 
 # Largest |error| allowed relative to the largest |reference| value: float32 differs only

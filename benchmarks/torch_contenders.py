@@ -7,8 +7,8 @@ torch.cuda.synchronize(), so the time is the device's, not the launch's.
 
 import numpy as np
 import torch
-
 from contenders import DENSE, GROUPGEMM, PER_EXPERT_LOOP, Contender
+
 from groupgemm.torch import grouped_mm
 
 GROUPED_MM = "torch._grouped_mm"

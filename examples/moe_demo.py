@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from moe_dispatch import sort_by_expert
 
 import groupgemm.jax as gj
 from groupgemm.torch import GroupedLinear
-from moe_dispatch import sort_by_expert
 
 DIM, FFN, EXPERTS, TOP_K, TOKENS = 64, 128, 8, 2, 512
 RANKS = 2  # experts [0, 4) on rank 0 and [4, 8) on rank 1, simulated

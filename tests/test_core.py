@@ -5,14 +5,14 @@ torch tensors serve only as DLPack containers here (NumPy has no bfloat16 export
 
 import numpy as np
 import pytest
-import torch
-
-import groupgemm._core as core
 import reference as ref
+import torch
 import torch_frontend
 from bad_inputs import BAD_INPUTS, base_arguments
-from cases import CASE_IDS, CASES, DTYPES, case as named_case, inputs, round_to
+from cases import CASE_IDS, CASES, DTYPES, inputs, round_to
+from cases import case as named_case
 
+import groupgemm._core as core
 
 FLOAT32_OUTPUT_CASES = ["uniform", "skewed", "first_empty", "middle_empty", "last_empty", "all_empty"]
 

@@ -8,18 +8,18 @@ absence of host synchronisation and the no-device error.
 
 import jax
 import jax.numpy as jnp
+import jax_frontend
 import numpy as np
 import pytest
 import torch
-
-import groupgemm
-import groupgemm.jax as gj
-import groupgemm.torch as gt
-import jax_frontend
 import torch_frontend
 from bits import assert_same_bits
 from cases import CASES, CUDA_DTYPES, VARIANT_IDS, VARIANTS, Case, inputs
 from reference import assert_close, empty_groups, padding_rows
+
+import groupgemm
+import groupgemm.jax as gj
+import groupgemm.torch as gt
 
 
 def _jax_gpu():

@@ -3,13 +3,12 @@
 Each test takes the `frontend` fixture (helpers/frontends.py) and runs once with
 groupgemm.jax and once with groupgemm.torch, through the same call surface."""
 
+import frontends
 import numpy as np
 import pytest
-
 import reference as ref
 from bad_inputs import BAD_INPUTS, base_arguments
 from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, case, inputs, round_to
-import frontends
 from frontends import frontend  # noqa: F401 - the fixture
 
 

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 import reference as ref
 from cases import CASES, case, inputs
+
 from groupgemm.jax import grouped_matmul, ragged_dot
 
 
@@ -79,7 +79,8 @@ def test_vmap_over_a_batch_axis_matches_per_example_calls():
 
 
 def test_expert_parallel_shard_map_with_group_offset_matches_single_device():
-    from jax.sharding import Mesh, PartitionSpec as P
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
 
     mesh = Mesh(np.array(jax.devices()[:2]), ("expert",))
     rng = np.random.default_rng(2)

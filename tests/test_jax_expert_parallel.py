@@ -10,10 +10,11 @@ exact zeros, so a reduce-scatter combines the partial results exactly.
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from moe_dispatch import sort_by_expert
 
 from groupgemm.jax import grouped_matmul
-from moe_dispatch import sort_by_expert
 
 DEVICES, LOCAL_EXPERTS, DIM, FFN, TOKENS = 4, 2, 8, 16, 6
 EXPERTS = DEVICES * LOCAL_EXPERTS

@@ -3,9 +3,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from moe_dispatch import sort_by_expert
 
 from groupgemm.jax import grouped_matmul
-from moe_dispatch import sort_by_expert
 
 TOKENS, DIM, FFN, EXPERTS, TOP_K = 64, 16, 32, 6, 2
 NEVER_ROUTED = (1, 4)  # experts the router cannot pick: they receive zero tokens

@@ -1,12 +1,12 @@
 """JAX and PyTorch give bitwise-identical results: one core computes both."""
 
+import jax_frontend
 import numpy as np
 import pytest
-
-import jax_frontend
 import torch_frontend
 from bits import assert_same_bits, raw_bits
-from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, case as named_case, inputs
+from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, inputs
+from cases import case as named_case
 
 
 def both_frameworks(case, dtype, with_bias, transpose):
@@ -41,7 +41,7 @@ def test_accumulated_main_grad_is_bitwise_identical(case, dtype):
     x = inputs(case)
     accumulated = []
     for frontend in (jax_frontend, torch_frontend):
-        accumulated.append(frontend.accumulate(
-            frontend.array(x["lhs"], dtype), frontend.array(x["dout"], dtype), frontend.array(x["group_sizes"], "int32"),
-            case.g, frontend.array(x["acc"], "float32"), offset=case.group_offset))
+        lhs, dout = frontend.array(x["lhs"], dtype), frontend.array(x["dout"], dtype)
+        accumulated.append(frontend.accumulate(lhs, dout, frontend.array(x["group_sizes"], "int32"), case.g,
+                                               frontend.array(x["acc"], "float32"), offset=case.group_offset))
     assert_same_bits(np.asarray(accumulated[0]), accumulated[1], f"{case.name}/{dtype}/main_grad")

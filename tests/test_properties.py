@@ -2,10 +2,10 @@
 against the float64 reference, with exact zeros where the contract promises them."""
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 import reference as ref
 from frontends import frontend  # noqa: F401 - the fixture
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sizes_st = st.lists(st.one_of(st.just(0), st.integers(-2, 12)), min_size=0, max_size=7)
 

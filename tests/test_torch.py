@@ -6,9 +6,9 @@ import threading
 
 import numpy as np
 import pytest
+import reference as ref
 import torch
 
-import reference as ref
 from groupgemm.torch import GroupedLinear, grouped_mm
 
 

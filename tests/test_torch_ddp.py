@@ -4,9 +4,8 @@ import os
 import subprocess
 import sys
 
-import torch
-
 import ddp_worker
+import torch
 
 
 def test_ddp_step_with_a_zero_token_rank_matches_single_process(tmp_path):

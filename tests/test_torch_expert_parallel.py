@@ -4,10 +4,9 @@ import os
 import subprocess
 import sys
 
+import ep_worker
 import pytest
 import torch
-
-import ep_worker
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -1,7 +1,6 @@
 """groupgemm for PyTorch: the checked public functions (rules from groupgemm._contract),
 then the raw custom ops."""
 
-from typing import Optional
 
 import torch
 
@@ -69,7 +68,7 @@ def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_o
     return group_sizes, group_offset, getattr(torch, out)
 
 
-def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Optional[Tensor] = None, *,
+def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor | None = None, *,
                transpose_weight: bool = False, group_offset=None, out_dtype=None) -> Tensor:
     """``out[r] = input[r] @ weight[g] (+ bias[g])`` for the rows r of each group g.
 
@@ -92,7 +91,7 @@ def _shares_memory(a: Tensor, b: Tensor) -> bool:
 
 
 def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int, *,
-                     group_offset=None, accumulate_into: Optional[Tensor] = None) -> Tensor:
+                     group_offset=None, accumulate_into: Tensor | None = None) -> Tensor:
     """Weight gradient ``out[g] = input_g^T @ grad_g`` as ``[num_groups, K, N]``.
 
     Empty groups give exact zeros. With ``accumulate_into`` (float32, or float64 for

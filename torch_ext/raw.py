@@ -9,7 +9,6 @@ group sizes on the host. The public functions check every argument first
 contiguity here, dtypes, shapes and devices in the core).
 """
 
-from typing import Optional
 
 import torch
 from torch.utils.dlpack import to_dlpack
@@ -23,7 +22,7 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
-def _workspace(device: torch.device, num_groups: int) -> Optional[Tensor]:
+def _workspace(device: torch.device, num_groups: int) -> Tensor | None:
     """Scratch for the CUDA backend's per-group setup, allocated by torch like any output."""
     if device.type != "cuda":
         return None
@@ -68,7 +67,7 @@ def _require_bias_grad(grad, group_sizes, num_groups) -> None:
     _require("grouped_bias_grad", (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
 
 
-def _capsule(t: Optional[Tensor]):
+def _capsule(t: Tensor | None):
     """A tensor as a DLPack capsule for the core (zero-copy). The legacy to_dlpack is used
     on purpose: it is several times cheaper than Tensor.__dlpack__, which would be most
     of an empty call's time (README, call overhead), and it accepts tensors that require
@@ -77,8 +76,8 @@ def _capsule(t: Optional[Tensor]):
 
 
 @torch.library.custom_op("groupgemm::grouped_mm", mutates_args=())
-def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Optional[Tensor],
-                  group_offset: Optional[Tensor], transpose_weight: bool, out_dtype: torch.dtype) -> Tensor:
+def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor | None,
+                  group_offset: Tensor | None, transpose_weight: bool, out_dtype: torch.dtype) -> Tensor:
     n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
     out = torch.empty((input.shape[0], n), dtype=out_dtype, device=input.device)
     _core.grouped_matmul(*map(_capsule, (input, weight, group_sizes, out)), bias=_capsule(bias),
@@ -96,7 +95,7 @@ def _(input, weight, group_sizes, bias, group_offset, transpose_weight, out_dtyp
 
 @torch.library.custom_op("groupgemm::grouped_mm_wgrad", mutates_args=())
 def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int,
-                        group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+                        group_offset: Tensor | None, out_dtype: torch.dtype) -> Tensor:
     _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
     out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype, device=input.device)
     _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, out)),
@@ -114,7 +113,7 @@ def _(input, grad, group_sizes, num_groups, group_offset, out_dtype):
 
 @torch.library.custom_op("groupgemm::grouped_mm_wgrad_accumulate", mutates_args=("accumulate_into",))
 def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Tensor,
-                                   accumulate_into: Tensor, group_offset: Optional[Tensor]) -> None:
+                                   accumulate_into: Tensor, group_offset: Tensor | None) -> None:
     _require_accumulate(input, grad, group_sizes, accumulate_into)
     _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, accumulate_into)),
                                group_offset=_capsule(group_offset), accumulate=True,
@@ -130,7 +129,7 @@ def _(input, grad, group_sizes, accumulate_into, group_offset):
 
 @torch.library.custom_op("groupgemm::grouped_bias_grad", mutates_args=())
 def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int,
-                         group_offset: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+                         group_offset: Tensor | None, out_dtype: torch.dtype) -> Tensor:
     _require_bias_grad(grad, group_sizes, num_groups)
     out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype, device=grad.device)
     _core.grouped_bias_grad(*map(_capsule, (grad, group_sizes, out)), group_offset=_capsule(group_offset),

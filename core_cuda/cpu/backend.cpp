@@ -27,9 +27,7 @@ class RowPlan {
         boundary_(window_.last - window_.first + 1) {
     window_row_boundaries(sizes.data, sizes.type, window_, m, boundary_.data());
   }
-  RowRange group(int64_t local) const {
-    return local_group_rows(boundary_.data(), window_, offset_, local);
-  }
+  RowRange group(int64_t local) const { return local_group_rows(boundary_.data(), window_, offset_, local); }
   RowRange owned() const { return owned_rows(boundary_.data(), window_); }
 
  private:
@@ -38,9 +36,7 @@ class RowPlan {
   std::vector<int64_t> boundary_;
 };
 
-char* at(void* base, int64_t element, DType t) {
-  return static_cast<char*>(base) + element * dtype_size(t);
-}
+char* at(void* base, int64_t element, DType t) { return static_cast<char*>(base) + element * dtype_size(t); }
 const char* at(const void* base, int64_t element, DType t) {
   return static_cast<const char*>(base) + element * dtype_size(t);
 }
@@ -158,10 +154,18 @@ Status grouped_matmul(const MatmulArgs& a) {
     const void* bias = a.bias ? at(a.bias, p.c_offset, a.in_dtype) : nullptr;
     switch (p.action) {
       case GroupAction::gemm: {
-        const GemmCall call{a.in_dtype, a.out_dtype, p.m, p.n, p.k,
-                            at(a.lhs, p.a_offset, a.in_dtype), p.a_transposed,
-                            at(a.rhs, p.b_offset, a.in_dtype), p.b_transposed,
-                            bias, at(a.out, p.d_offset, a.out_dtype), false};
+        const GemmCall call{a.in_dtype,
+                            a.out_dtype,
+                            p.m,
+                            p.n,
+                            p.k,
+                            at(a.lhs, p.a_offset, a.in_dtype),
+                            p.a_transposed,
+                            at(a.rhs, p.b_offset, a.in_dtype),
+                            p.b_transposed,
+                            bias,
+                            at(a.out, p.d_offset, a.out_dtype),
+                            false};
         gemms.push_back(call);
         break;
       }
@@ -171,8 +175,7 @@ Status grouped_matmul(const MatmulArgs& a) {
           for (int64_t r = rows.begin; r < rows.end; ++r)
             convert(bias, a.in_dtype, at(a.out, r * a.n, a.out_dtype), a.out_dtype, a.n);
         break;
-      case GroupAction::leave_untouched:
-        break;
+      case GroupAction::leave_untouched: break;
     }
   }
   return run_gemms(gemms);
@@ -191,18 +194,23 @@ Status grouped_matmul_wgrad(const WgradArgs& a) {
     void* out = at(a.out, p.d_offset, a.out_dtype);
     switch (p.action) {
       case GroupAction::gemm: {
-        const GemmCall call{a.in_dtype, a.out_dtype, p.m, p.n, p.k,
-                            at(a.lhs, p.a_offset, a.in_dtype), p.a_transposed,
-                            at(a.grad, p.b_offset, a.in_dtype), p.b_transposed,
-                            nullptr, out, a.accumulate};
+        const GemmCall call{a.in_dtype,
+                            a.out_dtype,
+                            p.m,
+                            p.n,
+                            p.k,
+                            at(a.lhs, p.a_offset, a.in_dtype),
+                            p.a_transposed,
+                            at(a.grad, p.b_offset, a.in_dtype),
+                            p.b_transposed,
+                            nullptr,
+                            out,
+                            a.accumulate};
         gemms.push_back(call);
         break;
       }
-      case GroupAction::write_zero:
-        zero_bytes(out, block * dtype_size(a.out_dtype));
-        break;
-      case GroupAction::leave_untouched:
-        break;
+      case GroupAction::write_zero: zero_bytes(out, block * dtype_size(a.out_dtype)); break;
+      case GroupAction::leave_untouched: break;
     }
   }
   return run_gemms(gemms);

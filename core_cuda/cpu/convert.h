@@ -28,9 +28,13 @@ inline float widen(bf16_t v) {
 template <typename T>
 T narrow(float v);
 template <>
-inline float narrow<float>(float v) { return v; }
+inline float narrow<float>(float v) {
+  return v;
+}
 template <>
-inline f16_t narrow<f16_t>(float v) { return static_cast<f16_t>(v); }
+inline f16_t narrow<f16_t>(float v) {
+  return static_cast<f16_t>(v);
+}
 template <>
 inline bf16_t narrow<bf16_t>(float v) {
   uint32_t u;
@@ -61,9 +65,12 @@ inline void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_
       const S* in = static_cast<const S*>(src);
       D* out = static_cast<D*>(dst);
       for (int64_t i = 0; i < count; ++i) {
-        if constexpr (std::is_same_v<D, double>) out[i] = static_cast<double>(widen(in[i]));
-        else if constexpr (std::is_same_v<S, double>) out[i] = narrow<D>(static_cast<float>(in[i]));
-        else out[i] = narrow<D>(widen(in[i]));
+        if constexpr (std::is_same_v<D, double>)
+          out[i] = static_cast<double>(widen(in[i]));
+        else if constexpr (std::is_same_v<S, double>)
+          out[i] = narrow<D>(static_cast<float>(in[i]));
+        else
+          out[i] = narrow<D>(widen(in[i]));
       }
       return 0;
     });

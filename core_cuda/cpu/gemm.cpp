@@ -27,8 +27,8 @@ Status gemm_openblas_f64(const GemmCall& c) {
   scipy_cblas_dgemm(CblasRowMajor, c.a_transposed ? CblasTrans : CblasNoTrans,
                     c.b_transposed ? CblasTrans : CblasNoTrans, static_cast<blasint>(c.m),
                     static_cast<blasint>(c.n), static_cast<blasint>(c.k), 1.0,
-                    static_cast<const double*>(c.a), lda, static_cast<const double*>(c.b), ldb,
-                    beta, out, static_cast<blasint>(c.n));
+                    static_cast<const double*>(c.a), lda, static_cast<const double*>(c.b), ldb, beta, out,
+                    static_cast<blasint>(c.n));
   return Status::Ok();
 }
 

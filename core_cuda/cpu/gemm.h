@@ -24,7 +24,7 @@ struct GemmCall {
   bool b_transposed;
   const void* bias;  // [n] or null
   void* c;
-  bool accumulate;   // C += ... instead of C = ...
+  bool accumulate;  // C += ... instead of C = ...
 };
 
 Status gemm(const GemmCall& call);

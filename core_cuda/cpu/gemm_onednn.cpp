@@ -109,14 +109,14 @@ Primitive create_primitive(const GemmCall& c) {
   const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
   // Run-time sizes and leading dimensions; which stride is 1 is fixed at creation (with
   // both strides unknown oneDNN 3.2 falls back to its reference kernel).
-  const memory::dim m = all_fixed ? c.m : kRuntime, k = fixed ? c.k : kRuntime,
-                    n = fixed ? c.n : kRuntime;
+  const memory::dim m = all_fixed ? c.m : kRuntime, k = fixed ? c.k : kRuntime, n = fixed ? c.n : kRuntime;
   const memory::desc a({m, k}, onednn_type(c.in_dtype),
                        c.a_transposed ? memory::dims{1, m} : memory::dims{k, 1});
-  const memory::desc b({k, n}, onednn_type(c.in_dtype), c.b_transposed ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc b({k, n}, onednn_type(c.in_dtype),
+                       c.b_transposed ? memory::dims{1, k} : memory::dims{n, 1});
   const memory::desc out({m, n}, onednn_type(c.out_dtype), memory::dims{n, 1});
-  const memory::desc bias = c.bias ? memory::desc({1, n}, onednn_type(c.in_dtype), memory::dims{n, 1})
-                                   : memory::desc();
+  const memory::desc bias =
+      c.bias ? memory::desc({1, n}, onednn_type(c.in_dtype), memory::dims{n, 1}) : memory::desc();
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (c.accumulate) {
@@ -127,15 +127,14 @@ Primitive create_primitive(const GemmCall& c) {
   dnnl::matmul::primitive_desc pd(cpu_engine(), a, b, bias, out, attr);
   // The reference kernel is orders of magnitude slower: treat picking it as a bug.
   const std::string impl = pd.impl_info_str();
-  if (impl.rfind("ref", 0) == 0)
-    throw std::runtime_error("oneDNN chose its reference kernel: " + impl);
+  if (impl.rfind("ref", 0) == 0) throw std::runtime_error("oneDNN chose its reference kernel: " + impl);
   return Primitive{dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
 }
 
 // Held by the caller while it executes, so an eviction by another thread cannot free it.
 std::shared_ptr<const Primitive> cached_primitive(const GemmCall& c) {
   const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
-  const Key key{c.in_dtype, c.out_dtype, c.a_transposed, c.b_transposed, c.bias != nullptr,
+  const Key key{c.in_dtype,   c.out_dtype,         c.a_transposed,  c.b_transposed, c.bias != nullptr,
                 c.accumulate, all_fixed ? c.m : 0, fixed ? c.k : 0, fixed ? c.n : 0};
   return primitive_cache().get(key, [&] { return create_primitive(c); });
 }
@@ -159,7 +158,8 @@ Status execute(const GemmCall& c) {
     thread_local std::vector<char> scratchpad;
     constexpr size_t kPage = 4096;  // the packed weight lives here: keep AMX tile loads aligned
     if (scratchpad.size() < prim.scratchpad_bytes + kPage) scratchpad.resize(prim.scratchpad_bytes + kPage);
-    void* aligned = scratchpad.data() + (kPage - reinterpret_cast<uintptr_t>(scratchpad.data()) % kPage) % kPage;
+    void* aligned =
+        scratchpad.data() + (kPage - reinterpret_cast<uintptr_t>(scratchpad.data()) % kPage) % kPage;
     args.emplace(DNNL_ARG_SCRATCHPAD,
                  memory({{static_cast<memory::dim>(prim.scratchpad_bytes)}, memory::data_type::u8, {1}},
                         engine, aligned));
@@ -215,9 +215,7 @@ Status execute_in_chunks(const GemmCall& c) {
 
 }  // namespace
 
-Status gemm_onednn(const GemmCall& c) {
-  return fixed_contraction(c) ? execute_in_chunks(c) : execute(c);
-}
+Status gemm_onednn(const GemmCall& c) { return fixed_contraction(c) ? execute_in_chunks(c) : execute(c); }
 
 size_t onednn_cached_primitives() { return primitive_cache().size(); }
 

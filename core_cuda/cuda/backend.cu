@@ -61,8 +61,8 @@ Status check_int32(int64_t m, int64_t k, int64_t n, int64_t num_groups) {
 Status check_workspace(const ExecContext& ctx, int64_t num_groups) {
   const int64_t need = workspace_layout(num_groups).bytes;
   if (ctx.workspace == nullptr || ctx.workspace_bytes < need)
-    return Status::Invalid("workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, the call needs " +
-                           std::to_string(need) + " (see workspace_bytes)");
+    return Status::Invalid("workspace has " + std::to_string(ctx.workspace_bytes) +
+                           " bytes, the call needs " + std::to_string(need) + " (see workspace_bytes)");
   if (!is_aligned16(ctx.workspace)) return Status::Invalid("workspace must be 16-byte aligned");
   return Status::Ok();
 }
@@ -115,8 +115,8 @@ class CudaLauncher {
     return device_->status();
   }
   Status setup(const SetupArgs& args) { return launch_setup(args, stream_); }
-  Status fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m, int64_t n, bool k_is_zero,
-                   int64_t num_groups, const void* workspace) {
+  Status fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m, int64_t n,
+                   bool k_is_zero, int64_t num_groups, const void* workspace) {
     return launch_fill_rows(in, out_dtype, out, bias, m, n, k_is_zero, num_groups, workspace, stream_);
   }
   Status grouped_gemm(const GroupedGemmCall& call, bool aligned) {

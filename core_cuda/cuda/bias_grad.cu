@@ -23,14 +23,14 @@ __global__ void bias_grad_kernel(const In* grad, Out* out, int64_t n, const void
 
 }  // namespace
 
-Status launch_bias_grad(DType in, DType out_dtype, const void* grad, void* out, int64_t n,
-                        int64_t num_groups, const void* workspace, cudaStream_t stream) {
+Status launch_bias_grad(DType in, DType out_dtype, const void* grad, void* out, int64_t n, int64_t num_groups,
+                        const void* workspace, cudaStream_t stream) {
   return visit_cuda_dtypes(in, out_dtype, [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
     using Out = decltype(out_tag);
     const dim3 grid(grid_dim(ceil_div(n, kThreads), kMaxGridX), grid_dim(num_groups, kMaxGridYZ));
-    bias_grad_kernel<In, Out><<<grid, kThreads, 0, stream>>>(static_cast<const In*>(grad),
-                                                             static_cast<Out*>(out), n, workspace, num_groups);
+    bias_grad_kernel<In, Out><<<grid, kThreads, 0, stream>>>(
+        static_cast<const In*>(grad), static_cast<Out*>(out), n, workspace, num_groups);
     return last_launch("the bias-gradient kernel");
   });
 }

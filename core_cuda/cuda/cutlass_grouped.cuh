@@ -16,16 +16,20 @@
 namespace groupgemm {
 namespace cuda {
 
-template <GemmLayout L> struct OperandLayouts;
-template <> struct OperandLayouts<GemmLayout::row_row> {
+template <GemmLayout L>
+struct OperandLayouts;
+template <>
+struct OperandLayouts<GemmLayout::row_row> {
   using A = cutlass::layout::RowMajor;
   using B = cutlass::layout::RowMajor;
 };
-template <> struct OperandLayouts<GemmLayout::row_col> {
+template <>
+struct OperandLayouts<GemmLayout::row_col> {
   using A = cutlass::layout::RowMajor;
   using B = cutlass::layout::ColumnMajor;
 };
-template <> struct OperandLayouts<GemmLayout::col_row> {
+template <>
+struct OperandLayouts<GemmLayout::col_row> {
   using A = cutlass::layout::ColumnMajor;
   using B = cutlass::layout::RowMajor;
 };
@@ -56,18 +60,17 @@ struct SimtF32Config {
 
 // The workspace stores each problem as int32 (m, n, k) (workspace.h); CUTLASS reads
 // the same bytes as GemmCoord.
-static_assert(sizeof(cutlass::gemm::GemmCoord) == 3 * sizeof(int32_t) &&
-                  cutlass::gemm::GemmCoord::kM == 0 && cutlass::gemm::GemmCoord::kN == 1 &&
-                  cutlass::gemm::GemmCoord::kK == 2,
+static_assert(sizeof(cutlass::gemm::GemmCoord) == 3 * sizeof(int32_t) && cutlass::gemm::GemmCoord::kM == 0 &&
+                  cutlass::gemm::GemmCoord::kN == 1 && cutlass::gemm::GemmCoord::kK == 2,
               "GemmCoord is not int32 (m, n, k)");
 
 template <typename In, typename Out, GemmLayout L, typename Config>
 Status run_cutlass_grouped(const GroupedGemmLaunch& l) {
   using Epilogue = cutlass::epilogue::thread::LinearCombination<Out, Config::kOutAlignment, float, float>;
   using Kernel = typename cutlass::gemm::kernel::DefaultGemmGrouped<
-      In, typename OperandLayouts<L>::A, cutlass::ComplexTransform::kNone, Config::kAlignment,
-      In, typename OperandLayouts<L>::B, cutlass::ComplexTransform::kNone, Config::kAlignment,
-      Out, cutlass::layout::RowMajor, float, typename Config::OperatorClass, cutlass::arch::Sm80,
+      In, typename OperandLayouts<L>::A, cutlass::ComplexTransform::kNone, Config::kAlignment, In,
+      typename OperandLayouts<L>::B, cutlass::ComplexTransform::kNone, Config::kAlignment, Out,
+      cutlass::layout::RowMajor, float, typename Config::OperatorClass, cutlass::arch::Sm80,
       typename Config::Threadblock, typename Config::Warp, typename Config::Instruction, Epilogue,
       cutlass::gemm::threadblock::GemmBatchedIdentityThreadblockSwizzle, Config::kStages,
       cutlass::gemm::kernel::GroupScheduleMode::kDeviceOnly>::GemmKernel;
@@ -89,17 +92,17 @@ Status run_cutlass_grouped(const GroupedGemmLaunch& l) {
     cached_per_sm.store(per_sm, std::memory_order_relaxed);
   }
 
-  typename Gemm::Arguments args(
-      reinterpret_cast<cutlass::gemm::GemmCoord*>(const_cast<int32_t*>(l.problems)), l.num_groups,
-      sms * per_sm, typename Epilogue::Params(1.0f, l.beta),
-      reinterpret_cast<In**>(l.ptr[0]), reinterpret_cast<In**>(l.ptr[1]),
-      reinterpret_cast<Out**>(l.ptr[2]), reinterpret_cast<Out**>(l.ptr[3]),
-      l.ld[0], l.ld[1], l.ld[2], l.ld[3]);
+  typename Gemm::Arguments args(reinterpret_cast<cutlass::gemm::GemmCoord*>(const_cast<int32_t*>(l.problems)),
+                                l.num_groups, sms * per_sm, typename Epilogue::Params(1.0f, l.beta),
+                                reinterpret_cast<In**>(l.ptr[0]), reinterpret_cast<In**>(l.ptr[1]),
+                                reinterpret_cast<Out**>(l.ptr[2]), reinterpret_cast<Out**>(l.ptr[3]), l.ld[0],
+                                l.ld[1], l.ld[2], l.ld[3]);
   Gemm gemm;
   cutlass::Status s = gemm.initialize(args, nullptr, l.stream);
   if (s == cutlass::Status::kSuccess) s = gemm.run(l.stream);
   if (s != cutlass::Status::kSuccess)
-    return Status::Internal(std::string("CUTLASS grouped GEMM failed: ") + cutlass::cutlassGetStatusString(s));
+    return Status::Internal(std::string("CUTLASS grouped GEMM failed: ") +
+                            cutlass::cutlassGetStatusString(s));
   return Status::Ok();
 }
 

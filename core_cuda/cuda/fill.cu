@@ -26,8 +26,8 @@ __global__ void fill_rows_kernel(Out* out, const In* bias, int64_t m, int64_t n,
 }
 
 template <typename In>
-__global__ void add_bias_rows_kernel(float* out, const In* bias, int64_t m, int64_t n,
-                                     const void* workspace, int64_t num_groups) {
+__global__ void add_bias_rows_kernel(float* out, const In* bias, int64_t m, int64_t n, const void* workspace,
+                                     int64_t num_groups) {
   const WorkspaceView ws = workspace_view(const_cast<void*>(workspace), num_groups);
   for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
     const int64_t local = local_group_of_row(ws, r);
@@ -51,9 +51,8 @@ __global__ void zero_empty_groups_kernel(Out* out, int64_t block_elements, const
 
 }  // namespace
 
-Status launch_fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m,
-                        int64_t n, bool k_is_zero, int64_t num_groups, const void* workspace,
-                        cudaStream_t stream) {
+Status launch_fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m, int64_t n,
+                        bool k_is_zero, int64_t num_groups, const void* workspace, cudaStream_t stream) {
   return visit_cuda_dtypes(in, out_dtype, [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
     using Out = decltype(out_tag);
@@ -63,23 +62,23 @@ Status launch_fill_rows(DType in, DType out_dtype, void* out, const void* bias, 
   });
 }
 
-Status launch_add_bias_rows(DType in, float* out, const void* bias, int64_t m, int64_t n,
-                            int64_t num_groups, const void* workspace, cudaStream_t stream) {
+Status launch_add_bias_rows(DType in, float* out, const void* bias, int64_t m, int64_t n, int64_t num_groups,
+                            const void* workspace, cudaStream_t stream) {
   return visit_cuda_dtype(in, [&](auto in_tag) {
     using In = decltype(in_tag);
-    add_bias_rows_kernel<In><<<row_blocks(m), kThreads, 0, stream>>>(
-        out, static_cast<const In*>(bias), m, n, workspace, num_groups);
+    add_bias_rows_kernel<In><<<row_blocks(m), kThreads, 0, stream>>>(out, static_cast<const In*>(bias), m, n,
+                                                                     workspace, num_groups);
     return last_launch("the bias kernel");
   });
 }
 
-Status launch_zero_empty_groups(DType out_dtype, void* out, int64_t block_elements,
-                                int64_t num_groups, const void* workspace, cudaStream_t stream) {
+Status launch_zero_empty_groups(DType out_dtype, void* out, int64_t block_elements, int64_t num_groups,
+                                const void* workspace, cudaStream_t stream) {
   return visit_cuda_dtype(out_dtype, [&](auto out_tag) {
     using Out = decltype(out_tag);
     const dim3 grid(grid_dim(ceil_div(block_elements, kThreads), 64), grid_dim(num_groups, kMaxGridYZ));
-    zero_empty_groups_kernel<Out><<<grid, kThreads, 0, stream>>>(static_cast<Out*>(out), block_elements,
-                                                                 workspace, num_groups);
+    zero_empty_groups_kernel<Out>
+        <<<grid, kThreads, 0, stream>>>(static_cast<Out*>(out), block_elements, workspace, num_groups);
     return last_launch("the empty-group kernel");
   });
 }

@@ -13,7 +13,7 @@ namespace {
 constexpr int kTile = 16;
 
 template <typename In, typename Out>
-__global__ void __launch_bounds__(kTile * kTile)
+__global__ void __launch_bounds__(kTile* kTile)
     unaligned_gemm_kernel(GroupedGemmLaunch l, bool a_col, bool b_col) {
   __shared__ float a_tile[kTile][kTile + 1];
   __shared__ float b_tile[kTile][kTile + 1];

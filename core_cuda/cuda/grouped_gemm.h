@@ -14,15 +14,15 @@ namespace cuda {
 // A GroupedGemmCall (call_sequence.h) with the workspace's device arrays and the stream.
 struct GroupedGemmLaunch {
   DType in_dtype;
-  DType out_dtype;         // D, and C when beta != 0
+  DType out_dtype;  // D, and C when beta != 0
   GemmLayout layout;
   const int32_t* problems;  // device GemmCoord[num_groups]; 0 x 0 x 0 for skipped groups
   int num_groups;
-  void** ptr[4];           // device arrays: A, B, C, D per group
-  int64_t* ld[4];          // device arrays: lda, ldb, ldc, ldd per group
-  float beta;              // 0: D = A B;  1: D = A B + C (bias row, or D when accumulating)
-  int max_m;               // bound on any group's m (grid size of the fallback kernel)
-  int n;                   // every group's n
+  void** ptr[4];   // device arrays: A, B, C, D per group
+  int64_t* ld[4];  // device arrays: lda, ldb, ldc, ldd per group
+  float beta;      // 0: D = A B;  1: D = A B + C (bias row, or D when accumulating)
+  int max_m;       // bound on any group's m (grid size of the fallback kernel)
+  int n;           // every group's n
   cudaStream_t stream;
 };
 

@@ -21,19 +21,18 @@ Status check_dims(int64_t m, int64_t k, int64_t n, int64_t num_groups) {
 
 // Output is the input dtype or, for 16-bit inputs, float32. float64 is CPU-only.
 Status check_dtypes(DType in, DType out, Device device, bool accumulate) {
-  if (in == DType::f64 && device != Device::cpu)
-    return Status::Invalid("float64 is supported on CPU only");
+  if (in == DType::f64 && device != Device::cpu) return Status::Invalid("float64 is supported on CPU only");
   if (accumulate) {
     const DType want = in == DType::f64 ? DType::f64 : DType::f32;
     if (out != want)
-      return Status::Invalid(std::string("accumulate_into must be ") + dtype_name(want) +
-                             ", got " + dtype_name(out));
+      return Status::Invalid(std::string("accumulate_into must be ") + dtype_name(want) + ", got " +
+                             dtype_name(out));
     return Status::Ok();
   }
   const bool wider16 = (in == DType::bf16 || in == DType::f16) && out == DType::f32;
   if (out != in && !wider16)
-    return Status::Invalid(std::string("output dtype ") + dtype_name(out) +
-                           " is not allowed for " + dtype_name(in) + " inputs");
+    return Status::Invalid(std::string("output dtype ") + dtype_name(out) + " is not allowed for " +
+                           dtype_name(in) + " inputs");
   return Status::Ok();
 }
 
@@ -47,8 +46,8 @@ Status check_groups(const IndexArray& sizes, const IndexArray& offset, int64_t n
   } else {
     if (offset.count != 1) return Status::Invalid("group_offset must be a scalar");
     if (sizes.count < num_groups)
-      return Status::Invalid("group_sizes has " + str(sizes.count) +
-                             " entries, fewer than the " + str(num_groups) + " local groups");
+      return Status::Invalid("group_sizes has " + str(sizes.count) + " entries, fewer than the " +
+                             str(num_groups) + " local groups");
   }
   return Status::Ok();
 }

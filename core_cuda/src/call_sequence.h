@@ -71,20 +71,20 @@ Status enqueue_grouped_matmul(const MatmulArgs& a, void* workspace, Launcher& la
   // The epilogue adds C in the output dtype: a bias of another dtype is added afterwards.
   const bool bias_in_epilogue = a.bias && a.out_dtype == a.in_dtype;
   const int64_t in_bytes = dtype_size(a.in_dtype), out_bytes = dtype_size(a.out_dtype);
-  const GemmOperands ops{a.lhs, a.rhs, bias_in_epilogue ? a.bias : nullptr, a.out,
-                         in_bytes, in_bytes, in_bytes, out_bytes};
+  const GemmOperands ops{a.lhs,    a.rhs,    bias_in_epilogue ? a.bias : nullptr, a.out, in_bytes, in_bytes,
+                         in_bytes, out_bytes};
   GG_RETURN_IF_ERROR(launch.setup({SetupKind::forward, a.group_sizes, a.group_offset, a.num_groups, a.m, a.k,
                                    a.n, a.transpose_rhs, false, ops, workspace}));
-  GG_RETURN_IF_ERROR(launch.fill_rows(a.in_dtype, a.out_dtype, a.out, a.bias, a.m, a.n, a.k == 0,
-                                      a.num_groups, workspace));
+  GG_RETURN_IF_ERROR(
+      launch.fill_rows(a.in_dtype, a.out_dtype, a.out, a.bias, a.m, a.n, a.k == 0, a.num_groups, workspace));
   if (a.k == 0 || a.num_groups == 0) return Status::Ok();  // the fill wrote every row
 
   const GemmLayout layout = a.transpose_rhs ? GemmLayout::row_col : GemmLayout::row_row;
-  const bool aligned = tensor_core_aligned(a.in_dtype, a.k, a.n,
-                                           {a.lhs, a.rhs, a.out, bias_in_epilogue ? a.bias : nullptr});
-  GG_RETURN_IF_ERROR(launch.grouped_gemm({a.in_dtype, a.out_dtype, layout, a.num_groups,
-                                          bias_in_epilogue ? 1.0f : 0.0f, a.m, a.n, workspace},
-                                         aligned));
+  const bool aligned =
+      tensor_core_aligned(a.in_dtype, a.k, a.n, {a.lhs, a.rhs, a.out, bias_in_epilogue ? a.bias : nullptr});
+  GG_RETURN_IF_ERROR(launch.grouped_gemm(
+      {a.in_dtype, a.out_dtype, layout, a.num_groups, bias_in_epilogue ? 1.0f : 0.0f, a.m, a.n, workspace},
+      aligned));
   if (a.bias && !bias_in_epilogue)
     return launch.add_bias_rows(a.in_dtype, static_cast<float*>(a.out), a.bias, a.m, a.n, a.num_groups,
                                 workspace);
@@ -97,10 +97,10 @@ Status enqueue_grouped_matmul_wgrad(const WgradArgs& a, void* workspace, Launche
   if (a.num_groups == 0 || a.k == 0 || a.n == 0) return Status::Ok();  // the output is empty
   GG_RETURN_IF_ERROR(launch.start());
   const int64_t in_bytes = dtype_size(a.in_dtype), out_bytes = dtype_size(a.out_dtype);
-  const GemmOperands ops{a.lhs, a.grad, a.accumulate ? a.out : nullptr, a.out,
-                         in_bytes, in_bytes, out_bytes, out_bytes};
-  GG_RETURN_IF_ERROR(launch.setup({SetupKind::wgrad, a.group_sizes, a.group_offset, a.num_groups, a.m, a.k, a.n,
-                                   false, a.accumulate, ops, workspace}));
+  const GemmOperands ops{a.lhs,     a.grad,   a.accumulate ? a.out : nullptr, a.out, in_bytes, in_bytes,
+                         out_bytes, out_bytes};
+  GG_RETURN_IF_ERROR(launch.setup({SetupKind::wgrad, a.group_sizes, a.group_offset, a.num_groups, a.m, a.k,
+                                   a.n, false, a.accumulate, ops, workspace}));
   if (!a.accumulate)
     GG_RETURN_IF_ERROR(launch.zero_empty_groups(a.out_dtype, a.out, a.k * a.n, a.num_groups, workspace));
   if (a.m == 0) return Status::Ok();  // every group is empty
@@ -115,8 +115,17 @@ template <typename Launcher>
 Status enqueue_grouped_bias_grad(const BiasGradArgs& a, void* workspace, Launcher& launch) {
   if (a.num_groups == 0 || a.n == 0) return Status::Ok();  // the output is empty
   GG_RETURN_IF_ERROR(launch.start());
-  GG_RETURN_IF_ERROR(launch.setup({SetupKind::rows_only, a.group_sizes, a.group_offset, a.num_groups, a.m, 0,
-                                   a.n, false, false, {}, workspace}));
+  GG_RETURN_IF_ERROR(launch.setup({SetupKind::rows_only,
+                                   a.group_sizes,
+                                   a.group_offset,
+                                   a.num_groups,
+                                   a.m,
+                                   0,
+                                   a.n,
+                                   false,
+                                   false,
+                                   {},
+                                   workspace}));
   return launch.bias_grad(a.in_dtype, a.out_dtype, a.grad, a.out, a.n, a.num_groups, workspace);
 }
 

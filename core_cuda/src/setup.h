@@ -39,8 +39,8 @@ GG_HD int64_t chunk_rows(const SetupArgs& a, RowRange chunk) {
 
 // Given the row where the chunk starts (the scan's result), writes the window's
 // boundaries that fall in the chunk.
-GG_HD void write_chunk_boundaries(const SetupArgs& a, const WorkspaceView& ws, GroupWindow w,
-                                  RowRange chunk, int64_t row) {
+GG_HD void write_chunk_boundaries(const SetupArgs& a, const WorkspaceView& ws, GroupWindow w, RowRange chunk,
+                                  int64_t row) {
   for (int64_t g = chunk.begin; g < chunk.end; ++g) {
     if (g == w.first) ws.boundary[0] = row;
     row = next_row_boundary(row, load_index(a.group_sizes.data, a.group_sizes.type, g), a.m);

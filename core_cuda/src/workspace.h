@@ -100,7 +100,8 @@ GG_HD void write_group(const WorkspaceView& ws, int64_t local, const GroupProble
   char* d = static_cast<char*>(ops.d) + p.d_offset * ops.d_bytes;
   ws.ptr[0][local] = const_cast<char*>(static_cast<const char*>(ops.a) + p.a_offset * ops.a_bytes);
   ws.ptr[1][local] = const_cast<char*>(static_cast<const char*>(ops.b) + p.b_offset * ops.b_bytes);
-  ws.ptr[2][local] = ops.c ? const_cast<char*>(static_cast<const char*>(ops.c) + p.c_offset * ops.c_bytes) : d;
+  ws.ptr[2][local] =
+      ops.c ? const_cast<char*>(static_cast<const char*>(ops.c) + p.c_offset * ops.c_bytes) : d;
   ws.ptr[3][local] = d;
   ws.ld[0][local] = p.lda;
   ws.ld[1][local] = p.ldb;

@@ -31,14 +31,14 @@ namespace {
 
 int passed = 0, failed = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (cond) {                                                              \
-      ++passed;                                                              \
-    } else {                                                                 \
-      ++failed;                                                              \
+#define CHECK(cond)                                                                      \
+  do {                                                                                   \
+    if (cond) {                                                                          \
+      ++passed;                                                                          \
+    } else {                                                                             \
+      ++failed;                                                                          \
       std::printf("FAILED %s:%d [%s]: %s\n", __FILE__, __LINE__, g_case.c_str(), #cond); \
-    }                                                                        \
+    }                                                                                    \
   } while (0)
 
 std::string g_case;
@@ -49,10 +49,10 @@ void test_schedule() {
   g_case = "schedule";
   const int64_t big = std::numeric_limits<int64_t>::max();
   CHECK(next_row_boundary(0, 5, 10) == 5);
-  CHECK(next_row_boundary(8, 5, 10) == 10);       // clipped to M
-  CHECK(next_row_boundary(3, -7, 10) == 3);       // negative counts as 0
-  CHECK(next_row_boundary(9, big, 10) == 10);     // no overflow
-  const int64_t m_big = int64_t(3) << 31;         // M*K beyond 2^31 is plain int64 math
+  CHECK(next_row_boundary(8, 5, 10) == 10);    // clipped to M
+  CHECK(next_row_boundary(3, -7, 10) == 3);    // negative counts as 0
+  CHECK(next_row_boundary(9, big, 10) == 10);  // no overflow
+  const int64_t m_big = int64_t(3) << 31;      // M*K beyond 2^31 is plain int64 math
   CHECK(next_row_boundary(m_big - 1, big, m_big) == m_big);
 
   GroupWindow w = group_window(0, 4, 4);
@@ -116,10 +116,14 @@ void test_schedule() {
 void test_dtype_list() {
   g_case = "dtype_list";
   CHECK(kNumDTypes == 4);
-  CHECK(int(DType::f32) == 0 && dtype_size(DType::f32) == 4 && std::string(dtype_name(DType::f32)) == "float32");
-  CHECK(int(DType::bf16) == 1 && dtype_size(DType::bf16) == 2 && std::string(dtype_name(DType::bf16)) == "bfloat16");
-  CHECK(int(DType::f16) == 2 && dtype_size(DType::f16) == 2 && std::string(dtype_name(DType::f16)) == "float16");
-  CHECK(int(DType::f64) == 3 && dtype_size(DType::f64) == 8 && std::string(dtype_name(DType::f64)) == "float64");
+  CHECK(int(DType::f32) == 0 && dtype_size(DType::f32) == 4 &&
+        std::string(dtype_name(DType::f32)) == "float32");
+  CHECK(int(DType::bf16) == 1 && dtype_size(DType::bf16) == 2 &&
+        std::string(dtype_name(DType::bf16)) == "bfloat16");
+  CHECK(int(DType::f16) == 2 && dtype_size(DType::f16) == 2 &&
+        std::string(dtype_name(DType::f16)) == "float16");
+  CHECK(int(DType::f64) == 3 && dtype_size(DType::f64) == 8 &&
+        std::string(dtype_name(DType::f64)) == "float64");
 }
 
 // ---- both backends on the case table ----------------------------------------------
@@ -128,8 +132,8 @@ struct Case {
   const char* name;
   int64_t m, k, n;
   std::vector<int64_t> sizes;
-  int64_t num_local;   // -1: sizes.size()
-  int64_t offset;      // used when num_local >= 0
+  int64_t num_local;  // -1: sizes.size()
+  int64_t offset;     // used when num_local >= 0
 };
 
 std::vector<std::pair<int64_t, int64_t>> ref_rows(const Case& c, int64_t g_local) {
@@ -139,8 +143,10 @@ std::vector<std::pair<int64_t, int64_t>> ref_rows(const Case& c, int64_t g_local
     start[i + 1] = std::min(start[i] + std::max<int64_t>(c.sizes[i], 0), c.m);
   for (int64_t l = 0; l < g_local; ++l) {
     const int64_t g = (c.num_local >= 0 ? c.offset : 0) + l;
-    if (g >= 0 && g < int64_t(c.sizes.size())) rows.push_back({start[g], start[g + 1]});
-    else rows.push_back({0, 0});
+    if (g >= 0 && g < int64_t(c.sizes.size()))
+      rows.push_back({start[g], start[g + 1]});
+    else
+      rows.push_back({0, 0});
   }
   return rows;
 }
@@ -148,10 +154,14 @@ std::vector<std::pair<int64_t, int64_t>> ref_rows(const Case& c, int64_t g_local
 // Storage types of the four dtypes: double, float, cpu::bf16_t, cpu::f16_t.
 template <typename T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, double>) return DType::f64;
-  else if constexpr (std::is_same_v<T, float>) return DType::f32;
-  else if constexpr (std::is_same_v<T, cpu::bf16_t>) return DType::bf16;
-  else return DType::f16;
+  if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<T, cpu::bf16_t>)
+    return DType::bf16;
+  else
+    return DType::f16;
 }
 
 template <typename T>
@@ -203,7 +213,10 @@ std::vector<T> nan_vec(int64_t count) {  // dirty output memory
 template <typename T>
 bool close(T a, double b) {
   const DType t = dtype_of<T>();
-  const double tol = t == DType::f64 ? 1e-10 : t == DType::f32 ? 1e-4 : t == DType::f16 ? 1.0 / 1024 : 1.0 / 128;
+  const double tol = t == DType::f64   ? 1e-10
+                     : t == DType::f32 ? 1e-4
+                     : t == DType::f16 ? 1.0 / 1024
+                                       : 1.0 / 128;
   return std::fabs(to_double(a) - b) <= tol * std::max(1.0, std::fabs(b));
 }
 
@@ -214,7 +227,8 @@ bool close(T a, double b) {
 bool expect_aligned_kernel(DType in, int64_t k, int64_t n, std::initializer_list<const void*> operands) {
   if (in == DType::f32) return true;
   bool aligned = k % 8 == 0 && n % 8 == 0;
-  for (const void* p : operands) aligned = aligned && (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0);
+  for (const void* p : operands)
+    aligned = aligned && (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0);
   return aligned;
 }
 
@@ -241,7 +255,8 @@ Runner cpu_backend() {
           [](const MatmulArgs& a) { return grouped_matmul(a, ExecContext{}); },
           [](const WgradArgs& a) { return grouped_matmul_wgrad(a, ExecContext{}); },
           [](const BiasGradArgs& a) { return grouped_bias_grad(a, ExecContext{}); },
-          nullptr, 0};
+          nullptr,
+          0};
 }
 
 // The setup kernel's scan with `scan_chunks` chunks: one, uneven ones, the kernel's block.
@@ -264,7 +279,8 @@ Runner emulated_cuda(int64_t scan_chunks) {
           [run](const BiasGradArgs& a) {
             return run(a, a.num_groups, enqueue_grouped_bias_grad<emulated::HostLauncher>);
           },
-          record, scan_chunks};
+          record,
+          scan_chunks};
 }
 
 // Element offsets from a 64-byte boundary of each operand (all 0: every one aligned).
@@ -283,7 +299,8 @@ void run_case(const Case& c, const Runner& run, Shifts shift = {}) {
   g_case = label;
   const int64_t G = c.num_local >= 0 ? c.num_local : int64_t(c.sizes.size());
   std::mt19937 rng(42);
-  Buffer<In> lhs(random_vec<In>(c.m * c.k, rng), shift.lhs), rhs(random_vec<In>(G * c.k * c.n, rng), shift.rhs);
+  Buffer<In> lhs(random_vec<In>(c.m * c.k, rng), shift.lhs),
+      rhs(random_vec<In>(G * c.k * c.n, rng), shift.rhs);
   Buffer<In> bias(random_vec<In>(G * c.n, rng), shift.bias), dout(random_vec<In>(c.m * c.n, rng), shift.grad);
   const auto rows = ref_rows(c, G);
   IndexArray sizes{c.sizes.data(), IndexType::i64, int64_t(c.sizes.size())};
@@ -321,7 +338,8 @@ void run_case(const Case& c, const Runner& run, Shifts shift = {}) {
       CHECK(rec.late_bias == (late_bias ? 1 : 0));
       CHECK(rec.zero_k_problems == 0);  // no k = 0 problem reaches the GEMM
       if (gemm && cuda_dtype) {
-        const bool want = expect_aligned_kernel(in, c.k, c.n, {a.lhs, a.rhs, a.out, late_bias ? nullptr : a.bias});
+        const bool want =
+            expect_aligned_kernel(in, c.k, c.n, {a.lhs, a.rhs, a.out, late_bias ? nullptr : a.bias});
         CHECK(rec.gemm_aligned == want);
         PathsSeen& seen = g_forward_paths[int(in)];
         ++(rec.gemm_aligned ? seen.aligned : seen.unaligned);
@@ -382,8 +400,10 @@ void run_case(const Case& c, const Runner& run, Shifts shift = {}) {
     for (int64_t j = 0; j < c.n; ++j) {
       double want = 0;
       for (int64_t r = rows[g].first; r < rows[g].second; ++r) want += to_double(dout[r * c.n + j]);
-      if (rows[g].second == rows[g].first) CHECK(to_double(dbias[g * c.n + j]) == 0.0);
-      else CHECK(close(dbias[g * c.n + j], want));
+      if (rows[g].second == rows[g].first)
+        CHECK(to_double(dbias[g * c.n + j]) == 0.0);
+      else
+        CHECK(close(dbias[g * c.n + j], want));
     }
 }
 
@@ -514,8 +534,9 @@ void test_workspace() {
   for (int64_t g : {0, 1, 3, 64, 1000}) {
     const WorkspaceLayout l = workspace_layout(g);
     const int64_t starts[] = {l.window, l.boundary, l.action, l.problem, l.ptr[0], l.ptr[1], l.ptr[2],
-                              l.ptr[3], l.ld[0], l.ld[1], l.ld[2], l.ld[3], l.bytes};
-    const int64_t sizes[] = {32, (g + 1) * 8, g * 4, g * 12, g * 8, g * 8, g * 8, g * 8, g * 8, g * 8, g * 8, g * 8};
+                              l.ptr[3], l.ld[0],    l.ld[1],  l.ld[2],   l.ld[3],  l.bytes};
+    const int64_t sizes[] = {32,    (g + 1) * 8, g * 4, g * 12, g * 8, g * 8,
+                             g * 8, g * 8,       g * 8, g * 8,  g * 8, g * 8};
     for (int i = 0; i < 12; ++i) {
       CHECK(starts[i] % 16 == 0);
       CHECK(starts[i] + sizes[i] <= starts[i + 1]);  // in order, no overlap
@@ -539,7 +560,7 @@ void test_workspace() {
   CHECK(static_cast<const char*>(ws.ptr[3][1]) == base + 3 + begin * n * 4);
   CHECK(ws.ld[0][1] == k && ws.ld[1][1] == k && ws.ld[2][1] == 0 && ws.ld[3][1] == n);
   write_group(ws, 0, forward_problem({0, 5}, 0, k, n, false), ops);
-  CHECK(ws.ld[1][0] == n);  // [K, N] weight
+  CHECK(ws.ld[1][0] == n);                                           // [K, N] weight
   write_group(ws, 0, forward_problem({7, 7}, 0, k, n, false), ops);  // empty: no GEMM problem
   CHECK(ws.action[0] == int32_t(GroupAction::leave_untouched));
   CHECK(ws.problem[0] == 0 && ws.problem[1] == 0 && ws.problem[2] == 0);
@@ -607,7 +628,8 @@ void check_gemm_paths_seen() {
 int main() {
   test_schedule();
   test_dtype_list();
-  const Case aligned_shape = {"k_n_multiples_of_8", 40, 16, 8, {8, 0, 24, 8}, -1, 0};  // 16-bit: aligned kernel
+  const Case aligned_shape = {"k_n_multiples_of_8", 40, 16, 8,
+                              {8, 0, 24, 8},        -1, 0};  // 16-bit: aligned kernel
   const std::vector<Case> cases = {
       {"uniform", 24, 8, 6, {6, 6, 6, 6}, -1, 0},
       {"first_empty", 24, 8, 6, {0, 8, 8, 8}, -1, 0},
@@ -636,7 +658,7 @@ int main() {
   }
   // One operand an element past a 16-byte boundary (a view at an odd offset): a 16-bit
   // GEMM that reads or writes it runs the unaligned kernel; a late bias is not the GEMM's.
-  for (int64_t Shifts::*operand : {&Shifts::lhs, &Shifts::rhs, &Shifts::bias, &Shifts::grad, &Shifts::out}) {
+  for (int64_t Shifts::* operand : {&Shifts::lhs, &Shifts::rhs, &Shifts::bias, &Shifts::grad, &Shifts::out}) {
     Shifts shift;
     shift.*operand = 1;
     run_all_dtypes(aligned_shape, cpu, shift);

@@ -33,8 +33,10 @@ using Accumulator = std::conditional_t<std::is_same_v<In, double>, double, float
 // A value rounded to the storage type Out, as the kernels' Out(float) conversion does.
 template <typename Out, typename V>
 Out store(V v) {
-  if constexpr (std::is_same_v<Out, double>) return static_cast<double>(v);
-  else return cpu::narrow<Out>(static_cast<float>(v));
+  if constexpr (std::is_same_v<Out, double>)
+    return static_cast<double>(v);
+  else
+    return cpu::narrow<Out>(static_cast<float>(v));
 }
 
 // Calls fn(In{}, Out{}) with the storage types of two dtypes.
@@ -96,7 +98,8 @@ class HostLauncher {
         if (!fill.write) continue;
         const In* bias_row = fill.local >= 0 ? static_cast<const In*>(bias) + fill.local * n : nullptr;
         for (int64_t j = 0; j < n; ++j)
-          static_cast<Out*>(out)[r * n + j] = bias_row ? store<Out>(cpu::widen(bias_row[j])) : store<Out>(0.0f);
+          static_cast<Out*>(out)[r * n + j] =
+              bias_row ? store<Out>(cpu::widen(bias_row[j])) : store<Out>(0.0f);
       }
     });
     return Status::Ok();
@@ -106,9 +109,8 @@ class HostLauncher {
   Status grouped_gemm(const GroupedGemmCall& call, bool aligned) {
     ++record_.gemms;
     record_.gemm_aligned = aligned;
-    visit_dtypes(call.in_dtype, call.out_dtype, [&](auto in_tag, auto out_tag) {
-      run_gemms<decltype(in_tag), decltype(out_tag)>(call);
-    });
+    visit_dtypes(call.in_dtype, call.out_dtype,
+                 [&](auto in_tag, auto out_tag) { run_gemms<decltype(in_tag), decltype(out_tag)>(call); });
     return Status::Ok();
   }
 
@@ -152,7 +154,8 @@ class HostLauncher {
         const RowRange rows = workspace_group_rows(ws, local);
         for (int64_t j = 0; j < n; ++j) {
           Accumulator<In> sum = 0;  // an empty group sums to exactly 0
-          for (int64_t r = rows.begin; r < rows.end; ++r) sum += cpu::widen(static_cast<const In*>(grad)[r * n + j]);
+          for (int64_t r = rows.begin; r < rows.end; ++r)
+            sum += cpu::widen(static_cast<const In*>(grad)[r * n + j]);
           static_cast<Out*>(out)[local * n + j] = store<Out>(sum);
         }
       }

@@ -41,7 +41,8 @@ bool index_array(const ffi::AnyBuffer& b, IndexArray* out) {
 }
 
 ffi::Error dtype_error(const char* what) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("groupgemm: unsupported dtype for ") + what);
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                    std::string("groupgemm: unsupported dtype for ") + what);
 }
 
 ExecContext context(Device device, void* stream, ffi::AnyBuffer* workspace) {
@@ -55,8 +56,8 @@ ExecContext context(Device device, void* stream, ffi::AnyBuffer* workspace) {
 // out[M,N] = lhs @ rhs[g] (+ bias[g]); `bias` is a size-0 placeholder when !has_bias.
 ffi::Error matmul(Device device, void* stream, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                   ffi::AnyBuffer group_sizes, ffi::AnyBuffer group_offset, ffi::AnyBuffer bias,
-                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
-                  bool transpose_rhs, bool has_bias) {
+                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, bool transpose_rhs,
+                  bool has_bias) {
   MatmulArgs a;
   if (!float_dtype(lhs.element_type(), &a.in_dtype) || !float_dtype(out->element_type(), &a.out_dtype))
     return dtype_error("grouped_matmul");
@@ -109,33 +110,60 @@ ffi::Error bias_grad(Device device, void* stream, ffi::AnyBuffer grad, ffi::AnyB
 // Bindings: operands, results, attributes. The CUDA variants add the stream context.
 auto matmul_binding() {
   return ffi::Ffi::Bind()
-      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
-      .Attr<bool>("transpose_rhs").Attr<bool>("has_bias");
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<bool>("transpose_rhs")
+      .Attr<bool>("has_bias");
 }
 auto wgrad_binding() {
   return ffi::Ffi::Bind()
-      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<bool>("accumulate");
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<bool>("accumulate");
 }
 auto bias_grad_binding() {
   return ffi::Ffi::Bind()
-      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>();
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
 }
 
 template <typename... Rest>
-ffi::Error matmul_cpu(Rest... rest) { return matmul(Device::cpu, nullptr, rest...); }
+ffi::Error matmul_cpu(Rest... rest) {
+  return matmul(Device::cpu, nullptr, rest...);
+}
 template <typename... Rest>
-ffi::Error matmul_cuda(void* stream, Rest... rest) { return matmul(Device::cuda, stream, rest...); }
+ffi::Error matmul_cuda(void* stream, Rest... rest) {
+  return matmul(Device::cuda, stream, rest...);
+}
 template <typename... Rest>
-ffi::Error wgrad_cpu(Rest... rest) { return wgrad(Device::cpu, nullptr, rest...); }
+ffi::Error wgrad_cpu(Rest... rest) {
+  return wgrad(Device::cpu, nullptr, rest...);
+}
 template <typename... Rest>
-ffi::Error wgrad_cuda(void* stream, Rest... rest) { return wgrad(Device::cuda, stream, rest...); }
+ffi::Error wgrad_cuda(void* stream, Rest... rest) {
+  return wgrad(Device::cuda, stream, rest...);
+}
 template <typename... Rest>
-ffi::Error bias_grad_cpu(Rest... rest) { return bias_grad(Device::cpu, nullptr, rest...); }
+ffi::Error bias_grad_cpu(Rest... rest) {
+  return bias_grad(Device::cpu, nullptr, rest...);
+}
 template <typename... Rest>
-ffi::Error bias_grad_cuda(void* stream, Rest... rest) { return bias_grad(Device::cuda, stream, rest...); }
+ffi::Error bias_grad_cuda(void* stream, Rest... rest) {
+  return bias_grad(Device::cuda, stream, rest...);
+}
 
 using Buf = ffi::AnyBuffer;
 using Out = ffi::Result<ffi::AnyBuffer>;
@@ -143,40 +171,58 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 XLA_FFI_DEFINE_HANDLER(kMatmulCpu, (matmul_cpu<Buf, Buf, Buf, Buf, Buf, Out, Out, bool, bool>),
                        matmul_binding());
 XLA_FFI_DEFINE_HANDLER(kMatmulCuda, (matmul_cuda<Buf, Buf, Buf, Buf, Buf, Out, Out, bool, bool>),
-                       ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()
-                           .Arg<Buf>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Ret<Buf>().Ret<Buf>()
-                           .Attr<bool>("transpose_rhs").Attr<bool>("has_bias"),
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<void*>>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Ret<Buf>()
+                           .Ret<Buf>()
+                           .Attr<bool>("transpose_rhs")
+                           .Attr<bool>("has_bias"),
                        {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(kWgradCpu, (wgrad_cpu<Buf, Buf, Buf, Buf, Buf, Out, Out, bool>), wgrad_binding());
 XLA_FFI_DEFINE_HANDLER(kWgradCuda, (wgrad_cuda<Buf, Buf, Buf, Buf, Buf, Out, Out, bool>),
-                       ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()
-                           .Arg<Buf>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Ret<Buf>().Ret<Buf>()
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<void*>>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Ret<Buf>()
+                           .Ret<Buf>()
                            .Attr<bool>("accumulate"),
                        {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(kBiasGradCpu, (bias_grad_cpu<Buf, Buf, Buf, Out, Out>), bias_grad_binding());
-XLA_FFI_DEFINE_HANDLER(kBiasGradCuda, (bias_grad_cuda<Buf, Buf, Buf, Out, Out>),
-                       ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()
-                           .Arg<Buf>().Arg<Buf>().Arg<Buf>().Ret<Buf>().Ret<Buf>(),
-                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(
+    kBiasGradCuda, (bias_grad_cuda<Buf, Buf, Buf, Out, Out>),
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Ret<Buf>().Ret<Buf>(),
+    {ffi::Traits::kCmdBufferCompatible});
 
 nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
 
 }  // namespace
 
 void bind_ffi_handlers(nb::module_& m) {
-  m.def("ffi_handlers", [] {
-    nb::dict cpu, cuda;
-    cpu["groupgemm_matmul"] = capsule(kMatmulCpu);
-    cpu["groupgemm_wgrad"] = capsule(kWgradCpu);
-    cpu["groupgemm_bias_grad"] = capsule(kBiasGradCpu);
-    cuda["groupgemm_matmul"] = capsule(kMatmulCuda);
-    cuda["groupgemm_wgrad"] = capsule(kWgradCuda);
-    cuda["groupgemm_bias_grad"] = capsule(kBiasGradCuda);
-    nb::dict out;
-    out["cpu"] = cpu;
-    out["CUDA"] = cuda;
-    return out;
-  }, "XLA FFI handler capsules by platform, then target name.");
+  m.def(
+      "ffi_handlers",
+      [] {
+        nb::dict cpu, cuda;
+        cpu["groupgemm_matmul"] = capsule(kMatmulCpu);
+        cpu["groupgemm_wgrad"] = capsule(kWgradCpu);
+        cpu["groupgemm_bias_grad"] = capsule(kBiasGradCpu);
+        cuda["groupgemm_matmul"] = capsule(kMatmulCuda);
+        cuda["groupgemm_wgrad"] = capsule(kWgradCuda);
+        cuda["groupgemm_bias_grad"] = capsule(kBiasGradCuda);
+        nb::dict out;
+        out["cpu"] = cpu;
+        out["CUDA"] = cuda;
+        return out;
+      },
+      "XLA FFI handler capsules by platform, then target name.");
 }
 
 }  // namespace groupgemm

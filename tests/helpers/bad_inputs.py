@@ -6,10 +6,9 @@ argument. ``message`` is a regular expression; ``{lhs}``, ``{rhs}``, ``{transpos
 import dataclasses
 import re
 import types
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
-
 from cases import case, inputs
 
 BOTH = ("jax", "torch")

@@ -2,7 +2,6 @@
 
 import numpy as np
 
-
 BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 

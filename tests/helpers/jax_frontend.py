@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import jax.test_util
 import numpy as np
+from cases import inputs
 
 import groupgemm.jax as gj
-from cases import inputs
 from groupgemm import _contract
 
 NAME = "jax"

@@ -3,10 +3,10 @@ GroupedLinear layers, combine. Group sizes stay tensors (no host sync), so the b
 compiles with torch.compile(fullgraph=True)."""
 
 import torch
+from moe_dispatch import sort_by_expert
 from torch import nn
 
 from groupgemm.torch import GroupedLinear
-from moe_dispatch import sort_by_expert
 
 
 class MoEBlock(nn.Module):

@@ -1,7 +1,6 @@
 """Float64 NumPy reference of DESIGN.md §2, written independently of the core."""
 
 import numpy as np
-
 from cases import TOLERANCE
 
 

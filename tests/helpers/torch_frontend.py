@@ -4,9 +4,9 @@ import contextlib
 
 import numpy as np
 import torch
+from cases import inputs
 
 import groupgemm.torch as gt
-from cases import inputs
 from groupgemm import _contract
 
 NAME = "torch"

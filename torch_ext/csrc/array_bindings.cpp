@@ -36,14 +36,16 @@ IndexArray index_array(const Array& a, const char* name) {
 
 void expect_rank(const Array& a, size_t rank, const char* name) {
   if (a.ndim() != rank)
-    throw nb::value_error((std::string(name) + " must have rank " + std::to_string(rank) +
-                           ", got " + std::to_string(a.ndim())).c_str());
+    throw nb::value_error(
+        (std::string(name) + " must have rank " + std::to_string(rank) + ", got " + std::to_string(a.ndim()))
+            .c_str());
 }
 
 void expect_dim(const Array& a, size_t axis, int64_t want, const char* name) {
   if (static_cast<int64_t>(a.shape(axis)) != want)
     throw nb::value_error((std::string(name) + " dimension " + std::to_string(axis) + " is " +
-                           std::to_string(a.shape(axis)) + ", expected " + std::to_string(want)).c_str());
+                           std::to_string(a.shape(axis)) + ", expected " + std::to_string(want))
+                              .c_str());
 }
 
 // All arrays of one call live on one device; that device and the stream make the context.
@@ -106,9 +108,9 @@ void run_core(Fn fn, const Args& args, const ExecContext& ctx) {
   throw std::runtime_error(s.message);
 }
 
-void grouped_matmul_array(Array lhs, Array rhs, Array group_sizes, Array out,
-                          std::optional<Array> bias, std::optional<Array> group_offset,
-                          bool transpose_rhs, std::optional<Array> workspace, uintptr_t stream) {
+void grouped_matmul_array(Array lhs, Array rhs, Array group_sizes, Array out, std::optional<Array> bias,
+                          std::optional<Array> group_offset, bool transpose_rhs,
+                          std::optional<Array> workspace, uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&lhs, "lhs"}, {&rhs, "rhs"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
     devices.add(*a, name);
@@ -123,7 +125,8 @@ void grouped_matmul_array(Array lhs, Array rhs, Array group_sizes, Array out,
   if (float_dtype(rhs, "rhs") != a.in_dtype) throw nb::type_error("rhs must have the dtype of lhs");
   if (bias) {
     devices.add(*bias, "bias");
-    expect_rank(*bias, 2, "bias"), expect_dim(*bias, 0, a.num_groups, "bias"), expect_dim(*bias, 1, a.n, "bias");
+    expect_rank(*bias, 2, "bias"), expect_dim(*bias, 0, a.num_groups, "bias"),
+        expect_dim(*bias, 1, a.n, "bias");
     if (float_dtype(*bias, "bias") != a.in_dtype) throw nb::type_error("bias must have the dtype of lhs");
     a.bias = bias->data();
   }
@@ -138,7 +141,8 @@ void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array 
                                 std::optional<Array> group_offset, bool accumulate,
                                 std::optional<Array> workspace, uintptr_t stream) {
   ContextBuilder devices(stream);
-  for (auto [a, name] : {std::pair{&lhs, "lhs"}, {&grad, "grad"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
+  for (auto [a, name] :
+       {std::pair{&lhs, "lhs"}, {&grad, "grad"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
     devices.add(*a, name);
   expect_rank(lhs, 2, "lhs"), expect_rank(grad, 2, "grad"), expect_rank(out, 3, "out");
   expect_rank(group_sizes, 1, "group_sizes");
@@ -154,9 +158,8 @@ void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array 
   run_core(grouped_matmul_wgrad, a, devices.context());
 }
 
-void grouped_bias_grad_array(Array grad, Array group_sizes, Array out,
-                             std::optional<Array> group_offset, std::optional<Array> workspace,
-                             uintptr_t stream) {
+void grouped_bias_grad_array(Array grad, Array group_sizes, Array out, std::optional<Array> group_offset,
+                             std::optional<Array> workspace, uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&grad, "grad"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
     devices.add(*a, name);
@@ -175,8 +178,8 @@ void grouped_bias_grad_array(Array grad, Array group_sizes, Array out,
 }  // namespace
 
 void bind_array_entry_points(nb::module_& m) {
-  m.def("grouped_matmul", &grouped_matmul_array, nb::arg("lhs").noconvert(),
-        nb::arg("rhs").noconvert(), nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
+  m.def("grouped_matmul", &grouped_matmul_array, nb::arg("lhs").noconvert(), nb::arg("rhs").noconvert(),
+        nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
         nb::arg("bias").noconvert() = nb::none(), nb::arg("group_offset").noconvert() = nb::none(),
         nb::arg("transpose_rhs") = false, nb::arg("workspace").noconvert() = nb::none(),
         nb::arg("stream") = 0,
@@ -188,9 +191,8 @@ void bind_array_entry_points(nb::module_& m) {
         "out[g] = lhs_g^T @ grad_g (or += with accumulate); empty groups give 0 (or stay untouched).");
   m.def("grouped_bias_grad", &grouped_bias_grad_array, nb::arg("grad").noconvert(),
         nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
-        nb::arg("group_offset").noconvert() = nb::none(),
-        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
-        "out[g] = sum of grad rows of group g; empty groups give 0.");
+        nb::arg("group_offset").noconvert() = nb::none(), nb::arg("workspace").noconvert() = nb::none(),
+        nb::arg("stream") = 0, "out[g] = sum of grad rows of group g; empty groups give 0.");
 }
 
 }  // namespace groupgemm

@@ -24,8 +24,7 @@ struct GroupProblem {
 
 // Forward / dgrad: out[rows] = lhs[rows] @ rhs[local] (+ bias[local]).
 // rhs[local] is [K, N], or [N, K] when transpose_rhs; bias[local] is a row of N.
-GG_HD GroupProblem forward_problem(RowRange rows, int64_t local, int64_t k, int64_t n,
-                                   bool transpose_rhs) {
+GG_HD GroupProblem forward_problem(RowRange rows, int64_t local, int64_t k, int64_t n, bool transpose_rhs) {
   GroupProblem p{};
   p.action = forward_action(rows.rows(), k);
   p.m = rows.rows(), p.n = n, p.k = k;
@@ -39,8 +38,7 @@ GG_HD GroupProblem forward_problem(RowRange rows, int64_t local, int64_t k, int6
 
 // Weight gradient: out[local] (+)= lhs[rows]^T @ grad[rows], contracting over the rows.
 // lhs[rows] is [rows, K] row-major, i.e. the [K, rows] operand A stored transposed.
-GG_HD GroupProblem wgrad_problem(RowRange rows, int64_t local, int64_t k, int64_t n,
-                                 bool accumulate) {
+GG_HD GroupProblem wgrad_problem(RowRange rows, int64_t local, int64_t k, int64_t n, bool accumulate) {
   GroupProblem p{};
   p.action = reduction_action(rows.rows(), accumulate);
   p.m = k, p.n = n, p.k = rows.rows();

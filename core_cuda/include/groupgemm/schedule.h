@@ -71,8 +71,8 @@ struct RowRange {
 // Folds groups [begin, end) onto the row where group `begin` starts: the row where
 // group `end` starts. The CPU walks the whole window with it; each CUDA setup thread
 // folds one chunk of groups before a block scan joins the chunks.
-GG_HD int64_t fold_row_boundary(const void* sizes, IndexType type, int64_t begin, int64_t end,
-                                int64_t row, int64_t m) {
+GG_HD int64_t fold_row_boundary(const void* sizes, IndexType type, int64_t begin, int64_t end, int64_t row,
+                                int64_t m) {
   for (int64_t g = begin; g < end; ++g) row = next_row_boundary(row, load_index(sizes, type, g), m);
   return row;
 }
@@ -91,8 +91,7 @@ GG_HD void window_row_boundaries(const void* sizes, IndexType type, GroupWindow 
 }
 
 // Rows of local group `local`, given the window's boundaries.
-GG_HD RowRange local_group_rows(const int64_t* boundary, GroupWindow w, int64_t group_offset,
-                                int64_t local) {
+GG_HD RowRange local_group_rows(const int64_t* boundary, GroupWindow w, int64_t group_offset, int64_t local) {
   const int64_t g = global_group(w, group_offset, local);
   if (g < 0) return {0, 0};
   return {boundary[g - w.first], boundary[g - w.first + 1]};
@@ -113,7 +112,10 @@ GG_HD int64_t group_of_row(const int64_t* boundary, GroupWindow w, int64_t row) 
   int64_t lo = 0, hi = count;  // invariant: boundary[lo] <= row < boundary[hi]
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (boundary[mid] <= row) lo = mid; else hi = mid;
+    if (boundary[mid] <= row)
+      lo = mid;
+    else
+      hi = mid;
   }
   return w.first + lo;
 }

@@ -107,11 +107,11 @@ struct MatmulArgs {
 // accumulate: out is a float32 (float64 for float64 inputs) buffer updated in place and
 // an empty group leaves out[g] bit-for-bit unchanged; otherwise an empty group gives 0.
 struct WgradArgs {
-  DType in_dtype = DType::f32;   // lhs and grad
+  DType in_dtype = DType::f32;  // lhs and grad
   DType out_dtype = DType::f32;
-  const void* lhs = nullptr;     // [M, K]
-  const void* grad = nullptr;    // [M, N]
-  void* out = nullptr;           // [G, K, N]
+  const void* lhs = nullptr;   // [M, K]
+  const void* grad = nullptr;  // [M, N]
+  void* out = nullptr;         // [G, K, N]
   int64_t m = 0, k = 0, n = 0;
   int64_t num_groups = 0;
   bool accumulate = false;
