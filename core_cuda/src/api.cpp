@@ -3,8 +3,12 @@
 // clamped by the schedule instead.
 #include <string>
 
+#include <limits>
+
 #include "backends.h"
+#include "groupgemm/activation.h"
 #include "groupgemm/groupgemm.h"
+#include "permute_workspace.h"
 #include "workspace.h"
 
 namespace groupgemm {
@@ -57,6 +61,47 @@ Status check_ptr(const void* p, int64_t elements, const char* name) {
   return Status::Ok();
 }
 
+// ---- the expert layer's checks ----
+
+Status check_non_negative(std::initializer_list<std::pair<const char*, int64_t>> dims, const char* op) {
+  for (const auto& [name, value] : dims)
+    if (value < 0)
+      return Status::Invalid(std::string(op) + ": " + name + " must be non-negative, got " + str(value));
+  return Status::Ok();
+}
+
+Status check_device_dtype(DType t, Device device) {
+  if (t == DType::f64 && device != Device::cpu) return Status::Invalid("float64 is supported on CPU only");
+  return Status::Ok();
+}
+
+// row_map and group_sizes hold rows as int32: T * k slots must fit. Compared by division,
+// so no product overflows.
+Status check_slots(int64_t num_tokens, int64_t top_k) {
+  const int64_t limit = std::numeric_limits<int32_t>::max();
+  if (top_k > 0 && num_tokens > limit / top_k)
+    return Status::Invalid("T * k = " + str(num_tokens) + " * " + str(top_k) +
+                           " slots do not fit row_map's int32 rows (at most 2^31 - 1)");
+  return Status::Ok();
+}
+
+// probs (and dprobs) are in the values' dtype or float32.
+Status check_probs_dtype(const void* probs, DType probs_dtype, DType dtype) {
+  if (probs && probs_dtype != dtype && probs_dtype != DType::f32)
+    return Status::Invalid(std::string("probs must be ") + dtype_name(dtype) + " or float32, got " +
+                           dtype_name(probs_dtype));
+  return Status::Ok();
+}
+
+Status check_activation(Activation kind, int64_t in_features) {
+  if (!valid_activation(kind))
+    return Status::Invalid("kind must be swiglu, gelu, relu or silu, got " + str(static_cast<int>(kind)));
+  if (kind == Activation::swiglu && in_features % 2 != 0)
+    return Status::Invalid("h has " + str(in_features) +
+                           " columns; swiglu needs an even count (gate and up halves)");
+  return Status::Ok();
+}
+
 // Runs the CPU or the CUDA backend (no_cuda.cpp in builds without nvcc) for already
 // validated arguments.
 template <typename Args, typename Cpu, typename Cuda>
@@ -79,6 +124,11 @@ int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups) {
   // The CPU backend needs no workspace; the CUDA one needs the setup kernel's arrays,
   // whose size is known without the CUDA build (so frontends size it identically).
   return device == Device::cuda ? workspace_layout(num_groups < 0 ? 0 : num_groups).bytes : 0;
+}
+
+int64_t permute_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts) {
+  if (device != Device::cuda) return 0;
+  return permute_workspace_layout(num_slots < 0 ? 0 : num_slots, num_experts < 0 ? 0 : num_experts).bytes;
 }
 
 Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {
@@ -108,6 +158,73 @@ Status grouped_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_ptr(a.grad, a.m * a.n, "grad"));
   GG_RETURN_IF_ERROR(check_ptr(a.out, a.num_groups * a.n, "out"));
   return dispatch(a, ctx, cpu::grouped_bias_grad, cuda::grouped_bias_grad);
+}
+
+Status permute(const PermuteArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_non_negative(
+      {{"T", a.num_tokens}, {"k", a.top_k}, {"H", a.hidden}, {"num_experts", a.num_experts}}, "permute"));
+  GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
+  GG_RETURN_IF_ERROR(check_slots(a.num_tokens, a.top_k));
+  if (a.num_experts >= std::numeric_limits<int32_t>::max())
+    return Status::Invalid("permute: num_experts must be below 2^31 - 1, got " + str(a.num_experts));
+  const int64_t slots = a.num_tokens * a.top_k;
+  if (a.expert_indices.count != slots)
+    return Status::Invalid("expert_indices has " + str(a.expert_indices.count) +
+                           " entries, expected T * k = " + str(slots));
+  GG_RETURN_IF_ERROR(check_ptr(a.expert_indices.data, slots, "expert_indices"));
+  GG_RETURN_IF_ERROR(check_ptr(a.tokens, a.num_tokens * a.hidden, "tokens"));
+  GG_RETURN_IF_ERROR(check_ptr(a.permuted, slots * a.hidden, "permuted"));
+  GG_RETURN_IF_ERROR(check_ptr(a.group_sizes, a.num_experts, "group_sizes"));
+  GG_RETURN_IF_ERROR(check_ptr(a.row_map, slots, "row_map"));
+  return dispatch(a, ctx, cpu::permute, cuda::permute);
+}
+
+Status unpermute(const UnpermuteArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_non_negative(
+      {{"R", a.num_rows}, {"T", a.num_tokens}, {"k", a.top_k}, {"H", a.hidden}}, "unpermute"));
+  GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
+  GG_RETURN_IF_ERROR(check_slots(a.num_tokens, a.top_k));
+  GG_RETURN_IF_ERROR(check_probs_dtype(a.probs, a.probs_dtype, a.dtype));
+  const int64_t slots = a.num_tokens * a.top_k;
+  GG_RETURN_IF_ERROR(check_ptr(a.permuted, a.num_rows * a.hidden, "permuted"));
+  GG_RETURN_IF_ERROR(check_ptr(a.row_map, slots, "row_map"));
+  GG_RETURN_IF_ERROR(check_ptr(a.out, a.num_tokens * a.hidden, "out"));
+  return dispatch(a, ctx, cpu::unpermute, cuda::unpermute);
+}
+
+Status unpermute_backward(const UnpermuteBackwardArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_non_negative(
+      {{"R", a.num_rows}, {"T", a.num_tokens}, {"k", a.top_k}, {"H", a.hidden}}, "unpermute_backward"));
+  GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
+  GG_RETURN_IF_ERROR(check_slots(a.num_tokens, a.top_k));
+  GG_RETURN_IF_ERROR(check_probs_dtype(a.probs, a.probs_dtype, a.dtype));
+  const int64_t slots = a.num_tokens * a.top_k;
+  if ((a.probs == nullptr) != (a.dprobs == nullptr) && slots > 0)
+    return Status::Invalid("dprobs must be given exactly when probs is");
+  GG_RETURN_IF_ERROR(check_ptr(a.dout, a.num_tokens * a.hidden, "dout"));
+  GG_RETURN_IF_ERROR(check_ptr(a.permuted, a.probs ? a.num_rows * a.hidden : 0, "permuted"));
+  GG_RETURN_IF_ERROR(check_ptr(a.row_map, slots, "row_map"));
+  GG_RETURN_IF_ERROR(check_ptr(a.dpermuted, a.num_rows * a.hidden, "dpermuted"));
+  return dispatch(a, ctx, cpu::unpermute_backward, cuda::unpermute_backward);
+}
+
+Status activation(const ActivationArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_non_negative({{"M", a.rows}, {"F_in", a.in_features}}, "activation"));
+  GG_RETURN_IF_ERROR(check_activation(a.kind, a.in_features));
+  GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
+  GG_RETURN_IF_ERROR(check_ptr(a.h, a.rows * a.in_features, "h"));
+  GG_RETURN_IF_ERROR(check_ptr(a.out, a.rows * activation_out_features(a.kind, a.in_features), "out"));
+  return dispatch(a, ctx, cpu::activation, cuda::activation);
+}
+
+Status activation_backward(const ActivationBackwardArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_non_negative({{"M", a.rows}, {"F_in", a.in_features}}, "activation_backward"));
+  GG_RETURN_IF_ERROR(check_activation(a.kind, a.in_features));
+  GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
+  GG_RETURN_IF_ERROR(check_ptr(a.dout, a.rows * activation_out_features(a.kind, a.in_features), "dout"));
+  GG_RETURN_IF_ERROR(check_ptr(a.h, a.rows * a.in_features, "h"));
+  GG_RETURN_IF_ERROR(check_ptr(a.dh, a.rows * a.in_features, "dh"));
+  return dispatch(a, ctx, cpu::activation_backward, cuda::activation_backward);
 }
 
 }  // namespace groupgemm

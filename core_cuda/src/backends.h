@@ -8,11 +8,23 @@ namespace cpu {
 Status grouped_matmul(const MatmulArgs& args);
 Status grouped_matmul_wgrad(const WgradArgs& args);
 Status grouped_bias_grad(const BiasGradArgs& args);
+Status permute(const PermuteArgs& args);
+Status unpermute(const UnpermuteArgs& args);
+Status unpermute_backward(const UnpermuteBackwardArgs& args);
+Status activation(const ActivationArgs& args);
+Status activation_backward(const ActivationBackwardArgs& args);
+// permute with the CUDA backend's steps in `chunks` chunks (permute uses 1), for the tests.
+Status permute_in_chunks(const PermuteArgs& args, int64_t chunks);
 }  // namespace cpu
 
 namespace cuda {
 Status grouped_matmul(const MatmulArgs& args, const ExecContext& ctx);
 Status grouped_matmul_wgrad(const WgradArgs& args, const ExecContext& ctx);
 Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
+Status permute(const PermuteArgs& args, const ExecContext& ctx);
+Status unpermute(const UnpermuteArgs& args, const ExecContext& ctx);
+Status unpermute_backward(const UnpermuteBackwardArgs& args, const ExecContext& ctx);
+Status activation(const ActivationArgs& args, const ExecContext& ctx);
+Status activation_backward(const ActivationBackwardArgs& args, const ExecContext& ctx);
 }  // namespace cuda
 }  // namespace groupgemm

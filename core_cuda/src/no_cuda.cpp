@@ -12,6 +12,11 @@ Status not_built() {
 Status grouped_matmul(const MatmulArgs&, const ExecContext&) { return not_built(); }
 Status grouped_matmul_wgrad(const WgradArgs&, const ExecContext&) { return not_built(); }
 Status grouped_bias_grad(const BiasGradArgs&, const ExecContext&) { return not_built(); }
+Status permute(const PermuteArgs&, const ExecContext&) { return not_built(); }
+Status unpermute(const UnpermuteArgs&, const ExecContext&) { return not_built(); }
+Status unpermute_backward(const UnpermuteBackwardArgs&, const ExecContext&) { return not_built(); }
+Status activation(const ActivationArgs&, const ExecContext&) { return not_built(); }
+Status activation_backward(const ActivationBackwardArgs&, const ExecContext&) { return not_built(); }
 
 }  // namespace cuda
 }  // namespace groupgemm

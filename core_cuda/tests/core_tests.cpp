@@ -18,12 +18,16 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends.h"
 #include "call_sequence.h"
 #include "convert.h"
 #include "gemm.h"
+#include "groupgemm/activation.h"
 #include "groupgemm/groupgemm.h"
+#include "groupgemm/permute.h"
 #include "host_launcher.h"
 #include "lru_cache.h"
+#include "permute_workspace.h"
 
 using namespace groupgemm;
 
@@ -623,6 +627,450 @@ void check_gemm_paths_seen() {
   CHECK(g_late_bias_runs > 0);
 }
 
+// ---- the expert layer: permute, unpermute, activation -----------------------------
+
+// One routing: T tokens of H columns, k choices each among E experts. `indices` holds
+// the T*k raw expert indices (any int64 value; out of [0, E) is dropped).
+struct RouteCase {
+  const char* name;
+  int64_t t, k, h, e;
+  std::vector<int64_t> indices;
+};
+
+// What permute must produce, from a naive pass per bucket.
+struct RouteExpect {
+  std::vector<int32_t> group_sizes, row_map;
+  std::vector<int64_t> token_of_row;  // -1: a dropped slot's row (exact zeros)
+};
+
+RouteExpect expected_route(const RouteCase& c) {
+  const int64_t slots = c.t * c.k;
+  RouteExpect x{std::vector<int32_t>(c.e, 0), std::vector<int32_t>(slots, -1), {}};
+  for (int64_t e = 0; e < c.e; ++e)
+    for (int64_t s = 0; s < slots; ++s)
+      if (c.indices[s] == e) {
+        ++x.group_sizes[e];
+        x.row_map[s] = int32_t(x.token_of_row.size());
+        x.token_of_row.push_back(s / c.k);
+      }
+  while (int64_t(x.token_of_row.size()) < slots) x.token_of_row.push_back(-1);
+  return x;
+}
+
+// permute through the public API (the CPU's one chunk), or the CPU backend running the
+// CUDA backend's steps with `chunks` chunks (chunks < 0: the CUDA chunk count itself).
+using PermuteRunner = std::function<Status(const PermuteArgs&)>;
+
+PermuteRunner permute_runner(int64_t chunks) {
+  if (chunks == 0) return [](const PermuteArgs& a) { return permute(a, ExecContext{}); };
+  return [chunks](const PermuteArgs& a) {
+    const int64_t c = chunks > 0 ? chunks : permute_chunks(a.num_tokens * a.top_k, a.num_experts);
+    return cpu::permute_in_chunks(a, c);
+  };
+}
+
+bool all_zero_bytes(const void* p, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i)
+    if (static_cast<const unsigned char*>(p)[i] != 0) return false;
+  return true;
+}
+
+template <typename T>
+void run_permute_case(const RouteCase& c, IndexType index_type, const PermuteRunner& run,
+                      const char* runner) {
+  g_case = std::string(c.name) + " permute " + dtype_name(dtype_of<T>()) + " " +
+           (index_type == IndexType::i32 ? "int32 " : "int64 ") + runner;
+  const int64_t slots = c.t * c.k;
+  std::mt19937 rng(3);
+  const std::vector<T> tokens = random_vec<T>(c.t * c.h, rng);
+  std::vector<int32_t> indices32(c.indices.size());
+  for (size_t i = 0; i < c.indices.size(); ++i) {  // int32 indices: clamp into int32's range
+    const int64_t v = c.indices[i];
+    indices32[i] = int32_t(std::max<int64_t>(std::min<int64_t>(v, INT32_MAX), INT32_MIN));
+  }
+  RouteCase as_stored = c;
+  if (index_type == IndexType::i32) as_stored.indices.assign(indices32.begin(), indices32.end());
+  const RouteExpect want = expected_route(as_stored);
+  std::vector<T> permuted = nan_vec<T>(slots * c.h);
+  std::vector<int32_t> group_sizes(c.e, 12345), row_map(slots, 12345);
+  PermuteArgs a;
+  a.dtype = dtype_of<T>();
+  a.tokens = tokens.data();
+  a.expert_indices = {index_type == IndexType::i32 ? static_cast<const void*>(indices32.data())
+                                                   : static_cast<const void*>(c.indices.data()),
+                      index_type, slots};
+  a.permuted = permuted.data(), a.group_sizes = group_sizes.data(), a.row_map = row_map.data();
+  a.num_tokens = c.t, a.top_k = c.k, a.hidden = c.h, a.num_experts = c.e;
+  CHECK(run(a).ok());
+  CHECK(group_sizes == want.group_sizes);
+  CHECK(row_map == want.row_map);
+  for (int64_t r = 0; r < slots; ++r) {
+    const int64_t tok = want.token_of_row[r];
+    if (tok >= 0)
+      CHECK(c.h == 0 || std::memcmp(&permuted[r * c.h], &tokens[tok * c.h], c.h * sizeof(T)) == 0);  // bits
+    else
+      CHECK(all_zero_bytes(permuted.data() + r * c.h, c.h * sizeof(T)));  // +0.0, not just == 0
+  }
+}
+
+// Probabilities (or weights) of the slots in storage type P.
+template <typename P>
+std::vector<P> random_probs(int64_t count, std::mt19937& rng) {
+  std::uniform_real_distribution<double> d(0.0, 1.0);
+  std::vector<P> v(count);
+  for (auto& x : v) x = from_double<P>(d(rng));
+  return v;
+}
+
+// unpermute and its backward on permute's row_map plus entries outside [0, R) (dropped),
+// in value type T with probs of type P (or none), against the double reference.
+template <typename T, typename P>
+void run_unpermute_case(const RouteCase& c, bool with_probs) {
+  g_case = std::string(c.name) + " unpermute " + dtype_name(dtype_of<T>()) +
+           (with_probs ? std::string(" probs ") + dtype_name(dtype_of<P>()) : std::string(" no probs"));
+  const int64_t slots = c.t * c.k, rows = slots, h = c.h;
+  std::vector<int32_t> row_map = expected_route(c).row_map;
+  // A few foreign entries: R itself and huge values add nothing, like -1.
+  for (int64_t s = 0; s < slots; s += 5)
+    if (row_map[s] < 0) row_map[s] = (s % 2) ? int32_t(rows) : INT32_MAX;
+  std::mt19937 rng(11);
+  const std::vector<T> permuted = random_vec<T>(rows * h, rng), dout = random_vec<T>(c.t * h, rng);
+  const std::vector<P> probs = random_probs<P>(slots, rng);
+  auto prob = [&](int64_t s) { return with_probs ? to_double(probs[s]) : 1.0; };
+  auto mapped = [&](int64_t s) { return row_map[s] >= 0 && row_map[s] < rows; };
+
+  std::vector<T> out = nan_vec<T>(c.t * h);
+  UnpermuteArgs u;
+  u.dtype = dtype_of<T>(), u.probs_dtype = dtype_of<P>();
+  u.permuted = permuted.data(), u.row_map = row_map.data(), u.probs = with_probs ? probs.data() : nullptr;
+  u.out = out.data(), u.num_rows = rows, u.num_tokens = c.t, u.top_k = c.k, u.hidden = h;
+  CHECK(unpermute(u, ExecContext{}).ok());
+  for (int64_t t = 0; t < c.t; ++t)
+    for (int64_t j = 0; j < h; ++j) {
+      double want = 0;
+      for (int64_t i = 0; i < c.k; ++i)
+        if (mapped(t * c.k + i))
+          want += prob(t * c.k + i) * to_double(permuted[row_map[t * c.k + i] * h + j]);
+      CHECK(close(out[t * h + j], want));
+    }
+
+  std::vector<T> dpermuted = nan_vec<T>(rows * h);
+  std::vector<P> dprobs = nan_vec<P>(slots);
+  UnpermuteBackwardArgs b;
+  b.dtype = dtype_of<T>(), b.probs_dtype = dtype_of<P>();
+  b.dout = dout.data(), b.permuted = permuted.data(), b.row_map = row_map.data();
+  b.probs = with_probs ? probs.data() : nullptr, b.dprobs = with_probs ? dprobs.data() : nullptr;
+  b.dpermuted = dpermuted.data(), b.num_rows = rows, b.num_tokens = c.t, b.top_k = c.k, b.hidden = h;
+  CHECK(unpermute_backward(b, ExecContext{}).ok());
+  std::vector<bool> referenced(rows, false);
+  for (int64_t s = 0; s < slots; ++s) {
+    const int64_t t = s / c.k;
+    if (mapped(s)) {
+      referenced[row_map[s]] = true;
+      for (int64_t j = 0; j < h; ++j)  // one rounding of the float product
+        CHECK(close(dpermuted[row_map[s] * h + j], prob(s) * to_double(dout[t * h + j])));
+    }
+    if (!with_probs) continue;
+    if (!mapped(s)) {
+      CHECK(all_zero_bytes(&dprobs[s], sizeof(P)));
+      continue;
+    }
+    double want = 0;
+    for (int64_t j = 0; j < h; ++j)
+      want += to_double(permuted[row_map[s] * h + j]) * to_double(dout[t * h + j]);
+    CHECK(close(dprobs[s], want) || std::fabs(to_double(dprobs[s]) - want) <= 1e-3 * std::sqrt(double(h)));
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    if (!referenced[r]) CHECK(all_zero_bytes(dpermuted.data() + r * h, h * sizeof(T)));
+}
+
+// Small integers: every float32 sum is exact, so unpermute(permute(x)) is exactly the
+// kept-choice count times x, and weighted sums are exact too.
+void test_unpermute_exact() {
+  g_case = "unpermute_exact";
+  const int64_t t = 6, k = 3, h = 5, e = 4, slots = t * k;
+  const std::vector<int64_t> indices = {0, 1, 2, 3, 3, -1, 2, 2, 9, 1, 0, 3, -4, -4, -4, 0, 1, 2};
+  std::vector<cpu::bf16_t> tokens(t * h), permuted(slots * h), back(t * h);
+  for (int64_t i = 0; i < t * h; ++i) tokens[i] = cpu::narrow<cpu::bf16_t>(float(i % 7 - 3));
+  std::vector<int32_t> sizes(e), row_map(slots);
+  PermuteArgs p;
+  p.dtype = DType::bf16, p.tokens = tokens.data(), p.expert_indices = {indices.data(), IndexType::i64, slots};
+  p.permuted = permuted.data(), p.group_sizes = sizes.data(), p.row_map = row_map.data();
+  p.num_tokens = t, p.top_k = k, p.hidden = h, p.num_experts = e;
+  CHECK(permute(p, ExecContext{}).ok());
+  CHECK((sizes == std::vector<int32_t>{3, 3, 4, 3}));
+  UnpermuteArgs u;
+  u.dtype = DType::bf16, u.permuted = permuted.data(), u.row_map = row_map.data(), u.out = back.data();
+  u.num_rows = slots, u.num_tokens = t, u.top_k = k, u.hidden = h;
+  CHECK(unpermute(u, ExecContext{}).ok());
+  for (int64_t i = 0; i < t; ++i) {
+    int kept = 0;
+    for (int64_t j = 0; j < k; ++j) kept += indices[i * k + j] >= 0 && indices[i * k + j] < e;
+    for (int64_t c = 0; c < h; ++c) CHECK(to_double(back[i * h + c]) == kept * to_double(tokens[i * h + c]));
+  }
+  std::vector<float> probs(slots);
+  for (int64_t s = 0; s < slots; ++s) probs[s] = float(s % 4) * 0.25f;
+  u.probs = probs.data(), u.probs_dtype = DType::f32;
+  CHECK(unpermute(u, ExecContext{}).ok());
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t c = 0; c < h; ++c) {
+      double want = 0;
+      for (int64_t j = 0; j < k; ++j)
+        if (row_map[i * k + j] >= 0) want += probs[i * k + j] * to_double(tokens[i * h + c]);
+      CHECK(to_double(back[i * h + c]) == want);
+    }
+}
+
+// dprobs' order: lane partials over h = l, l + 32, ..., folded pairwise by halving.
+void test_dot_order() {
+  g_case = "dot_order";
+  const int64_t n = 100;
+  std::vector<float> x(n), y(n);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d;
+  for (int64_t i = 0; i < n; ++i) x[i] = d(rng), y[i] = d(rng);
+  float lanes[kDotLanes], want_lanes[kDotLanes];
+  for (int l = 0; l < kDotLanes; ++l) {
+    lanes[l] =
+        dot_lane_partial<float>(l, n, [&](int64_t i) { return x[i]; }, [&](int64_t i) { return y[i]; });
+    float acc = 0;
+    for (int64_t i = l; i < n; i += 32) {
+      const float product = x[i] * y[i];
+      acc = acc + product;
+    }
+    want_lanes[l] = acc;
+    CHECK(lanes[l] == want_lanes[l]);
+  }
+  for (int offset = 16; offset >= 1; offset /= 2)
+    for (int l = 0; l < offset; ++l) want_lanes[l] += want_lanes[l + offset];
+  CHECK(fold_dot_lanes(lanes) == want_lanes[0]);
+}
+
+// The permute steps directly: the chunking, the CUDA chunk count and its workspace.
+void test_permute_steps() {
+  g_case = "permute_steps";
+  CHECK(slot_chunk(0, 1, 10).begin == 0 && slot_chunk(0, 1, 10).end == 10);
+  CHECK(slot_chunk(2, 3, 10).begin == 8 && slot_chunk(2, 3, 10).end == 10);
+  CHECK(slot_chunk(200, 256, 10).rows() == 0);  // trailing chunks are empty
+  CHECK(slot_chunk(0, 1, 0).rows() == 0);
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  const int64_t raw[] = {0, 3, -1, 4, big, std::numeric_limits<int64_t>::min(), int64_t(1) << 40};
+  const IndexArray idx{raw, IndexType::i64, 7};
+  const int64_t want[] = {0, 3, 4, 4, 4, 4, 4};
+  for (int i = 0; i < 7; ++i) CHECK(slot_bucket(idx, i, 4) == want[i]);
+  CHECK(slot_bucket(idx, 0, 0) == 0);  // E = 0: bucket 0 is the dropped one
+  CHECK(permute_chunks(0, 8) == 1);
+  CHECK(permute_chunks(100, 8) == 7);
+  CHECK(permute_chunks(int64_t(1) << 30, 255) == kPermuteMaxCountEntries / 256);
+  CHECK(permute_chunks(1000, int64_t(1) << 30) == 1);  // never below one chunk
+  for (int64_t slots : {0, 1, 17, 4096, 1 << 20})
+    for (int64_t e : {0, 1, 8, 300}) {
+      const PermuteWorkspaceLayout l = permute_workspace_layout(slots, e);
+      CHECK(l.kept_rows % 16 == 0 && l.counts % 16 == 0 && l.bytes % 16 == 0);
+      CHECK(l.counts >= l.kept_rows + 4);
+      CHECK(l.bytes >= l.counts + count_entries(e, l.chunks) * 4);
+      CHECK(count_entries(e, l.chunks) <= std::max<int64_t>(kPermuteMaxCountEntries, e + 1));
+      CHECK(permute_workspace_bytes(Device::cuda, slots, e) == l.bytes);
+      CHECK(permute_workspace_bytes(Device::cpu, slots, e) == 0);
+    }
+}
+
+// Each activation and its derivative, independently of activation.h.
+double ref_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double ref_phi_cdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double ref_act(Activation kind, double x, double up) {
+  switch (kind) {
+    case Activation::swiglu: return x * ref_sigmoid(x) * up;
+    case Activation::gelu: return x * ref_phi_cdf(x);
+    case Activation::relu: return x > 0 ? x : 0.0;
+    case Activation::silu: return x * ref_sigmoid(x);
+  }
+  return 0;
+}
+double ref_act_grad(Activation kind, double x, double up, bool wrt_up) {
+  const double s = ref_sigmoid(x), dsilu = s * (1 + x * (1 - s));
+  switch (kind) {
+    case Activation::swiglu: return wrt_up ? x * s : up * dsilu;
+    case Activation::gelu: return ref_phi_cdf(x) + x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI);
+    case Activation::relu: return x > 0 ? 1.0 : 0.0;
+    case Activation::silu: return dsilu;
+  }
+  return 0;
+}
+
+const Activation kActivations[] = {Activation::swiglu, Activation::gelu, Activation::relu, Activation::silu};
+const char* activation_name(Activation k) {
+  const char* names[] = {"swiglu", "gelu", "relu", "silu"};
+  return names[int(k)];
+}
+
+// Forward and backward over rows of random values, a zero row (stays exactly zero) and
+// special points (0, +-large).
+template <typename T>
+void run_activation_case(Activation kind) {
+  g_case = std::string("activation ") + activation_name(kind) + " " + dtype_name(dtype_of<T>());
+  const int64_t m = 5, f = 6, f_in = kind == Activation::swiglu ? 2 * f : f;
+  std::mt19937 rng(9);
+  std::vector<T> h = random_vec<T>(m * f_in, rng), dout = random_vec<T>(m * f, rng);
+  for (int64_t j = 0; j < f_in; ++j) h[2 * f_in + j] = from_double<T>(0.0);  // a padding row
+  const double special[] = {0.0, 12.0, -12.0, 3.5, -0.5, 1e-3};
+  for (int64_t j = 0; j < 6; ++j) h[4 * f_in + j] = from_double<T>(special[j]);
+  std::vector<T> out = nan_vec<T>(m * f), dh = nan_vec<T>(m * f_in);
+  ActivationArgs a;
+  a.dtype = dtype_of<T>(), a.kind = kind, a.h = h.data(), a.out = out.data(), a.rows = m,
+  a.in_features = f_in;
+  CHECK(activation(a, ExecContext{}).ok());
+  ActivationBackwardArgs b;
+  b.dtype = dtype_of<T>(), b.kind = kind, b.dout = dout.data(), b.h = h.data(), b.dh = dh.data();
+  b.rows = m, b.in_features = f_in;
+  CHECK(activation_backward(b, ExecContext{}).ok());
+  const bool swiglu = kind == Activation::swiglu;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      const double x = to_double(h[r * f_in + j]), up = swiglu ? to_double(h[r * f_in + f + j]) : 0.0;
+      const double g = to_double(dout[r * f + j]);
+      CHECK(close(out[r * f + j], ref_act(kind, x, up)));
+      CHECK(close(dh[r * f_in + j], g * ref_act_grad(kind, x, up, false)));
+      if (swiglu) CHECK(close(dh[r * f_in + f + j], g * ref_act_grad(kind, x, up, true)));
+    }
+  CHECK(all_zero_bytes(&out[2 * f], f * sizeof(T)));  // f(0) = 0 exactly
+}
+
+// activation.h's derivatives against central differences of its own forward, in double.
+void test_activation_derivatives() {
+  g_case = "activation_derivatives";
+  for (Activation kind : kActivations)
+    for (double x : {-4.0, -1.3, -0.2, 0.3, 0.9, 2.5, 6.0})
+      for (double up : {-1.5, 0.7}) {
+        const double eps = 1e-6;
+        const ActivationGrad<double> g = activation_backward_at(kind, 1.0, x, up);
+        const double dx =
+            (activation_forward(kind, x + eps, up) - activation_forward(kind, x - eps, up)) / (2 * eps);
+        CHECK(std::fabs(g.dx - dx) <= 1e-6);
+        if (kind == Activation::swiglu) {
+          const double dup =
+              (activation_forward(kind, x, up + eps) - activation_forward(kind, x, up - eps)) / (2 * eps);
+          CHECK(std::fabs(g.dup - dup) <= 1e-6);
+        }
+      }
+  CHECK(activation_backward_at(Activation::relu, 1.0, 0.0, 0.0).dx == 0.0);  // relu'(0) = 0
+  for (Activation kind : kActivations) CHECK(activation_forward(kind, 0.0f, 0.0f) == 0.0f);
+}
+
+std::vector<int64_t> random_indices(int64_t count, int64_t lo, int64_t hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int64_t> d(lo, hi);
+  std::vector<int64_t> v(count);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<RouteCase> route_cases() {
+  const int64_t big = std::numeric_limits<int64_t>::max(), small = std::numeric_limits<int64_t>::min();
+  std::vector<RouteCase> cases;
+  for (int64_t k = 1; k <= 4; ++k)  // indices in [-1, E]: some dropped on both sides
+    cases.push_back({"random_k", 37, k, 5, 6, random_indices(37 * k, -1, 6, uint32_t(k))});
+  cases.push_back({"t_zero", 0, 2, 4, 3, {}});
+  cases.push_back({"k_zero", 4, 0, 4, 3, {}});
+  cases.push_back({"h_zero", 5, 2, 0, 3, random_indices(10, 0, 2, 1)});
+  cases.push_back({"e_zero", 4, 2, 3, 0, {0, 1, -1, 0, 2, 0, 0, 5}});
+  cases.push_back({"one_expert", 9, 2, 3, 4, std::vector<int64_t>(18, 2)});
+  cases.push_back({"all_dropped", 6, 2, 3, 4, {-1, 4, 7, -9, 100, -1, 4, 4, -2, 5, 6, 1000}});
+  cases.push_back(
+      {"huge_indices", 3, 3, 2, 5, {big, 1, small, int64_t(1) << 40, 4, -(int64_t(1) << 33), 0, big - 1, 2}});
+  cases.push_back({"same_expert_twice", 4, 3, 3, 3, {1, 1, 0, 2, 2, 2, 0, 1, 0, 1, 1, 1}});
+  cases.push_back({"many_slots", 700, 2, 3, 9, random_indices(1400, -2, 10, 7)});
+  return cases;
+}
+
+void test_permute_cases() {
+  const std::pair<int64_t, const char*> runners[] = {
+      {0, "api"}, {1, "chunks 1"}, {3, "chunks 3"}, {256, "chunks 256"}, {-1, "cuda chunk count"}};
+  for (const RouteCase& c : route_cases()) {
+    for (const auto& [chunks, name] : runners)
+      for (IndexType it : {IndexType::i32, IndexType::i64}) {
+        const PermuteRunner run = permute_runner(chunks);
+        run_permute_case<double>(c, it, run, name);
+        run_permute_case<float>(c, it, run, name);
+        run_permute_case<cpu::bf16_t>(c, it, run, name);
+        run_permute_case<cpu::f16_t>(c, it, run, name);
+      }
+    for (bool probs : {false, true}) {
+      run_unpermute_case<double, double>(c, probs);
+      run_unpermute_case<double, float>(c, probs);
+      run_unpermute_case<float, float>(c, probs);
+      run_unpermute_case<cpu::bf16_t, cpu::bf16_t>(c, probs);
+      run_unpermute_case<cpu::bf16_t, float>(c, probs);
+      run_unpermute_case<cpu::f16_t, cpu::f16_t>(c, probs);
+      run_unpermute_case<cpu::f16_t, float>(c, probs);
+    }
+  }
+  for (Activation kind : kActivations) {
+    run_activation_case<double>(kind);
+    run_activation_case<float>(kind);
+    run_activation_case<cpu::bf16_t>(kind);
+    run_activation_case<cpu::f16_t>(kind);
+  }
+}
+
+bool invalid_naming(const Status& s, const char* word) {
+  return s.code == Status::Code::invalid_argument && s.message.find(word) != std::string::npos;
+}
+
+void test_moe_errors() {
+  g_case = "moe_errors";
+  float x[8] = {};
+  int32_t i32[8] = {};
+  const int64_t idx[4] = {0, 1, 0, 1};
+  PermuteArgs p;
+  p.tokens = x, p.permuted = x, p.group_sizes = i32, p.row_map = i32;
+  p.num_tokens = 2, p.top_k = 2, p.hidden = 1, p.num_experts = 2;
+  p.expert_indices = {idx, IndexType::i64, 3};
+  CHECK(invalid_naming(permute(p, ExecContext{}), "expert_indices has 3 entries"));
+  p.expert_indices.count = 4;
+  CHECK(permute(p, ExecContext{}).ok());
+  p.top_k = -1;
+  CHECK(invalid_naming(permute(p, ExecContext{}), "k must be non-negative"));
+  p.top_k = 2, p.row_map = nullptr;
+  CHECK(invalid_naming(permute(p, ExecContext{}), "row_map is null"));
+  p.row_map = i32, p.num_tokens = int64_t(1) << 40;
+  CHECK(invalid_naming(permute(p, ExecContext{}), "int32"));
+  p.num_tokens = 2, p.dtype = DType::f64;
+  ExecContext gpu;
+  gpu.device = Device::cuda;
+  CHECK(invalid_naming(permute(p, gpu), "float64"));
+  p.dtype = DType::f32;
+  Status s = permute(p, gpu);  // no workspace and no device: a clear status either way
+  CHECK(!s.ok() &&
+        (s.message.find("CUDA") != std::string::npos || s.message.find("workspace") != std::string::npos));
+
+  UnpermuteArgs u;
+  u.permuted = x, u.row_map = i32, u.out = x, u.num_rows = 4, u.num_tokens = 2, u.top_k = 2, u.hidden = 1;
+  u.probs = x, u.dtype = DType::bf16, u.probs_dtype = DType::f16;
+  CHECK(invalid_naming(unpermute(u, ExecContext{}), "probs must be bfloat16 or float32"));
+  u.probs_dtype = DType::f32, u.num_rows = -1;
+  CHECK(invalid_naming(unpermute(u, ExecContext{}), "R must be non-negative"));
+  UnpermuteBackwardArgs b;
+  b.dout = x, b.permuted = x, b.row_map = i32, b.dpermuted = x, b.probs = x;
+  b.num_rows = 4, b.num_tokens = 2, b.top_k = 2, b.hidden = 1;
+  CHECK(invalid_naming(unpermute_backward(b, ExecContext{}), "dprobs must be given exactly when probs is"));
+  b.dprobs = x;
+  CHECK(unpermute_backward(b, ExecContext{}).ok());
+
+  ActivationArgs a;
+  a.h = x, a.out = x, a.rows = 2, a.in_features = 3;
+  CHECK(invalid_naming(activation(a, ExecContext{}), "swiglu needs an even count"));
+  a.kind = static_cast<Activation>(7);
+  CHECK(invalid_naming(activation(a, ExecContext{}), "kind must be swiglu, gelu, relu or silu, got 7"));
+  a.kind = Activation::gelu, a.out = nullptr;
+  CHECK(invalid_naming(activation(a, ExecContext{}), "out is null"));
+  ActivationBackwardArgs ab;
+  ab.dout = x, ab.h = x, ab.dh = x, ab.rows = 1, ab.in_features = 5;
+  CHECK(invalid_naming(activation_backward(ab, ExecContext{}), "swiglu needs an even count"));
+  ab.kind = Activation::relu;
+  CHECK(activation_backward(ab, ExecContext{}).ok());
+}
+
 }  // namespace
 
 int main() {
@@ -670,6 +1118,12 @@ int main() {
   test_onednn_cache_bound();
   test_workspace();
   test_errors();
+  test_permute_steps();
+  test_dot_order();
+  test_permute_cases();
+  test_unpermute_exact();
+  test_activation_derivatives();
+  test_moe_errors();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

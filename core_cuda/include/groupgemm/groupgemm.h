@@ -1,6 +1,7 @@
-// The framework-free core API: one entry point per GEMM kind. Each takes raw pointers,
-// shapes, dtypes, the device-resident group sizes and an execution context, validates
-// what can be checked without reading device memory, and returns a Status.
+// The framework-free core API: one entry point per GEMM kind and per expert-layer op.
+// Each takes raw pointers, shapes, dtypes, device-resident index arrays and an execution
+// context, validates what can be checked without reading device memory, and returns a
+// Status.
 #pragma once
 
 #include "groupgemm/types.h"
@@ -19,6 +20,18 @@ Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
 // Bytes of workspace each entry point needs on `device` for num_groups local groups
 // (0 on CPU).
 int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups);
+
+// The expert layer's token ops and activation: see PermuteArgs, UnpermuteArgs,
+// UnpermuteBackwardArgs, ActivationArgs and ActivationBackwardArgs.
+Status permute(const PermuteArgs& args, const ExecContext& ctx);
+Status unpermute(const UnpermuteArgs& args, const ExecContext& ctx);
+Status unpermute_backward(const UnpermuteBackwardArgs& args, const ExecContext& ctx);
+Status activation(const ActivationArgs& args, const ExecContext& ctx);
+Status activation_backward(const ActivationBackwardArgs& args, const ExecContext& ctx);
+
+// Bytes of workspace permute needs on `device` for num_slots = T * k slots and
+// num_experts experts (0 on CPU; a function of its arguments only).
+int64_t permute_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts);
 
 // True when this build contains the CUDA backend.
 bool cuda_compiled();

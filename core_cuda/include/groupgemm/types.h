@@ -131,4 +131,80 @@ struct BiasGradArgs {
   IndexArray group_offset;
 };
 
+// ---- the expert layer's token ops and activation ------------------------------------
+// Slot s = t * k + j is token t's j-th expert choice. Row counts are int32 (row_map and
+// group_sizes are int32 arrays), so T * k must stay below 2^31.
+
+// permute: a stable counting sort of the T*k slots by expert. Rows of `permuted` are
+// grouped by expert in ascending order, ascending slot order within an expert; slots whose
+// expert index is outside [0, E) are dropped: they come last, as exact-zero rows.
+// permuted[row_map[t, j]] = tokens[t] bit for bit; row_map[t, j] = -1 for a dropped slot;
+// group_sizes[e] = kept slots of expert e. The CUDA backend needs
+// permute_workspace_bytes(cuda, T * k, E) bytes of workspace.
+struct PermuteArgs {
+  DType dtype = DType::f32;        // tokens and permuted
+  const void* tokens = nullptr;    // [T, H]
+  IndexArray expert_indices;       // [T, k], int32 or int64, on the operands' device
+  void* permuted = nullptr;        // [T * k, H]
+  int32_t* group_sizes = nullptr;  // [E]
+  int32_t* row_map = nullptr;      // [T, k]
+  int64_t num_tokens = 0, top_k = 0, hidden = 0, num_experts = 0;
+};
+
+// unpermute: out[t] = sum over j = 0..k-1, in that order, of probs[t, j] * permuted[row_map[t, j]],
+// accumulated in float32 (float64 for float64) and rounded once. A row_map entry outside
+// [0, R) adds nothing (a dropped slot); without probs every weight is 1, which makes this
+// permute's backward.
+struct UnpermuteArgs {
+  DType dtype = DType::f32;          // permuted and out
+  DType probs_dtype = DType::f32;    // dtype, or float32
+  const void* permuted = nullptr;    // [R, H]
+  const int32_t* row_map = nullptr;  // [T, k]
+  const void* probs = nullptr;       // [T, k], or null
+  void* out = nullptr;               // [T, H]
+  int64_t num_rows = 0, num_tokens = 0, top_k = 0, hidden = 0;
+};
+
+// unpermute's backward. dpermuted[row_map[t, j]] = probs[t, j] * dout[t] (float32 math,
+// rounded once; weight 1 without probs) and every row no slot maps to is exactly 0.
+// With probs, dprobs[t, j] = dot(permuted[row_map[t, j]], dout[t]) in float32 (float64
+// for float64) in a fixed order, and exactly 0 for a dropped slot. The row_map entries
+// inside [0, R) are assumed distinct, as permute makes them: two slots on one row would
+// both write it.
+struct UnpermuteBackwardArgs {
+  DType dtype = DType::f32;          // dout, permuted and dpermuted
+  DType probs_dtype = DType::f32;    // probs and dprobs: dtype, or float32
+  const void* dout = nullptr;        // [T, H]
+  const void* permuted = nullptr;    // [R, H]; read only for dprobs
+  const int32_t* row_map = nullptr;  // [T, k]
+  const void* probs = nullptr;       // [T, k], or null
+  void* dpermuted = nullptr;         // [R, H]
+  void* dprobs = nullptr;            // [T, k]: given exactly when probs is
+  int64_t num_rows = 0, num_tokens = 0, top_k = 0, hidden = 0;
+};
+
+// The expert MLP's activation. swiglu takes [M, 2F] (the first F columns are the gate)
+// to [M, F]: silu(gate) * up; the others are elementwise. Every one maps 0 to 0, so
+// padding rows stay exactly zero.
+enum class Activation : int { swiglu = 0, gelu = 1, relu = 2, silu = 3 };
+
+// out[M, F] = act(h[M, F_in]), computed in float32 (float64 for float64), rounded once.
+struct ActivationArgs {
+  DType dtype = DType::f32;  // h and out
+  Activation kind = Activation::swiglu;
+  const void* h = nullptr;  // [M, F_in]
+  void* out = nullptr;      // [M, F]: F = F_in / 2 for swiglu, else F_in
+  int64_t rows = 0, in_features = 0;
+};
+
+// dh[M, F_in] = the exact derivative of act at h, times dout[M, F].
+struct ActivationBackwardArgs {
+  DType dtype = DType::f32;  // dout, h and dh
+  Activation kind = Activation::swiglu;
+  const void* dout = nullptr;  // [M, F]
+  const void* h = nullptr;     // [M, F_in]
+  void* dh = nullptr;          // [M, F_in]
+  int64_t rows = 0, in_features = 0;
+};
+
 }  // namespace groupgemm

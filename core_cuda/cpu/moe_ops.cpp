@@ -1,0 +1,171 @@
+// The CPU backend's expert-layer ops: permute runs groupgemm/permute.h's steps (one
+// chunk, a sequential scan), unpermute and its backward and the activations run the same
+// per-element functions as the CUDA kernels. Threads split rows only, and every value is
+// computed by one thread in a fixed order, so the bits do not depend on the thread count.
+#include <omp.h>
+
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "backends.h"
+#include "convert.h"
+#include "groupgemm/activation.h"
+#include "groupgemm/permute.h"
+
+namespace groupgemm {
+namespace cpu {
+namespace {
+
+// The arithmetic type of a storage type: double for float64, float otherwise.
+template <typename T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename A, typename T>
+A load(const T* p, int64_t i) {
+  return static_cast<A>(widen(p[i]));
+}
+
+template <typename T, typename A>
+T store(A v) {
+  if constexpr (std::is_same_v<T, double>)
+    return static_cast<double>(v);
+  else
+    return narrow<T>(static_cast<float>(v));
+}
+
+// Calls fn(T{}, P{}) with the storage types of the values and of probs (when given).
+template <typename Fn>
+Status visit_values_and_probs(DType values, DType probs, Fn&& fn) {
+  return visit_dtype(values, [&](auto v) { return visit_dtype(probs, [&](auto p) { return fn(v, p); }); });
+}
+
+// Rows split over threads when there are enough of them to pay for the team.
+bool parallel_rows(int64_t rows, int64_t row_elements) { return rows > 1 && rows * row_elements >= 16384; }
+
+}  // namespace
+
+Status permute_in_chunks(const PermuteArgs& a, int64_t chunks) {
+  std::vector<int32_t> counts(count_entries(a.num_experts, chunks));
+  const int64_t kept = permute_rows_on_host(a, chunks, counts.data());
+  const int64_t slots = a.num_tokens * a.top_k;
+  const int64_t row_bytes = a.hidden * dtype_size(a.dtype);
+  if (row_bytes == 0) return Status::Ok();
+  const char* tokens = static_cast<const char*>(a.tokens);
+  char* permuted = static_cast<char*>(a.permuted);
+#pragma omp parallel for schedule(static) if (parallel_rows(slots, a.hidden))
+  for (int64_t i = 0; i < slots; ++i) {
+    const PermuteFill fill = permute_fill(a.row_map, i, a.top_k, kept);
+    if (fill.copy_row >= 0)
+      std::memcpy(permuted + fill.copy_row * row_bytes, tokens + fill.token * row_bytes, row_bytes);
+    if (fill.zero_row) std::memset(permuted + i * row_bytes, 0, row_bytes);
+  }
+  return Status::Ok();
+}
+
+Status permute(const PermuteArgs& a) { return permute_in_chunks(a, 1); }
+
+Status unpermute(const UnpermuteArgs& a) {
+  return visit_values_and_probs(a.dtype, a.probs ? a.probs_dtype : a.dtype, [&](auto v_tag, auto p_tag) {
+    using T = decltype(v_tag);
+    using P = decltype(p_tag);
+    using A = Acc<T>;
+    const T* permuted = static_cast<const T*>(a.permuted);
+    const P* probs = static_cast<const P*>(a.probs);
+    T* out = static_cast<T*>(a.out);
+#pragma omp parallel for schedule(static) if (parallel_rows(a.num_tokens, a.hidden * a.top_k))
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      const int32_t* row_map_t = a.row_map + t * a.top_k;
+      auto prob = [&](int64_t j) { return probs ? load<A>(probs, t * a.top_k + j) : A(1); };
+      for (int64_t h = 0; h < a.hidden; ++h) {
+        auto value = [&](int64_t r) { return load<A>(permuted, r * a.hidden + h); };
+        out[t * a.hidden + h] = store<T>(unpermute_sum<A>(row_map_t, a.top_k, a.num_rows, value, prob));
+      }
+    }
+    return Status::Ok();
+  });
+}
+
+Status unpermute_backward(const UnpermuteBackwardArgs& a) {
+  return visit_values_and_probs(a.dtype, a.probs ? a.probs_dtype : a.dtype, [&](auto v_tag, auto p_tag) {
+    using T = decltype(v_tag);
+    using P = decltype(p_tag);
+    using A = Acc<T>;
+    const T* dout = static_cast<const T*>(a.dout);
+    const T* permuted = static_cast<const T*>(a.permuted);
+    const P* probs = static_cast<const P*>(a.probs);
+    T* dpermuted = static_cast<T*>(a.dpermuted);
+    P* dprobs = static_cast<P*>(a.dprobs);
+    // Rows no slot maps to stay exactly zero; the mapped ones are overwritten below.
+    if (a.num_rows * a.hidden > 0) std::memset(dpermuted, 0, a.num_rows * a.hidden * sizeof(T));
+#pragma omp parallel for schedule(static) if (parallel_rows(a.num_tokens, a.hidden * a.top_k))
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      for (int64_t j = 0; j < a.top_k; ++j) {
+        const int64_t slot = t * a.top_k + j;
+        const int64_t row = a.row_map[slot];
+        const bool mapped = maps_to_row(row, a.num_rows);
+        if (mapped) {
+          const A p = probs ? load<A>(probs, slot) : A(1);
+          for (int64_t h = 0; h < a.hidden; ++h)
+            dpermuted[row * a.hidden + h] = store<T>(p * load<A>(dout, t * a.hidden + h));
+        }
+        if (!probs) continue;
+        A dot = 0;
+        if (mapped) {
+          A partial[kDotLanes];
+          auto x = [&](int64_t h) { return load<A>(permuted, row * a.hidden + h); };
+          auto y = [&](int64_t h) { return load<A>(dout, t * a.hidden + h); };
+          for (int lane = 0; lane < kDotLanes; ++lane)
+            partial[lane] = dot_lane_partial<A>(lane, a.hidden, x, y);
+          dot = fold_dot_lanes(partial);
+        }
+        dprobs[slot] = store<P>(dot);
+      }
+    }
+    return Status::Ok();
+  });
+}
+
+Status activation(const ActivationArgs& a) {
+  return visit_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    const int64_t f_in = a.in_features, f_out = activation_out_features(a.kind, f_in);
+    const int64_t up_offset = a.kind == Activation::swiglu ? f_out : 0;
+    const T* h = static_cast<const T*>(a.h);
+    T* out = static_cast<T*>(a.out);
+#pragma omp parallel for schedule(static) if (parallel_rows(a.rows, f_in))
+    for (int64_t m = 0; m < a.rows; ++m)
+      for (int64_t f = 0; f < f_out; ++f) {
+        const A x = load<A>(h, m * f_in + f);
+        const A up = up_offset ? load<A>(h, m * f_in + up_offset + f) : A(0);
+        out[m * f_out + f] = store<T>(activation_forward(a.kind, x, up));
+      }
+    return Status::Ok();
+  });
+}
+
+Status activation_backward(const ActivationBackwardArgs& a) {
+  return visit_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    const int64_t f_in = a.in_features, f_out = activation_out_features(a.kind, f_in);
+    const int64_t up_offset = a.kind == Activation::swiglu ? f_out : 0;
+    const T* dout = static_cast<const T*>(a.dout);
+    const T* h = static_cast<const T*>(a.h);
+    T* dh = static_cast<T*>(a.dh);
+#pragma omp parallel for schedule(static) if (parallel_rows(a.rows, f_in))
+    for (int64_t m = 0; m < a.rows; ++m)
+      for (int64_t f = 0; f < f_out; ++f) {
+        const A x = load<A>(h, m * f_in + f);
+        const A up = up_offset ? load<A>(h, m * f_in + up_offset + f) : A(0);
+        const ActivationGrad<A> g = activation_backward_at(a.kind, load<A>(dout, m * f_out + f), x, up);
+        dh[m * f_in + f] = store<T>(g.dx);
+        if (up_offset) dh[m * f_in + up_offset + f] = store<T>(g.dup);
+      }
+    return Status::Ok();
+  });
+}
+
+}  // namespace cpu
+}  // namespace groupgemm
