@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "dtype_table.h"
+#include "ffi_args.h"
 #include "groupgemm/groupgemm.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -17,41 +17,13 @@ namespace nb = nanobind;
 namespace ffi = xla::ffi;
 
 namespace groupgemm {
+
+// The expert layer's handlers, registered beside the GEMMs' (moe_ffi_handlers.cpp).
+void add_moe_ffi_handlers(nb::dict& cpu, nb::dict& cuda);
+
 namespace {
 
-ffi::Error to_ffi(const Status& s) {
-  if (s.ok()) return ffi::Error::Success();
-  const auto code = s.code == Status::Code::invalid_argument ? ffi::ErrorCode::kInvalidArgument
-                    : s.code == Status::Code::unimplemented  ? ffi::ErrorCode::kUnimplemented
-                                                             : ffi::ErrorCode::kInternal;
-  return ffi::Error(code, "groupgemm: " + s.message);
-}
-
-bool float_dtype(ffi::DataType t, DType* out) {
-  const std::optional<DType> dtype = dtype_from_xla(t);
-  if (dtype) *out = *dtype;
-  return dtype.has_value();
-}
-
-bool index_array(const ffi::AnyBuffer& b, IndexArray* out) {
-  if (b.element_type() != ffi::DataType::S32 && b.element_type() != ffi::DataType::S64) return false;
-  *out = {b.untyped_data(), b.element_type() == ffi::DataType::S32 ? IndexType::i32 : IndexType::i64,
-          static_cast<int64_t>(b.element_count())};
-  return true;
-}
-
-ffi::Error dtype_error(const char* what) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                    std::string("groupgemm: unsupported dtype for ") + what);
-}
-
-ExecContext context(Device device, void* stream, ffi::AnyBuffer* workspace) {
-  ExecContext ctx;
-  ctx.device = device, ctx.stream = stream;
-  ctx.workspace = workspace->untyped_data();
-  ctx.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());
-  return ctx;
-}
+using namespace ffi_args;
 
 // out[M,N] = lhs @ rhs[g] (+ bias[g]); `bias` is a size-0 placeholder when !has_bias.
 ffi::Error matmul(Device device, void* stream, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
@@ -217,6 +189,7 @@ void bind_ffi_handlers(nb::module_& m) {
         cuda["groupgemm_matmul"] = capsule(kMatmulCuda);
         cuda["groupgemm_wgrad"] = capsule(kWgradCuda);
         cuda["groupgemm_bias_grad"] = capsule(kBiasGradCuda);
+        add_moe_ffi_handlers(cpu, cuda);
         nb::dict out;
         out["cpu"] = cpu;
         out["CUDA"] = cuda;

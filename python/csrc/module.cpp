@@ -1,5 +1,5 @@
 // groupgemm._core: what both frontends share (the build's CUDA facts, the Device enum,
-// workspace sizes), the core's array entry points (used by the PyTorch frontend and the
+// workspace sizes, the Activation enum), the core's array entry points (used by the PyTorch frontend and the
 // tests) and, once registered by groupgemm.jax, its XLA FFI handlers.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -12,6 +12,7 @@ namespace nb = nanobind;
 
 namespace groupgemm {
 void bind_array_entry_points(nb::module_& m);
+void bind_moe_array_entry_points(nb::module_& m);
 void bind_ffi_handlers(nb::module_& m);
 }  // namespace groupgemm
 
@@ -28,6 +29,16 @@ NB_MODULE(_core, m) {
   m.def("workspace_bytes", &groupgemm::grouped_matmul_workspace_bytes, nb::arg("device"),
         nb::arg("num_groups"),
         "Bytes of workspace one call with num_groups local groups needs on `device` (0 on the CPU).");
+  m.def("permute_workspace_bytes", &groupgemm::permute_workspace_bytes, nb::arg("device"),
+        nb::arg("num_slots"), nb::arg("num_experts"),
+        "Bytes of workspace permute needs on `device` for num_slots = T * k slots and num_experts experts "
+        "(0 on the CPU).");
+  nb::enum_<groupgemm::Activation>(m, "Activation", "The expert MLP's activation.")
+      .value("swiglu", groupgemm::Activation::swiglu, "silu(h[:, :F]) * h[:, F:]")
+      .value("gelu", groupgemm::Activation::gelu, "exact (erf) gelu")
+      .value("relu", groupgemm::Activation::relu)
+      .value("silu", groupgemm::Activation::silu, "x * sigmoid(x)");
   groupgemm::bind_array_entry_points(m);
+  groupgemm::bind_moe_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
 }

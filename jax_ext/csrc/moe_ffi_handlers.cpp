@@ -1,0 +1,250 @@
+// XLA FFI handlers of the expert layer's ops: permute, unpermute and its backward, the
+// activation and its backward. Like the GEMMs' handlers: a CPU and a CUDA variant each,
+// the CUDA one on XLA's stream (PlatformStream<void*>), command-buffer compatible (the
+// core reads expert indices on the device and allocates nothing; permute's workspace is
+// an extra result). Shapes were checked in Python at trace time; they are checked again
+// here because the core trusts its element counts.
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "ffi_args.h"
+#include "groupgemm/activation.h"
+#include "groupgemm/groupgemm.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+
+namespace groupgemm {
+namespace {
+
+using namespace ffi_args;
+using Buf = ffi::AnyBuffer;
+using Out = ffi::Result<ffi::AnyBuffer>;
+
+ffi::Error invalid(const std::string& message) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "groupgemm: " + message);
+}
+
+// A buffer's shape against the expected one, naming the operand.
+bool shape_is(const Buf& b, std::initializer_list<int64_t> want) {
+  const auto d = b.dimensions();
+  if (d.size() != want.size()) return false;
+  size_t i = 0;
+  for (int64_t w : want)
+    if (d[i++] != w) return false;
+  return true;
+}
+
+ffi::Error shape_error(const char* name) { return invalid(std::string(name) + " has an unexpected shape"); }
+
+bool is_int32(const Buf& b) { return b.element_type() == ffi::DataType::S32; }
+
+ExecContext plain_context(Device device, void* stream) {
+  ExecContext ctx;
+  ctx.device = device, ctx.stream = stream;
+  return ctx;
+}
+
+// permute: (tokens [T, H], expert_indices [T, k]) -> (permuted [T*k, H], group_sizes [E],
+// row_map [T, k], workspace: permute_workspace_bytes(...) bytes, empty on CPU).
+ffi::Error permute_op(Device device, void* stream, Buf tokens, Buf expert_indices, Out permuted,
+                      Out group_sizes, Out row_map, Out workspace) {
+  PermuteArgs a;
+  if (!float_dtype(tokens.element_type(), &a.dtype) || permuted->element_type() != tokens.element_type())
+    return dtype_error("permute (tokens and permuted)");
+  if (!index_array(expert_indices, &a.expert_indices)) return dtype_error("permute's expert_indices");
+  if (!is_int32(*group_sizes) || !is_int32(*row_map)) return invalid("group_sizes and row_map must be int32");
+  const auto td = tokens.dimensions(), id = expert_indices.dimensions(), gd = group_sizes->dimensions();
+  if (td.size() != 2) return shape_error("tokens");
+  if (id.size() != 2 || id[0] != td[0]) return shape_error("expert_indices");
+  if (gd.size() != 1) return shape_error("group_sizes");
+  a.num_tokens = td[0], a.hidden = td[1], a.top_k = id[1], a.num_experts = gd[0];
+  if (!shape_is(*permuted, {a.num_tokens * a.top_k, a.hidden})) return shape_error("permuted");
+  if (!shape_is(*row_map, {a.num_tokens, a.top_k})) return shape_error("row_map");
+  a.tokens = tokens.untyped_data(), a.permuted = permuted->untyped_data();
+  a.group_sizes = static_cast<int32_t*>(group_sizes->untyped_data());
+  a.row_map = static_cast<int32_t*>(row_map->untyped_data());
+  return to_ffi(permute(a, context(device, stream, &*workspace)));
+}
+
+// unpermute: (permuted [R, H], row_map [T, k], probs [T, k] or a size-0 placeholder) -> out [T, H].
+ffi::Error unpermute_op(Device device, void* stream, Buf permuted, Buf row_map, Buf probs, Out out,
+                        bool has_probs) {
+  UnpermuteArgs a;
+  if (!float_dtype(permuted.element_type(), &a.dtype) || out->element_type() != permuted.element_type())
+    return dtype_error("unpermute (permuted and out)");
+  if (!is_int32(row_map)) return invalid("row_map must be int32");
+  const auto pd = permuted.dimensions(), rd = row_map.dimensions();
+  if (pd.size() != 2) return shape_error("permuted");
+  if (rd.size() != 2) return shape_error("row_map");
+  a.num_rows = pd[0], a.hidden = pd[1], a.num_tokens = rd[0], a.top_k = rd[1];
+  if (!shape_is(*out, {a.num_tokens, a.hidden})) return shape_error("out");
+  if (has_probs) {
+    if (!float_dtype(probs.element_type(), &a.probs_dtype)) return dtype_error("unpermute's probs");
+    if (!shape_is(probs, {a.num_tokens, a.top_k})) return shape_error("probs");
+    a.probs = probs.untyped_data();
+  }
+  a.permuted = permuted.untyped_data(), a.out = out->untyped_data();
+  a.row_map = static_cast<const int32_t*>(row_map.untyped_data());
+  return to_ffi(unpermute(a, plain_context(device, stream)));
+}
+
+// unpermute's backward: (dout [T, H], permuted [R, H], row_map [T, k], probs) ->
+// (dpermuted [R, H], dprobs [T, k], or size 0 without probs).
+ffi::Error unpermute_backward_op(Device device, void* stream, Buf dout, Buf permuted, Buf row_map, Buf probs,
+                                 Out dpermuted, Out dprobs, bool has_probs) {
+  UnpermuteBackwardArgs a;
+  if (!float_dtype(permuted.element_type(), &a.dtype) || dout.element_type() != permuted.element_type() ||
+      dpermuted->element_type() != permuted.element_type())
+    return dtype_error("unpermute_backward (dout, permuted and dpermuted)");
+  if (!is_int32(row_map)) return invalid("row_map must be int32");
+  const auto pd = permuted.dimensions(), rd = row_map.dimensions();
+  if (pd.size() != 2) return shape_error("permuted");
+  if (rd.size() != 2) return shape_error("row_map");
+  a.num_rows = pd[0], a.hidden = pd[1], a.num_tokens = rd[0], a.top_k = rd[1];
+  if (!shape_is(dout, {a.num_tokens, a.hidden})) return shape_error("dout");
+  if (!shape_is(*dpermuted, {a.num_rows, a.hidden})) return shape_error("dpermuted");
+  if (has_probs) {
+    if (!float_dtype(probs.element_type(), &a.probs_dtype) || dprobs->element_type() != probs.element_type())
+      return dtype_error("unpermute_backward's probs and dprobs");
+    if (!shape_is(probs, {a.num_tokens, a.top_k})) return shape_error("probs");
+    if (!shape_is(*dprobs, {a.num_tokens, a.top_k})) return shape_error("dprobs");
+    a.probs = probs.untyped_data(), a.dprobs = dprobs->untyped_data();
+  }
+  a.dout = dout.untyped_data(), a.permuted = permuted.untyped_data(), a.dpermuted = dpermuted->untyped_data();
+  a.row_map = static_cast<const int32_t*>(row_map.untyped_data());
+  return to_ffi(unpermute_backward(a, plain_context(device, stream)));
+}
+
+// activation: h [M, F_in] -> out [M, F]; kind is Activation's value.
+ffi::Error activation_op(Device device, void* stream, Buf h, Out out, int32_t kind) {
+  ActivationArgs a;
+  if (!float_dtype(h.element_type(), &a.dtype) || out->element_type() != h.element_type())
+    return dtype_error("activation (h and out)");
+  const auto hd = h.dimensions();
+  if (hd.size() != 2) return shape_error("h");
+  a.kind = static_cast<Activation>(kind), a.rows = hd[0], a.in_features = hd[1];
+  // An unknown kind or an odd swiglu width is the core's to report, before any shape.
+  if (valid_activation(a.kind) && !(a.kind == Activation::swiglu && a.in_features % 2 != 0) &&
+      !shape_is(*out, {a.rows, activation_out_features(a.kind, a.in_features)}))
+    return shape_error("out");
+  a.h = h.untyped_data(), a.out = out->untyped_data();
+  return to_ffi(activation(a, plain_context(device, stream)));
+}
+
+// activation's backward: (dout [M, F], h [M, F_in]) -> dh [M, F_in].
+ffi::Error activation_backward_op(Device device, void* stream, Buf dout, Buf h, Out dh, int32_t kind) {
+  ActivationBackwardArgs a;
+  if (!float_dtype(h.element_type(), &a.dtype) || dout.element_type() != h.element_type() ||
+      dh->element_type() != h.element_type())
+    return dtype_error("activation_backward (dout, h and dh)");
+  const auto hd = h.dimensions();
+  if (hd.size() != 2) return shape_error("h");
+  a.kind = static_cast<Activation>(kind), a.rows = hd[0], a.in_features = hd[1];
+  if (valid_activation(a.kind) && !(a.kind == Activation::swiglu && a.in_features % 2 != 0) &&
+      !shape_is(dout, {a.rows, activation_out_features(a.kind, a.in_features)}))
+    return shape_error("dout");
+  if (!shape_is(*dh, {a.rows, a.in_features})) return shape_error("dh");
+  a.dout = dout.untyped_data(), a.h = h.untyped_data(), a.dh = dh->untyped_data();
+  return to_ffi(activation_backward(a, plain_context(device, stream)));
+}
+
+// The CPU variant of an op runs with no stream; the CUDA one with XLA's.
+template <auto Op, typename... Rest>
+ffi::Error on_cpu(Rest... rest) {
+  return Op(Device::cpu, nullptr, rest...);
+}
+template <auto Op, typename... Rest>
+ffi::Error on_cuda(void* stream, Rest... rest) {
+  return Op(Device::cuda, stream, rest...);
+}
+
+// Operands, results and attributes of each op, after the CUDA variant's stream context.
+template <typename B>
+auto permute_binding(B b) {
+  return std::move(b)
+      .template Arg<Buf>()
+      .template Arg<Buf>()
+      .template Ret<Buf>()
+      .template Ret<Buf>()
+      .template Ret<Buf>()
+      .template Ret<Buf>();
+}
+template <typename B>
+auto unpermute_binding(B b) {
+  return std::move(b)
+      .template Arg<Buf>()
+      .template Arg<Buf>()
+      .template Arg<Buf>()
+      .template Ret<Buf>()
+      .template Attr<bool>("has_probs");
+}
+template <typename B>
+auto unpermute_backward_binding(B b) {
+  return std::move(b)
+      .template Arg<Buf>()
+      .template Arg<Buf>()
+      .template Arg<Buf>()
+      .template Arg<Buf>()
+      .template Ret<Buf>()
+      .template Ret<Buf>()
+      .template Attr<bool>("has_probs");
+}
+template <typename B>
+auto activation_binding(B b) {
+  return std::move(b).template Arg<Buf>().template Ret<Buf>().template Attr<int32_t>("kind");
+}
+template <typename B>
+auto activation_backward_binding(B b) {
+  return std::move(b).template Arg<Buf>().template Arg<Buf>().template Ret<Buf>().template Attr<int32_t>(
+      "kind");
+}
+
+auto cpu_bind() { return ffi::Ffi::Bind(); }
+auto cuda_bind() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>(); }
+
+XLA_FFI_DEFINE_HANDLER(kPermuteCpu, (on_cpu<permute_op, Buf, Buf, Out, Out, Out, Out>),
+                       permute_binding(cpu_bind()));
+XLA_FFI_DEFINE_HANDLER(kPermuteCuda, (on_cuda<permute_op, Buf, Buf, Out, Out, Out, Out>),
+                       permute_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kUnpermuteCpu, (on_cpu<unpermute_op, Buf, Buf, Buf, Out, bool>),
+                       unpermute_binding(cpu_bind()));
+XLA_FFI_DEFINE_HANDLER(kUnpermuteCuda, (on_cuda<unpermute_op, Buf, Buf, Buf, Out, bool>),
+                       unpermute_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kUnpermuteBackwardCpu,
+                       (on_cpu<unpermute_backward_op, Buf, Buf, Buf, Buf, Out, Out, bool>),
+                       unpermute_backward_binding(cpu_bind()));
+XLA_FFI_DEFINE_HANDLER(kUnpermuteBackwardCuda,
+                       (on_cuda<unpermute_backward_op, Buf, Buf, Buf, Buf, Out, Out, bool>),
+                       unpermute_backward_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kActivationCpu, (on_cpu<activation_op, Buf, Out, int32_t>),
+                       activation_binding(cpu_bind()));
+XLA_FFI_DEFINE_HANDLER(kActivationCuda, (on_cuda<activation_op, Buf, Out, int32_t>),
+                       activation_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kActivationBackwardCpu, (on_cpu<activation_backward_op, Buf, Buf, Out, int32_t>),
+                       activation_backward_binding(cpu_bind()));
+XLA_FFI_DEFINE_HANDLER(kActivationBackwardCuda, (on_cuda<activation_backward_op, Buf, Buf, Out, int32_t>),
+                       activation_backward_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
+
+nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
+
+}  // namespace
+
+void add_moe_ffi_handlers(nb::dict& cpu, nb::dict& cuda) {
+  cpu["groupgemm_permute"] = capsule(kPermuteCpu);
+  cpu["groupgemm_unpermute"] = capsule(kUnpermuteCpu);
+  cpu["groupgemm_unpermute_backward"] = capsule(kUnpermuteBackwardCpu);
+  cpu["groupgemm_activation"] = capsule(kActivationCpu);
+  cpu["groupgemm_activation_backward"] = capsule(kActivationBackwardCpu);
+  cuda["groupgemm_permute"] = capsule(kPermuteCuda);
+  cuda["groupgemm_unpermute"] = capsule(kUnpermuteCuda);
+  cuda["groupgemm_unpermute_backward"] = capsule(kUnpermuteBackwardCuda);
+  cuda["groupgemm_activation"] = capsule(kActivationCuda);
+  cuda["groupgemm_activation_backward"] = capsule(kActivationBackwardCuda);
+}
+
+}  // namespace groupgemm

@@ -1,0 +1,193 @@
+// Array entry points of the expert layer's ops (permute, unpermute and its backward, the
+// activation and its backward), with the GEMM entry points' rules: every array is
+// .noconvert() and C-contiguous, all on one device, shapes checked here with the
+// argument's name, the core call run without the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "array_args.h"
+#include "groupgemm/activation.h"
+#include "groupgemm/groupgemm.h"
+
+namespace nb = nanobind;
+
+namespace groupgemm {
+namespace {
+
+using namespace array_args;
+
+int64_t dim(const Array& a, size_t axis) { return static_cast<int64_t>(a.shape(axis)); }
+
+// row_map and group_sizes: int32 arrays the core writes or reads as such.
+const int32_t* int32_data(const Array& a, const char* name) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.lanes != 1 || t.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Int) || t.bits != 32)
+    throw nb::type_error((std::string(name) + " must be int32").c_str());
+  return static_cast<const int32_t*>(a.data());
+}
+
+void expect_dtype(const Array& a, DType want, const char* name, const char* of) {
+  if (float_dtype(a, name) != want)
+    throw nb::type_error(
+        (std::string(name) + " must have the dtype of " + of + " (" + dtype_name(want) + ")").c_str());
+}
+
+// probs (and dprobs): the values' dtype or float32.
+DType probs_dtype(const Array& probs, DType values, const char* name) {
+  const DType t = float_dtype(probs, name);
+  if (t != values && t != DType::f32)
+    throw nb::type_error(
+        (std::string(name) + " must be " + dtype_name(values) + " or float32, got " + dtype_name(t)).c_str());
+  return t;
+}
+
+void check_activation_kind(Activation kind, int64_t in_features) {
+  if (kind == Activation::swiglu && in_features % 2 != 0)
+    throw nb::value_error(
+        ("h has " + std::to_string(in_features) + " columns; swiglu needs an even count (gate and up halves)")
+            .c_str());
+}
+
+void permute_array(Array tokens, Array expert_indices, Array permuted, Array group_sizes, Array row_map,
+                   std::optional<Array> workspace, uintptr_t stream) {
+  ContextBuilder devices(stream);
+  for (auto [a, name] : {std::pair{&tokens, "tokens"},
+                         {&expert_indices, "expert_indices"},
+                         {&permuted, "permuted"},
+                         {&group_sizes, "group_sizes"},
+                         {&row_map, "row_map"}})
+    devices.add(*a, name);
+  expect_rank(tokens, 2, "tokens"), expect_rank(expert_indices, 2, "expert_indices");
+  expect_rank(permuted, 2, "permuted"), expect_rank(group_sizes, 1, "group_sizes");
+  expect_rank(row_map, 2, "row_map");
+  PermuteArgs a;
+  a.num_tokens = dim(tokens, 0), a.hidden = dim(tokens, 1);
+  a.top_k = dim(expert_indices, 1), a.num_experts = dim(group_sizes, 0);
+  expect_dim(expert_indices, 0, a.num_tokens, "expert_indices");
+  expect_dim(permuted, 0, a.num_tokens * a.top_k, "permuted"), expect_dim(permuted, 1, a.hidden, "permuted");
+  expect_dim(row_map, 0, a.num_tokens, "row_map"), expect_dim(row_map, 1, a.top_k, "row_map");
+  a.dtype = float_dtype(tokens, "tokens");
+  expect_dtype(permuted, a.dtype, "permuted", "tokens");
+  a.tokens = tokens.data(), a.permuted = permuted.data();
+  a.expert_indices = index_array(expert_indices, "expert_indices");
+  a.group_sizes = const_cast<int32_t*>(int32_data(group_sizes, "group_sizes"));
+  a.row_map = const_cast<int32_t*>(int32_data(row_map, "row_map"));
+  devices.set_workspace(workspace);
+  run_core(groupgemm::permute, a, devices.context());
+}
+
+void unpermute_array(Array permuted, Array row_map, Array out, std::optional<Array> probs, uintptr_t stream) {
+  ContextBuilder devices(stream);
+  for (auto [a, name] : {std::pair{&permuted, "permuted"}, {&row_map, "row_map"}, {&out, "out"}})
+    devices.add(*a, name);
+  expect_rank(permuted, 2, "permuted"), expect_rank(row_map, 2, "row_map"), expect_rank(out, 2, "out");
+  UnpermuteArgs a;
+  a.num_rows = dim(permuted, 0), a.hidden = dim(permuted, 1);
+  a.num_tokens = dim(row_map, 0), a.top_k = dim(row_map, 1);
+  expect_dim(out, 0, a.num_tokens, "out"), expect_dim(out, 1, a.hidden, "out");
+  a.dtype = float_dtype(permuted, "permuted");
+  expect_dtype(out, a.dtype, "out", "permuted");
+  if (probs) {
+    devices.add(*probs, "probs");
+    expect_rank(*probs, 2, "probs");
+    expect_dim(*probs, 0, a.num_tokens, "probs"), expect_dim(*probs, 1, a.top_k, "probs");
+    a.probs_dtype = probs_dtype(*probs, a.dtype, "probs");
+    a.probs = probs->data();
+  }
+  a.permuted = permuted.data(), a.out = out.data();
+  a.row_map = int32_data(row_map, "row_map");
+  run_core(groupgemm::unpermute, a, devices.context());
+}
+
+void unpermute_backward_array(Array dout, Array permuted, Array row_map, Array dpermuted,
+                              std::optional<Array> probs, std::optional<Array> dprobs, uintptr_t stream) {
+  ContextBuilder devices(stream);
+  for (auto [a, name] :
+       {std::pair{&dout, "dout"}, {&permuted, "permuted"}, {&row_map, "row_map"}, {&dpermuted, "dpermuted"}})
+    devices.add(*a, name);
+  expect_rank(dout, 2, "dout"), expect_rank(permuted, 2, "permuted"), expect_rank(row_map, 2, "row_map");
+  expect_rank(dpermuted, 2, "dpermuted");
+  UnpermuteBackwardArgs a;
+  a.num_rows = dim(permuted, 0), a.hidden = dim(permuted, 1);
+  a.num_tokens = dim(row_map, 0), a.top_k = dim(row_map, 1);
+  expect_dim(dout, 0, a.num_tokens, "dout"), expect_dim(dout, 1, a.hidden, "dout");
+  expect_dim(dpermuted, 0, a.num_rows, "dpermuted"), expect_dim(dpermuted, 1, a.hidden, "dpermuted");
+  a.dtype = float_dtype(permuted, "permuted");
+  expect_dtype(dout, a.dtype, "dout", "permuted"), expect_dtype(dpermuted, a.dtype, "dpermuted", "permuted");
+  if (probs.has_value() != dprobs.has_value())
+    throw nb::value_error("dprobs must be given exactly when probs is");
+  if (probs) {
+    devices.add(*probs, "probs"), devices.add(*dprobs, "dprobs");
+    for (auto [p, name] : {std::pair{&*probs, "probs"}, {&*dprobs, "dprobs"}}) {
+      expect_rank(*p, 2, name);
+      expect_dim(*p, 0, a.num_tokens, name), expect_dim(*p, 1, a.top_k, name);
+    }
+    a.probs_dtype = probs_dtype(*probs, a.dtype, "probs");
+    expect_dtype(*dprobs, a.probs_dtype, "dprobs", "probs");
+    a.probs = probs->data(), a.dprobs = dprobs->data();
+  }
+  a.dout = dout.data(), a.permuted = permuted.data(), a.dpermuted = dpermuted.data();
+  a.row_map = int32_data(row_map, "row_map");
+  run_core(groupgemm::unpermute_backward, a, devices.context());
+}
+
+void activation_array(Array h, Array out, Activation kind, uintptr_t stream) {
+  ContextBuilder devices(stream);
+  devices.add(h, "h"), devices.add(out, "out");
+  expect_rank(h, 2, "h"), expect_rank(out, 2, "out");
+  ActivationArgs a;
+  a.kind = kind, a.rows = dim(h, 0), a.in_features = dim(h, 1);
+  check_activation_kind(kind, a.in_features);
+  expect_dim(out, 0, a.rows, "out"), expect_dim(out, 1, activation_out_features(kind, a.in_features), "out");
+  a.dtype = float_dtype(h, "h");
+  expect_dtype(out, a.dtype, "out", "h");
+  a.h = h.data(), a.out = out.data();
+  run_core(groupgemm::activation, a, devices.context());
+}
+
+void activation_backward_array(Array dout, Array h, Array dh, Activation kind, uintptr_t stream) {
+  ContextBuilder devices(stream);
+  devices.add(dout, "dout"), devices.add(h, "h"), devices.add(dh, "dh");
+  expect_rank(dout, 2, "dout"), expect_rank(h, 2, "h"), expect_rank(dh, 2, "dh");
+  ActivationBackwardArgs a;
+  a.kind = kind, a.rows = dim(h, 0), a.in_features = dim(h, 1);
+  check_activation_kind(kind, a.in_features);
+  expect_dim(dout, 0, a.rows, "dout"),
+      expect_dim(dout, 1, activation_out_features(kind, a.in_features), "dout");
+  expect_dim(dh, 0, a.rows, "dh"), expect_dim(dh, 1, a.in_features, "dh");
+  a.dtype = float_dtype(h, "h");
+  expect_dtype(dout, a.dtype, "dout", "h"), expect_dtype(dh, a.dtype, "dh", "h");
+  a.dout = dout.data(), a.h = h.data(), a.dh = dh.data();
+  run_core(groupgemm::activation_backward, a, devices.context());
+}
+
+}  // namespace
+
+void bind_moe_array_entry_points(nb::module_& m) {
+  m.def("permute", &permute_array, nb::arg("tokens").noconvert(), nb::arg("expert_indices").noconvert(),
+        nb::arg("permuted").noconvert(), nb::arg("group_sizes").noconvert(), nb::arg("row_map").noconvert(),
+        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
+        "Groups token rows by expert (stable; dropped slots last as zero rows); writes permuted [T*k, H], "
+        "group_sizes [E] and row_map [T, k] (int32, -1 for a dropped slot).");
+  m.def("unpermute", &unpermute_array, nb::arg("permuted").noconvert(), nb::arg("row_map").noconvert(),
+        nb::arg("out").noconvert(), nb::arg("probs").noconvert() = nb::none(), nb::arg("stream") = 0,
+        "out[t] = sum over j in order of probs[t, j] * permuted[row_map[t, j]] (float32 accumulation).");
+  m.def("unpermute_backward", &unpermute_backward_array, nb::arg("dout").noconvert(),
+        nb::arg("permuted").noconvert(), nb::arg("row_map").noconvert(), nb::arg("dpermuted").noconvert(),
+        nb::arg("probs").noconvert() = nb::none(), nb::arg("dprobs").noconvert() = nb::none(),
+        nb::arg("stream") = 0,
+        "dpermuted[row_map[t, j]] = probs[t, j] * dout[t] (other rows 0); dprobs[t, j] = "
+        "dot(permuted[row_map[t, j]], dout[t]) when probs is given.");
+  m.def("activation", &activation_array, nb::arg("h").noconvert(), nb::arg("out").noconvert(),
+        nb::arg("kind"), nb::arg("stream") = 0, "out = act(h); swiglu takes [M, 2F] (gate first) to [M, F].");
+  m.def("activation_backward", &activation_backward_array, nb::arg("dout").noconvert(),
+        nb::arg("h").noconvert(), nb::arg("dh").noconvert(), nb::arg("kind"), nb::arg("stream") = 0,
+        "dh = act'(h) * dout, the exact derivative.");
+}
+
+}  // namespace groupgemm
