@@ -88,8 +88,8 @@ Status check_slots(int64_t num_tokens, int64_t top_k) {
 // probs (and dprobs) are in the values' dtype or float32.
 Status check_probs_dtype(const void* probs, DType probs_dtype, DType dtype) {
   if (probs && probs_dtype != dtype && probs_dtype != DType::f32)
-    return Status::Invalid(std::string("probs must be ") + dtype_name(dtype) + " or float32, got " +
-                           dtype_name(probs_dtype));
+    return Status::Invalid(std::string("probs must be ") + dtype_name(dtype) +
+                           (dtype == DType::f32 ? "" : " or float32") + ", got " + dtype_name(probs_dtype));
   return Status::Ok();
 }
 

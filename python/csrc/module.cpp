@@ -33,7 +33,8 @@ NB_MODULE(_core, m) {
         nb::arg("num_slots"), nb::arg("num_experts"),
         "Bytes of workspace permute needs on `device` for num_slots = T * k slots and num_experts experts "
         "(0 on the CPU).");
-  nb::enum_<groupgemm::Activation>(m, "Activation", "The expert MLP's activation.")
+  // An IntEnum: int(kind) is the value an XLA FFI attribute carries.
+  nb::enum_<groupgemm::Activation>(m, "Activation", nb::is_arithmetic(), "The expert MLP's activation.")
       .value("swiglu", groupgemm::Activation::swiglu, "silu(h[:, :F]) * h[:, F:]")
       .value("gelu", groupgemm::Activation::gelu, "exact (erf) gelu")
       .value("relu", groupgemm::Activation::relu)

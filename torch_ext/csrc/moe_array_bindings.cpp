@@ -41,8 +41,9 @@ void expect_dtype(const Array& a, DType want, const char* name, const char* of) 
 DType probs_dtype(const Array& probs, DType values, const char* name) {
   const DType t = float_dtype(probs, name);
   if (t != values && t != DType::f32)
-    throw nb::type_error(
-        (std::string(name) + " must be " + dtype_name(values) + " or float32, got " + dtype_name(t)).c_str());
+    throw nb::type_error((std::string(name) + " must be " + dtype_name(values) +
+                          (values == DType::f32 ? "" : " or float32") + ", got " + dtype_name(t))
+                             .c_str());
   return t;
 }
 
