@@ -15,17 +15,17 @@ from groupgemm.jax_ext import raw
 NAMES = contract.JAX_NAMES
 
 
-def _dtype_name(dtype):
+def dtype_name(dtype):
     return np.dtype(dtype).name
 
 
-def _arg(x):
-    return tuple(x.shape), _dtype_name(x.dtype)
+def shape_and_dtype(x):
+    return tuple(x.shape), dtype_name(x.dtype)
 
 
-def _index_array(x):
+def index_array(x):
     """An integer operand as the int32/int64 array the core reads, its value kept."""
-    conversion = contract.index_conversion(_dtype_name(x.dtype))
+    conversion = contract.index_conversion(dtype_name(x.dtype))
     if conversion is None:
         return x
     target, saturate = conversion
@@ -41,16 +41,16 @@ def _index_operands(group_sizes, group_offset, num_groups, num_rows, fn):
     if isinstance(group_sizes, (list, tuple)):
         group_sizes = contract.static_group_sizes(group_sizes, num_rows, fn)
     group_sizes = jnp.asarray(group_sizes)
-    contract.check_group_sizes(group_sizes.shape, _dtype_name(group_sizes.dtype), num_groups,
+    contract.check_group_sizes(group_sizes.shape, dtype_name(group_sizes.dtype), num_groups,
                                group_offset is not None, fn)
-    group_sizes = _index_array(group_sizes)
+    group_sizes = index_array(group_sizes)
     if group_offset is None:
         return group_sizes, jnp.zeros((), jnp.int32)
     if not isinstance(group_offset, (jax.Array, np.ndarray)):  # a Python or NumPy scalar
         group_offset = contract.static_group_offset(group_offset, num_groups, group_sizes.shape[0], fn)
     group_offset = jnp.asarray(group_offset)
-    contract.check_group_offset_array(group_offset.shape, _dtype_name(group_offset.dtype), fn)
-    return group_sizes, _index_array(group_offset.reshape(()))
+    contract.check_group_offset_array(group_offset.shape, dtype_name(group_offset.dtype), fn)
+    return group_sizes, index_array(group_offset.reshape(()))
 
 
 def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, group_offset=None,
@@ -74,8 +74,8 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     bias = None if bias is None else jnp.asarray(bias)
     num_groups, _, out_dtype = contract.matmul(
-        fn, NAMES, _arg(lhs), _arg(rhs), bool(transpose_rhs), None if bias is None else _arg(bias),
-        None if preferred_element_type is None else _dtype_name(preferred_element_type))
+        fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), bool(transpose_rhs), None if bias is None else shape_and_dtype(bias),
+        None if preferred_element_type is None else dtype_name(preferred_element_type))
     group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     # Inside shard_map, give every differentiable operand the varying axes of all
     # operands, so the custom VJP's cotangents (typed like the results) match them.
@@ -96,15 +96,15 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
     """
     fn = "grouped_matmul_wgrad"
     lhs, grad = jnp.asarray(lhs), jnp.asarray(grad)
-    num_groups, shape = contract.wgrad(fn, NAMES, _arg(lhs), _arg(grad), num_groups)
-    requested = None if preferred_element_type is None else _dtype_name(preferred_element_type)
+    num_groups, shape = contract.wgrad(fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(grad), num_groups)
+    requested = None if preferred_element_type is None else dtype_name(preferred_element_type)
     group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     if accumulate_into is None:
-        out_dtype = contract.output_dtype(_dtype_name(lhs.dtype), requested, fn, NAMES["out_dtype"])
+        out_dtype = contract.output_dtype(dtype_name(lhs.dtype), requested, fn, NAMES["out_dtype"])
     else:
         accumulate_into = jnp.asarray(accumulate_into)
-        out_dtype = contract.accumulator(fn, accumulate_into.shape, _dtype_name(accumulate_into.dtype), shape,
-                                         _dtype_name(lhs.dtype), requested, NAMES["out_dtype"])
+        out_dtype = contract.accumulator(fn, accumulate_into.shape, dtype_name(accumulate_into.dtype), shape,
+                                         dtype_name(lhs.dtype), requested, NAMES["out_dtype"])
     return raw.wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, num_groups=num_groups,
                      out_dtype=np.dtype(out_dtype))
 

@@ -9,6 +9,7 @@ import pytest
 import reference as ref
 from cases import CASES, case, inputs
 
+import groupgemm.jax as gj
 from groupgemm.jax import grouped_matmul, ragged_dot
 
 
@@ -95,3 +96,57 @@ def test_expert_parallel_shard_map_with_group_offset_matches_single_device():
 
     sharded = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("expert"), P()), out_specs=P()))
     np.testing.assert_array_equal(np.asarray(sharded(lhs, rhs, sizes)), np.asarray(grouped_matmul(lhs, rhs, sizes)))
+
+
+# ---- the expert layer ---------------------------------------------------------------
+
+
+def _expert_layer(tokens, indices, probs, w_in, w_out, num_experts):
+    permuted, sizes, row_map = gj.permute(tokens, indices, num_experts)
+    y = gj.grouped_mlp(permuted, w_in, w_out, sizes, activation="swiglu")
+    return gj.unpermute(y, row_map, probs)
+
+
+def test_expert_layer_under_jit_compiles_once_for_any_routing():
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.standard_normal((6, 8)), jnp.float32)
+    w_in, w_out = jnp.asarray(rng.standard_normal((3, 8, 12)), jnp.float32), jnp.asarray(
+        rng.standard_normal((3, 6, 8)), jnp.float32)
+    probs = jnp.full((6, 2), 0.5, jnp.float32)
+    traces = []
+
+    @jax.jit
+    def step(indices):
+        traces.append(1)
+        loss = lambda t, a, b: _expert_layer(t, indices, probs, a, b, 3).sum()
+        return jax.grad(loss, argnums=(0, 1, 2))(tokens, w_in, w_out)
+
+    for routing in ([[0, 1]] * 6, [[2, 2]] * 6, [[-1, 3]] * 6, [[0, -1], [1, 2], [2, 0], [1, 1], [0, 2], [5, 1]]):
+        grads = step(jnp.asarray(routing, jnp.int32))
+        used = {e for row in routing for e in row if 0 <= e < 3}
+        for e in set(range(3)) - used:  # experts without tokens: exact-zero, full-shape gradients
+            assert (np.asarray(grads[1][e]) == 0).all() and (np.asarray(grads[2][e]) == 0).all()
+    assert len(traces) == 1
+
+
+def test_grouped_mlp_takes_either_weight_layout():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((7, 8)), jnp.float32)
+    w_in, w_out = jnp.asarray(rng.standard_normal((2, 8, 6)), jnp.float32), jnp.asarray(
+        rng.standard_normal((2, 6, 8)), jnp.float32)
+    sizes = jnp.asarray([3, 3], jnp.int32)
+    jax_layout = gj.grouped_mlp(x, w_in, w_out, sizes, activation="gelu")
+    torch_layout = gj.grouped_mlp(x, w_in.transpose(0, 2, 1), w_out.transpose(0, 2, 1), sizes, activation="gelu",
+                                  transpose_rhs=True)
+    np.testing.assert_allclose(np.asarray(jax_layout), np.asarray(torch_layout), rtol=1e-5, atol=1e-6)
+    assert (np.asarray(jax_layout)[6] == 0).all()  # row 6 is padding
+
+
+@pytest.mark.parametrize("w_in_shape, w_out_shape, match", [
+    ((2, 8, 5), (2, 2, 8), "swiglu needs an even w_in output width"),
+    ((2, 8, 6), (2, 4, 8), r"w_out must have shape \(2, 3, 8\)"),
+    ((8, 6), (2, 3, 8), "w_in must be 3-D"),
+])
+def test_grouped_mlp_checks_its_weight_shapes(w_in_shape, w_out_shape, match):
+    with pytest.raises(ValueError, match=match):
+        gj.grouped_mlp(jnp.ones((4, 8)), jnp.ones(w_in_shape), jnp.ones(w_out_shape), jnp.asarray([2, 2]))

@@ -190,3 +190,38 @@ def test_grouped_linear_clips_list_sizes_of_any_magnitude():
     x = torch.randn(5, 4, dtype=torch.float64)
     y = layer(x, [-(2**70), 2**70, 7])  # as [0, 5, 0]: expert 1 owns every row
     torch.testing.assert_close(y, x @ layer.weight[1].T + layer.bias[1])
+
+
+# ---- the expert layer ---------------------------------------------------------------
+
+
+def _moe_block(dtype=torch.float32):
+    from moe_block import init_block, torch_block_class
+
+    torch.manual_seed(0)
+    return torch_block_class()(init_block(np.random.default_rng(0), 8, 6, 4), top_k=2).to(dtype)
+
+
+def test_expert_block_compiles_with_fullgraph_and_matches_eager():
+    block = _moe_block()
+    compiled = torch.compile(block, fullgraph=True)
+    allowed = torch.tensor([True, False, True, True])  # expert 1 gets no tokens
+    for tokens in (10, 0):
+        x = torch.randn(tokens, 8)
+        eager_out, _ = block(x, allowed)
+        eager_grads = torch.autograd.grad(eager_out.square().sum(), list(block.parameters()), allow_unused=False)
+        out, _ = compiled(x, allowed)
+        grads = torch.autograd.grad(out.square().sum(), list(block.parameters()))
+        torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-6)
+        for g, e in zip(grads, eager_grads):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_grad():
+    block = _moe_block()
+    x = torch.randn(0, 8, requires_grad=True)
+    out, sizes = block(x)
+    assert out.shape == (0, 8) and sizes.tolist() == [0, 0, 0, 0]
+    out.sum().backward()
+    for name, p in block.named_parameters():
+        assert p.grad is not None and p.grad.shape == p.shape and (p.grad == 0).all(), name

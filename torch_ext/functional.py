@@ -16,17 +16,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _tensor(t, name, fn):
+def shape_and_dtype(t, name, fn):
     if not isinstance(t, Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
     return tuple(t.shape), dtype_name(t.dtype)
 
 
-def _same_device(t, name, device, fn):
+def same_device(t, name, device, fn):
     contract.check_device(str(t.device), str(device), name, fn)
 
 
-def _index_tensor(t: Tensor) -> Tensor:
+def index_tensor(t: Tensor) -> Tensor:
     """An integer operand as the int32/int64 tensor the core reads, its value kept."""
     conversion = contract.index_conversion(dtype_name(t.dtype))
     if conversion is None:
@@ -44,26 +44,26 @@ def index_operands(group_sizes, group_offset, num_groups: int, device, fn: str):
         raise TypeError(f"{fn}: group_sizes must be a 1-D integer tensor, got {type(group_sizes).__name__}")
     contract.check_group_sizes(tuple(group_sizes.shape), dtype_name(group_sizes.dtype), num_groups,
                                group_offset is not None, fn)
-    _same_device(group_sizes, "group_sizes", device, fn)
+    same_device(group_sizes, "group_sizes", device, fn)
     if group_offset is None:
-        return _index_tensor(group_sizes), None
+        return index_tensor(group_sizes), None
     if not isinstance(group_offset, Tensor):  # a Python or NumPy scalar
         group_offset = torch.tensor(contract.static_group_offset(group_offset, num_groups, group_sizes.shape[0],
                                                                  fn), device=device)
     contract.check_group_offset_array(tuple(group_offset.shape), dtype_name(group_offset.dtype), fn)
-    _same_device(group_offset, "group_offset", device, fn)
-    return _index_tensor(group_sizes), _index_tensor(group_offset.reshape(())).to(torch.int64)
+    same_device(group_offset, "group_offset", device, fn)
+    return index_tensor(group_sizes), index_tensor(group_offset.reshape(())).to(torch.int64)
 
 
 def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_offset, out_dtype,
                      fn="grouped_mm"):
     """Validates grouped_mm's arguments; returns (group_sizes, group_offset, out_dtype)."""
     num_groups, _, out = contract.matmul(
-        fn, NAMES, _tensor(input, NAMES["lhs"], fn), _tensor(weight, NAMES["rhs"], fn), bool(transpose_weight),
-        None if bias is None else _tensor(bias, "bias", fn), None if out_dtype is None else dtype_name(out_dtype))
+        fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(weight, NAMES["rhs"], fn), bool(transpose_weight),
+        None if bias is None else shape_and_dtype(bias, "bias", fn), None if out_dtype is None else dtype_name(out_dtype))
     for t, name in ((weight, NAMES["rhs"]), (bias, "bias")):
         if t is not None:
-            _same_device(t, name, input.device, fn)
+            same_device(t, name, input.device, fn)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, input.device, fn)
     return group_sizes, group_offset, getattr(torch, out)
 
@@ -99,18 +99,18 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
     empty groups are left bit-for-bit unchanged.
     """
     fn = "grouped_mm_wgrad"
-    num_groups, shape = contract.wgrad(fn, NAMES, _tensor(input, NAMES["lhs"], fn), _tensor(grad, "grad", fn),
+    num_groups, shape = contract.wgrad(fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(grad, "grad", fn),
                                        num_groups)
-    _same_device(grad, "grad", input.device, fn)
+    same_device(grad, "grad", input.device, fn)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, input.device, fn)
     if accumulate_into is not None:
-        acc_shape, acc_dtype = _tensor(accumulate_into, "accumulate_into", fn)
+        acc_shape, acc_dtype = shape_and_dtype(accumulate_into, "accumulate_into", fn)
         aliased = next((name for t, name in ((input, NAMES["lhs"]), (grad, "grad"))
                         if _shares_memory(accumulate_into, t)), None)
         contract.accumulator(fn, acc_shape, acc_dtype, shape, dtype_name(input.dtype), None, NAMES["out_dtype"],
                              contiguous=accumulate_into.is_contiguous(),
                              requires_grad=accumulate_into.requires_grad, aliases=aliased)
-        _same_device(accumulate_into, "accumulate_into", input.device, fn)
+        same_device(accumulate_into, "accumulate_into", input.device, fn)
     input, grad = input.contiguous(), raw.incoming_grad(grad, grad.dtype)
     if accumulate_into is None:
         return raw.grouped_mm_wgrad_op(input, grad, group_sizes, num_groups, group_offset, input.dtype)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import functional, raw
+from groupgemm.torch_ext import expert, functional, raw
 
 
 class _MainGradGroupedLinear(torch.autograd.Function):
@@ -90,3 +90,32 @@ class GroupedLinear(nn.Module):
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}, "
                 f"accumulate_into_main_grad={self.accumulate_into_main_grad}")
+
+
+class GroupedMLP(nn.Module):
+    """Each expert's MLP on its rows: ``fc2(act(fc1(x)))``, the activation computed in the core.
+
+    ``fc1 = GroupedLinear(num_experts, hidden_size, F_in)`` and
+    ``fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size)``, with
+    ``F_in = 2 * ffn_hidden_size`` for ``"swiglu"`` (``silu(gate) * up``, the first
+    ffn_hidden_size columns the gate) and ``ffn_hidden_size`` for ``"gelu"`` (exact erf
+    form), ``"relu"`` and ``"silu"``. ``forward(x, group_sizes)`` takes rows sorted by
+    expert (as ``permute`` returns them); rows owned by no expert come out as exact zeros,
+    and every parameter gets a full-shape gradient, zero for experts without tokens.
+    """
+
+    def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False, device=None,
+                 dtype=None, accumulate_into_main_grad=False):
+        super().__init__()
+        contract.activation_kind(activation, "GroupedMLP")
+        self.activation = activation
+        f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
+        common = {"bias": bias, "device": device, "dtype": dtype, "accumulate_into_main_grad": accumulate_into_main_grad}
+        self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)
+        self.fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size, **common)
+
+    def forward(self, x, group_sizes):
+        return self.fc2(expert.activate(self.fc1(x, group_sizes), self.activation), group_sizes)
+
+    def extra_repr(self):
+        return f"activation={self.activation!r}"

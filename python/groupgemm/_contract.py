@@ -218,3 +218,66 @@ def accumulator(fn, shape, dtype, want_shape, in_dtype, requested_out_dtype, out
     if aliases is not None:
         raise ValueError(f"{fn}: accumulate_into shares memory with {aliases}; pass a separate buffer")
     return want
+
+
+# ---- the expert layer -------------------------------------------------------------
+
+ACTIVATIONS = ("swiglu", "gelu", "relu", "silu")  # the core's Activation enum, in its order
+
+
+def activation_kind(name, fn):
+    """The core's index of an activation name."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"{fn}: activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {name!r}")
+    return ACTIVATIONS.index(name)
+
+
+def activation_width(name, f_in, fn, what="h"):
+    """F of ``act(h [M, F_in]) -> [M, F]``: F_in / 2 for swiglu (gate, then up), else F_in."""
+    if name != "swiglu":
+        return f_in
+    if f_in % 2:
+        raise ValueError(f"{fn}: swiglu needs an even {what} width F_in = 2F (gate, then up), got {f_in}")
+    return f_in // 2
+
+
+def permute(fn, tokens, expert_indices, num_experts):
+    """Checks tokens [T, H] and expert_indices [T, k]; returns (T, k, H, num_experts)."""
+    (tokens_shape, tokens_dtype), (indices_shape, indices_dtype) = tokens, expert_indices
+    check_float(tokens_dtype, "tokens", fn)
+    check_rank(tokens_shape, 2, "tokens", "[T, H]", fn)
+    check_rank(indices_shape, 2, "expert_indices", "[T, k]", fn)
+    check_index_dtype(indices_dtype, "expert_indices", fn)
+    if indices_shape[0] != tokens_shape[0]:
+        raise ValueError(f"{fn}: expert_indices has {indices_shape[0]} rows but tokens has {tokens_shape[0]}")
+    return tokens_shape[0], indices_shape[1], tokens_shape[1], static_count(num_experts, "num_experts", fn)
+
+
+def unpermute(fn, permuted, row_map, probs=None):
+    """Checks permuted [R, H], row_map [T, k] (int32, as permute returns it) and probs
+    [T, k] (permuted's dtype or float32); returns (T, H)."""
+    (permuted_shape, permuted_dtype), (map_shape, map_dtype) = permuted, row_map
+    check_float(permuted_dtype, "permuted", fn)
+    check_rank(permuted_shape, 2, "permuted", "[T * k, H]", fn)
+    check_rank(map_shape, 2, "row_map", "[T, k]", fn)
+    if map_dtype != "int32":
+        raise TypeError(f"{fn}: row_map must be int32 (as permute returns it), got {map_dtype}")
+    if probs is not None:
+        probs_shape, probs_dtype = probs
+        check_shape(probs_shape, map_shape, "probs", fn)
+        if probs_dtype not in (permuted_dtype, "float32"):
+            raise TypeError(f"{fn}: probs must be {permuted_dtype} (permuted's dtype) or float32, got {probs_dtype}")
+    return map_shape[0], permuted_shape[1]
+
+
+def grouped_mlp(fn, x, w_in, w_out, activation, transpose):
+    """Checks the shapes of ``fc2(act(fc1(x)))``: w_in [E, H, F_in] and w_out [E, F, H]
+    (transposed: [E, F_in, H] and [E, H, F]); returns F."""
+    (x_shape, _), (in_shape, _), (out_shape, _) = x, w_in, w_out
+    check_rank(in_shape, 3, "w_in", "[E, F_in, H]" if transpose else "[E, H, F_in]", fn)
+    check_rank(out_shape, 3, "w_out", "[E, H, F]" if transpose else "[E, F, H]", fn)
+    f_in = in_shape[1] if transpose else in_shape[2]
+    f = activation_width(activation, f_in, fn, "w_in output")
+    want = (in_shape[0], x_shape[-1], f) if transpose else (in_shape[0], f, x_shape[-1])
+    check_shape(out_shape, want, "w_out", fn)
+    return f

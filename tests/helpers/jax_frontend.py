@@ -85,3 +85,49 @@ def matmul_and_grads(lhs, rhs, sizes, dout, offset=None):
     """out, dlhs, drhs of a float32 grouped matmul of NumPy inputs, as float64 NumPy."""
     out, vjp = jax.vjp(lambda l, r: matmul(l, r, jnp.asarray(sizes), offset=offset), jnp.asarray(lhs), jnp.asarray(rhs))
     return [to_float64(a) for a in (out, *vjp(jnp.asarray(dout)))]
+
+
+# ---- the expert layer ----------------------------------------------------------------
+
+
+def permute_and_grad(tokens, expert_indices, num_experts, dpermuted, dtype):
+    """permuted, group_sizes, row_map and d tokens, from NumPy inputs."""
+    with precision(dtype):
+        indices = jnp.asarray(expert_indices)
+        permuted, vjp, (sizes, row_map) = jax.vjp(
+            lambda t: (lambda p, s, r: (p, (s, r)))(*gj.permute(t, indices, num_experts)), jnp.asarray(tokens, dtype),
+            has_aux=True)
+        (dtokens,) = vjp(jnp.asarray(dpermuted, dtype))
+        return permuted, sizes, row_map, dtokens
+
+
+def unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_dtype):
+    """out, d permuted and d probs (None without probs), from NumPy inputs."""
+    with precision(dtype):
+        row_map = jnp.asarray(row_map, jnp.int32)
+        args = [jnp.asarray(permuted, dtype)] + ([] if probs is None else [jnp.asarray(probs, probs_dtype)])
+        out, vjp = jax.vjp(lambda p, *q: gj.unpermute(p, row_map, *q), *args)
+        grads = vjp(jnp.asarray(dout, dtype))
+        return out, grads[0], None if probs is None else grads[1]
+
+
+def grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype):
+    """y and the gradients of x, w_in, w_out, b_in, b_out (None for an absent bias); the
+    weights in the torch layout (w_in [E, F_in, H], w_out [E, H, F])."""
+    with precision(dtype):
+        params = {k: jnp.asarray(v, dtype) for k, v in dict(x=x, w_in=w_in, w_out=w_out, b_in=b_in,
+                                                             b_out=b_out).items() if v is not None}
+        sizes = jnp.asarray(sizes, jnp.int32)
+        y, vjp = jax.vjp(lambda p: gj.grouped_mlp(p["x"], p["w_in"], p["w_out"], sizes, activation=activation,
+                                                   b_in=p.get("b_in"), b_out=p.get("b_out"), transpose_rhs=True),
+                         params)
+        (grads,) = vjp(jnp.asarray(dout, dtype))
+        return y, tuple(grads.get(k) for k in ("x", "w_in", "w_out", "b_in", "b_out"))
+
+
+permute, unpermute = gj.permute, gj.unpermute
+
+
+def mlp_with_activation(name):
+    x = jnp.ones((4, 8))
+    return gj.grouped_mlp(x, jnp.ones((2, 8, 6)), jnp.ones((2, 6, 8)), jnp.asarray([2, 2]), activation=name)

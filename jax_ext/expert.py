@@ -1,0 +1,66 @@
+"""groupgemm for JAX, the expert layer: token permute / unpermute and the grouped expert
+MLP, checked at trace time (rules from groupgemm._contract). Indices, group sizes and
+row maps stay on the device: one jit compile serves every routing."""
+
+import jax.numpy as jnp
+
+from groupgemm import _contract as contract
+from groupgemm.jax_ext import expert_raw
+from groupgemm.jax_ext.functional import grouped_matmul, index_array, shape_and_dtype
+
+
+def permute(tokens, expert_indices, num_experts):
+    """Groups token rows by expert: ``(permuted [T*k, H], group_sizes [E] int32, row_map [T, k] int32)``.
+
+    ``expert_indices [T, k]`` holds each token's top-k experts; a value outside
+    ``[0, num_experts)`` is a dropped slot. Rows come in ascending expert order, within
+    an expert in ascending ``t*k + j`` order; dropped slots last, as exact-zero rows.
+    ``row_map[t, j]`` is the row holding slot ``(t, j)``, or -1 when it is dropped.
+    Differentiable in ``tokens`` (each token's gradient sums its k rows' gradients).
+    """
+    fn = "permute"
+    tokens, expert_indices = jnp.asarray(tokens), jnp.asarray(expert_indices)
+    *_, num_experts = contract.permute(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), num_experts)
+    return expert_raw.differentiable_permute(tokens, index_array(expert_indices), num_experts)
+
+
+def unpermute(permuted, row_map, probs=None):
+    """``out[t] = sum over j of probs[t, j] * permuted[row_map[t, j]]`` (``[T, H]``).
+
+    Summed in j order in float32 (float64 for float64) and rounded once to permuted's
+    dtype; dropped slots (``row_map < 0``) add nothing; ``probs=None`` means 1.
+    Differentiable in ``permuted`` and ``probs``.
+    """
+    fn = "unpermute"
+    permuted, row_map = jnp.asarray(permuted), jnp.asarray(row_map)
+    probs = None if probs is None else jnp.asarray(probs)
+    contract.unpermute(fn, shape_and_dtype(permuted), shape_and_dtype(row_map), None if probs is None else shape_and_dtype(probs))
+    return expert_raw.differentiable_unpermute(permuted, row_map, probs)
+
+
+def _activate(h, name, fn):
+    """The expert MLP's activation of ``h [M, F_in]``, computed in the core (see
+    grouped_mlp). Zero rows stay exactly zero."""
+    width = contract.activation_width(name, h.shape[1], fn)
+    return expert_raw.differentiable_activation(h, contract.activation_kind(name, fn), width)
+
+
+def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, b_out=None, group_offset=None,
+                transpose_rhs=False):
+    """Each expert's MLP on its rows: ``fc2(act(fc1(x)))``, output in x's dtype.
+
+    ``w_in [E, H, F_in]`` and ``w_out [E, F, H]`` (with ``transpose_rhs=True``:
+    ``[E, F_in, H]`` and ``[E, H, F]``, the torch layout); ``b_in [E, F_in]``,
+    ``b_out [E, H]``; ``group_sizes`` and ``group_offset`` as in grouped_matmul.
+    ``activation``: ``"swiglu"`` (``silu(gate) * up``, F_in = 2F, the first F columns the
+    gate), ``"gelu"`` (exact erf form), ``"relu"`` or ``"silu"``, computed in the core. Rows owned
+    by no local expert come out as exact zeros; every parameter gets a full-shape gradient.
+    """
+    fn = "grouped_mlp"
+    x, w_in, w_out = jnp.asarray(x), jnp.asarray(w_in), jnp.asarray(w_out)
+    contract.activation_kind(activation, fn)
+    contract.check_rank(x.shape, 2, "x", "[M, H]", fn)
+    contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation, bool(transpose_rhs))
+    h = grouped_matmul(x, w_in, group_sizes, bias=b_in, transpose_rhs=transpose_rhs, group_offset=group_offset)
+    return grouped_matmul(_activate(h, activation, fn), w_out, group_sizes, bias=b_out,
+                          transpose_rhs=transpose_rhs, group_offset=group_offset)

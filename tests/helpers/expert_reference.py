@@ -1,0 +1,105 @@
+"""Float64 NumPy reference of the expert layer (permute, unpermute, the activations, the
+grouped MLP), written from the semantics in README.md, independently of the core."""
+
+import math
+
+import numpy as np
+import reference as ref
+
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _bucket(expert_indices, num_experts):
+    e = np.asarray(expert_indices, np.int64).reshape(-1)
+    return np.where((e >= 0) & (e < num_experts), e, num_experts)
+
+
+def permute(tokens, expert_indices, num_experts):
+    """permuted, group_sizes, row_map: a stable sort of the slots by expert, dropped last."""
+    tokens = np.asarray(tokens, np.float64)
+    t, k = np.asarray(expert_indices).shape
+    bucket = _bucket(expert_indices, num_experts)
+    order = sorted(range(t * k), key=lambda s: (bucket[s], s))
+    permuted = np.zeros((t * k, tokens.shape[1]))
+    row_map = -np.ones((t, k), np.int64)
+    for row, s in enumerate(order):
+        if bucket[s] < num_experts:
+            permuted[row] = tokens[s // k]
+            row_map[s // k, s % k] = row
+    sizes = np.array([np.count_nonzero(bucket == e) for e in range(num_experts)], np.int64)
+    return permuted, sizes, row_map
+
+
+def unpermute(permuted, row_map, probs=None):
+    permuted = np.asarray(permuted, np.float64)
+    t, k = row_map.shape
+    probs = np.ones((t, k)) if probs is None else np.asarray(probs, np.float64)
+    out = np.zeros((t, permuted.shape[1]))
+    for i in range(t):
+        for j in range(k):
+            if row_map[i, j] >= 0:
+                out[i] += probs[i, j] * permuted[row_map[i, j]]
+    return out
+
+
+def unpermute_grads(dout, permuted, row_map, probs=None):
+    """dpermuted (zero on rows no slot maps to) and dprobs (zero for dropped slots)."""
+    dout, permuted = np.asarray(dout, np.float64), np.asarray(permuted, np.float64)
+    t, k = row_map.shape
+    probs = np.ones((t, k)) if probs is None else np.asarray(probs, np.float64)
+    dpermuted, dprobs = np.zeros_like(permuted), np.zeros((t, k))
+    for i in range(t):
+        for j in range(k):
+            if row_map[i, j] >= 0:
+                dpermuted[row_map[i, j]] = probs[i, j] * dout[i]
+                dprobs[i, j] = permuted[row_map[i, j]] @ dout[i]
+    return dpermuted, dprobs
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def activation(h, name):
+    h = np.asarray(h, np.float64)
+    if name == "swiglu":
+        gate, up = np.split(h, 2, axis=1)
+        return gate * _sigmoid(gate) * up
+    if name == "gelu":
+        return 0.5 * h * (1.0 + _ERF(h / math.sqrt(2.0)))
+    if name == "relu":
+        return np.maximum(h, 0.0)
+    return h * _sigmoid(h)  # silu
+
+
+def _silu_grad(x):
+    s = _sigmoid(x)
+    return s + x * s * (1.0 - s)
+
+
+def activation_grad(dout, h, name):
+    dout, h = np.asarray(dout, np.float64), np.asarray(h, np.float64)
+    if name == "swiglu":
+        gate, up = np.split(h, 2, axis=1)
+        return np.concatenate([dout * up * _silu_grad(gate), dout * gate * _sigmoid(gate)], axis=1)
+    if name == "gelu":
+        return dout * (0.5 * (1.0 + _ERF(h / math.sqrt(2.0))) + h * np.exp(-0.5 * h * h) / math.sqrt(2 * math.pi))
+    if name == "relu":
+        return dout * (h > 0)
+    return dout * _silu_grad(h)
+
+
+def grouped_mlp_and_grads(x, w_in, w_out, sizes, name, b_in, b_out, dout, round_to=lambda a: a):
+    """y and (dx, dw_in, dw_out, db_in, db_out) of fc2(act(fc1(x))) with torch-layout weights
+    (w_in [E, F_in, H], w_out [E, H, F]); ``round_to`` rounds the intermediates the way the
+    implementation stores them (in x's dtype)."""
+    g = w_in.shape[0]
+    h = round_to(ref.grouped_matmul(x, w_in, sizes, b_in, transpose_rhs=True))
+    a = round_to(activation(h, name))
+    y = ref.grouped_matmul(a, w_out, sizes, b_out, transpose_rhs=True)
+    da = round_to(ref.grouped_matmul(dout, w_out, sizes, None, transpose_rhs=False))
+    dh = round_to(activation_grad(da, h, name))
+    dx = ref.grouped_matmul(dh, w_in, sizes, None, transpose_rhs=False)
+    dw_out = ref.grouped_matmul_wgrad(dout, a, sizes, g)  # [E, H, F]
+    dw_in = ref.grouped_matmul_wgrad(dh, x, sizes, g)  # [E, F_in, H]
+    return y, (dx, dw_in, dw_out, ref.grouped_bias_grad(dh, sizes, g), ref.grouped_bias_grad(dout, sizes, g))

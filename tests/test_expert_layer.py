@@ -1,0 +1,175 @@
+"""The expert layer (permute, unpermute, the grouped MLP) in both frontends against the
+float64 NumPy reference, forward and every gradient, in every dtype; JAX/PyTorch parity."""
+
+import dataclasses
+
+import expert_reference as eref
+import jax_frontend
+import numpy as np
+import pytest
+import reference as ref
+import torch_frontend
+from bad_inputs import base_arguments
+from bits import assert_same_bits
+from cases import DTYPES, TOLERANCE, round_to
+from frontends import frontend  # noqa: F401 - the fixture
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    name: str
+    indices: tuple  # [T][k] expert choices; outside [0, num_experts) is a dropped slot
+    num_experts: int
+
+    @property
+    def shape(self):
+        return len(self.indices), len(self.indices[0]) if self.indices else 2
+
+
+ROUTINGS = [
+    Routing("top1", ((2,), (0,), (2,), (1,), (0,), (2,)), 3),
+    Routing("top2", ((1, 0), (2, 1), (0, 2), (1, 2), (0, 1)), 3),
+    Routing("top3", ((3, 0, 1), (2, 3, 1), (0, 1, 2), (1, 2, 0)), 4),
+    Routing("top4", ((0, 1, 2, 3), (3, 2, 1, 0), (1, 3, 0, 2)), 4),
+    Routing("no_tokens", (), 3),
+    Routing("one_expert", ((1, 1), (1, 1), (1, 1)), 3),
+    Routing("every_expert_empty", ((-1, 3), (7, -5), (3, 3)), 3),
+    Routing("dropped_slots", ((0, -1), (3, 1), (2, 2**31 - 1), (-(2**31), 0)), 3),
+    Routing("same_expert_twice", ((2, 2), (0, 2), (2, 0)), 3),
+    Routing("no_experts", ((0, 1), (2, 0)), 0),
+]
+IDS = [r.name for r in ROUTINGS]
+
+
+def routing_inputs(r, h=8, seed=0):
+    rng = np.random.default_rng(seed)
+    t, k = r.shape
+    indices = np.asarray(r.indices, np.int32).reshape(t, k)
+    return indices, rng.standard_normal((t, h)), rng.standard_normal((t * k, h)), rng.uniform(0.1, 1.0, (t, k))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("routing", ROUTINGS, ids=IDS)
+def test_permute_matches_reference_and_zeroes_dropped_rows(frontend, routing, dtype):
+    indices, tokens, dpermuted, _ = routing_inputs(routing)
+    tokens, dpermuted = round_to(tokens, dtype), round_to(dpermuted, dtype)
+    permuted, sizes, row_map, dtokens = frontend.permute_and_grad(tokens, indices, routing.num_experts, dpermuted,
+                                                                  dtype)
+    want_permuted, want_sizes, want_map = eref.permute(tokens, indices, routing.num_experts)
+    assert np.array_equal(frontend.to_float64(permuted), want_permuted)  # copies: exact, and exact zeros
+    assert frontend.dtype_of(sizes) == "int32" and frontend.dtype_of(row_map) == "int32"
+    assert np.array_equal(frontend.to_float64(sizes), want_sizes) and np.array_equal(frontend.to_float64(row_map),
+                                                                                      want_map)
+    ref.assert_close(frontend.to_float64(dtokens), eref.unpermute(dpermuted, want_map), dtype, "dtokens")
+
+
+@pytest.mark.parametrize("probs_dtype", ["same", "float32", None])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("routing", ROUTINGS, ids=IDS)
+def test_unpermute_matches_reference_with_every_gradient(frontend, routing, dtype, probs_dtype):
+    indices, _, permuted, probs = routing_inputs(routing, seed=1)
+    _, _, row_map = eref.permute(np.zeros((len(indices), 1)), indices, routing.num_experts)
+    dout = np.random.default_rng(2).standard_normal((len(indices), permuted.shape[1]))
+    permuted, dout = round_to(permuted, dtype), round_to(dout, dtype)
+    probs_name = dtype if probs_dtype == "same" else probs_dtype
+    probs = None if probs_name is None else round_to(probs, probs_name)
+    out, dpermuted, dprobs = frontend.unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_name)
+    ref.assert_close(frontend.to_float64(out), eref.unpermute(permuted, row_map, probs), dtype, "out")
+    want_dpermuted, want_dprobs = eref.unpermute_grads(dout, permuted, row_map, probs)
+    got_dpermuted = frontend.to_float64(dpermuted)
+    ref.assert_close(got_dpermuted, want_dpermuted, dtype, "dpermuted")
+    referenced = set(row_map[row_map >= 0].tolist())
+    assert all((got_dpermuted[r] == 0).all() for r in range(len(got_dpermuted)) if r not in referenced)
+    if probs is None:
+        assert dprobs is None
+    else:
+        assert frontend.dtype_of(dprobs) == probs_name
+        got_dprobs = frontend.to_float64(dprobs)
+        # dprobs is stored in probs' dtype: the coarser of the two sets the tolerance.
+        coarser = max((dtype, probs_name), key=lambda name: TOLERANCE[name])
+        ref.assert_close(got_dprobs, want_dprobs, coarser, "dprobs")
+        assert (got_dprobs[row_map < 0] == 0).all()
+
+
+MLP_CASES = [  # name, group sizes, M (rows past the sum are padding)
+    ("uniform", (3, 3, 3), 9),
+    ("one_expert_empty", (4, 0, 3), 9),
+    ("every_expert_empty", (0, 0, 0), 5),
+    ("no_rows", (0, 0, 0), 0),
+]
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("activation", ["swiglu", "gelu", "relu", "silu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, sizes, m", MLP_CASES, ids=[c[0] for c in MLP_CASES])
+def test_grouped_mlp_matches_reference_with_every_gradient(frontend, name, sizes, m, dtype, activation, with_bias):
+    rng = np.random.default_rng(3)
+    e, h, f = len(sizes), 8, 6
+    f_in = 2 * f if activation == "swiglu" else f
+    x, w_in, w_out, dout = (round_to(rng.standard_normal(s) * scale, dtype) for s, scale in (
+        ((m, h), 1.0), ((e, f_in, h), 0.5), ((e, h, f), 0.5), ((m, h), 1.0)))
+    b_in, b_out = ((round_to(rng.standard_normal((e, f_in)), dtype), round_to(rng.standard_normal((e, h)), dtype))
+                   if with_bias else (None, None))
+    y, grads = frontend.grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype)
+    want_y, want_grads = eref.grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout,
+                                                     lambda a: round_to(a, dtype))
+    ref.assert_close(frontend.to_float64(y), want_y, dtype, "y")
+    pad = ref.padding_rows(sizes, m, e)
+    assert (frontend.to_float64(y)[pad] == 0).all()
+    for what, got, want in zip(("dx", "dw_in", "dw_out", "db_in", "db_out"), grads, want_grads):
+        if what.startswith("db") and not with_bias:
+            assert got is None
+            continue
+        got = frontend.to_float64(got)
+        assert got.shape == want.shape, what
+        ref.assert_close(got, want, dtype, what)
+        if what == "dx":
+            assert (got[pad] == 0).all()
+        else:
+            for g in ref.empty_groups(sizes, m, e):
+                assert (got[g] == 0).all(), (what, g)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
+    # permute -> GroupedMLP -> unpermute with the same routing: every output and gradient.
+    rng = np.random.default_rng(4)
+    indices = np.asarray([[1, 0], [2, 2], [0, -1], [1, 3], [2, 0]], np.int32)  # 3 experts, two dropped slots
+    tokens = round_to(rng.standard_normal((5, 8)), dtype)
+    probs = round_to(rng.uniform(0.1, 1.0, (5, 2)), dtype)
+    w_in, w_out = (round_to(rng.standard_normal(s) * 0.5, dtype) for s in ((3, 12, 8), (3, 8, 6)))
+    dy = round_to(rng.standard_normal((10, 8)), dtype)
+    results = []
+    for fe in (jax_frontend, torch_frontend):
+        permuted, sizes, row_map, _ = fe.permute_and_grad(tokens, indices, 3, np.zeros((10, 8)), dtype)
+        permuted, sizes, row_map = (fe.to_float64(a) for a in (permuted, sizes, row_map))
+        y, grads = fe.grouped_mlp_and_grads(permuted, w_in, w_out, sizes, "swiglu", None, None, dy, dtype)
+        out, dpermuted, dprobs = fe.unpermute_and_grads(fe.to_float64(y), row_map.astype(np.int32), probs,
+                                                        np.ones((5, 8)), dtype, dtype)
+        results.append([fe.to_float64(a) for a in (y, *grads[:3], out, dpermuted, dprobs)] + [permuted])
+    for i, (a, b) in enumerate(zip(*results)):
+        assert_same_bits(a, b, f"result {i}")
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda f, a: f.permute(a.lhs, a.sizes, 3), ValueError, "expert_indices must be 2-D"),
+    (lambda f, a: f.permute(a.lhs, a.cast(a.lhs, "float32"), 3), TypeError, "expert_indices must be an integer"),
+    (lambda f, a: f.permute(a.lhs, a.array([[0]] * 5, "int32"), 3), ValueError,
+     "expert_indices has 5 rows but tokens has 6"),
+    (lambda f, a: f.permute(a.lhs, a.array([[0]] * 6, "int32"), -1), ValueError,
+     "num_experts must be a non-negative int"),
+    (lambda f, a: f.permute(a.cast(a.lhs, "int32"), a.array([[0]] * 6, "int32"), 3), TypeError,
+     "tokens must be float32"),
+    (lambda f, a: f.unpermute(a.lhs, a.array([[0, 1]] * 3, "int64")), TypeError, "row_map must be int32"),
+    (lambda f, a: f.unpermute(a.lhs[0], a.array([[0, 1]] * 3, "int32")), ValueError, "permuted must be 2-D"),
+    (lambda f, a: f.unpermute(a.lhs, a.array([[0, 1]] * 3, "int32"), a.array(np.ones((3, 3)), "float32")),
+     ValueError, r"probs must have shape \(3, 2\)"),
+    (lambda f, a: f.unpermute(a.lhs, a.array([[0, 1]] * 3, "int32"), a.array(np.ones((3, 2)), "float16")),
+     TypeError, "probs must be float32 .permuted's dtype. or float32, got float16"),
+    (lambda f, a: f.mlp_with_activation("tanh"), ValueError, "activation must be one of 'swiglu', 'gelu'"),
+])
+def test_bad_expert_layer_input_raises_naming_the_argument(frontend, call, error, match):
+    with pytest.raises(error, match=match):
+        with frontend.precision("float64"):  # JAX: int64 row maps need x64
+            call(frontend, base_arguments(frontend))

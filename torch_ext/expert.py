@@ -1,0 +1,51 @@
+"""groupgemm for PyTorch, the expert layer: token permute / unpermute (rules from
+groupgemm._contract), then the raw custom ops. Indices and row maps stay on their device."""
+
+import torch
+
+from groupgemm import _contract as contract
+from groupgemm.torch_ext import expert_raw
+from groupgemm.torch_ext.functional import index_tensor, same_device, shape_and_dtype
+
+Tensor = torch.Tensor
+
+
+def permute(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Groups token rows by expert: ``(permuted [T*k, H], group_sizes [E] int32, row_map [T, k] int32)``.
+
+    ``expert_indices [T, k]`` holds each token's top-k experts; a value outside
+    ``[0, num_experts)`` is a dropped slot. Rows come in ascending expert order, within
+    an expert in ascending ``t*k + j`` order; dropped slots last, as exact-zero rows.
+    ``row_map[t, j]`` is the row holding slot ``(t, j)``, or -1 when it is dropped.
+    Differentiable in ``tokens`` (each token's gradient sums its k rows' gradients).
+    """
+    fn = "permute"
+    *_, num_experts = contract.permute(fn, shape_and_dtype(tokens, "tokens", fn),
+                                       shape_and_dtype(expert_indices, "expert_indices", fn), num_experts)
+    same_device(expert_indices, "expert_indices", tokens.device, fn)
+    return expert_raw.permute_op(tokens.contiguous(), index_tensor(expert_indices), num_experts)
+
+
+def unpermute(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) -> Tensor:
+    """``out[t] = sum over j of probs[t, j] * permuted[row_map[t, j]]`` (``[T, H]``).
+
+    Summed in j order in float32 (float64 for float64) and rounded once to permuted's
+    dtype; dropped slots (``row_map < 0``) add nothing; ``probs=None`` means 1.
+    Differentiable in ``permuted`` and ``probs``.
+    """
+    fn = "unpermute"
+    contract.unpermute(fn, shape_and_dtype(permuted, "permuted", fn), shape_and_dtype(row_map, "row_map", fn),
+                       None if probs is None else shape_and_dtype(probs, "probs", fn))
+    for t, name in ((row_map, "row_map"), (probs, "probs")):
+        if t is not None:
+            same_device(t, name, permuted.device, fn)
+    return expert_raw.unpermute_op(permuted.contiguous(), row_map.contiguous(),
+                                   None if probs is None else probs.contiguous())
+
+
+def activate(h: Tensor, activation: str) -> Tensor:
+    """The expert MLP's activation of ``h [M, F_in]``, computed in the core (see
+    GroupedMLP). Zero rows stay exactly zero."""
+    fn = "GroupedMLP"
+    kind = contract.activation_kind(activation, fn)
+    return expert_raw.activation_op(h.contiguous(), kind, contract.activation_width(activation, h.shape[1], fn))

@@ -1,0 +1,166 @@
+"""The raw calls of the expert layer for PyTorch: custom ops (namespace ``groupgemm``) for
+token permute / unpermute and the activation, and their autograd.
+
+Like raw.py's ops, each allocates its outputs with torch and hands every tensor to the
+core zero-copy; backward is built from the same ops and never reads indices on the
+host. The public functions check every argument first (expert.py).
+"""
+
+import torch
+
+from groupgemm import _core
+from groupgemm.torch_ext.raw import _capsule, _require, _stream
+
+Tensor = torch.Tensor
+
+
+def _permute_workspace(device: torch.device, num_slots: int, num_experts: int) -> Tensor | None:
+    if device.type != "cuda":
+        return None
+    nbytes = _core.permute_workspace_bytes(_core.Device.cuda, num_slots, num_experts)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def _permute_outputs(tokens, expert_indices, num_experts, empty):
+    _require("permute", (tokens, 2, "tokens"), (expert_indices, 2, "expert_indices"))
+    if num_experts < 0:
+        raise ValueError(f"groupgemm::permute: num_experts must be non-negative, got {num_experts}")
+    t, k = expert_indices.shape
+    return (empty((t * k, tokens.shape[1]), tokens.dtype), empty((num_experts,), torch.int32),
+            empty((t, k), torch.int32))
+
+
+@torch.library.custom_op("groupgemm::permute", mutates_args=())
+def permute_op(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=tokens.device)
+    permuted, group_sizes, row_map = _permute_outputs(tokens, expert_indices, num_experts, empty)
+    _core.permute(*map(_capsule, (tokens, expert_indices, permuted, group_sizes, row_map)),
+                  workspace=_capsule(_permute_workspace(tokens.device, permuted.shape[0], num_experts)),
+                  stream=_stream(tokens.device))
+    return permuted, group_sizes, row_map
+
+
+@permute_op.register_fake
+def _(tokens, expert_indices, num_experts):
+    return _permute_outputs(tokens, expert_indices, num_experts, lambda shape, dtype: tokens.new_empty(shape,
+                                                                                                        dtype=dtype))
+
+
+def _unpermute_checks(op, permuted, row_map, probs):
+    _require(op, (permuted, 2, "permuted"), (row_map, 2, "row_map"), (probs, 2, "probs"))
+
+
+@torch.library.custom_op("groupgemm::unpermute", mutates_args=())
+def unpermute_op(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) -> Tensor:
+    _unpermute_checks("unpermute", permuted, row_map, probs)
+    out = torch.empty((row_map.shape[0], permuted.shape[1]), dtype=permuted.dtype, device=permuted.device)
+    _core.unpermute(_capsule(permuted), _capsule(row_map), _capsule(out), probs=_capsule(probs),
+                    stream=_stream(permuted.device))
+    return out
+
+
+@unpermute_op.register_fake
+def _(permuted, row_map, probs=None):
+    _unpermute_checks("unpermute", permuted, row_map, probs)
+    return permuted.new_empty((row_map.shape[0], permuted.shape[1]))
+
+
+def _dprobs_like(permuted, probs, empty):
+    return empty((0,), permuted.dtype) if probs is None else empty(probs.shape, probs.dtype)
+
+
+@torch.library.custom_op("groupgemm::unpermute_backward", mutates_args=())
+def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
+                          probs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(dpermuted, dprobs); dprobs has no elements without probs."""
+    _unpermute_checks("unpermute_backward", permuted, row_map, probs)
+    empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=permuted.device)
+    dpermuted, dprobs = empty(permuted.shape, permuted.dtype), _dprobs_like(permuted, probs, empty)
+    _core.unpermute_backward(*map(_capsule, (dout, permuted, row_map, dpermuted)), probs=_capsule(probs),
+                             dprobs=None if probs is None else _capsule(dprobs), stream=_stream(permuted.device))
+    return dpermuted, dprobs
+
+
+@unpermute_backward_op.register_fake
+def _(dout, permuted, row_map, probs=None):
+    _unpermute_checks("unpermute_backward", permuted, row_map, probs)
+    return permuted.new_empty(permuted.shape), _dprobs_like(
+        permuted, probs, lambda shape, dtype: permuted.new_empty(shape, dtype=dtype))
+
+
+@torch.library.custom_op("groupgemm::activation", mutates_args=())
+def activation_op(h: Tensor, kind: int, width: int) -> Tensor:
+    _require("activation", (h, 2, "h"))
+    out = torch.empty((h.shape[0], width), dtype=h.dtype, device=h.device)
+    _core.activation(_capsule(h), _capsule(out), kind, stream=_stream(h.device))
+    return out
+
+
+@activation_op.register_fake
+def _(h, kind, width):
+    _require("activation", (h, 2, "h"))
+    return h.new_empty((h.shape[0], width))
+
+
+@torch.library.custom_op("groupgemm::activation_backward", mutates_args=())
+def activation_backward_op(dout: Tensor, h: Tensor, kind: int) -> Tensor:
+    _require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
+    dh = torch.empty_like(h)
+    _core.activation_backward(_capsule(dout), _capsule(h), _capsule(dh), kind, stream=_stream(h.device))
+    return dh
+
+
+@activation_backward_op.register_fake
+def _(dout, h, kind):
+    _require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
+    return torch.empty_like(h)
+
+
+def _incoming(grad: Tensor, dtype: torch.dtype) -> Tensor:
+    """Incoming gradients may be wider, stride-0 or strided: one rounding, then contiguous."""
+    return grad.to(dtype).contiguous()
+
+
+# ---- autograd: each backward is another op -------------------------------------------
+
+
+def _permute_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[2])
+    ctx.tokens_dtype = inputs[0].dtype
+
+
+def _permute_backward(ctx, dpermuted, _dsizes, _drow_map):
+    (row_map,) = ctx.saved_tensors
+    # Each token's gradient sums its k rows' gradients in slot order: unpermute without probs.
+    return unpermute_op(_incoming(dpermuted, ctx.tokens_dtype), row_map, None), None, None
+
+
+permute_op.register_autograd(_permute_backward, setup_context=_permute_setup)
+
+
+def _unpermute_setup(ctx, inputs, output):
+    permuted, row_map, probs = inputs
+    ctx.save_for_backward(permuted, row_map, probs)
+
+
+def _unpermute_backward(ctx, dout):
+    permuted, row_map, probs = ctx.saved_tensors
+    dpermuted, dprobs = unpermute_backward_op(_incoming(dout, permuted.dtype), permuted, row_map, probs)
+    return dpermuted, None, None if probs is None else dprobs
+
+
+unpermute_op.register_autograd(_unpermute_backward, setup_context=_unpermute_setup)
+
+
+def _activation_setup(ctx, inputs, output):
+    h, kind, _ = inputs
+    ctx.save_for_backward(h)
+    ctx.kind = kind
+
+
+def _activation_backward(ctx, dout):
+    (h,) = ctx.saved_tensors
+    return activation_backward_op(_incoming(dout, h.dtype), h, ctx.kind), None, None
+
+
+activation_op.register_autograd(_activation_backward, setup_context=_activation_setup)
