@@ -34,7 +34,8 @@ def unpermute(permuted, row_map, probs=None):
     fn = "unpermute"
     permuted, row_map = jnp.asarray(permuted), jnp.asarray(row_map)
     probs = None if probs is None else jnp.asarray(probs)
-    contract.unpermute(fn, shape_and_dtype(permuted), shape_and_dtype(row_map), None if probs is None else shape_and_dtype(probs))
+    probs_arg = None if probs is None else shape_and_dtype(probs)
+    contract.unpermute(fn, shape_and_dtype(permuted), shape_and_dtype(row_map), probs_arg)
     return expert_raw.differentiable_unpermute(permuted, row_map, probs)
 
 
@@ -60,7 +61,8 @@ def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, 
     x, w_in, w_out = jnp.asarray(x), jnp.asarray(w_in), jnp.asarray(w_out)
     contract.activation_kind(activation, fn)
     contract.check_rank(x.shape, 2, "x", "[M, H]", fn)
-    contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation, bool(transpose_rhs))
+    contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation,
+                         bool(transpose_rhs))
     h = grouped_matmul(x, w_in, group_sizes, bias=b_in, transpose_rhs=transpose_rhs, group_offset=group_offset)
     return grouped_matmul(_activate(h, activation, fn), w_out, group_sizes, bias=b_out,
                           transpose_rhs=transpose_rhs, group_offset=group_offset)

@@ -74,7 +74,8 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     bias = None if bias is None else jnp.asarray(bias)
     num_groups, _, out_dtype = contract.matmul(
-        fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), bool(transpose_rhs), None if bias is None else shape_and_dtype(bias),
+        fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), bool(transpose_rhs),
+        None if bias is None else shape_and_dtype(bias),
         None if preferred_element_type is None else dtype_name(preferred_element_type))
     group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     # Inside shard_map, give every differentiable operand the varying axes of all

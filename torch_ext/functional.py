@@ -59,8 +59,9 @@ def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_o
                      fn="grouped_mm"):
     """Validates grouped_mm's arguments; returns (group_sizes, group_offset, out_dtype)."""
     num_groups, _, out = contract.matmul(
-        fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(weight, NAMES["rhs"], fn), bool(transpose_weight),
-        None if bias is None else shape_and_dtype(bias, "bias", fn), None if out_dtype is None else dtype_name(out_dtype))
+        fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(weight, NAMES["rhs"], fn),
+        bool(transpose_weight), None if bias is None else shape_and_dtype(bias, "bias", fn),
+        None if out_dtype is None else dtype_name(out_dtype))
     for t, name in ((weight, NAMES["rhs"]), (bias, "bias")):
         if t is not None:
             same_device(t, name, input.device, fn)
@@ -99,8 +100,8 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
     empty groups are left bit-for-bit unchanged.
     """
     fn = "grouped_mm_wgrad"
-    num_groups, shape = contract.wgrad(fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(grad, "grad", fn),
-                                       num_groups)
+    num_groups, shape = contract.wgrad(fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn),
+                                       shape_and_dtype(grad, "grad", fn), num_groups)
     same_device(grad, "grad", input.device, fn)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, input.device, fn)
     if accumulate_into is not None:

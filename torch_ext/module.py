@@ -110,7 +110,8 @@ class GroupedMLP(nn.Module):
         contract.activation_kind(activation, "GroupedMLP")
         self.activation = activation
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
-        common = {"bias": bias, "device": device, "dtype": dtype, "accumulate_into_main_grad": accumulate_into_main_grad}
+        common = {"bias": bias, "device": device, "dtype": dtype,
+                  "accumulate_into_main_grad": accumulate_into_main_grad}
         self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)
         self.fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size, **common)
 
