@@ -11,43 +11,13 @@
 
 #include "backends.h"
 #include "call_sequence.h"
+#include "device_checks.h"
 #include "grouped_gemm.h"
 #include "kernels.h"
 
 namespace groupgemm {
 namespace cuda {
 namespace {
-
-// Makes the operands' device current for the call and restores the caller's afterwards.
-// torch names the tensors' device; XLA passes a stream of the buffers' device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(const ExecContext& ctx) {
-    const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    int device = ctx.device_index;
-    if (device < 0 && stream && cudaStreamGetDevice(stream, &device) != cudaSuccess) {
-      status_ = Status::Internal("cannot find the CUDA device of the stream");
-      return;
-    }
-    if (device < 0 || cudaGetDevice(&previous_) != cudaSuccess || previous_ == device) return;
-    if (cudaSetDevice(device) != cudaSuccess) {
-      status_ = Status::Internal("cannot select the operands' CUDA device");
-      return;
-    }
-    switched_ = true;
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-  const Status& status() const { return status_; }
-
- private:
-  Status status_;
-  int previous_ = -1;
-  bool switched_ = false;
-};
 
 // CUTLASS's problem sizes and tile arithmetic are int32 and add up to a tile (128) to a
 // dimension before dividing, so leave that much headroom below 2^31.
@@ -65,25 +35,6 @@ Status check_workspace(const ExecContext& ctx, int64_t num_groups) {
                            " bytes, the call needs " + std::to_string(need) + " (see workspace_bytes)");
   if (!is_aligned16(ctx.workspace)) return Status::Invalid("workspace must be 16-byte aligned");
   return Status::Ok();
-}
-
-// Without a driver or a device, say so before any launch (the runtime's own message is
-// "driver version is insufficient").
-Status check_device() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e == cudaSuccess && count > 0) return Status::Ok();
-  cudaGetLastError();  // clear the sticky error so later calls are not affected
-  return Status::Internal(std::string("no usable CUDA device (") +
-                          (e == cudaSuccess ? "none found" : cudaGetErrorString(e)) + ")");
-}
-
-// An error left pending by someone else's earlier launch would otherwise be reported
-// (and cleared) as ours.
-Status check_no_pending_error() {
-  const cudaError_t e = cudaPeekAtLastError();
-  if (e == cudaSuccess) return Status::Ok();
-  return Status::Internal(std::string("an earlier CUDA error is pending: ") + cudaGetErrorString(e));
 }
 
 Status check_call(const ExecContext& ctx, int64_t m, int64_t k, int64_t n, int64_t num_groups) {

@@ -1,18 +1,67 @@
-// CUDA entry points of the expert layer's ops. Their kernels are not written yet: each
-// reports that clearly rather than running.
+// CUDA entry points of the expert layer's ops: the checks only this backend needs (the
+// permute workspace, a usable device, no pending error), then the kernels on the
+// caller's stream with the operands' device current. Nothing is allocated and nothing
+// is copied to the host, so each call can be captured in a CUDA graph.
+#include <string>
+
 #include "backends.h"
+#include "device_checks.h"
+#include "moe_kernels.h"
+#include "permute_workspace.h"
 
 namespace groupgemm {
 namespace cuda {
 namespace {
-Status not_yet() { return Status::Unimplemented("the expert-layer ops have no CUDA kernels yet"); }
+
+Status check_permute_workspace(const ExecContext& ctx, int64_t slots, int64_t experts) {
+  const int64_t need = permute_workspace_layout(slots, experts).bytes;
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < need)
+    return Status::Invalid("workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, permute needs " +
+                           std::to_string(need) + " (see permute_workspace_bytes)");
+  if (reinterpret_cast<uintptr_t>(ctx.workspace) % 16 != 0)
+    return Status::Invalid("workspace must be 16-byte aligned");
+  return Status::Ok();
+}
+
+// Checks the device, makes it current and runs `launch(stream)` (unless there is no work).
+template <typename Launch>
+Status run(const ExecContext& ctx, bool empty, Launch launch) {
+  GG_RETURN_IF_ERROR(check_device());
+  GG_RETURN_IF_ERROR(check_no_pending_error());
+  if (empty) return Status::Ok();
+  DeviceGuard device(ctx);
+  GG_RETURN_IF_ERROR(device.status());
+  return launch(static_cast<cudaStream_t>(ctx.stream));
+}
+
 }  // namespace
 
-Status permute(const PermuteArgs&, const ExecContext&) { return not_yet(); }
-Status unpermute(const UnpermuteArgs&, const ExecContext&) { return not_yet(); }
-Status unpermute_backward(const UnpermuteBackwardArgs&, const ExecContext&) { return not_yet(); }
-Status activation(const ActivationArgs&, const ExecContext&) { return not_yet(); }
-Status activation_backward(const ActivationBackwardArgs&, const ExecContext&) { return not_yet(); }
+Status permute(const PermuteArgs& a, const ExecContext& ctx) {
+  const int64_t slots = a.num_tokens * a.top_k;
+  GG_RETURN_IF_ERROR(check_permute_workspace(ctx, slots, a.num_experts));
+  return run(ctx, slots == 0 && a.num_experts == 0,
+             [&](cudaStream_t stream) { return launch_permute(a, ctx.workspace, stream); });
+}
+
+Status unpermute(const UnpermuteArgs& a, const ExecContext& ctx) {
+  return run(ctx, a.num_tokens * a.hidden == 0,
+             [&](cudaStream_t stream) { return launch_unpermute(a, stream); });
+}
+
+Status unpermute_backward(const UnpermuteBackwardArgs& a, const ExecContext& ctx) {
+  const bool empty = a.num_rows * a.hidden == 0 && (a.probs == nullptr || a.num_tokens * a.top_k == 0);
+  return run(ctx, empty, [&](cudaStream_t stream) { return launch_unpermute_backward(a, stream); });
+}
+
+Status activation(const ActivationArgs& a, const ExecContext& ctx) {
+  return run(ctx, a.rows * a.in_features == 0,
+             [&](cudaStream_t stream) { return launch_activation(a, stream); });
+}
+
+Status activation_backward(const ActivationBackwardArgs& a, const ExecContext& ctx) {
+  return run(ctx, a.rows * a.in_features == 0,
+             [&](cudaStream_t stream) { return launch_activation_backward(a, stream); });
+}
 
 }  // namespace cuda
 }  // namespace groupgemm

@@ -1,0 +1,65 @@
+// What every CUDA entry point checks before it launches (a usable device, no earlier
+// error pending), and the guard that makes the operands' device current for its launches.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "groupgemm/types.h"
+
+namespace groupgemm {
+namespace cuda {
+
+// Makes the operands' device current for the call and restores the caller's afterwards.
+// torch names the tensors' device; XLA passes a stream of the buffers' device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const ExecContext& ctx) {
+    const auto stream = static_cast<cudaStream_t>(ctx.stream);
+    int device = ctx.device_index;
+    if (device < 0 && stream && cudaStreamGetDevice(stream, &device) != cudaSuccess) {
+      status_ = Status::Internal("cannot find the CUDA device of the stream");
+      return;
+    }
+    if (device < 0 || cudaGetDevice(&previous_) != cudaSuccess || previous_ == device) return;
+    if (cudaSetDevice(device) != cudaSuccess) {
+      status_ = Status::Internal("cannot select the operands' CUDA device");
+      return;
+    }
+    switched_ = true;
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
+// Without a driver or a device, say so before any launch (the runtime's own message is
+// "driver version is insufficient").
+inline Status check_device() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaSuccess && count > 0) return Status::Ok();
+  cudaGetLastError();  // clear the sticky error so later calls are not affected
+  return Status::Internal(std::string("no usable CUDA device (") +
+                          (e == cudaSuccess ? "none found" : cudaGetErrorString(e)) + ")");
+}
+
+// An error left pending by someone else's earlier launch would otherwise be reported
+// (and cleared) as ours.
+inline Status check_no_pending_error() {
+  const cudaError_t e = cudaPeekAtLastError();
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Internal(std::string("an earlier CUDA error is pending: ") + cudaGetErrorString(e));
+}
+
+}  // namespace cuda
+}  // namespace groupgemm
