@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from groupgemm import _contract as contract
-from groupgemm.jax_ext import raw
+from groupgemm.jax_ext import primitives, raw
 
 NAMES = contract.JAX_NAMES
 
@@ -68,7 +68,8 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
       preferred_element_type: output dtype, the input dtype (default) or float32.
 
     Returns ``[M, N]``; rows owned by no local group are exactly 0. Differentiable in
-    ``lhs``, ``rhs`` and ``bias``; empty groups get exact-zero gradients.
+    ``lhs``, ``rhs`` and ``bias`` to any order, in forward and reverse mode; empty groups
+    get exact-zero gradients.
     """
     fn = "grouped_matmul"
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
@@ -78,13 +79,18 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
         None if bias is None else shape_and_dtype(bias),
         None if preferred_element_type is None else dtype_name(preferred_element_type))
     group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
-    # Inside shard_map, give every differentiable operand the varying axes of all
-    # operands, so the custom VJP's cotangents (typed like the results) match them.
-    axes = raw.varying_axes(lhs, rhs, bias, group_sizes, group_offset)
-    lhs, rhs = raw.mark_varying(lhs, axes), raw.mark_varying(rhs, axes)
-    bias = None if bias is None else raw.mark_varying(bias, axes)
-    return raw.differentiable_matmul(lhs, rhs, group_sizes, group_offset, bias, bool(transpose_rhs),
-                                     np.dtype(out_dtype))
+    lhs, rhs, bias = _same_varying_axes((lhs, rhs, bias), (group_sizes, group_offset))
+    return primitives.matmul_p.bind(lhs, rhs, group_sizes, group_offset,
+                                    primitives.placeholder(lhs.dtype) if bias is None else bias,
+                                    transpose_rhs=bool(transpose_rhs), out_dtype=np.dtype(out_dtype),
+                                    has_bias=bias is not None)
+
+
+def _same_varying_axes(operands, index_operands):
+    """Inside shard_map, the float operands get the varying axes of all operands: the
+    primitives type results like them, and cotangents must match their primals' types."""
+    axes = raw.varying_axes(*operands, *index_operands)
+    return [None if x is None else raw.mark_varying(x, axes) for x in operands]
 
 
 def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=None,
@@ -93,7 +99,8 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
 
     An empty group gives exact zeros. With ``accumulate_into`` (float32 ``[G, K, N]``,
     float64 for float64 inputs) returns ``accumulate_into + lhs_g^T @ grad_g``, computed
-    in place when the buffer is donated; empty groups keep their bits.
+    in place when the buffer is donated; empty groups keep their bits. Differentiable
+    in ``lhs``, ``grad`` and ``accumulate_into`` to any order.
     """
     fn = "grouped_matmul_wgrad"
     lhs, grad = jnp.asarray(lhs), jnp.asarray(grad)
@@ -106,8 +113,11 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
         accumulate_into = jnp.asarray(accumulate_into)
         out_dtype = contract.accumulator(fn, accumulate_into.shape, dtype_name(accumulate_into.dtype), shape,
                                          dtype_name(lhs.dtype), requested, NAMES["out_dtype"])
-    return raw.wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, num_groups=num_groups,
-                     out_dtype=np.dtype(out_dtype))
+    lhs, grad, accumulate_into = _same_varying_axes((lhs, grad, accumulate_into), (group_sizes, group_offset))
+    return primitives.wgrad_p.bind(
+        lhs, grad, group_sizes, group_offset,
+        primitives.placeholder(np.dtype(out_dtype)) if accumulate_into is None else accumulate_into,
+        num_groups=num_groups, out_dtype=np.dtype(out_dtype), accumulate=accumulate_into is not None)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):

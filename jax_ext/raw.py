@@ -1,10 +1,8 @@
-"""The raw calls of groupgemm for JAX: XLA FFI targets registered at import, the custom
-calls, and the custom VJP of the grouped matmul built from them.
+"""The raw calls of groupgemm for JAX: XLA FFI targets registered at import, and the
+custom calls (primitives.py makes the grouped GEMMs differentiable primitives of them).
 
 Arguments arrive checked (functional.py); the core re-checks what it can see.
 """
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +74,7 @@ def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtyp
     out, _ = call(lhs, rhs, group_sizes, group_offset,
                   _placeholder(lhs.dtype) if bias is None else bias,
                   transpose_rhs=np.bool_(transpose_rhs), has_bias=np.bool_(bias is not None))
-    return mark_varying(out, varying_axes(lhs, rhs, group_sizes, group_offset, bias))
+    return out
 
 
 def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, out_dtype):
@@ -91,7 +89,7 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, 
     )
     out, _ = call(lhs, grad, group_sizes, group_offset,
                   accumulate_into if accumulate else _placeholder(out_dtype), accumulate=np.bool_(accumulate))
-    return mark_varying(out, varying_axes(lhs, grad, group_sizes, group_offset, accumulate_into))
+    return out
 
 
 def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
@@ -102,31 +100,4 @@ def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
         vmap_method="sequential",
     )
     out, _ = call(grad, group_sizes, group_offset)
-    return mark_varying(out, varying_axes(grad, group_sizes, group_offset))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def differentiable_matmul(lhs, rhs, group_sizes, group_offset, bias, transpose_rhs, out_dtype):
-    return matmul(lhs, rhs, group_sizes, group_offset, bias, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
-
-
-def _matmul_fwd(lhs, rhs, group_sizes, group_offset, bias, transpose_rhs, out_dtype):
-    out = differentiable_matmul(lhs, rhs, group_sizes, group_offset, bias, transpose_rhs, out_dtype)
-    return out, (lhs, rhs, group_sizes, group_offset, bias)
-
-
-def _matmul_bwd(transpose_rhs, out_dtype, residuals, dout):
-    lhs, rhs, group_sizes, group_offset, bias = residuals
-    # The core multiplies operands of one dtype: a wider dout is rounded to the input
-    # dtype once, and all three gradients use that same dout (as the torch frontend does).
-    dout = dout.astype(lhs.dtype)
-    num_groups = rhs.shape[0]
-    dlhs = matmul(dout, rhs, group_sizes, group_offset, None, transpose_rhs=not transpose_rhs, out_dtype=lhs.dtype)
-    a, b = (dout, lhs) if transpose_rhs else (lhs, dout)  # rhs [G,N,K] or [G,K,N]
-    drhs = wgrad(a, b, group_sizes, group_offset, None, num_groups=num_groups, out_dtype=rhs.dtype)
-    dbias = None if bias is None else bias_grad(dout, group_sizes, group_offset, num_groups=num_groups,
-                                                out_dtype=bias.dtype)
-    return dlhs, drhs, None, None, dbias
-
-
-differentiable_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+    return out

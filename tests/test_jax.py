@@ -4,6 +4,8 @@ bodies are in test_frontends.py."""
 
 import jax
 import jax.numpy as jnp
+import jax.test_util
+import jax_frontend
 import numpy as np
 import pytest
 import reference as ref
@@ -150,3 +152,70 @@ def test_grouped_mlp_takes_either_weight_layout():
 def test_grouped_mlp_checks_its_weight_shapes(w_in_shape, w_out_shape, match):
     with pytest.raises(ValueError, match=match):
         gj.grouped_mlp(jnp.ones((4, 8)), jnp.ones(w_in_shape), jnp.ones(w_out_shape), jnp.asarray([2, 2]))
+
+
+# ---- autodiff beyond first-order reverse mode ----------------------------------------
+
+# Second-order finite differences cost more: a few groups of a few rows.
+AUTODIFF_CASES = [c for c in CASES if min(c.m, c.k, c.n, c.g) > 0 and c.name != "many_groups"]
+
+
+@pytest.mark.parametrize("case", AUTODIFF_CASES, ids=[c.name for c in AUTODIFF_CASES])
+def test_grouped_matmul_passes_check_grads_forward_and_reverse_to_second_order(case):
+    x = inputs(case)
+    with jax_frontend.x64():
+        sizes = jnp.asarray(x["group_sizes"])
+        offset = None if case.group_offset is None else jnp.int64(case.group_offset)
+        for transpose in (False, True):
+            rhs = x["rhs"].transpose(0, 2, 1) if transpose else x["rhs"]
+            f = lambda l, r, b: gj.grouped_matmul(l, r, sizes, bias=b, transpose_rhs=transpose,
+                                                  group_offset=offset)
+            jax.test_util.check_grads(f, tuple(jnp.asarray(a, jnp.float64) for a in (x["lhs"], rhs, x["bias"])),
+                                      order=2, modes=["fwd", "rev"])
+
+
+@pytest.mark.parametrize("case", [c for c in AUTODIFF_CASES if _valid_for_lax(c)],
+                         ids=[c.name for c in AUTODIFF_CASES if _valid_for_lax(c)])
+def test_ragged_dot_passes_check_grads_and_its_jvp_matches_jax(case):
+    x = inputs(case)
+    with jax_frontend.x64():
+        lhs, rhs = jnp.asarray(x["lhs"], jnp.float64), jnp.asarray(x["rhs"], jnp.float64)
+        sizes = jnp.asarray(x["group_sizes"])
+        jax.test_util.check_grads(lambda l, r: ragged_dot(l, r, sizes), (lhs, rhs), order=2, modes=["fwd", "rev"])
+        tangents = (jnp.ones_like(lhs), jnp.ones_like(rhs))
+        ours = jax.jvp(lambda l, r: ragged_dot(l, r, sizes), (lhs, rhs), tangents)
+        theirs = jax.jvp(lambda l, r: jax.lax.ragged_dot(l, r, sizes), (lhs, rhs), tangents)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["middle_empty", "window_middle", "all_empty"])
+def test_weight_gradient_product_passes_check_grads_with_accumulation(name):
+    c = case(name)
+    x = inputs(c)
+    with jax_frontend.x64():
+        sizes = jnp.asarray(x["group_sizes"])
+        offset = None if c.group_offset is None else jnp.int64(c.group_offset)
+        f = lambda l, d, acc: gj.grouped_matmul_wgrad(l, d, sizes, num_groups=c.g, group_offset=offset,
+                                                      accumulate_into=acc)
+        args = tuple(jnp.asarray(x[k], jnp.float64) for k in ("lhs", "dout", "acc"))
+        jax.test_util.check_grads(f, args, order=2, modes=["fwd", "rev"])
+
+
+def test_hessian_jacfwd_and_linear_transpose_keep_exact_zeros():
+    c = case("middle_empty")  # group 1 has no rows
+    x = inputs(c)
+    with jax_frontend.x64():
+        sizes = jnp.asarray(x["group_sizes"])
+        lhs, rhs = jnp.asarray(x["lhs"][:, :3], jnp.float64), jnp.asarray(x["rhs"][:, :3, :2], jnp.float64)
+        loss = lambda r: jnp.sum(gj.grouped_matmul(lhs, r, sizes) ** 2)
+        hess = np.asarray(jax.hessian(loss)(rhs))  # [G, 3, 2, G, 3, 2]
+        assert (hess[1] == 0).all() and (hess[:, :, :, 1] == 0).all()
+        want = np.einsum("ri,rj->ij", x["lhs"][:8, :3], x["lhs"][:8, :3])  # group 0's rows
+        np.testing.assert_allclose(hess[0, :, 0, 0, :, 0], 2 * want, rtol=1e-10)
+        jac = np.asarray(jax.jacfwd(lambda r: gj.grouped_matmul(lhs, r, sizes))(rhs))
+        assert (jac[:, :, 1] == 0).all()  # no output depends on the empty group's weight
+        transpose = jax.linear_transpose(lambda l: gj.grouped_matmul(l, rhs, sizes), lhs)
+        (dlhs,) = transpose(jnp.ones((c.m, 2)))
+        np.testing.assert_allclose(np.asarray(dlhs), np.asarray(jax.grad(
+            lambda l: gj.grouped_matmul(l, rhs, sizes).sum())(lhs)), rtol=1e-12)
