@@ -46,8 +46,8 @@ bool parallel_rows(int64_t rows, int64_t row_elements) { return rows > 1 && rows
 }  // namespace
 
 Status permute_in_chunks(const PermuteArgs& a, int64_t chunks) {
-  std::vector<int32_t> counts(count_entries(a.num_experts, chunks));
-  const int64_t kept = permute_rows_on_host(a, chunks, counts.data());
+  std::vector<int32_t> counts(count_entries(a.num_experts, chunks)), bucket_start(a.num_experts + 1);
+  const int64_t kept = permute_rows_on_host(a, chunks, counts.data(), bucket_start.data());
   const int64_t slots = a.num_tokens * a.top_k;
   const int64_t row_bytes = a.hidden * dtype_size(a.dtype);
   if (row_bytes == 0) return Status::Ok();

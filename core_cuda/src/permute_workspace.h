@@ -1,6 +1,6 @@
-// The CUDA backend's permute workspace: the kept-row count and the counts array of the
-// chunked counting sort (groupgemm/permute.h). The caller provides the memory, so nothing
-// is allocated at run time and a CUDA graph can replay the call.
+// The CUDA backend's permute workspace: the kept-row count, the buckets' first rows and
+// the counts array of the chunked counting sort (groupgemm/permute.h). The caller provides the memory, so
+// nothing is allocated at run time and a CUDA graph can replay the call.
 #pragma once
 
 #include <cstdint>
@@ -12,17 +12,19 @@ namespace groupgemm {
 
 // Byte offsets, each 16-byte aligned.
 struct PermuteWorkspaceLayout {
-  int64_t chunks;     // C: the slot chunks, one per thread of the count and assign kernels
-  int64_t kept_rows;  // int32: rows of kept slots (the dropped rows start there)
-  int64_t counts;     // int32[(E + 1) C]: counts, then row starts, then cursors
-  int64_t bytes;      // total size
+  int64_t chunks;        // C: the slot chunks, one per thread of the count and assign kernels
+  int64_t kept_rows;     // int32: rows of kept slots (the dropped rows start there)
+  int64_t bucket_start;  // int32[E + 1]: bucket totals, then each bucket's first row
+  int64_t counts;        // int32[(E + 1) C]: counts, then offsets within the bucket, then cursors
+  int64_t bytes;         // total size
 };
 
 GG_HD PermuteWorkspaceLayout permute_workspace_layout(int64_t num_slots, int64_t num_experts) {
   PermuteWorkspaceLayout l{};
   l.chunks = permute_chunks(num_slots, num_experts);
   l.kept_rows = 0;
-  l.counts = align16(4);
+  l.bucket_start = align16(4);
+  l.counts = l.bucket_start + align16((num_experts + 1) * 4);
   l.bytes = l.counts + align16(count_entries(num_experts, l.chunks) * 4);
   return l;
 }

@@ -862,12 +862,15 @@ void test_permute_steps() {
   CHECK(permute_chunks(0, 8) == 1);
   CHECK(permute_chunks(100, 8) == 7);
   CHECK(permute_chunks(int64_t(1) << 30, 255) == kPermuteMaxCountEntries / 256);
+  int32_t scanned[] = {3, 0, 2, 5};
+  CHECK(exclusive_scan_in_place(scanned, 4) == 10);
+  CHECK(scanned[0] == 0 && scanned[1] == 3 && scanned[2] == 3 && scanned[3] == 5);
   CHECK(permute_chunks(1000, int64_t(1) << 30) == 1);  // never below one chunk
   for (int64_t slots : {0, 1, 17, 4096, 1 << 20})
     for (int64_t e : {0, 1, 8, 300}) {
       const PermuteWorkspaceLayout l = permute_workspace_layout(slots, e);
-      CHECK(l.kept_rows % 16 == 0 && l.counts % 16 == 0 && l.bytes % 16 == 0);
-      CHECK(l.counts >= l.kept_rows + 4);
+      CHECK(l.kept_rows % 16 == 0 && l.bucket_start % 16 == 0 && l.counts % 16 == 0 && l.bytes % 16 == 0);
+      CHECK(l.bucket_start >= l.kept_rows + 4 && l.counts >= l.bucket_start + (e + 1) * 4);
       CHECK(l.bytes >= l.counts + count_entries(e, l.chunks) * 4);
       CHECK(count_entries(e, l.chunks) <= std::max<int64_t>(kPermuteMaxCountEntries, e + 1));
       CHECK(permute_workspace_bytes(Device::cuda, slots, e) == l.bytes);

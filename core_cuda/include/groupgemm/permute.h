@@ -6,8 +6,12 @@
 // dropped slots (an index outside [0, E)). It runs over C chunks of contiguous slots:
 //   1. count:  chunk c counts its slots per bucket into counts[b * C + c];
 //   2. scan:   an exclusive scan of counts in that (bucket-major, chunk-minor) order makes
-//              each entry the first row of chunk c's slots in bucket b; the group sizes and
-//              the number of kept rows are read off it;
+//              each entry the first row of chunk c's slots in bucket b. It runs in two
+//              parts that the GPU spreads over blocks: each bucket's C entries are scanned
+//              on their own (its total set aside), then the E + 1 totals are scanned into
+//              each bucket's first row, bucket_start[b]; the entry for (b, c) is then
+//              bucket_start[b] + counts[b * C + c]. Group sizes and the number of kept
+//              rows are read off bucket_start;
 //   3. assign: each chunk walks its slots in order, giving each the next row of its bucket;
 //   4. fill:   each kept slot's token row is copied to its row; rows of dropped slots are 0.
 // Any C gives the same rows: the CPU runs C = 1, the CUDA backend one chunk per thread
@@ -42,11 +46,11 @@ GG_HD RowRange slot_chunk(int64_t c, int64_t chunks, int64_t num_slots) {
   return {begin, size < num_slots - begin ? begin + size : num_slots};
 }
 
-// The CUDA backend's chunk count: about 16 slots per thread, with the counts array (the
-// one-block scan's input) held to 2^20 entries. A function of the sizes only, so the
-// workspace size is too.
+// The CUDA backend's chunk count: about 16 slots per thread (each thread walks its chunk
+// twice), with the counts array held to 2^22 entries (16 MiB). A function of the sizes
+// only, so the workspace size is too.
 constexpr int64_t kPermuteSlotsPerChunk = 16;
-constexpr int64_t kPermuteMaxCountEntries = int64_t(1) << 20;
+constexpr int64_t kPermuteMaxCountEntries = int64_t(1) << 22;
 
 GG_HD int64_t permute_chunks(int64_t num_slots, int64_t num_experts) {
   int64_t chunks = ceil_div(num_slots, kPermuteSlotsPerChunk);
@@ -64,12 +68,29 @@ GG_HD void count_chunk_slots(const IndexArray& expert_indices, int64_t num_slots
     ++counts[count_index(slot_bucket(expert_indices, s, num_experts), c, chunks)];
 }
 
-// Step 2's results, read from the scanned counts (`starts`) before step 3 advances them.
-GG_HD int32_t group_size_from_starts(const int32_t* starts, int64_t expert, int64_t chunks) {
-  return starts[count_index(expert + 1, 0, chunks)] - starts[count_index(expert, 0, chunks)];
+// Exclusive scan of n int32 in place, in order; returns the total. Step 2's two parts on
+// the host (the GPU runs block scans of the same entries).
+GG_HD int32_t exclusive_scan_in_place(int32_t* values, int64_t n) {
+  int32_t total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t v = values[i];
+    values[i] = total;
+    total += v;
+  }
+  return total;
 }
-GG_HD int32_t kept_rows_from_starts(const int32_t* starts, int64_t num_experts, int64_t chunks) {
-  return starts[count_index(num_experts, 0, chunks)];  // where the dropped bucket starts
+
+// Step 2a: bucket b's entries, contiguous in the bucket-major counts array.
+GG_HD int32_t* bucket_counts(int32_t* counts, int64_t bucket, int64_t chunks) {
+  return counts + count_index(bucket, 0, chunks);
+}
+
+// Step 2b's results, read from bucket_start (E + 1 entries).
+GG_HD int32_t group_size_from_starts(const int32_t* bucket_start, int64_t expert) {
+  return bucket_start[expert + 1] - bucket_start[expert];
+}
+GG_HD int32_t kept_rows_from_starts(const int32_t* bucket_start, int64_t num_experts) {
+  return bucket_start[num_experts];  // where the dropped bucket starts
 }
 
 // row_map's entry for a slot given its row: the row, or -1 when the slot is dropped.
@@ -77,14 +98,16 @@ GG_HD int32_t row_map_value(int64_t bucket, int32_t row, int64_t num_experts) {
   return bucket < num_experts ? row : -1;
 }
 
-// Step 3: chunk c walks its slots in order; `cursors` (the scanned counts) advance as
-// rows are handed out, so slots of one bucket get consecutive rows in slot order.
+// Step 3: chunk c walks its slots in order; its offsets within each bucket (`cursors`,
+// the scanned counts) advance as rows are handed out, so slots of one bucket get
+// consecutive rows in slot order.
 GG_HD void assign_chunk_rows(const IndexArray& expert_indices, int64_t num_slots, int64_t num_experts,
-                             int64_t c, int64_t chunks, int32_t* cursors, int32_t* row_map) {
+                             int64_t c, int64_t chunks, const int32_t* bucket_start, int32_t* cursors,
+                             int32_t* row_map) {
   const RowRange slots = slot_chunk(c, chunks, num_slots);
   for (int64_t s = slots.begin; s < slots.end; ++s) {
     const int64_t bucket = slot_bucket(expert_indices, s, num_experts);
-    const int32_t row = cursors[count_index(bucket, c, chunks)]++;
+    const int32_t row = bucket_start[bucket] + cursors[count_index(bucket, c, chunks)]++;
     row_map[s] = row_map_value(bucket, row, num_experts);
   }
 }
@@ -103,24 +126,21 @@ GG_HD PermuteFill permute_fill(const int32_t* row_map, int64_t i, int64_t top_k,
   return {row, i / top_k, i >= kept_rows};
 }
 
-// Steps 1-3 in sequence on the host with `chunks` chunks and a sequential scan: writes
-// row_map and group_sizes and returns the number of kept rows. `counts` holds
-// count_entries(E, chunks) entries.
-inline int64_t permute_rows_on_host(const PermuteArgs& a, int64_t chunks, int32_t* counts) {
-  const int64_t slots = a.num_tokens * a.top_k;
+// Steps 1-3 in sequence on the host with `chunks` chunks: writes row_map and group_sizes
+// and returns the number of kept rows. `counts` holds count_entries(E, chunks) entries,
+// `bucket_start` E + 1.
+inline int64_t permute_rows_on_host(const PermuteArgs& a, int64_t chunks, int32_t* counts,
+                                    int32_t* bucket_start) {
+  const int64_t slots = a.num_tokens * a.top_k, buckets = a.num_experts + 1;
   for (int64_t c = 0; c < chunks; ++c)
     count_chunk_slots(a.expert_indices, slots, a.num_experts, c, chunks, counts);
-  int32_t row = 0;
-  for (int64_t i = 0; i < count_entries(a.num_experts, chunks); ++i) {
-    const int32_t count = counts[i];
-    counts[i] = row;
-    row += count;
-  }
-  for (int64_t e = 0; e < a.num_experts; ++e) a.group_sizes[e] = group_size_from_starts(counts, e, chunks);
-  const int64_t kept = kept_rows_from_starts(counts, a.num_experts, chunks);
+  for (int64_t b = 0; b < buckets; ++b)
+    bucket_start[b] = exclusive_scan_in_place(bucket_counts(counts, b, chunks), chunks);
+  exclusive_scan_in_place(bucket_start, buckets);
+  for (int64_t e = 0; e < a.num_experts; ++e) a.group_sizes[e] = group_size_from_starts(bucket_start, e);
   for (int64_t c = 0; c < chunks; ++c)
-    assign_chunk_rows(a.expert_indices, slots, a.num_experts, c, chunks, counts, a.row_map);
-  return kept;
+    assign_chunk_rows(a.expert_indices, slots, a.num_experts, c, chunks, bucket_start, counts, a.row_map);
+  return kept_rows_from_starts(bucket_start, a.num_experts);
 }
 
 // ---- unpermute and its backward -----------------------------------------------------
