@@ -118,15 +118,3 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
         lhs, grad, group_sizes, group_offset,
         primitives.placeholder(np.dtype(out_dtype)) if accumulate_into is None else accumulate_into,
         num_groups=num_groups, out_dtype=np.dtype(out_dtype), accumulate=accumulate_into is not None)
-
-
-def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):
-    """Drop-in for ``jax.lax.ragged_dot`` (same arguments and results), backed by groupgemm.
-
-    Unlike ``jax.lax.ragged_dot`` it does one GEMM per group instead of a masked dense
-    product, and ``group_offset`` works. ``precision`` is accepted for compatibility:
-    the core always accumulates in float32 (float64 for float64 inputs).
-    """
-    del precision
-    return grouped_matmul(lhs, rhs, group_sizes, group_offset=group_offset,
-                          preferred_element_type=preferred_element_type)

@@ -1,0 +1,172 @@
+"""Drop-ins for the grouped GEMMs JAX code already calls: ``jax.lax.ragged_dot``,
+``jax.lax.ragged_dot_general`` and megablox's ``gmm`` / ``tgmm`` (MaxText's path), with
+their signatures, their exception types and their output dtypes, backed by groupgemm:
+one GEMM per group, group sizes on the device, ``group_offset`` working, exact zeros
+where no group owns a row, and every JAX transformation (primitives.py)."""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from groupgemm import _contract as contract
+from groupgemm.jax_ext.functional import grouped_matmul, grouped_matmul_wgrad
+
+
+@contextlib.contextmanager
+def _shape_errors_as_type_errors():
+    """jax.lax raises TypeError for operands that do not fit; so do its drop-ins."""
+    try:
+        yield
+    except ValueError as e:
+        raise TypeError(str(e)) from e
+
+
+def _common_dtype(lhs, rhs):
+    """jax.lax promotes mixed operand dtypes; the core multiplies one dtype."""
+    dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    return lhs.astype(dtype), rhs.astype(dtype)
+
+
+def _core_output(in_dtype, preferred):
+    """The output dtype the core writes for ``preferred_element_type``, and the dtype to
+    cast it to afterwards (None: the core writes the requested one)."""
+    if preferred is None:
+        return None, None
+    name = np.dtype(preferred).name
+    if name == np.dtype(in_dtype).name or name in contract.WIDER_OUTPUTS.get(np.dtype(in_dtype).name, ()):
+        return preferred, None
+    return None, preferred
+
+
+def _finish(out, cast, out_sharding):
+    out = out if cast is None else out.astype(cast)
+    return out if out_sharding is None else jax.lax.with_sharding_constraint(out, out_sharding)
+
+
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None,
+               out_sharding=None):
+    """``jax.lax.ragged_dot`` with the same arguments, results and exception types.
+
+    One GEMM per group instead of a masked dense product, and ``group_offset`` works.
+    ``precision`` is accepted for compatibility: the core accumulates in float32
+    (float64 for float64 inputs).
+    """
+    del precision
+    lhs, rhs = _common_dtype(jnp.asarray(lhs), jnp.asarray(rhs))
+    native, cast = _core_output(lhs.dtype, preferred_element_type)
+    with _shape_errors_as_type_errors():
+        out = grouped_matmul(lhs, rhs, group_sizes, group_offset=group_offset, preferred_element_type=native)
+    return _finish(out, cast, out_sharding)
+
+
+def _mode(dims, lhs_ndim):
+    """The ragged mode of ``jax.lax.ragged_dot_general``'s dimension numbers."""
+    (lhs_contract, _), (lhs_batch, _) = dims.dot_dimension_numbers
+    if len(dims.lhs_ragged_dimensions) != 1:
+        raise TypeError("ragged_dot_general: lhs must have exactly one ragged dimension")
+    ragged = dims.lhs_ragged_dimensions[0] % lhs_ndim
+    if ragged in lhs_contract:
+        return "ragged contracting", ragged
+    if ragged in lhs_batch:
+        return "ragged batch", ragged
+    return "ragged non-contracting", ragged
+
+
+def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None,
+                       preferred_element_type=None, group_offset=None, out_sharding=None):
+    """``jax.lax.ragged_dot_general`` for its three modes, backed by groupgemm:
+
+    - ragged non-contracting: lhs ``[m, k]`` (either order) with ``m`` ragged, rhs with one
+      group dimension, one contracting dimension and one output dimension (any order):
+      a grouped matmul, ``[m, n]``;
+    - ragged contracting: lhs and rhs 2-D, the ragged dimension contracted (such as
+      ``lhs [k, m]`` and ``rhs [k, n]`` contracting dimension 0, the weight-gradient form):
+      ``[g, m, n]``, each group's rows contracted;
+    - ragged batch: the groups do not change the product: ``jax.lax.dot_general``.
+    Other dimension numbers (batch dimensions beside a ragged one) raise
+    ``NotImplementedError`` naming the mode.
+    """
+    del precision
+    dims = ragged_dot_dimension_numbers
+    lhs, rhs = _common_dtype(jnp.asarray(lhs), jnp.asarray(rhs))
+    mode, ragged = _mode(dims, lhs.ndim)
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dims.dot_dimension_numbers
+    native, cast = _core_output(lhs.dtype, preferred_element_type)
+    if mode == "ragged batch":
+        return _finish(jax.lax.dot_general(lhs, rhs, dims.dot_dimension_numbers,
+                                           preferred_element_type=preferred_element_type), None, out_sharding)
+    if lhs_batch or rhs_batch or lhs.ndim != 2 or len(lhs_contract) != 1:
+        raise NotImplementedError(f"ragged_dot_general ({mode}): only 2-D lhs without batch dimensions is "
+                                  f"supported, got lhs shape {lhs.shape} and {dims}")
+    with _shape_errors_as_type_errors():
+        if mode == "ragged non-contracting":
+            if rhs.ndim != 3 or len(dims.rhs_group_dimensions) != 1:
+                raise NotImplementedError(f"ragged_dot_general ({mode}): rhs must be 3-D with one group "
+                                          f"dimension, got shape {rhs.shape} and {dims}")
+            group_dim, k_dim = dims.rhs_group_dimensions[0] % 3, rhs_contract[0] % 3
+            (n_dim,) = {0, 1, 2} - {group_dim, k_dim}
+            rows = lhs if lhs_contract[0] % 2 == 1 else lhs.T  # [m, k]
+            weights = jnp.transpose(rhs, (group_dim, k_dim, n_dim))  # [g, k, n]
+            out = grouped_matmul(rows, weights, group_sizes, group_offset=group_offset,
+                                 preferred_element_type=native)
+        else:
+            if rhs.ndim != 2 or dims.rhs_group_dimensions:
+                raise NotImplementedError(f"ragged_dot_general ({mode}): rhs must be 2-D without a group "
+                                          f"dimension, got shape {rhs.shape} and {dims}")
+            rows = lhs if ragged == 0 else lhs.T  # [k, m]: the ragged contraction is the row axis
+            grad = rhs if rhs_contract[0] % 2 == 0 else rhs.T  # [k, n]
+            num_groups = jnp.asarray(group_sizes).shape[0]
+            out = grouped_matmul_wgrad(rows, grad, group_sizes, num_groups=num_groups, group_offset=group_offset,
+                                       preferred_element_type=native)
+    return _finish(out, cast, out_sharding)
+
+
+def _owned_rows(group_sizes, group_offset, num_local, num_rows):
+    """Mask of the rows the local groups own (the schedule's rule, in jnp)."""
+    sizes = jnp.maximum(jnp.asarray(group_sizes), 0).astype(jnp.int32)
+    ends = jnp.minimum(jnp.cumsum(sizes), num_rows)
+    bounds = jnp.concatenate([jnp.zeros((1,), ends.dtype), ends])  # bounds[g] = where group g starts
+    offset = jnp.int32(0) if group_offset is None else jnp.asarray(group_offset).reshape(()).astype(jnp.int32)
+    total = sizes.shape[0]
+    begin, end = bounds[jnp.clip(offset, 0, total)], bounds[jnp.clip(offset + num_local, 0, total)]
+    rows = jnp.arange(num_rows)
+    return (rows >= begin) & (rows < end)
+
+
+def gmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128, 128, 128), group_offset=None,
+        existing_out=None, transpose_rhs=False, interpret=False):
+    """megablox's ``gmm``: ``out[r] = lhs[r] @ rhs[g]`` for the local groups' rows, with its
+    signature (``tiling`` and ``interpret`` are accepted and ignored: the core picks its
+    kernel). With ``existing_out`` the local groups' rows are overwritten and every other
+    row keeps ``existing_out``; without it they are exact zeros. Differentiable in
+    ``lhs``, ``rhs`` (and ``existing_out``)."""
+    del tiling, interpret
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    native, cast = _core_output(lhs.dtype, preferred_element_type)
+    out = grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, group_offset=group_offset,
+                         preferred_element_type=native)
+    out = out if cast is None else out.astype(cast)
+    if existing_out is None:
+        return out
+    owned = _owned_rows(group_sizes, group_offset, rhs.shape[0], lhs.shape[0])
+    return jnp.where(owned[:, None], out, jnp.asarray(existing_out).astype(out.dtype))
+
+
+def tgmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128, 128, 128), group_offset=None,
+         num_actual_groups=None, existing_out=None, interpret=False):
+    """megablox's ``tgmm``: ``out[g] = lhs[:, rows_g] @ rhs[rows_g, :]`` for ``lhs [k, m]`` and
+    ``rhs [m, n]``, ``[num_actual_groups, k, n]`` (all of group_sizes' groups by
+    default, from ``group_offset``); empty groups give exact zeros; ``existing_out`` is
+    added to. ``tiling`` and ``interpret`` are accepted and ignored."""
+    del tiling, interpret
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    num_groups = jnp.asarray(group_sizes).shape[0] if num_actual_groups is None else num_actual_groups
+    if group_offset is None and num_groups != jnp.asarray(group_sizes).shape[0]:
+        group_offset = 0
+    native, cast = _core_output(lhs.dtype, preferred_element_type)
+    out = grouped_matmul_wgrad(lhs.T, rhs, group_sizes, num_groups=num_groups, group_offset=group_offset,
+                               preferred_element_type=native)
+    out = out if cast is None else out.astype(cast)
+    return out if existing_out is None else out + jnp.asarray(existing_out).astype(out.dtype)

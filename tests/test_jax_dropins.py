@@ -1,0 +1,179 @@
+"""groupgemm.jax's drop-ins against the originals: jax.lax.ragged_dot(_general) (same
+signatures, exception types, values and gradients) and megablox's gmm / tgmm (run in
+Pallas' interpret mode on the CPU). No torch here."""
+
+import importlib
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference as ref
+from cases import CASES, inputs
+
+import groupgemm.jax as gj
+
+RDN = jax.lax.RaggedDotDimensionNumbers
+
+
+@pytest.mark.parametrize("name", ["ragged_dot", "ragged_dot_general"])
+def test_signature_is_the_installed_jax_lax_one(name):
+    theirs = inspect.signature(getattr(jax.lax, name)).parameters
+    ours = inspect.signature(getattr(gj, name)).parameters
+    assert [(p.name, p.default) for p in ours.values()] == [(p.name, p.default) for p in theirs.values()]
+
+
+BAD_SHAPES = [
+    ("lhs_rank", lambda f, l, r, s: f(l[None], r, s)),
+    ("rhs_rank", lambda f, l, r, s: f(l, r[0], s)),
+    ("contraction", lambda f, l, r, s: f(l, jnp.ones((3, 5, 5)), s)),
+    ("group_count", lambda f, l, r, s: f(l, r, s[:2])),
+    ("sizes_float", lambda f, l, r, s: f(l, r, s.astype(jnp.float32))),
+]
+
+
+@pytest.mark.parametrize("call", [c for _, c in BAD_SHAPES], ids=[n for n, _ in BAD_SHAPES])
+def test_ragged_dot_raises_the_exception_type_jax_raises(call):
+    args = jnp.ones((6, 4)), jnp.ones((3, 4, 5)), jnp.asarray([2, 2, 2], jnp.int32)
+    with pytest.raises(TypeError):
+        call(jax.lax.ragged_dot, *args)
+    with pytest.raises(TypeError):
+        call(gj.ragged_dot, *args)
+
+
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype, preferred", [
+    ("float32", "bfloat16", None), ("float32", "float32", "float16"), ("bfloat16", "bfloat16", "float32"),
+])
+def test_ragged_dot_promotes_and_casts_like_jax(lhs_dtype, rhs_dtype, preferred):
+    rng = np.random.default_rng(0)
+    lhs, rhs = jnp.asarray(rng.standard_normal((6, 4)), lhs_dtype), jnp.asarray(rng.standard_normal((3, 4, 5)),
+                                                                                  rhs_dtype)
+    sizes = jnp.asarray([2, 0, 3], jnp.int32)
+    ours = gj.ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred)
+    theirs = jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred)
+    assert ours.dtype == theirs.dtype
+    np.testing.assert_allclose(np.asarray(ours[:5], np.float32), np.asarray(theirs[:5], np.float32), rtol=2e-2,
+                               atol=2e-2)
+
+
+LAX_CASES = [c for c in CASES if c.group_offset is None and min(c.group_sizes, default=0) >= 0
+             and sum(c.group_sizes) <= c.m and c.g > 0 and min(c.k, c.n) > 0]
+
+# Each mode's dimension numbers, in the layouts JAX's tests and MaxText / tokamax use; the
+# operands are built from a case's lhs [m, k], rhs [g, k, n] and dout [m, n].
+MODES = {
+    "non_contracting": (RDN((([1], [1]), ([], [])), [0], [0]), lambda x: (x["lhs"], x["rhs"])),
+    "non_contracting_rhs_nk": (RDN((([1], [2]), ([], [])), [0], [0]),
+                               lambda x: (x["lhs"], x["rhs"].transpose(0, 2, 1))),
+    "non_contracting_lhs_km": (RDN((([0], [1]), ([], [])), [1], [0]), lambda x: (x["lhs"].T, x["rhs"])),
+    "non_contracting_rhs_kgn": (RDN((([1], [0]), ([], [])), [0], [1]),
+                                lambda x: (x["lhs"], x["rhs"].transpose(1, 0, 2))),
+    "contracting_dim0": (RDN((([0], [0]), ([], [])), [0], []), lambda x: (x["lhs"], x["dout"])),
+    "contracting_dim1": (RDN((([1], [0]), ([], [])), [1], []), lambda x: (x["lhs"].T, x["dout"])),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("case", LAX_CASES, ids=[c.name for c in LAX_CASES])
+def test_ragged_dot_general_agrees_with_jax_forward_and_gradients(case, mode):
+    dims, operands = MODES[mode]
+    x = inputs(case)
+    lhs, rhs = (jnp.asarray(a, jnp.float32) for a in operands(x))
+    sizes = jnp.asarray(x["group_sizes"])
+    ours, our_vjp = jax.vjp(lambda l, r: gj.ragged_dot_general(l, r, sizes, dims), lhs, rhs)
+    theirs = jax.lax.ragged_dot_general(lhs, rhs, sizes, dims)
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    ref.assert_close(np.asarray(ours, np.float64), np.asarray(theirs, np.float64), "float32", f"{mode}/out")
+    cotangent = jnp.asarray(np.random.default_rng(1).standard_normal(ours.shape), jnp.float32)
+    if mode.startswith("contracting"):  # jax.lax has no gradient in this mode: the float64 reference
+        rows, grad, sizes_np, ct = np.asarray(operands(x)[0]), np.asarray(rhs, np.float64), x["group_sizes"], \
+            np.asarray(cotangent, np.float64)
+        rows = rows if mode == "contracting_dim0" else rows.T  # [ragged rows, m]
+        want_dlhs = ref.grouped_matmul(grad, ct, sizes_np, transpose_rhs=True)  # d rows[r] = grad[r] @ ct[g]^T
+        want = (want_dlhs if mode == "contracting_dim0" else want_dlhs.T, ref.grouped_matmul(rows, ct, sizes_np))
+    else:
+        want = [np.asarray(a, np.float64) for a in jax.vjp(lambda l, r: jax.lax.ragged_dot_general(
+            l, r, sizes, dims), lhs, rhs)[1](cotangent)]
+    for what, a, b in zip(("dlhs", "drhs"), our_vjp(cotangent), want):
+        ref.assert_close(np.asarray(a, np.float64), b, "float32", f"{mode}/{what}")
+
+
+def test_ragged_batch_mode_is_a_dot_general():
+    rng = np.random.default_rng(2)
+    lhs, rhs = jnp.asarray(rng.standard_normal((4, 3, 5)), jnp.float32), jnp.asarray(
+        rng.standard_normal((4, 5, 2)), jnp.float32)
+    dims = RDN((([2], [1]), ([0], [0])), [0], [])
+    sizes = jnp.asarray([1, 3], jnp.int32)
+    np.testing.assert_allclose(np.asarray(gj.ragged_dot_general(lhs, rhs, sizes, dims)),
+                               np.asarray(jax.lax.ragged_dot_general(lhs, rhs, sizes, dims)), rtol=1e-6)
+
+
+def test_other_dimension_numbers_raise_not_implemented_naming_the_mode():
+    dims = RDN((([2], [2]), ([0], [1])), [1], [0])  # batch dimensions beside a ragged non-contracting one
+    with pytest.raises(NotImplementedError, match="ragged non-contracting"):
+        gj.ragged_dot_general(jnp.ones((2, 6, 4)), jnp.ones((3, 2, 4, 5)), jnp.asarray([2, 2, 2]), dims)
+
+
+# ---- megablox's gmm / tgmm -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def megablox():
+    return importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+
+
+def _operands(m=256, k=128, n=128, seed=3):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.standard_normal((m, k)), jnp.float32), jnp.asarray(rng.standard_normal((4, k, n)),
+                                                                                 jnp.float32),
+            jnp.asarray(rng.standard_normal((m, n)), jnp.float32))
+
+
+@pytest.mark.parametrize("sizes, offset, transpose, existing", [
+    ([100, 0, 56, 60], None, False, False),
+    ([40, 60, 0, 100, 30, 26], 2, False, True),  # a window of 4 of 6 groups; other rows keep existing_out
+    ([100, 0, 56, 60], None, True, False),
+])
+def test_gmm_agrees_with_megablox(megablox, sizes, offset, transpose, existing):
+    lhs, rhs, out0 = _operands()
+    rhs = rhs.transpose(0, 2, 1) if transpose else rhs
+    sizes = jnp.asarray(sizes, jnp.int32)
+    kwargs = dict(group_offset=None if offset is None else jnp.asarray(offset, jnp.int32),
+                  existing_out=out0 if existing else None, transpose_rhs=transpose)
+    theirs = megablox.gmm(lhs, rhs, sizes, interpret=True, **kwargs)
+    ours = gj.gmm(lhs, rhs, sizes, tiling=(64, 64, 64), **kwargs)
+    assert ours.dtype == theirs.dtype == jnp.float32
+    owned = np.asarray(ref.padding_rows(np.asarray(sizes), 256, 4, offset or 0)) == 0
+    rows = slice(None) if existing else owned  # without existing_out megablox leaves other rows unwritten
+    np.testing.assert_allclose(np.asarray(ours)[rows], np.asarray(theirs)[rows], rtol=1e-4, atol=1e-3)
+    if not existing:
+        assert (np.asarray(ours)[~owned] == 0).all()
+
+
+@pytest.mark.parametrize("sizes, offset, num_actual, existing", [
+    ([100, 0, 56, 100], None, None, False),
+    ([40, 60, 0, 100, 30, 26], 1, 3, True),
+])
+def test_tgmm_agrees_with_megablox(megablox, sizes, offset, num_actual, existing):
+    lhs, _, dout = _operands()
+    sizes = jnp.asarray(sizes, jnp.int32)
+    g = num_actual or len(sizes)
+    acc = jnp.asarray(np.random.default_rng(4).standard_normal((g, 128, 128)), jnp.float32) if existing else None
+    kwargs = dict(group_offset=None if offset is None else jnp.asarray(offset, jnp.int32),
+                  num_actual_groups=num_actual, existing_out=acc)
+    theirs = megablox.tgmm(lhs.T, dout, sizes, interpret=True, **kwargs)
+    ours = gj.tgmm(lhs.T, dout, sizes, **kwargs)
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-3)
+
+
+def test_gmm_is_differentiable_like_megablox_gmm():
+    lhs, rhs, dout = (a[:20, :8] if a.ndim == 2 else a[:, :8, :8] for a in _operands())
+    sizes = jnp.asarray([5, 0, 9, 4], jnp.int32)
+    (dlhs, drhs) = jax.grad(lambda l, r: jnp.sum(gj.gmm(l, r, sizes) * dout), argnums=(0, 1))(lhs, rhs)
+    want_dlhs = ref.grouped_matmul(dout, np.asarray(rhs), np.asarray(sizes), transpose_rhs=True)
+    want_drhs = ref.grouped_matmul_wgrad(np.asarray(lhs), np.asarray(dout), np.asarray(sizes), 4)
+    ref.assert_close(np.asarray(dlhs, np.float64), want_dlhs, "float32", "dlhs")
+    ref.assert_close(np.asarray(drhs, np.float64), want_drhs, "float32", "drhs")
+    assert (np.asarray(drhs[1]) == 0).all() and (np.asarray(dlhs[18:]) == 0).all()
