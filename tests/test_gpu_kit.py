@@ -395,3 +395,98 @@ def test_the_driver_checks_pass_on_the_cpu_backend_and_catch_wrong_results(name)
                 spoiled = got.copy()
                 spoiled[~exact] += 0.5 * max(1.0, abs(want).max())
                 assert "max error" in driver.mismatch(call, spoiled, want, exact, exact_value)
+
+
+# ---- the expert layer's calls in the sanitizer driver ------------------------------------
+
+def test_the_quick_expert_cases_reach_every_expert_kernel():
+    import expert_driver
+
+    def reached(names):
+        found = set()
+        for name in names:
+            for _, kernels in expert_driver.planned_calls(expert_driver.ALL_EXPERT_CASES[name]):
+                found |= kernels
+        return found
+
+    required = driver_calls.required_expert_kernels()
+    # permute: 4 kernels, 2 scans over several tiles, capped chunks, 2 fill word sizes;
+    # unpermute and its backward: 5 (values, probs) pairs each; the activations: 2 x 3 dtypes.
+    assert len(required) == 9 + 2 * 5 + 2 * 3
+    assert required <= reached(expert_driver.QUICK_EXPERT_CASES)
+    assert required <= reached(expert_driver.ALL_EXPERT_CASES)
+    small = [n for n in expert_driver.QUICK_EXPERT_CASES if not n.startswith("many_")]
+    assert {k[1] for k in required - reached(small)} == {driver_calls.SEVERAL_TILES, driver_calls.CAPPED_CHUNKS}
+    cases = expert_driver.EXPERT_CASES
+    assert {c.top_k for c in cases} >= {1, 2, 3, 4} and max(c.slots for c in cases) >= 70000
+    assert {c.routing for c in cases} >= {"one_expert", "all_dropped"}
+    assert any(c.tokens == 0 for c in cases) and any(c.experts == 0 and c.tokens for c in cases)
+
+
+def test_the_restated_permute_workspace_matches_the_core():
+    pytest.importorskip("torch")
+    from groupgemm import _core
+
+    for slots, experts in [(0, 0), (0, 3), (1, 0), (70000, 8), (18000, 4200), (10**7, 3), (5, 2**20)]:
+        assert driver_calls.permute_workspace_bytes(slots, experts) == _core.permute_workspace_bytes(
+            _core.Device.cuda, slots, experts), (slots, experts)
+        assert _core.permute_workspace_bytes(_core.Device.cpu, slots, experts) == 0
+
+
+def _spoiled(t, index, delta):
+    """A copy of host tensor t with `delta` added to the entry at `index` (in float64)."""
+    import torch
+
+    values = t.double().numpy().copy()
+    values[index] += delta
+    return torch.from_numpy(values).to(t.dtype)
+
+
+@pytest.mark.parametrize("name", ["top1", "top2", "no_tokens", "all_dropped", "no_experts", "one_expert",
+                                  "zero_hidden"])
+def test_the_expert_checks_pass_on_the_cpu_backend_and_catch_wrong_results(name):
+    torch = pytest.importorskip("torch")
+    import expert_driver
+    import numpy as np
+    import sanitizer_driver as driver
+
+    from groupgemm import _core
+
+    cpu = driver.Device(torch, _core, "cpu")
+    case = expert_driver.ALL_EXPERT_CASES[name]
+    x = expert_driver.expert_inputs(case)
+    row_map = expert_driver.row_map_of(cpu, case, x)
+    for call, _ in expert_driver.planned_calls(case):
+        for prefill in ("nan", "empty"):
+            results = expert_driver.run_expert_call(cpu, cpu, call, case, x, row_map, prefill)
+            assert [expert_driver.result_mismatch(r) for r in results] == [None] * len(results), call.name
+        for r in results:
+            if not r.got.numel():
+                continue
+            want = r.want.double().numpy()
+            exact = (np.broadcast_to(r.exact, want.shape) if r.exact is not None
+                     else np.full(want.shape, np.all(np.asarray(r.tolerance) == 0)))
+            if exact.any():  # a dropped row, an index or a zero output changed
+                i = tuple(np.argwhere(exact)[0])
+                wrong = expert_driver.Result(r.what, _spoiled(r.got, i, 1.0), r.want, r.tolerance, r.exact)
+                assert expert_driver.result_mismatch(wrong), (call.name, r.what)
+            if not exact.all():
+                i = tuple(np.argwhere(~exact)[0])
+                wrong = expert_driver.Result(r.what, _spoiled(r.got, i, 0.5 * max(1.0, abs(want[i]))), r.want,
+                                             r.tolerance, r.exact)
+                assert "beyond the tolerance" in expert_driver.result_mismatch(wrong), (call.name, r.what)
+                if r.got.dtype == torch.float32 and want[i] != 0:  # one float32 ulp is within every tolerance
+                    nudged = r.got.clone()
+                    nudged.view(-1)[np.ravel_multi_index(i, want.shape)] = float(np.nextafter(
+                        np.float32(want[i]), np.float32(np.inf)))
+                    assert expert_driver.result_mismatch(
+                        expert_driver.Result(r.what, nudged, r.want, r.tolerance, r.exact)) is None, (call.name, r.what)
+
+
+def test_the_driver_rehearses_gemm_and_expert_cases_on_the_cpu_backend(capsys):
+    pytest.importorskip("torch")
+    import sanitizer_driver as driver
+
+    assert driver.main(["--device", "cpu", "--cases", "zero_k", "--expert-cases", "top3", "no_tokens_no_experts"]) == 0
+    out = capsys.readouterr().out
+    assert "over 1 GEMM and 2 expert-layer cases on cpu" in out and "RESULT: PASS" in out

@@ -2,9 +2,11 @@
 
 The rules below restate the CUDA backend's call sequence in core_cuda/ (which calls return
 before any launch, when the bias goes into the GEMM epilogue, when 16-bit operands take
-the unaligned kernel), so the driver can prove it reached every kernel and every CUTLASS
-instantiation, and a CPU test can check that the planned calls over the planned cases
-do. Standard library only.
+the unaligned kernel; for the expert layer, which of permute's steps run, the chunk count
+and when its scans span several tiles, which (values, probs) instantiation unpermute
+takes), so the driver can prove it reached every kernel and every CUTLASS instantiation,
+and a CPU test can check that the planned calls over the planned cases do. Standard
+library only.
 """
 
 import dataclasses
@@ -107,5 +109,113 @@ def required_kernels():
 def describe(kernel):
     if isinstance(kernel, str):
         return kernel
+    if kernel[0] not in (CUTLASS, UNALIGNED):
+        return " ".join(kernel)  # the expert layer's: the kernel, then what is special
     kind, dtype, out, layout, beta = kernel
     return f"{kind} {dtype}->{out} {layout}" + (" +C" if beta else "")
+
+
+# ---- the expert layer (core_cuda/cuda/moe_backend.cu, permute.cu, unpermute.cu, activation.cu)
+
+PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN, PERMUTE_ASSIGN, PERMUTE_FILL = (
+    "permute count kernel", "permute bucket scan kernel", "permute start scan kernel", "permute assign kernel",
+    "permute fill kernel")
+UNPERMUTE, UNPERMUTE_BACKWARD = "unpermute kernel", "unpermute backward kernel"
+ACTIVATION, ACTIVATION_BACKWARD = "activation kernel", "activation backward kernel"
+SEVERAL_TILES = "over several tiles"
+CAPPED_CHUNKS = "with the chunk count capped by the counts budget"
+ACTIVATIONS = ("swiglu", "gelu", "relu", "silu")
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# groupgemm/permute.h and permute.cu: slots per chunk, the counts budget, the scans' tiles.
+SLOTS_PER_CHUNK = 16
+MAX_COUNT_ENTRIES = 1 << 22
+BUCKET_SCAN_TILE = 256 * 4  # kBucketScanThreads x kScanItems
+START_SCAN_TILE = 1024 * 4  # kStartScanThreads x kScanItems
+
+
+def permute_chunks(slots, experts):
+    """permute_chunks(): about 16 slots per chunk, at most 2^22 count entries, at least 1."""
+    chunks = min(-(-slots // SLOTS_PER_CHUNK), MAX_COUNT_ENTRIES // (experts + 1))
+    return max(chunks, 1)
+
+
+def permute_workspace_bytes(slots, experts):
+    """permute_workspace_layout().bytes: the kept-row count, E + 1 bucket starts and
+    (E + 1) x chunks counts, each part 16-byte aligned."""
+    align16 = lambda n: -(-n // 16) * 16  # noqa: E731
+    return align16(4) + align16((experts + 1) * 4) + align16((experts + 1) * permute_chunks(slots, experts) * 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertCall:
+    kind: str  # "permute", "unpermute", "unpermute_backward", "activation" or "activation_backward"
+    dtype: str  # the values' dtype
+    probs: str | None = None  # unpermute and its backward: probs' dtype, None without probs
+    activation: str | None = None  # the activations: one of ACTIVATIONS
+
+    @property
+    def name(self):
+        extra = ([f"probs {self.probs or 'absent'}"] if self.kind.startswith("unpermute") else
+                 [self.activation] if self.activation else [])
+        return "/".join([self.kind, self.dtype, *extra])
+
+
+def expert_calls_for(dtype):
+    """Every expert-layer call made per routing case and dtype: permute; unpermute and its
+    backward without probs, with probs in the values' dtype and in float32; each activation
+    forward and backward (on h of min(T*k, a few thousand) rows and F = hidden columns, 2F
+    for swiglu)."""
+    probs = list(dict.fromkeys([None, dtype, "float32"]))
+    return ([ExpertCall("permute", dtype)]
+            + [ExpertCall(kind, dtype, probs=p) for kind in ("unpermute", "unpermute_backward") for p in probs]
+            + [ExpertCall(kind, dtype, activation=a) for kind in ("activation", "activation_backward")
+               for a in ACTIVATIONS])
+
+
+def expert_kernels_reached(call, tokens, top_k, experts, hidden):
+    """The kernels `call` launches on a routing of `tokens` x `top_k` slots over `experts`
+    experts with `hidden` columns (the activations: rows exactly when tokens * top_k > 0)."""
+    slots, reached = tokens * top_k, set()
+    if call.kind == "permute":
+        if slots == 0 and experts == 0:
+            return reached  # nothing to write
+        chunks = permute_chunks(slots, experts)
+        reached |= {PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN}
+        if chunks > BUCKET_SCAN_TILE:
+            reached.add((PERMUTE_BUCKET_SCAN, SEVERAL_TILES))
+        if experts + 1 > START_SCAN_TILE:
+            reached.add((PERMUTE_START_SCAN, SEVERAL_TILES))
+        if chunks * SLOTS_PER_CHUNK < slots:
+            reached.add((PERMUTE_COUNT, CAPPED_CHUNKS))
+        if slots == 0:
+            return reached
+        reached.add(PERMUTE_ASSIGN)
+        if hidden > 0:
+            reached.add((PERMUTE_FILL, f"{ELEMENT_BYTES[call.dtype]}-byte"))
+        return reached
+    if call.kind == "unpermute":
+        return {(UNPERMUTE, call.dtype, f"probs {call.probs or call.dtype}")} if tokens * hidden else reached
+    if call.kind == "unpermute_backward":
+        # The dpermuted memset is not a kernel; with probs the kernel runs even at hidden = 0.
+        if slots == 0 or (hidden == 0 and call.probs is None):
+            return reached
+        return {(UNPERMUTE_BACKWARD, call.dtype, f"probs {call.probs or call.dtype}")}
+    if call.kind in ("activation", "activation_backward"):
+        kernel = ACTIVATION if call.kind == "activation" else ACTIVATION_BACKWARD
+        return {(kernel, call.dtype)} if slots * hidden else reached
+    raise ValueError(f"unknown call kind {call.kind!r}")
+
+
+def required_expert_kernels():
+    """What the driver must reach of the expert layer: each of permute's kernels (its scans
+    over several tiles, its chunk count capped), the fill for 2- and 4-byte elements, the
+    unpermute kernels for every (values, probs) pair, the activations in every dtype."""
+    required = {PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN, PERMUTE_ASSIGN,
+                (PERMUTE_BUCKET_SCAN, SEVERAL_TILES), (PERMUTE_START_SCAN, SEVERAL_TILES),
+                (PERMUTE_COUNT, CAPPED_CHUNKS), (PERMUTE_FILL, "2-byte"), (PERMUTE_FILL, "4-byte")}
+    for dtype in DTYPES:
+        for probs in dict.fromkeys([dtype, "float32"]):
+            required |= {(UNPERMUTE, dtype, f"probs {probs}"), (UNPERMUTE_BACKWARD, dtype, f"probs {probs}")}
+        required |= {(ACTIVATION, dtype), (ACTIVATION_BACKWARD, dtype)}
+    return required

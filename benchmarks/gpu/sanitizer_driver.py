@@ -4,11 +4,13 @@ Each call hands torch CUDA tensors to the core the way the PyTorch frontend does
 capsules, a uint8 workspace of _core.workspace_bytes(...) bytes, the current stream) and
 checks the result against the float64 NumPy reference of the tests (tests/reference.py)
 on the shared case table (tests/cases.py) plus multi-tile and unaligned shapes: values,
-exact-zero padding rows and empty groups, accumulators left bit-for-bit. The only device
-work besides the core's kernels is copies, so what the sanitizer reports is the core's.
-At the end it checks that every kernel and CUTLASS instantiation was reached
-(driver_calls.py). Exit status: 0 all good, 1 a mismatch or a kernel not reached,
-3 no CUDA GPU (or no torch).
+exact-zero padding rows and empty groups, accumulators left bit-for-bit. The expert
+layer's kernels (permute, unpermute and its backward, the activations) run on routing
+cases and are checked against the CPU backend's results for the same calls
+(expert_driver.py). The only device work besides the core's kernels is copies (and
+unpermute's backward's own memset), so what the sanitizer reports is the core's. At the
+end it checks that every kernel and CUTLASS instantiation was reached (driver_calls.py).
+Exit status: 0 all good, 1 a mismatch or a kernel not reached, 3 no CUDA GPU (or no torch).
 
     compute-sanitizer --tool memcheck python3 benchmarks/gpu/sanitizer_driver.py --quick
 """
@@ -21,10 +23,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests")
 sys.path[:0] = [HERE, os.path.join(TESTS, "helpers"), TESTS]  # the tests' case table and reference
 
+import expert_driver as expert  # noqa: E402
 import numpy as np  # noqa: E402
 import reference  # noqa: E402
 from cases import CASES, Case, inputs, round_to  # noqa: E402
-from driver_calls import DTYPES, calls_for, describe, kernels_reached, required_kernels  # noqa: E402
+from driver_calls import (  # noqa: E402
+    DTYPES,
+    calls_for,
+    describe,
+    kernels_reached,
+    required_expert_kernels,
+    required_kernels,
+)
 
 NO_GPU_EXIT = 3
 # Largest error allowed relative to the result's scale, per input dtype (the tests' values).
@@ -39,6 +49,7 @@ ALL_CASES = {c.name: c for c in CASES + EXTRA_CASES}
 # Still every kernel and instantiation (tests/test_gpu_kit.py checks), in a third of the calls.
 QUICK_CASES = ("skewed", "all_empty", "sum_above_rows", "negative_size", "window_past_end", "zero_k", "tiles_window",
                "unaligned_k", "unaligned_n")
+INT_PREFILL = 0x5EED5EED  # int32 outputs before a call (a value no kernel writes)
 STICKY = ("illegal", "misaligned address", "unspecified launch failure", "an earlier CUDA error")
 
 
@@ -48,7 +59,10 @@ def parse_args(argv):
     p.add_argument("--prefill", choices=["nan", "empty"], default="nan",
                    help="outputs filled with NaN (a row no kernel writes fails the check) or left "
                         "uninitialised (for initcheck)")
-    p.add_argument("--cases", nargs="+", choices=sorted(ALL_CASES), help="run only these cases")
+    p.add_argument("--cases", nargs="+", choices=sorted(ALL_CASES),
+                   help="run only these GEMM cases (and the expert-layer cases named by --expert-cases)")
+    p.add_argument("--expert-cases", nargs="+", choices=sorted(expert.ALL_EXPERT_CASES),
+                   help="run only these expert-layer cases (and the GEMM cases named by --cases)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu rehearses the same calls and checks on the CPU backend (no kernel is reached)")
     return p.parse_args(argv)
@@ -80,6 +94,24 @@ class Device:
         if prefill == "empty":
             return self.torch.empty(shape, dtype=self.dtypes[dtype], device=self.name)
         return self.torch.full(shape, float("nan"), dtype=self.dtypes[dtype]).to(self.name)
+
+    def int_output(self, shape, prefill):
+        """An int32 output: uninitialised, or filled with a value no kernel writes."""
+        if prefill == "empty":
+            return self.torch.empty(shape, dtype=self.torch.int32, device=self.name)
+        return self.torch.full(shape, INT_PREFILL, dtype=self.torch.int32).to(self.name)
+
+    def permute_workspace(self, slots, experts):
+        if self.name == "cpu":
+            return None
+        nbytes = self.core.permute_workspace_bytes(self.core.Device.cuda, slots, experts)
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.name)
+
+    def fetch(self, t):
+        """t on the host, as it is (raw bits kept)."""
+        if self.name == "cuda":
+            self.torch.cuda.synchronize()
+        return t.cpu()
 
     def workspace(self, groups):
         if self.name == "cpu":
@@ -182,7 +214,10 @@ def main(argv=None):
         print("RESULT: FAIL groupgemm was built without its CUDA backend")
         return 1
     dev = Device(torch, _core, args.device)
-    names = args.cases or (QUICK_CASES if args.quick else list(ALL_CASES))
+    chosen = args.cases is not None or args.expert_cases is not None
+    names = (args.cases or []) if chosen else (QUICK_CASES if args.quick else list(ALL_CASES))
+    expert_names = ((args.expert_cases or []) if chosen else
+                    (expert.QUICK_EXPERT_CASES if args.quick else list(expert.ALL_EXPERT_CASES)))
     reached, failures, count = set(), [], 0
     for name in names:
         case = ALL_CASES[name]
@@ -206,10 +241,38 @@ def main(argv=None):
                         return 1
                 else:
                     reached |= kernels_reached(call, case.m, case.k, case.n, case.g, busy, has_empty)
+    cpu = Device(torch, _core, "cpu")
+    compared = bitwise = 0
+    for name in expert_names:
+        case = expert.ALL_EXPERT_CASES[name]
+        x = expert.expert_inputs(case)
+        row_map = expert.row_map_of(cpu, case, x)
+        for call, kernels in expert.planned_calls(case):
+            count += 1
+            label = f"{case.name}/{call.name}"
+            try:
+                results = expert.run_expert_call(dev, cpu, call, case, x, row_map, args.prefill)
+                problem = "; ".join(filter(None, map(expert.result_mismatch, results)))
+            except (RuntimeError, ValueError, TypeError) as exc:
+                results, problem = [], f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if problem:
+                failures.append(f"{label}: {problem}")
+                print(f"FAIL {label}: {problem}", flush=True)
+                if any(word in problem for word in STICKY):
+                    print("RESULT: FAIL a CUDA error ended the run: " + failures[-1])
+                    return 1
+            else:
+                reached |= kernels
+                compared += len(results)
+                bitwise += sum(map(expert.bitwise_equal, results))
+    if expert_names:
+        print(f"expert layer: {len(expert_names)} routing cases; {bitwise} of the {compared} results of passing "
+              f"calls equal the CPU backend's bit for bit, the others are within the tolerances")
     # On the CPU backend no kernel runs: the rehearsal checks the calls and the values only.
-    required = required_kernels()
+    required = required_kernels() | required_expert_kernels()
     missing = sorted(map(describe, required - reached)) if args.device == "cuda" else []
-    print(f"{count} calls over {len(names)} cases on {args.device}, prefill {args.prefill}; "
+    print(f"{count} calls over {len(names)} GEMM and {len(expert_names)} expert-layer cases on {args.device}, "
+          f"prefill {args.prefill}; "
           f"{len(required & reached)} of the {len(required)} required kernels and instantiations reached")
     for kernel in missing:
         print(f"not reached: {kernel}")
@@ -218,10 +281,11 @@ def main(argv=None):
               + (f"; first: {failures[0]}" if failures else ""))
         return 1
     if args.device == "cpu":
-        print(f"RESULT: PASS {count} calls match the float64 reference on the CPU backend (no CUDA kernel ran)")
+        print(f"RESULT: PASS {count} calls match the float64 reference or the CPU backend on the CPU backend "
+              "(no CUDA kernel ran)")
     else:
-        print(f"RESULT: PASS {count} calls match the float64 reference; all {len(required)} kernels "
-              "and instantiations reached")
+        print(f"RESULT: PASS {count} calls match the float64 reference or the CPU backend; all {len(required)} "
+              "kernels and instantiations reached")
     return 0
 
 
