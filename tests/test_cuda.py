@@ -1,4 +1,5 @@
-"""The CUDA backend on a GPU, through both frontends.
+"""The CUDA backend on a GPU, through both frontends: the grouped GEMMs and the expert
+layer (permute, unpermute, GroupedMLP), against the CPU backend and across frameworks.
 
 These run wherever a GPU and a CUDA build are present and skip elsewhere. Machines
 without a GPU still check the CUDA path's host-visible logic: core_tests emulates the
@@ -6,6 +7,7 @@ setup kernel's workspace on every case, and test_cuda_build.py checks the fatbin
 absence of host synchronisation and the no-device error.
 """
 
+import expert_reference as eref
 import jax
 import jax.numpy as jnp
 import jax_frontend
@@ -14,8 +16,10 @@ import pytest
 import torch
 import torch_frontend
 from bits import assert_same_bits
-from cases import CASES, CUDA_DTYPES, VARIANT_IDS, VARIANTS, Case, inputs
+from cases import CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
 from reference import assert_close, empty_groups, padding_rows
+from test_expert_layer import IDS as ROUTING_IDS
+from test_expert_layer import MLP_CASES, ROUTINGS, routing_inputs
 
 import groupgemm
 import groupgemm.jax as gj
@@ -168,3 +172,210 @@ def test_torch_cuda_training_step_never_synchronises_with_the_host():
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert (main_grad[[1, 3, 4, 7]] == 0).all() and (main_grad[0] != 0).any()
+
+
+# ---- the expert layer ----------------------------------------------------------------
+
+
+def _frontend_on_cuda(name):
+    frontend, available = ON_CUDA[name]
+    if not available:
+        pytest.skip(f"needs a CUDA GPU, {name} with CUDA and a CUDA build")
+    return frontend
+
+
+def _unreferenced_rows(row_map, num_rows):
+    referenced = np.zeros(num_rows, bool)
+    referenced[row_map[row_map >= 0]] = True
+    return ~referenced
+
+
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("routing", ROUTINGS, ids=ROUTING_IDS)
+@pytest.mark.parametrize("name", list(ON_CUDA))
+def test_cuda_permute_matches_cpu_backend_and_zeroes_dropped_rows(name, routing, dtype):
+    frontend = _frontend_on_cuda(name)
+    indices, tokens, dpermuted, _ = routing_inputs(routing)
+    tokens, dpermuted = round_to(tokens, dtype), round_to(dpermuted, dtype)
+    gpu, cpu = (frontend.permute_and_grad(tokens, indices, routing.num_experts, dpermuted, dtype, device=device)
+                for device in ("cuda", "cpu"))
+    for what, a, b in zip(("permuted", "group_sizes", "row_map"), gpu, cpu):
+        assert_same_bits(a, b, f"{routing.name}/{dtype}/{what}")  # copies and a stable sort: exact
+    permuted, sizes = frontend.to_float64(gpu[0]), frontend.to_float64(gpu[1])
+    assert (permuted[int(sizes.sum()):] == 0).all()  # dropped slots' rows: exact zeros
+    assert_close(frontend.to_float64(gpu[3]), frontend.to_float64(cpu[3]), dtype, f"{routing.name}/{dtype}/dtokens")
+
+
+@pytest.mark.parametrize("probs_dtype", ["same", "float32", None])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("routing", ROUTINGS, ids=ROUTING_IDS)
+@pytest.mark.parametrize("name", list(ON_CUDA))
+def test_cuda_unpermute_matches_cpu_backend_with_every_gradient(name, routing, dtype, probs_dtype):
+    frontend = _frontend_on_cuda(name)
+    indices, _, permuted, probs = routing_inputs(routing, seed=1)
+    _, _, row_map = eref.permute(np.zeros((len(indices), 1)), indices, routing.num_experts)
+    dout = round_to(np.random.default_rng(2).standard_normal((len(indices), permuted.shape[1])), dtype)
+    permuted = round_to(permuted, dtype)
+    probs_name = dtype if probs_dtype == "same" else probs_dtype
+    probs = None if probs_name is None else round_to(probs, probs_name)
+    gpu, cpu = (frontend.unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_name, device=device)
+                for device in ("cuda", "cpu"))
+    for what, a, b in zip(("out", "dpermuted", "dprobs"), gpu, cpu):
+        if b is None:
+            assert a is None
+            continue
+        assert frontend.dtype_of(a) == frontend.dtype_of(b)
+        assert_close(frontend.to_float64(a), frontend.to_float64(b), dtype if what != "dprobs" else max(
+            (dtype, probs_name), key=lambda d: TOLERANCE[d]), f"{routing.name}/{dtype}/{what}")
+    assert (frontend.to_float64(gpu[1])[_unreferenced_rows(row_map, len(permuted))] == 0).all()
+    if probs is not None:
+        assert (frontend.to_float64(gpu[2])[row_map < 0] == 0).all()  # dropped slots: exact zeros
+
+
+MLP_VARIANTS = [("swiglu", False), ("swiglu", True), ("gelu", False), ("relu", True), ("silu", False)]
+
+
+@pytest.mark.parametrize("activation, with_bias", MLP_VARIANTS, ids=[f"{a}-{'bias' if b else 'nobias'}"
+                                                                     for a, b in MLP_VARIANTS])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("case, sizes, m", MLP_CASES, ids=[c[0] for c in MLP_CASES])
+@pytest.mark.parametrize("name", list(ON_CUDA))
+def test_cuda_grouped_mlp_matches_cpu_backend_and_keeps_exact_zeros(name, case, sizes, m, dtype, activation,
+                                                                   with_bias):
+    frontend = _frontend_on_cuda(name)
+    rng = np.random.default_rng(3)
+    e, h, f = len(sizes), 8, 6
+    f_in = 2 * f if activation == "swiglu" else f
+    x, w_in, w_out, dout = (round_to(rng.standard_normal(s) * scale, dtype) for s, scale in (
+        ((m, h), 1.0), ((e, f_in, h), 0.5), ((e, h, f), 0.5), ((m, h), 1.0)))
+    b_in, b_out = ((round_to(rng.standard_normal((e, f_in)), dtype), round_to(rng.standard_normal((e, h)), dtype))
+                   if with_bias else (None, None))
+    gpu, cpu = (frontend.grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype,
+                                               device=device) for device in ("cuda", "cpu"))
+    pad = padding_rows(sizes, m, e)
+    y = frontend.to_float64(gpu[0])
+    assert_close(y, frontend.to_float64(cpu[0]), dtype, f"{case}/{dtype}/y")
+    assert (y[pad] == 0).all()
+    for what, a, b in zip(("dx", "dw_in", "dw_out", "db_in", "db_out"), gpu[1], cpu[1]):
+        if b is None:
+            assert a is None, what
+            continue
+        a = frontend.to_float64(a)
+        assert_close(a, frontend.to_float64(b), dtype, f"{case}/{dtype}/{what}")
+        if what == "dx":
+            assert (a[pad] == 0).all()
+        else:
+            for g in empty_groups(sizes, m, e):
+                assert (a[g] == 0).all(), (what, g)
+
+
+@needs_both
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("routing", ROUTINGS, ids=ROUTING_IDS)
+def test_cuda_permute_and_unpermute_are_bitwise_identical_in_jax_and_torch(routing, dtype):
+    indices, tokens, dpermuted, probs = routing_inputs(routing)
+    tokens, dpermuted, probs = (round_to(a, dtype) for a in (tokens, dpermuted, probs))
+    results = []
+    for fe in (jax_frontend, torch_frontend):
+        permuted, sizes, row_map, dtokens = fe.permute_and_grad(tokens, indices, routing.num_experts, dpermuted,
+                                                                dtype, device="cuda")
+        row_map_np = fe.to_float64(row_map).astype(np.int32)
+        dout = round_to(np.random.default_rng(5).standard_normal(tokens.shape), dtype)
+        unpermuted = fe.unpermute_and_grads(dpermuted, row_map_np, probs, dout, dtype, dtype, device="cuda")
+        results.append([permuted, sizes, row_map, dtokens, *unpermuted])
+    for what, a, b in zip(("permuted", "group_sizes", "row_map", "dtokens", "out", "dpermuted", "dprobs"), *results):
+        assert_same_bits(a, b, f"cuda/{routing.name}/{dtype}/{what}")
+
+
+@needs_both
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+def test_cuda_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
+    # permute -> GroupedMLP -> unpermute with the same routing: every output and gradient.
+    rng = np.random.default_rng(4)
+    indices = np.asarray([[1, 0], [2, 2], [0, -1], [1, 3], [2, 0]], np.int32)  # 3 experts, two dropped slots
+    tokens = round_to(rng.standard_normal((5, 8)), dtype)
+    probs = round_to(rng.uniform(0.1, 1.0, (5, 2)), dtype)
+    w_in, w_out = (round_to(rng.standard_normal(s) * 0.5, dtype) for s in ((3, 16, 8), (3, 8, 8)))
+    dy = round_to(rng.standard_normal((10, 8)), dtype)
+    results = []
+    for fe in (jax_frontend, torch_frontend):
+        permuted, sizes, row_map, _ = fe.permute_and_grad(tokens, indices, 3, np.zeros((10, 8)), dtype, device="cuda")
+        permuted, sizes, row_map = (fe.to_float64(a) for a in (permuted, sizes, row_map))
+        y, grads = fe.grouped_mlp_and_grads(permuted, w_in, w_out, sizes, "swiglu", None, None, dy, dtype,
+                                            device="cuda")
+        out, dpermuted, dprobs = fe.unpermute_and_grads(fe.to_float64(y), row_map.astype(np.int32), probs,
+                                                        np.ones((5, 8)), dtype, dtype, device="cuda")
+        results.append([fe.to_float64(a) for a in (y, *grads[:3], out, dpermuted, dprobs)] + [permuted])
+    for i, (a, b) in enumerate(zip(*results)):
+        assert_same_bits(a, b, f"cuda/{dtype}/result {i}")
+
+
+def _torch_moe_block(dim=64, ffn=32, experts=8, top_k=2):
+    from moe_block import init_block, torch_block_class
+
+    return torch_block_class()(init_block(np.random.default_rng(0), dim, ffn, experts), top_k).cuda()
+
+
+@needs_torch_cuda
+def test_torch_cuda_graph_replays_a_moe_block_with_changing_routing():
+    torch.manual_seed(0)
+    block = _torch_moe_block()
+    experts, tokens, dim = 8, 96, 64
+    x = torch.randn(tokens, dim, device="cuda", requires_grad=True)
+    allowed = torch.ones(experts, dtype=torch.bool, device="cuda")
+    dy = torch.randn(tokens, dim, device="cuda")
+    params = (x, block.router, block.experts.fc1.weight, block.experts.fc2.weight)
+
+    def step():
+        y, sizes = block(x, allowed)
+        return (y, sizes, *torch.autograd.grad(y, params, dy))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+
+    # Each replay routes differently: new tokens, and experts barred from routing (two
+    # allowed: six get no token; one allowed: its second choice is a zero-probability slot).
+    for seed, allowed_experts in ((1, range(8)), (2, (0, 3)), (3, (5,)), (4, range(8))):
+        with torch.no_grad():
+            x.copy_(torch.randn(tokens, dim, generator=torch.Generator().manual_seed(seed)).cuda())
+        mask = torch.zeros(experts, dtype=torch.bool)
+        mask[list(allowed_experts)] = True
+        allowed.copy_(mask)
+        graph.replay()
+        eager = step()
+        assert torch.equal(static[1], eager[1]), allowed_experts  # the same routing
+        assert int(static[1].sum()) == tokens * 2
+        for what, replayed, want in zip(("y", "dx", "drouter", "dw_in", "dw_out"), static[:1] + static[2:],
+                                        eager[:1] + eager[2:]):
+            torch.testing.assert_close(replayed, want, rtol=1e-5, atol=1e-5, msg=f"{what} {allowed_experts}")
+        for e in torch.nonzero(static[1] == 0).flatten().tolist():
+            assert (static[4][e] == 0).all() and (static[5][e] == 0).all()  # no token: exact-zero weight grads
+        if len(allowed_experts) == 2:
+            assert int((static[1] > 0).sum()) <= 2
+
+
+@needs_torch_cuda
+def test_torch_cuda_moe_block_step_never_synchronises_with_the_host():
+    # Routing, permute, the expert MLP and unpermute, forward and backward: torch must not
+    # read anything back (set_sync_debug_mode raises on a synchronising torch call).
+    block = _torch_moe_block()
+    x = torch.randn(128, 64, device="cuda", requires_grad=True)
+    allowed = torch.tensor([True, False, True, True, False, True, True, True], device="cuda")
+    y, _ = block(x, allowed)
+    y.sum().backward()  # first call: lazy initialisation
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y, sizes = block(x, allowed)
+        y.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert int(sizes[1]) == 0 and int(sizes[4]) == 0 and int(sizes.sum()) == 128 * 2
+    assert (block.experts.fc1.weight.grad[[1, 4]] == 0).all()

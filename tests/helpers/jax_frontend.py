@@ -1,5 +1,7 @@
 """groupgemm.jax behind the tests' frontend surface (see frontends.py). No torch here."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import jax.test_util
@@ -90,9 +92,14 @@ def matmul_and_grads(lhs, rhs, sizes, dout, offset=None):
 # ---- the expert layer ----------------------------------------------------------------
 
 
-def permute_and_grad(tokens, expert_indices, num_experts, dpermuted, dtype):
+def _on(device):
+    """Arrays made inside go to `device` ("cpu" or "cuda"); None: JAX's default device."""
+    return contextlib.nullcontext() if device is None else jax.default_device(_device(device))
+
+
+def permute_and_grad(tokens, expert_indices, num_experts, dpermuted, dtype, device=None):
     """permuted, group_sizes, row_map and d tokens, from NumPy inputs."""
-    with precision(dtype):
+    with precision(dtype), _on(device):
         indices = jnp.asarray(expert_indices)
         permuted, vjp, (sizes, row_map) = jax.vjp(
             lambda t: (lambda p, s, r: (p, (s, r)))(*gj.permute(t, indices, num_experts)), jnp.asarray(tokens, dtype),
@@ -101,9 +108,9 @@ def permute_and_grad(tokens, expert_indices, num_experts, dpermuted, dtype):
         return permuted, sizes, row_map, dtokens
 
 
-def unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_dtype):
+def unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_dtype, device=None):
     """out, d permuted and d probs (None without probs), from NumPy inputs."""
-    with precision(dtype):
+    with precision(dtype), _on(device):
         row_map = jnp.asarray(row_map, jnp.int32)
         args = [jnp.asarray(permuted, dtype)] + ([] if probs is None else [jnp.asarray(probs, probs_dtype)])
         out, vjp = jax.vjp(lambda p, *q: gj.unpermute(p, row_map, *q), *args)
@@ -111,10 +118,10 @@ def unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_dtype):
         return out, grads[0], None if probs is None else grads[1]
 
 
-def grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype):
+def grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype, device=None):
     """y and the gradients of x, w_in, w_out, b_in, b_out (None for an absent bias); the
     weights in the torch layout (w_in [E, F_in, H], w_out [E, H, F])."""
-    with precision(dtype):
+    with precision(dtype), _on(device):
         params = {k: jnp.asarray(v, dtype) for k, v in dict(x=x, w_in=w_in, w_out=w_out, b_in=b_in,
                                                              b_out=b_out).items() if v is not None}
         sizes = jnp.asarray(sizes, jnp.int32)

@@ -91,40 +91,41 @@ def matmul_and_grads(lhs, rhs, sizes, dout, offset=None):
 # ---- the expert layer ----------------------------------------------------------------
 
 
-def _leaf(values, dtype):
-    return None if values is None else array(values, dtype).requires_grad_()
+def _leaf(values, dtype, device="cpu"):
+    return None if values is None else array(values, dtype, device).requires_grad_()
 
 
-def permute_and_grad(tokens, expert_indices, num_experts, dpermuted, dtype):
+def permute_and_grad(tokens, expert_indices, num_experts, dpermuted, dtype, device="cpu"):
     """permuted, group_sizes, row_map and d tokens, from NumPy inputs."""
-    tokens_t = _leaf(tokens, dtype)
-    permuted, sizes, row_map = gt.permute(tokens_t, torch.from_numpy(np.asarray(expert_indices)), num_experts)
-    permuted.backward(array(dpermuted, dtype))
+    tokens_t = _leaf(tokens, dtype, device)
+    indices = torch.from_numpy(np.asarray(expert_indices)).to(device)
+    permuted, sizes, row_map = gt.permute(tokens_t, indices, num_experts)
+    permuted.backward(array(dpermuted, dtype, device))
     return permuted, sizes, row_map, tokens_t.grad
 
 
-def unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_dtype):
+def unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_dtype, device="cpu"):
     """out, d permuted and d probs (None without probs), from NumPy inputs."""
-    permuted_t, probs_t = _leaf(permuted, dtype), _leaf(probs, probs_dtype)
-    out = gt.unpermute(permuted_t, torch.from_numpy(np.asarray(row_map, np.int32)), probs_t)
-    out.backward(array(dout, dtype))
+    permuted_t, probs_t = _leaf(permuted, dtype, device), _leaf(probs, probs_dtype, device)
+    out = gt.unpermute(permuted_t, torch.from_numpy(np.asarray(row_map, np.int32)).to(device), probs_t)
+    out.backward(array(dout, dtype, device))
     return out, permuted_t.grad, None if probs_t is None else probs_t.grad
 
 
-def grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype):
+def grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype, device="cpu"):
     """y and the gradients of x, w_in, w_out, b_in, b_out (None for an absent bias), through
     GroupedMLP (weights w_in [E, F_in, H], w_out [E, H, F])."""
     e, _, h = w_in.shape
     mlp = gt.GroupedMLP(e, h, w_out.shape[2], activation=activation, bias=b_in is not None,
-                        dtype=getattr(torch, dtype))
+                        device=device, dtype=getattr(torch, dtype))
     with torch.no_grad():
         for param, values in ((mlp.fc1.weight, w_in), (mlp.fc2.weight, w_out), (mlp.fc1.bias, b_in),
                               (mlp.fc2.bias, b_out)):
             if param is not None:
-                param.copy_(array(values, dtype))
-    x_t = _leaf(x, dtype)
-    y = mlp(x_t, torch.from_numpy(np.asarray(sizes, np.int32)))
-    y.backward(array(dout, dtype))
+                param.copy_(array(values, dtype, device))
+    x_t = _leaf(x, dtype, device)
+    y = mlp(x_t, torch.from_numpy(np.asarray(sizes, np.int32)).to(device))
+    y.backward(array(dout, dtype, device))
     biases = (None, None) if b_in is None else (mlp.fc1.bias.grad, mlp.fc2.bias.grad)
     return y, (x_t.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad, *biases)
 
