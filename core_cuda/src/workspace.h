@@ -5,6 +5,13 @@
 //
 // The layout and the per-group writes are __host__ __device__ so the CPU tests check the
 // same pointer and leading-dimension arithmetic the GPU runs.
+//
+// Both GEMM kernels read the same arrays: CUTLASS 2.x takes `problem` as GemmCoord and
+// the ld arrays as int64 leading dimensions; the sm_90a CUTLASS 3.x kernel takes `problem`
+// as its per-group cute::Shape<int, int, int> and each ld array as its per-group stride
+// (one run-time int64 each; cuda/cutlass_sm90.cuh asserts both layouts). The 3.x kernel
+// also needs a workspace of its own (TMA descriptors, one set per SM): the last region,
+// whose size the caller learns from grouped_matmul_workspace_bytes for its device.
 #pragma once
 
 #include <cstdint>
@@ -28,12 +35,18 @@ struct WorkspaceLayout {
   int64_t problem;   // int32[3 G]: (m, n, k) per group, CUTLASS's GemmCoord; 0s unless gemm
   int64_t ptr[4];    // void*[G] each: A, B, C, D of each group
   int64_t ld[4];     // int64[G] each: lda, ldb, ldc, ldd
+  int64_t kernel;    // the sm_90a kernel's own workspace, kernel_bytes plus alignment slack
   int64_t bytes;     // total size
 };
 
+// The sm_90a kernel's TMA descriptors need 64-byte alignment; the caller's workspace is
+// only 16-byte aligned, so its region has room to be aligned up to this at run time.
+constexpr int64_t kKernelWorkspaceAlignment = 128;
+
 GG_HD int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-GG_HD WorkspaceLayout workspace_layout(int64_t num_groups) {
+// kernel_bytes: the sm_90a kernel's own workspace on the call's device (0 elsewhere).
+GG_HD WorkspaceLayout workspace_layout(int64_t num_groups, int64_t kernel_bytes = 0) {
   const int64_t g = num_groups;
   WorkspaceLayout l{};
   int64_t at = 0;
@@ -48,8 +61,25 @@ GG_HD WorkspaceLayout workspace_layout(int64_t num_groups) {
   l.problem = take(g * 3 * 4);
   for (int i = 0; i < 4; ++i) l.ptr[i] = take(g * 8);
   for (int i = 0; i < 4; ++i) l.ld[i] = take(g * 8);
+  l.kernel = take(kernel_bytes > 0 ? kernel_bytes + kKernelWorkspaceAlignment - 16 : 0);
   l.bytes = at;
   return l;
+}
+
+// The sm_90a kernel's workspace inside a workspace of `total_bytes` at `base`: aligned up
+// to kKernelWorkspaceAlignment, with the bytes left after it (0 when none are).
+struct KernelWorkspace {
+  void* data;
+  int64_t bytes;
+};
+
+GG_HD KernelWorkspace kernel_workspace(void* base, int64_t total_bytes, int64_t num_groups) {
+  const int64_t start = workspace_layout(num_groups).kernel;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(static_cast<char*>(base) + start);
+  const uintptr_t a = static_cast<uintptr_t>(kKernelWorkspaceAlignment);
+  const uintptr_t aligned = (at + a - 1) / a * a;
+  const int64_t used = start + static_cast<int64_t>(aligned - at);
+  return {reinterpret_cast<void*>(aligned), total_bytes > used ? total_bytes - used : 0};
 }
 
 // Typed views of the workspace arrays.

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -26,8 +27,10 @@
 #include "groupgemm/groupgemm.h"
 #include "groupgemm/permute.h"
 #include "host_launcher.h"
+#include "kernel_choice.h"
 #include "lru_cache.h"
 #include "permute_workspace.h"
+#include "sm90_strides.h"
 
 using namespace groupgemm;
 
@@ -584,6 +587,120 @@ void test_workspace() {
   CHECK(ws.action[1] == int32_t(GroupAction::write_zero) && ws.problem[3] == 0);
 }
 
+// The sm_90a kernel's own workspace: the last region, aligned at run time to 128 bytes
+// inside a caller's workspace that is only 16-byte aligned.
+void test_kernel_workspace() {
+  g_case = "kernel_workspace";
+  for (int64_t g : {0, 1, 3, 1000}) {
+    const WorkspaceLayout plain = workspace_layout(g);
+    CHECK(plain.kernel == plain.bytes);  // no kernel workspace: nothing added
+    for (int64_t kernel_bytes : {int64_t(1), int64_t(4096), int64_t(132) * 512}) {
+      const WorkspaceLayout l = workspace_layout(g, kernel_bytes);
+      CHECK(l.window == plain.window && l.problem == plain.problem && l.ld[3] == plain.ld[3]);
+      CHECK(l.kernel == plain.kernel && l.kernel >= l.ld[3] + g * 8 && l.kernel % 16 == 0);
+      CHECK(l.bytes >= l.kernel + kernel_bytes + kKernelWorkspaceAlignment - 16);
+      std::vector<char> storage(l.bytes + 2 * kKernelWorkspaceAlignment);
+      const uintptr_t a = kKernelWorkspaceAlignment, start = reinterpret_cast<uintptr_t>(storage.data());
+      char* aligned = storage.data() + ((start + a - 1) / a * a - start);
+      for (int64_t shift = 0; shift < kKernelWorkspaceAlignment; shift += 16) {  // every 16-byte alignment
+        char* base = aligned + shift;
+        const KernelWorkspace kw = kernel_workspace(base, l.bytes, g);
+        const char* data = static_cast<const char*>(kw.data);
+        CHECK(reinterpret_cast<uintptr_t>(data) % kKernelWorkspaceAlignment == 0);
+        CHECK(data >= base + l.kernel && kw.bytes >= kernel_bytes && data + kw.bytes == base + l.bytes);
+        // A workspace sized without the kernel's region leaves it nothing.
+        CHECK(kernel_workspace(base, plain.bytes, g).bytes < kKernelWorkspaceAlignment);
+      }
+    }
+  }
+}
+
+// Which kernel family runs: sm80 unless GROUPGEMM_CUDA_KERNEL=sm90 on a compute
+// capability 9.0 device of a build with sm_90a code; and which calls the sm90 kernels take.
+void test_kernel_choice() {
+  g_case = "kernel_choice";
+  auto chose = [](int major, int minor, const char* env, bool built, GemmKernel want) {
+    const KernelChoice c = choose_gemm_kernel(major, minor, env, built);
+    return c.status.ok() && c.kernel == want;
+  };
+  CHECK(chose(9, 0, nullptr, true, GemmKernel::sm80));  // default: sm90 not yet run on a GPU
+  CHECK(chose(9, 0, "", true, GemmKernel::sm80));
+  CHECK(chose(8, 0, nullptr, true, GemmKernel::sm80));
+  CHECK(chose(10, 0, nullptr, true, GemmKernel::sm80));
+  CHECK(chose(9, 0, "sm80", true, GemmKernel::sm80));
+  CHECK(chose(8, 6, "sm80", false, GemmKernel::sm80));
+  CHECK(chose(9, 0, "sm90", true, GemmKernel::sm90));
+  for (auto [major, minor, built] :
+       {std::tuple{9, 0, false}, std::tuple{8, 0, true}, std::tuple{10, 0, true}, std::tuple{12, 0, true}}) {
+    const KernelChoice c = choose_gemm_kernel(major, minor, "sm90", built);
+    CHECK(!c.status.ok() && c.status.message.find("GROUPGEMM_CUDA_KERNEL=sm90") != std::string::npos);
+  }
+  const KernelChoice bad = choose_gemm_kernel(9, 0, "hopper", true);
+  CHECK(!bad.status.ok() && bad.status.message.find("sm80 or sm90, not 'hopper'") != std::string::npos);
+
+  auto call = [](DType in, GemmLayout layout, float beta) {
+    return GroupedGemmCall{in, DType::f32, layout, 4, beta, 64, 64, nullptr};
+  };
+  for (DType in : {DType::bf16, DType::f16}) {
+    CHECK(sm90_runs(call(in, GemmLayout::row_row, 0), true));
+    CHECK(sm90_runs(call(in, GemmLayout::row_col, 0), true));
+    CHECK(sm90_runs(call(in, GemmLayout::col_row, 0), true));
+    CHECK(sm90_runs(call(in, GemmLayout::col_row, 1), true));   // accumulate: C = D
+    CHECK(!sm90_runs(call(in, GemmLayout::row_row, 1), true));  // a broadcast bias row
+    CHECK(!sm90_runs(call(in, GemmLayout::row_col, 1), true));
+    CHECK(!sm90_runs(call(in, GemmLayout::row_row, 0), false));  // TMA needs 16-byte alignment
+  }
+  CHECK(!sm90_runs(call(DType::f32, GemmLayout::row_row, 0), true));  // exact fp32 stays on CUDA cores
+}
+
+// The sm90 kernel reads each operand through its 3.x stride (sm90_strides.h): one GEMM per
+// layout computed that way from the workspace equals the GEMM the call describes.
+void test_sm90_strides() {
+  g_case = "sm90_strides";
+  const int64_t rows = 5, k = 3, n = 4, begin = 2, local = 1;
+  std::vector<double> lhs(16 * k), rhs(2 * k * n), grad(16 * n);
+  for (size_t i = 0; i < lhs.size(); ++i) lhs[i] = double(i % 7) - 3;
+  for (size_t i = 0; i < rhs.size(); ++i) rhs[i] = double(i % 5) - 2;
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = double(i % 3) - 1;
+  for (GemmLayout layout : {GemmLayout::row_row, GemmLayout::row_col, GemmLayout::col_row}) {
+    const bool wgrad = layout == GemmLayout::col_row;
+    std::vector<double> out(wgrad ? 2 * k * n : 16 * n, 0.0);
+    std::vector<int64_t> storage(workspace_layout(2).bytes / 8);
+    const WorkspaceView ws = workspace_view(storage.data(), 2);
+    const GemmOperands ops{lhs.data(), wgrad ? grad.data() : rhs.data(), nullptr, out.data(), 8, 8, 8, 8};
+    const RowRange r{begin, begin + rows};
+    write_group(ws, local,
+                wgrad ? wgrad_problem(r, local, k, n, false)
+                      : forward_problem(r, local, k, n, layout == GemmLayout::row_col),
+                ops);
+    const int64_t pm = ws.problem[3 * local], pn = ws.problem[3 * local + 1], pk = ws.problem[3 * local + 2];
+    CHECK(pm == (wgrad ? k : rows) && pn == n && pk == (wgrad ? rows : k));
+    auto at = [&](int i, Sm90Operand op, int64_t a, int64_t b) {
+      return static_cast<const double*>(ws.ptr[i][local])[sm90_offset(layout, op, ws.ld[i][local], a, b)];
+    };
+    bool same = true;
+    for (int64_t i = 0; i < pm; ++i)
+      for (int64_t j = 0; j < pn; ++j) {
+        double sm90 = 0, want = 0;
+        for (int64_t p = 0; p < pk; ++p) sm90 += at(0, Sm90Operand::a, i, p) * at(1, Sm90Operand::b, j, p);
+        for (int64_t p = 0; p < pk; ++p) {
+          if (wgrad)
+            want += lhs[(begin + p) * k + i] * grad[(begin + p) * n + j];  // lhs_g^T @ grad_g
+          else if (layout == GemmLayout::row_col)
+            want += lhs[(begin + i) * k + p] * rhs[(local * n + j) * k + p];  // rhs[g] stored [n, k]
+          else
+            want += lhs[(begin + i) * k + p] * rhs[(local * k + p) * n + j];
+        }
+        double* d = static_cast<double*>(ws.ptr[3][local]) +
+                    sm90_offset(layout, Sm90Operand::d, ws.ld[3][local], i, j);
+        const double* d_expected = wgrad ? &out[(local * k + i) * n + j] : &out[(begin + i) * n + j];
+        same = same && sm90 == want && d == d_expected;
+      }
+    CHECK(same);
+    CHECK(ws.ptr[2][local] == ws.ptr[3][local] && ws.ld[2][local] == ws.ld[3][local]);  // no C: D's
+  }
+}
+
 void test_errors() {
   g_case = "errors";
   float x = 0;
@@ -1116,6 +1233,9 @@ int main() {
     run_all_dtypes(aligned_shape, cuda[1], shift);
   }
   check_gemm_paths_seen();
+  test_kernel_workspace();
+  test_kernel_choice();
+  test_sm90_strides();
   test_bf16_wgrad_chunks();
   test_lru_cache();
   test_onednn_cache_bound();
