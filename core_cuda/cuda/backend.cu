@@ -12,6 +12,7 @@
 #include "backends.h"
 #include "call_sequence.h"
 #include "device_checks.h"
+#include "gemm_sm90.h"
 #include "grouped_gemm.h"
 #include "kernels.h"
 
@@ -63,7 +64,8 @@ class CudaLauncher {
 
   Status start() {
     device_.emplace(ctx_);  // held until the launcher goes: every launch runs on that device
-    return device_->status();
+    GG_RETURN_IF_ERROR(device_->status());
+    return choose_kernel(&device_info_, &kernel_);  // kernel_choice.h: sm80 unless chosen
   }
   Status setup(const SetupArgs& args) { return launch_setup(args, stream_); }
   Status fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m, int64_t n,
@@ -71,6 +73,9 @@ class CudaLauncher {
     return launch_fill_rows(in, out_dtype, out, bias, m, n, k_is_zero, num_groups, workspace, stream_);
   }
   Status grouped_gemm(const GroupedGemmCall& call, bool aligned) {
+    if (kernel_ == GemmKernel::sm90 && sm90_runs(call, aligned))
+      return grouped_gemm_sm90(gemm_launch(call, stream_), device_info_, ctx_.workspace,
+                               ctx_.workspace_bytes);
     return cuda::grouped_gemm(gemm_launch(call, stream_), aligned);
   }
   Status add_bias_rows(DType in, float* out, const void* bias, int64_t m, int64_t n, int64_t num_groups,
@@ -90,6 +95,8 @@ class CudaLauncher {
   const ExecContext& ctx_;
   cudaStream_t stream_;
   std::optional<DeviceGuard> device_;
+  DeviceInfo device_info_{};
+  GemmKernel kernel_ = GemmKernel::sm80;
 };
 
 }  // namespace
@@ -101,6 +108,10 @@ Status grouped_gemm(const GroupedGemmLaunch& launch, bool aligned) {
     case DType::f16: return aligned ? grouped_gemm_f16(launch) : grouped_gemm_unaligned(launch);
     default: return Status::Invalid(std::string(dtype_name(launch.in_dtype)) + " is not supported on CUDA");
   }
+}
+
+int64_t grouped_matmul_kernel_workspace_bytes(int device_index) {
+  return sm90_kernel_workspace_bytes(device_index);
 }
 
 Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {

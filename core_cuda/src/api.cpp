@@ -120,10 +120,14 @@ bool cuda_compiled() {
 #endif
 }
 
-int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups) {
+int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int device_index) {
   // The CPU backend needs no workspace; the CUDA one needs the setup kernel's arrays,
-  // whose size is known without the CUDA build (so frontends size it identically).
-  return device == Device::cuda ? workspace_layout(num_groups < 0 ? 0 : num_groups).bytes : 0;
+  // whose size is known without the CUDA build (so frontends size it identically), and on
+  // a device that runs the sm_90a kernels their own workspace, a function of its SM count.
+  if (device != Device::cuda) return 0;
+  return workspace_layout(num_groups < 0 ? 0 : num_groups,
+                          cuda::grouped_matmul_kernel_workspace_bytes(device_index))
+      .bytes;
 }
 
 int64_t permute_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts) {

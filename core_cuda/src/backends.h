@@ -21,6 +21,10 @@ namespace cuda {
 Status grouped_matmul(const MatmulArgs& args, const ExecContext& ctx);
 Status grouped_matmul_wgrad(const WgradArgs& args, const ExecContext& ctx);
 Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
+// The GEMM kernel's own workspace on a device (-1: the current one), beyond the setup
+// kernel's arrays: the sm_90a kernels' TMA descriptors, one set per SM; 0 where they
+// cannot run (other devices, no device, a build without 90a or without CUDA).
+int64_t grouped_matmul_kernel_workspace_bytes(int device_index);
 Status permute(const PermuteArgs& args, const ExecContext& ctx);
 Status unpermute(const UnpermuteArgs& args, const ExecContext& ctx);
 Status unpermute_backward(const UnpermuteBackwardArgs& args, const ExecContext& ctx);

@@ -27,8 +27,9 @@ NB_MODULE(_core, m) {
       .value("cpu", groupgemm::Device::cpu)
       .value("cuda", groupgemm::Device::cuda);
   m.def("workspace_bytes", &groupgemm::grouped_matmul_workspace_bytes, nb::arg("device"),
-        nb::arg("num_groups"),
-        "Bytes of workspace one call with num_groups local groups needs on `device` (0 on the CPU).");
+        nb::arg("num_groups"), nb::arg("device_index") = -1,
+        "Bytes of workspace one call with num_groups local groups needs on `device` (0 on the CPU); on "
+        "CUDA for the GPU device_index (-1: the current device).");
   m.def("permute_workspace_bytes", &groupgemm::permute_workspace_bytes, nb::arg("device"),
         nb::arg("num_slots"), nb::arg("num_experts"),
         "Bytes of workspace permute needs on `device` for num_slots = T * k slots and num_experts experts "

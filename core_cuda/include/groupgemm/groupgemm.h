@@ -18,8 +18,10 @@ Status grouped_matmul_wgrad(const WgradArgs& args, const ExecContext& ctx);
 Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
 
 // Bytes of workspace each entry point needs on `device` for num_groups local groups
-// (0 on CPU).
-int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups);
+// (0 on CPU). On CUDA it also depends on the GPU (device_index, -1: the current device):
+// a compute capability 9.0 device adds the sm_90a kernels' workspace, which grows with
+// its SM count.
+int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int device_index = -1);
 
 // The expert layer's token ops and activation: see PermuteArgs, UnpermuteArgs,
 // UnpermuteBackwardArgs, ActivationArgs and ActivationBackwardArgs.

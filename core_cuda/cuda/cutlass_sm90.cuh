@@ -1,0 +1,188 @@
+// CUTLASS 3.x pointer-array grouped GEMM for sm_90a (TMA loads, WGMMA, a persistent
+// cooperative kernel; CUTLASS example 57) with the problem shapes only in device memory:
+// the setup kernel's int32 (m, n, k) array is the kernel's GroupProblemShape array, and
+// its int64 leading-dimension arrays are the kernel's stride arrays (each 3.x stride here
+// holds exactly one run-time int64, the leading dimension; checked below). No host copy
+// of the problems is passed (host_problem_shapes = nullptr), so the host never reads them.
+//
+// Deterministic: the default group tile scheduler (no stream-K, no split-K) gives each
+// output tile to one CTA, which runs its whole K loop. Groups with a 0 x 0 x 0 problem
+// have no tiles, so the scheduler skips them and no k = 0 problem reaches the mainloop.
+//
+// Only compiled for sm_90a (a separate object library in CMakeLists.txt).
+#pragma once
+
+#include <string>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "gemm_sm90.h"
+#include "sm90_strides.h"
+
+namespace groupgemm {
+namespace cuda {
+
+template <GemmLayout L>
+struct Sm90Layouts;
+template <>
+struct Sm90Layouts<GemmLayout::row_row> {
+  using A = cutlass::layout::RowMajor;
+  using B = cutlass::layout::RowMajor;
+};
+template <>
+struct Sm90Layouts<GemmLayout::row_col> {
+  using A = cutlass::layout::RowMajor;
+  using B = cutlass::layout::ColumnMajor;
+};
+template <>
+struct Sm90Layouts<GemmLayout::col_row> {
+  using A = cutlass::layout::ColumnMajor;
+  using B = cutlass::layout::RowMajor;
+};
+
+using Sm90ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+
+// The workspace's problem array is int32 (m, n, k) per group (workspace.h).
+static_assert(sizeof(Sm90ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t) &&
+                  alignof(Sm90ProblemShape::UnderlyingProblemShape) == alignof(int32_t),
+              "GroupProblemShape's per-group shape is not three packed int32");
+
+// A workspace ld array is an array of Stride when Stride is one int64 (the leading
+// dimension) in mode `ld_mode` (sm90_strides.h) plus compile-time 1 and 0 modes, which
+// take no storage.
+template <typename Stride, int ld_mode>
+constexpr bool is_one_ld_stride() {
+  using Ld = cute::remove_cvref_t<decltype(cute::get<ld_mode>(Stride{}))>;
+  using Unit = cute::remove_cvref_t<decltype(cute::get<1 - ld_mode>(Stride{}))>;
+  using Batch = cute::remove_cvref_t<decltype(cute::get<2>(Stride{}))>;
+  return sizeof(Stride) == sizeof(int64_t) && cute::is_same_v<Ld, int64_t> &&
+         cute::is_same_v<Unit, cute::Int<1>> && cute::is_same_v<Batch, cute::Int<0>>;
+}
+
+// A workspace pointer array (void*[G]) as the element pointer array CUTLASS takes.
+template <typename Ptr>
+Ptr* device_array(void** array) {
+  return static_cast<Ptr*>(static_cast<void*>(array));
+}
+
+template <typename In, typename Out, GemmLayout L>
+struct Sm90Gemm {
+  using Layouts = Sm90Layouts<L>;
+  static constexpr int kInAlignment = 128 / cutlass::sizeof_bits<In>::value;
+  static constexpr int kOutAlignment = 128 / cutlass::sizeof_bits<Out>::value;
+  // 128 x 128 output tiles, 64-deep K steps, two consumer warp groups per CTA; no
+  // clusters, so a group's tile count is never rounded up to a cluster multiple.
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+
+  // D = alpha * acc + beta * C with C of the output type (C = D when accumulating).
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Out, cutlass::layout::RowMajor*,
+      kOutAlignment, Out, cutlass::layout::RowMajor*, kOutAlignment, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<Out, float, Out, float>>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, typename Layouts::A*, kInAlignment, In,
+      typename Layouts::B*, kInAlignment, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Sm90ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideC = typename Kernel::InternalStrideC;
+  using StrideD = typename Kernel::InternalStrideD;
+  static_assert(is_one_ld_stride<StrideA, sm90_ld_mode(L, Sm90Operand::a)>() &&
+                    is_one_ld_stride<StrideB, sm90_ld_mode(L, Sm90Operand::b)>() &&
+                    is_one_ld_stride<StrideC, sm90_ld_mode(L, Sm90Operand::c)>() &&
+                    is_one_ld_stride<StrideD, sm90_ld_mode(L, Sm90Operand::d)>(),
+                "a CUTLASS 3.x stride is not the workspace's int64 leading dimension");
+
+  static typename Gemm::Arguments arguments(const Sm90Launch& s) {
+    const GroupedGemmLaunch& l = s.gemm;
+    cutlass::KernelHardwareInfo hw{s.device, s.sm_count};
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                  {l.num_groups,
+                                   reinterpret_cast<typename Sm90ProblemShape::UnderlyingProblemShape*>(
+                                       const_cast<int32_t*>(l.problems)),
+                                   nullptr},
+                                  {device_array<const In*>(l.ptr[0]), reinterpret_cast<StrideA*>(l.ld[0]),
+                                   device_array<const In*>(l.ptr[1]), reinterpret_cast<StrideB*>(l.ld[1])},
+                                  {{},
+                                   device_array<const Out*>(l.ptr[2]),
+                                   reinterpret_cast<StrideC*>(l.ld[2]),
+                                   device_array<Out*>(l.ptr[3]),
+                                   reinterpret_cast<StrideD*>(l.ld[3])},
+                                  hw};
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = l.beta;
+    return args;
+  }
+
+  static size_t workspace_bytes(int sm_count) {
+    Sm90Launch s{};
+    s.sm_count = sm_count;
+    s.gemm.num_groups = 1;
+    return Gemm::get_workspace_size(arguments(s));
+  }
+
+  static Status run(const Sm90Launch& s) {
+    const typename Gemm::Arguments args = arguments(s);
+    if (Gemm::get_workspace_size(args) > s.kernel_workspace_bytes)
+      return Status::Internal("the sm90 grouped GEMM needs more workspace than workspace_bytes gave");
+    Gemm gemm;
+    cutlass::Status st = Gemm::can_implement(args);
+    if (st == cutlass::Status::kSuccess) st = gemm.initialize(args, s.kernel_workspace, s.gemm.stream);
+    if (st == cutlass::Status::kSuccess) st = gemm.run(s.gemm.stream);
+    if (st != cutlass::Status::kSuccess)
+      return Status::Internal(std::string("CUTLASS sm90 grouped GEMM failed: ") +
+                              cutlass::cutlassGetStatusString(st));
+    return Status::Ok();
+  }
+};
+
+// Dispatches on the output dtype and the layout for one input type.
+template <typename In>
+Status run_sm90_for_input(const Sm90Launch& s) {
+  auto by_layout = [&](auto out_tag) {
+    using Out = decltype(out_tag);
+    switch (s.gemm.layout) {
+      case GemmLayout::row_row: return Sm90Gemm<In, Out, GemmLayout::row_row>::run(s);
+      case GemmLayout::row_col: return Sm90Gemm<In, Out, GemmLayout::row_col>::run(s);
+      case GemmLayout::col_row: return Sm90Gemm<In, Out, GemmLayout::col_row>::run(s);
+    }
+    return Status::Internal("unknown GEMM layout");
+  };
+  if (s.gemm.out_dtype == DType::f32) return by_layout(float{});
+  return by_layout(In{});
+}
+
+// The largest kernel workspace of the input type's instantiations.
+template <typename In>
+size_t sm90_workspace_bytes_for_input(int sm_count) {
+  size_t most = 0;
+  auto take = [&](size_t b) { most = b > most ? b : most; };
+  take(Sm90Gemm<In, In, GemmLayout::row_row>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, In, GemmLayout::row_col>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, In, GemmLayout::col_row>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, float, GemmLayout::row_row>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, float, GemmLayout::row_col>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, float, GemmLayout::col_row>::workspace_bytes(sm_count));
+  return most;
+}
+
+}  // namespace cuda
+}  // namespace groupgemm

@@ -1,0 +1,84 @@
+// Host side of the sm_90a grouped GEMM: which kernel family a call's device takes
+// (kernel_choice.h with the device's compute capability and GROUPGEMM_CUDA_KERNEL), how
+// much workspace the sm90 kernels need on a device, and the launch into that workspace.
+// Compiled for every target; the kernels themselves (gemm_sm90_*.cu) only for sm_90a,
+// and only when the build's architectures include 90a (GROUPGEMM_WITH_SM90).
+#include <cstdlib>
+
+#include "device_checks.h"
+#include "gemm_sm90.h"
+#include "kernel_choice.h"
+#include "workspace.h"
+
+namespace groupgemm {
+namespace cuda {
+
+#ifdef GROUPGEMM_WITH_SM90
+constexpr bool kSm90Built = true;
+#else
+constexpr bool kSm90Built = false;
+#endif
+
+Status query_device(int device, DeviceInfo* info) {
+  info->device = device;
+  if (cudaDeviceGetAttribute(&info->cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&info->cc_minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&info->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Internal("cannot query the CUDA device");
+  }
+  return Status::Ok();
+}
+
+Status choose_kernel(DeviceInfo* info, GemmKernel* kernel) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Internal("cannot query the CUDA device");
+  }
+  GG_RETURN_IF_ERROR(query_device(device, info));
+  const KernelChoice c =
+      choose_gemm_kernel(info->cc_major, info->cc_minor, std::getenv("GROUPGEMM_CUDA_KERNEL"), kSm90Built);
+  *kernel = c.kernel;
+  return c.status;
+}
+
+int64_t sm90_kernel_workspace_bytes(int device_index) {
+  if (!kSm90Built) return 0;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // no driver or no device: no call can run, nothing to size
+    return 0;
+  }
+  int device = device_index;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  DeviceInfo info{};
+  if (device >= count || !query_device(device, &info).ok() || !runs_sm90a(info.cc_major, info.cc_minor))
+    return 0;
+#ifdef GROUPGEMM_WITH_SM90
+  const size_t bf16 = sm90_workspace_bytes_bf16(info.sm_count), f16 = sm90_workspace_bytes_f16(info.sm_count);
+  return static_cast<int64_t>(bf16 > f16 ? bf16 : f16);
+#else
+  return 0;
+#endif
+}
+
+Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, const DeviceInfo& info, void* workspace,
+                         int64_t workspace_bytes) {
+#ifdef GROUPGEMM_WITH_SM90
+  const KernelWorkspace kw = kernel_workspace(workspace, workspace_bytes, launch.num_groups);
+  const Sm90Launch s{launch, info.device, info.sm_count, kw.data, static_cast<size_t>(kw.bytes)};
+  if (launch.in_dtype == DType::bf16) return grouped_gemm_sm90_bf16(s);
+  if (launch.in_dtype == DType::f16) return grouped_gemm_sm90_f16(s);
+  return Status::Internal("the sm90 grouped GEMM takes bfloat16 or float16 inputs");
+#else
+  (void)launch, (void)info, (void)workspace, (void)workspace_bytes;
+  return Status::Internal("this build has no sm_90a grouped GEMM");
+#endif
+}
+
+}  // namespace cuda
+}  // namespace groupgemm
