@@ -106,14 +106,70 @@ def _opcheck_samples():
     yield torch.ops.groupgemm.grouped_bias_grad, (torch.randn(6, 5), torch.tensor([0, 6, 0]), 3, None,
                                                   torch.float32)
     yield torch.ops.groupgemm.grouped_bias_grad, (torch.randn(0, 5), torch.tensor([0, 0]), 2, None, torch.float32)
+    # Only the required arguments: the schema's defaults fill the rest.
+    yield torch.ops.groupgemm.grouped_mm, (torch.randn(6, 4), torch.randn(3, 4, 5), torch.tensor([2, 0, 4]))
+    yield torch.ops.groupgemm.grouped_mm_wgrad, (torch.randn(6, 4), torch.randn(6, 5), torch.tensor([2, 0, 4]), 3)
+    yield torch.ops.groupgemm.grouped_bias_grad, (torch.randn(6, 5), torch.tensor([1, 0, 4, 1]), 2, torch.tensor(1))
+    yield torch.ops.groupgemm.permute, (torch.randn(4, 3), torch.tensor([[0, 2], [2, 2], [0, -1], [1, 0]]), 3)
+    yield torch.ops.groupgemm.unpermute, (torch.randn(8, 3), torch.tensor([[0, 5], [1, -1], [7, 2]],
+                                                                          dtype=torch.int32), torch.rand(3, 2))
+    yield torch.ops.groupgemm.activation, (torch.randn(5, 6), 0, 3)
+    yield torch.ops.groupgemm.activation, (torch.randn(5, 6), 1, 6)
 
 
-@pytest.mark.parametrize("index", range(8))
+# The samples whose floating-point operands get requires_grad, so opcheck checks their autograd.
+_DIFFERENTIABLE = {"grouped_mm", "grouped_mm_wgrad", "grouped_bias_grad", "permute", "unpermute", "activation"}
+
+
+@pytest.mark.parametrize("index", range(len(list(_opcheck_samples()))))
 def test_opcheck(index):
     op, args = list(_opcheck_samples())[index]
-    if op is torch.ops.groupgemm.grouped_mm:
-        args = (args[0].requires_grad_(), args[1].requires_grad_(), *args[2:])
+    if op._qualified_op_name.split("::")[1] in _DIFFERENTIABLE:
+        args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
     torch.library.opcheck(op, args)
+
+
+def _sizes():
+    return torch.tensor([2, 0, 4])
+
+
+# Each op's required arguments (from operands x [6, 4], w [3, 4, 5], d [6, 5], acc [3, 4, 5]),
+# and its optional arguments' defaults in schema order.
+_ROW_MAP = [[0, 5], [1, -1]]
+REQUIRED_ONLY = {
+    "grouped_mm": (lambda x, w, d, acc: (x, w, _sizes()), (None, None, False, None)),
+    "grouped_mm_wgrad": (lambda x, w, d, acc: (x, d, _sizes(), 3), (None, None)),
+    "grouped_mm_wgrad_accumulate": (lambda x, w, d, acc: (x, d, _sizes(), acc), (None,)),
+    "grouped_bias_grad": (lambda x, w, d, acc: (d, _sizes(), 3), (None, None)),
+    "permute": (lambda x, w, d, acc: (x, torch.tensor([[0], [2], [2], [1], [0], [2]]), 3), ()),
+    "unpermute": (lambda x, w, d, acc: (x, torch.tensor(_ROW_MAP, dtype=torch.int32)), (None,)),
+    "unpermute_backward": (lambda x, w, d, acc: (x[:2], x, torch.tensor(_ROW_MAP, dtype=torch.int32)), (None,)),
+    "activation": (lambda x, w, d, acc: (x, 0, 2), ()),
+    "activation_backward": (lambda x, w, d, acc: (x, x, 1), ()),
+}
+
+
+def _call(name, spell_out_defaults):
+    """The op's result (the updated buffer of the in-place op) on fixed operands."""
+    torch.manual_seed(0)
+    x, w, d, acc = torch.randn(6, 4), torch.randn(3, 4, 5), torch.randn(6, 5), torch.zeros(3, 4, 5)
+    required, defaults = REQUIRED_ONLY[name]
+    result = getattr(torch.ops.groupgemm, name)(*required(x, w, d, acc), *(defaults if spell_out_defaults else ()))
+    return (acc,) if result is None else result if isinstance(result, tuple) else (result,)
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_ONLY))
+def test_every_op_runs_with_only_its_required_arguments(name):
+    arguments = getattr(torch.ops.groupgemm, name).default._schema.arguments
+    optional = [a for a in arguments if str(a.type).endswith("?") or str(a.type) == "bool"]
+    assert all(a.has_default_value() for a in optional), [a.name for a in optional]
+    assert [a.default_value for a in arguments if a.has_default_value()] == list(REQUIRED_ONLY[name][1])
+    for short, spelled in zip(_call(name, False), _call(name, True)):
+        assert torch.equal(short, spelled)
+
+
+def test_every_groupgemm_op_is_in_the_required_arguments_table():
+    assert {name for name in dir(torch.ops.groupgemm) if not name.startswith("_")} - {"name"} == set(REQUIRED_ONLY)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

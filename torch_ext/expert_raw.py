@@ -2,13 +2,16 @@
 token permute / unpermute and the activation, and their autograd.
 
 Like raw.py's ops, each allocates its outputs with torch and hands every tensor to the
-core zero-copy; backward is built from the same ops and never reads indices on the
-host. The public functions check every argument first (expert.py).
+core zero-copy; derivatives, reverse and forward mode, are built from the same ops and
+never read indices on the host. The public functions check every argument first
+(expert.py).
 """
 
 import torch
 
+from groupgemm import _contract as contract
 from groupgemm import _core
+from groupgemm.torch_ext.op_library import define
 from groupgemm.torch_ext.raw import _capsule, _require, _stream
 
 Tensor = torch.Tensor
@@ -30,7 +33,7 @@ def _permute_outputs(tokens, expert_indices, num_experts, empty):
             empty((t, k), torch.int32))
 
 
-@torch.library.custom_op("groupgemm::permute", mutates_args=())
+@define("permute")
 def permute_op(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=tokens.device)
     permuted, group_sizes, row_map = _permute_outputs(tokens, expert_indices, num_experts, empty)
@@ -50,7 +53,7 @@ def _unpermute_checks(op, permuted, row_map, probs):
     _require(op, (permuted, 2, "permuted"), (row_map, 2, "row_map"), (probs, 2, "probs"))
 
 
-@torch.library.custom_op("groupgemm::unpermute", mutates_args=())
+@define("unpermute")
 def unpermute_op(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) -> Tensor:
     _unpermute_checks("unpermute", permuted, row_map, probs)
     out = torch.empty((row_map.shape[0], permuted.shape[1]), dtype=permuted.dtype, device=permuted.device)
@@ -69,7 +72,7 @@ def _dprobs_like(permuted, probs, empty):
     return empty((0,), permuted.dtype) if probs is None else empty(probs.shape, probs.dtype)
 
 
-@torch.library.custom_op("groupgemm::unpermute_backward", mutates_args=())
+@define("unpermute_backward")
 def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
                           probs: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(dpermuted, dprobs); dprobs has no elements without probs."""
@@ -88,7 +91,7 @@ def _(dout, permuted, row_map, probs=None):
         permuted, probs, lambda shape, dtype: permuted.new_empty(shape, dtype=dtype))
 
 
-@torch.library.custom_op("groupgemm::activation", mutates_args=())
+@define("activation")
 def activation_op(h: Tensor, kind: int, width: int) -> Tensor:
     _require("activation", (h, 2, "h"))
     out = torch.empty((h.shape[0], width), dtype=h.dtype, device=h.device)
@@ -102,7 +105,7 @@ def _(h, kind, width):
     return h.new_empty((h.shape[0], width))
 
 
-@torch.library.custom_op("groupgemm::activation_backward", mutates_args=())
+@define("activation_backward")
 def activation_backward_op(dout: Tensor, h: Tensor, kind: int) -> Tensor:
     _require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
     dh = torch.empty_like(h)
@@ -121,12 +124,19 @@ def _incoming(grad: Tensor, dtype: torch.dtype) -> Tensor:
     return grad.to(dtype).contiguous()
 
 
-# ---- autograd: each backward is another op -------------------------------------------
+# ---- derivatives: each is another op ------------------------------------------------
+# permute and unpermute are linear in tokens, permuted and probs, so their tangents are the
+# same ops applied to the tangents. The activation's tangent is J @ t; its backward gives
+# J^T @ dout, and J is diagonal for the elementwise activations. For swiglu
+# (out = silu(gate) * up) the backward of dout = t_gate gives t_gate * up * silu'(gate) in its
+# gate half, and of dout = t_up gives t_up * silu(gate) in its up half: their sum is J @ t.
 
 
 def _permute_setup(ctx, inputs, output):
+    tokens, expert_indices, num_experts = inputs
     ctx.save_for_backward(output[2])
-    ctx.tokens_dtype = inputs[0].dtype
+    ctx.save_for_forward(expert_indices)
+    ctx.tokens_dtype, ctx.num_experts = tokens.dtype, num_experts
 
 
 def _permute_backward(ctx, dpermuted, _dsizes, _drow_map):
@@ -135,12 +145,18 @@ def _permute_backward(ctx, dpermuted, _dsizes, _drow_map):
     return unpermute_op(_incoming(dpermuted, ctx.tokens_dtype), row_map, None), None, None
 
 
-permute_op.register_autograd(_permute_backward, setup_context=_permute_setup)
+def _permute_jvp(ctx, t_tokens, *_):
+    (expert_indices,) = ctx.saved_tensors
+    return permute_op(t_tokens.contiguous(), expert_indices, ctx.num_experts)[0], None, None
+
+
+permute_op.register_derivatives(_permute_backward, setup_context=_permute_setup, jvp=_permute_jvp)
 
 
 def _unpermute_setup(ctx, inputs, output):
     permuted, row_map, probs = inputs
     ctx.save_for_backward(permuted, row_map, probs)
+    ctx.save_for_forward(permuted, row_map, probs)
 
 
 def _unpermute_backward(ctx, dout):
@@ -149,13 +165,24 @@ def _unpermute_backward(ctx, dout):
     return dpermuted, None, None if probs is None else dprobs
 
 
-unpermute_op.register_autograd(_unpermute_backward, setup_context=_unpermute_setup)
+def _unpermute_jvp(ctx, t_permuted, _t_row_map, t_probs):
+    permuted, row_map, probs = ctx.saved_tensors
+    terms = []
+    if t_permuted is not None:
+        terms.append(unpermute_op(t_permuted.contiguous(), row_map, probs))
+    if t_probs is not None:
+        terms.append(unpermute_op(permuted, row_map, t_probs.contiguous()))
+    return sum(terms[1:], terms[0])
+
+
+unpermute_op.register_derivatives(_unpermute_backward, setup_context=_unpermute_setup, jvp=_unpermute_jvp)
 
 
 def _activation_setup(ctx, inputs, output):
     h, kind, _ = inputs
     ctx.save_for_backward(h)
-    ctx.kind = kind
+    ctx.save_for_forward(h)
+    ctx.kind, ctx.width = kind, output.shape[1]
 
 
 def _activation_backward(ctx, dout):
@@ -163,4 +190,14 @@ def _activation_backward(ctx, dout):
     return activation_backward_op(_incoming(dout, h.dtype), h, ctx.kind), None, None
 
 
-activation_op.register_autograd(_activation_backward, setup_context=_activation_setup)
+def _activation_jvp(ctx, t_h, *_):
+    (h,) = ctx.saved_tensors
+    t_h, f = t_h.contiguous(), ctx.width
+    if contract.ACTIVATIONS[ctx.kind] != "swiglu":  # elementwise
+        return activation_backward_op(t_h, h, ctx.kind)
+    gate_part = activation_backward_op(t_h[:, :f].contiguous(), h, ctx.kind)[:, :f]
+    up_part = activation_backward_op(t_h[:, f:].contiguous(), h, ctx.kind)[:, f:]
+    return gate_part + up_part
+
+
+activation_op.register_derivatives(_activation_backward, setup_context=_activation_setup, jvp=_activation_jvp)

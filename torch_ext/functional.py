@@ -1,11 +1,11 @@
 """groupgemm for PyTorch: the checked public functions (rules from groupgemm._contract),
-then the raw custom ops."""
+then the raw ops (importing this module registers their derivatives)."""
 
 
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import raw
+from groupgemm.torch_ext import derivatives, raw  # noqa: F401 - derivatives registers the ops' autograd
 
 Tensor = torch.Tensor
 NAMES = contract.TORCH_NAMES

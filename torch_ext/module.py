@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import expert, functional, raw
+from groupgemm.torch_ext import derivatives, expert, functional, raw
 
 
 class _MainGradGroupedLinear(torch.autograd.Function):
@@ -31,7 +31,7 @@ class _MainGradGroupedLinear(torch.autograd.Function):
         input, group_sizes = ctx.saved_tensors
         weight = ctx.weight
         grad = raw.incoming_grad(grad, input.dtype)
-        dinput, dbias = raw.input_and_bias_grads(ctx, grad, weight.contiguous(), group_sizes, None, input.dtype)
+        dinput, dbias = derivatives.input_and_bias_grads(ctx, grad, weight.contiguous(), group_sizes, None, input.dtype)
         main_grad = getattr(weight, "main_grad", None)
         if main_grad is None:
             raise RuntimeError("GroupedLinear(accumulate_into_main_grad=True): weight.main_grad is not set; "

@@ -1,12 +1,12 @@
-"""The raw calls of groupgemm for PyTorch: custom ops (namespace ``groupgemm``) and their
-autograd.
+"""The raw calls of groupgemm for PyTorch: the GEMM ops (namespace ``groupgemm``; their
+derivatives are in derivatives.py).
 
 Each op allocates its outputs with torch (so CUDA-graph memory pools work) and hands
 every tensor to the core zero-copy through groupgemm._core; the CUDA stream is the
-current torch stream. Backward is built from the same custom ops and never reads
-group sizes on the host. The public functions check every argument first
+current torch stream. The public functions check every argument first
 (functional.py); called directly, an op checks what it needs to run (ranks and
-contiguity here, dtypes, shapes and devices in the core).
+contiguity here, dtypes, shapes and devices in the core). Every optional argument has a
+schema default: ``torch.ops.groupgemm.grouped_mm(x, w, group_sizes)`` works.
 """
 
 
@@ -14,6 +14,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from groupgemm import _core
+from groupgemm.torch_ext.op_library import define
 
 Tensor = torch.Tensor
 
@@ -75,11 +76,13 @@ def _capsule(t: Tensor | None):
     return None if t is None else to_dlpack(t)
 
 
-@torch.library.custom_op("groupgemm::grouped_mm", mutates_args=())
-def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor | None,
-                  group_offset: Tensor | None, transpose_weight: bool, out_dtype: torch.dtype) -> Tensor:
+@define("grouped_mm")
+def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor | None = None,
+                  group_offset: Tensor | None = None, transpose_weight: bool = False,
+                  out_dtype: torch.dtype | None = None) -> Tensor:
+    """out_dtype None: the input dtype."""
     n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
-    out = torch.empty((input.shape[0], n), dtype=out_dtype, device=input.device)
+    out = torch.empty((input.shape[0], n), dtype=out_dtype or input.dtype, device=input.device)
     _core.grouped_matmul(*map(_capsule, (input, weight, group_sizes, out)), bias=_capsule(bias),
                          group_offset=_capsule(group_offset), transpose_rhs=transpose_weight,
                          workspace=_capsule(_workspace(input.device, weight.shape[0])),
@@ -88,16 +91,18 @@ def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tens
 
 
 @grouped_mm_op.register_fake
-def _(input, weight, group_sizes, bias, group_offset, transpose_weight, out_dtype):
+def _(input, weight, group_sizes, bias=None, group_offset=None, transpose_weight=False, out_dtype=None):
     n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
-    return input.new_empty((input.shape[0], n), dtype=out_dtype)
+    return input.new_empty((input.shape[0], n), dtype=out_dtype or input.dtype)
 
 
-@torch.library.custom_op("groupgemm::grouped_mm_wgrad", mutates_args=())
+@define("grouped_mm_wgrad")
 def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int,
-                        group_offset: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+                        group_offset: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """out_dtype None: the input dtype."""
     _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
-    out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype, device=input.device)
+    out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype or input.dtype,
+                      device=input.device)
     _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, out)),
                                group_offset=_capsule(group_offset), accumulate=False,
                                workspace=_capsule(_workspace(input.device, num_groups)),
@@ -106,14 +111,15 @@ def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_gr
 
 
 @grouped_mm_wgrad_op.register_fake
-def _(input, grad, group_sizes, num_groups, group_offset, out_dtype):
+def _(input, grad, group_sizes, num_groups, group_offset=None, out_dtype=None):
     _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
-    return input.new_empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype)
+    return input.new_empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype or input.dtype)
 
 
+# In place, so never differentiable: a torch.library.custom_op, which handles the mutation.
 @torch.library.custom_op("groupgemm::grouped_mm_wgrad_accumulate", mutates_args=("accumulate_into",))
 def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Tensor,
-                                   accumulate_into: Tensor, group_offset: Tensor | None) -> None:
+                                   accumulate_into: Tensor, group_offset: Tensor | None = None) -> None:
     _require_accumulate(input, grad, group_sizes, accumulate_into)
     _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, accumulate_into)),
                                group_offset=_capsule(group_offset), accumulate=True,
@@ -122,16 +128,17 @@ def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Ten
 
 
 @grouped_mm_wgrad_accumulate_op.register_fake
-def _(input, grad, group_sizes, accumulate_into, group_offset):
+def _(input, grad, group_sizes, accumulate_into, group_offset=None):
     _require_accumulate(input, grad, group_sizes, accumulate_into)
     return None
 
 
-@torch.library.custom_op("groupgemm::grouped_bias_grad", mutates_args=())
-def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int,
-                         group_offset: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+@define("grouped_bias_grad")
+def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int, group_offset: Tensor | None = None,
+                         out_dtype: torch.dtype | None = None) -> Tensor:
+    """out_dtype None: grad's dtype."""
     _require_bias_grad(grad, group_sizes, num_groups)
-    out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype, device=grad.device)
+    out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype or grad.dtype, device=grad.device)
     _core.grouped_bias_grad(*map(_capsule, (grad, group_sizes, out)), group_offset=_capsule(group_offset),
                             workspace=_capsule(_workspace(grad.device, num_groups)),
                             stream=_stream(grad.device))
@@ -139,42 +146,11 @@ def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int,
 
 
 @grouped_bias_grad_op.register_fake
-def _(grad, group_sizes, num_groups, group_offset, out_dtype):
+def _(grad, group_sizes, num_groups, group_offset=None, out_dtype=None):
     _require_bias_grad(grad, group_sizes, num_groups)
-    return grad.new_empty((num_groups, grad.shape[1]), dtype=out_dtype)
+    return grad.new_empty((num_groups, grad.shape[1]), dtype=out_dtype or grad.dtype)
 
 
 def incoming_grad(grad: Tensor, dtype: torch.dtype) -> Tensor:
     """Incoming gradients may be wider, stride-0 (``y.sum().backward()``) or strided."""
     return grad.to(dtype).contiguous()
-
-
-def input_and_bias_grads(ctx, grad, weight, group_sizes, group_offset, dtype):
-    """dinput and dbias of a grouped_mm, shared by the plain and the main_grad autograd."""
-    dinput = dbias = None
-    if ctx.needs_input_grad[0]:
-        dinput = grouped_mm_op(grad, weight, group_sizes, None, group_offset, not ctx.transpose_weight, dtype)
-    if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
-        dbias = grouped_bias_grad_op(grad, group_sizes, weight.shape[0], group_offset, ctx.bias_dtype)
-    return dinput, dbias
-
-
-def _setup_context(ctx, inputs, output):
-    input, weight, group_sizes, bias, group_offset, transpose_weight, _ = inputs
-    ctx.save_for_backward(input, weight, group_sizes, group_offset)
-    ctx.transpose_weight = transpose_weight
-    ctx.bias_dtype = None if bias is None else bias.dtype
-
-
-def _backward(ctx, grad):
-    input, weight, group_sizes, group_offset = ctx.saved_tensors
-    grad = incoming_grad(grad, input.dtype)
-    dinput, dbias = input_and_bias_grads(ctx, grad, weight, group_sizes, group_offset, input.dtype)
-    dweight = None
-    if ctx.needs_input_grad[1]:
-        a, b = (grad, input) if ctx.transpose_weight else (input, grad)  # weight [G,N,K] or [G,K,N]
-        dweight = grouped_mm_wgrad_op(a, b, group_sizes, weight.shape[0], group_offset, weight.dtype)
-    return dinput, dweight, None, dbias, None, None, None
-
-
-grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
