@@ -30,6 +30,7 @@ setup() {
   if command -v nvcc >/dev/null; then
     # CUTLASS headers only: the wheel's Python dependencies are not needed to build.
     pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
+    pip install -q "nvidia-cuda-cuobjdump==13.5.37" "nvidia-cuda-nvdisasm==13.5.37"  # tests/test_cuda_sass.py
   fi
   local started=$SECONDS
   # A kept build folder makes rebuilds incremental (about 2 s); pip install . without it

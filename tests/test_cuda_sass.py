@@ -1,0 +1,91 @@
+"""Static evidence about the CUDA GEMM kernels, from the extension's sm_90a cubin: the
+CUTLASS 3.x grouped GEMMs run on WGMMA (HGMMA instructions), the CUTLASS 2.x ones on
+tensor-core MMA (HMMA), and no kernel spills registers to local memory (STL/LDL).
+No GPU is needed: cuobjdump (the nvidia-cuda-cuobjdump wheel, with nvdisasm from
+nvidia-cuda-nvdisasm; ./dev.sh setup installs both) disassembles the shipped code."""
+
+import functools
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import groupgemm
+from groupgemm import _core
+
+pytestmark = pytest.mark.skipif(not groupgemm.cuda_compiled(), reason="built without nvcc: no device code")
+
+TOOLS = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (./dev.sh setup does)"
+
+
+def wheel_tool(dist, name):
+    """The executable `name` from the installed wheel `dist`, else from PATH or the toolkit."""
+    try:
+        for f in importlib.metadata.distribution(dist).files or ():
+            if str(f).endswith("bin/" + name):
+                return os.path.realpath(importlib.metadata.distribution(dist).locate_file(f))
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return shutil.which(name) or shutil.which(name, path="/usr/local/cuda/bin")
+
+
+@functools.cache
+def sm90a_kernels():
+    """{mangled kernel name: SASS text} of the extension's sm_90a cubin."""
+    cuobjdump = wheel_tool("nvidia-cuda-cuobjdump", "cuobjdump")
+    nvdisasm = wheel_tool("nvidia-cuda-nvdisasm", "nvdisasm")
+    assert cuobjdump and nvdisasm, "cuobjdump and nvdisasm are needed: " + TOOLS
+    env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", _core.__file__], env=env, check=True,
+                          capture_output=True, text=True).stdout
+    parts = re.split(r"^\s*Function : (\S+)\s*$", sass, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def instructions(sass, opcode):
+    return re.findall(rf"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?{opcode}\b", sass, flags=re.M)
+
+
+# CUTLASS 3.x pointer-array grouped GEMM (cutlass_sm90.cuh): GemmUniversal over a
+# GroupProblemShape with the Hopper TMA + GMMA mainloop.
+def is_sm90_gemm(name):
+    return "GroupProblemShape" in name and "MainloopSm90ArrayTmaGmmaWarpSpecialized" in name
+
+
+# CUTLASS 2.x GemmGrouped (cutlass_grouped.cuh); its 16-bit instances use tensor-core MMA,
+# its float32 instance (exact fp32, no TF32) CUDA-core FMA.
+def is_sm80_gemm(name):
+    return "GemmGrouped" in name
+
+
+def is_16bit(name):
+    return "bfloat16_t" in name or "6half_t" in name
+
+
+def test_sm90a_cubin_holds_the_gemm_kernels():
+    names = list(sm90a_kernels())
+    # bfloat16 and float16 inputs x (same-dtype, float32) outputs x three layouts.
+    assert sum(map(is_sm90_gemm, names)) == 12, names
+    assert sum(is_sm80_gemm(n) and is_16bit(n) for n in names) == 12, names
+
+
+def test_sm90_gemm_kernels_use_wgmma():
+    kernels = {n: s for n, s in sm90a_kernels().items() if is_sm90_gemm(n)}
+    assert kernels
+    assert {n: len(instructions(s, "HGMMA")) for n, s in kernels.items() if not instructions(s, "HGMMA")} == {}
+
+
+def test_sm80_gemm_kernels_use_tensor_core_mma():
+    kernels = {n: s for n, s in sm90a_kernels().items() if is_sm80_gemm(n) and is_16bit(n)}
+    assert kernels
+    assert [n for n, s in kernels.items() if not instructions(s, "HMMA")] == []
+    assert [n for n, s in kernels.items() if instructions(s, "HGMMA")] == []
+
+
+def test_no_kernel_spills_to_local_memory():
+    kernels = sm90a_kernels()
+    spills = {n: len(instructions(s, "STL") + instructions(s, "LDL")) for n, s in kernels.items()}
+    assert any(map(is_sm90_gemm, kernels)) and {n: c for n, c in spills.items() if c} == {}
