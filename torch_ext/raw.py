@@ -27,7 +27,10 @@ def _workspace(device: torch.device, num_groups: int) -> Tensor | None:
     """Scratch for the CUDA backend's per-group setup, allocated by torch like any output."""
     if device.type != "cuda":
         return None
-    return torch.empty(_core.workspace_bytes(_core.Device.cuda, num_groups), dtype=torch.uint8, device=device)
+    # Its size depends on the device (the sm_90a kernels' scheduler scratch scales with the SM count).
+    index = -1 if device.index is None else device.index
+    nbytes = _core.workspace_bytes(_core.Device.cuda, num_groups, device_index=index)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _require(op: str, *tensors) -> None:
