@@ -49,6 +49,20 @@ GPU_IDS = [c.name for c in GPU_CASES]
 each_variant = pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 
 
+def _hopper():
+    return TORCH_CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(params=["sm80", "sm90"])
+def gemm_kernel(request, monkeypatch):
+    """Each GEMM test runs on both kernel families: CUTLASS 2.x (every GPU) and the sm_90a
+    CUTLASS 3.x kernels (Hopper only), chosen per call by GROUPGEMM_CUDA_KERNEL."""
+    if request.param == "sm90" and not _hopper():
+        pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
+    monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", request.param)
+    return request.param
+
+
 ON_CUDA = {"jax": (jax_frontend, JAX_GPU), "torch": (torch_frontend, TORCH_CUDA)}
 
 
@@ -56,7 +70,7 @@ ON_CUDA = {"jax": (jax_frontend, JAX_GPU), "torch": (torch_frontend, TORCH_CUDA)
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
 @pytest.mark.parametrize("name", list(ON_CUDA))
-def test_cuda_matches_cpu_backend_and_keeps_exact_zeros(name, case, dtype, variant):
+def test_cuda_matches_cpu_backend_and_keeps_exact_zeros(name, case, dtype, variant, gemm_kernel):
     frontend, available = ON_CUDA[name]
     if not available:
         pytest.skip(f"needs a CUDA GPU, {name} with CUDA and a CUDA build")
@@ -73,7 +87,7 @@ def test_cuda_matches_cpu_backend_and_keeps_exact_zeros(name, case, dtype, varia
 
 @needs_torch_cuda
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
-def test_torch_cuda_wgrad_accumulates_and_leaves_empty_groups_bitwise(case):
+def test_torch_cuda_wgrad_accumulates_and_leaves_empty_groups_bitwise(case, gemm_kernel):
     x = inputs(case)
     lhs, dout = (torch.tensor(x[k], dtype=torch.bfloat16, device="cuda") for k in ("lhs", "dout"))
     sizes = torch.tensor(x["group_sizes"], device="cuda")
@@ -93,7 +107,7 @@ def test_torch_cuda_wgrad_accumulates_and_leaves_empty_groups_bitwise(case):
 @each_variant
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
-def test_cuda_jax_and_torch_are_bitwise_identical(case, dtype, variant):
+def test_cuda_jax_and_torch_are_bitwise_identical(case, dtype, variant, gemm_kernel):
     jax_results = jax_frontend.forward_backward(case, dtype, *variant, "cuda")
     torch_results = torch_frontend.forward_backward(case, dtype, *variant, "cuda")
     for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), jax_results, torch_results):
@@ -121,7 +135,7 @@ def test_jax_jit_with_traced_group_sizes_compiles_once():
 
 
 @needs_torch_cuda
-def test_torch_cuda_graph_replays_with_changing_group_sizes():
+def test_torch_cuda_graph_replays_with_changing_group_sizes(gemm_kernel):
     torch.manual_seed(0)
     layer = gt.GroupedLinear(4, 64, 32, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -240,8 +254,8 @@ MLP_VARIANTS = [("swiglu", False), ("swiglu", True), ("gelu", False), ("relu", T
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case, sizes, m", MLP_CASES, ids=[c[0] for c in MLP_CASES])
 @pytest.mark.parametrize("name", list(ON_CUDA))
-def test_cuda_grouped_mlp_matches_cpu_backend_and_keeps_exact_zeros(name, case, sizes, m, dtype, activation,
-                                                                   with_bias):
+def test_cuda_grouped_mlp_matches_cpu_backend_and_keeps_exact_zeros(gemm_kernel, name, case, sizes, m, dtype,
+                                                                   activation, with_bias):
     frontend = _frontend_on_cuda(name)
     rng = np.random.default_rng(3)
     e, h, f = len(sizes), 8, 6
