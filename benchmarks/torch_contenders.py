@@ -5,6 +5,8 @@ input and weight gradients with a fixed incoming gradient. On CUDA every call en
 torch.cuda.synchronize(), so the time is the device's, not the launch's.
 """
 
+import os
+
 import numpy as np
 import torch
 from contenders import DENSE, GROUPGEMM, PER_EXPERT_LOOP, Contender
@@ -33,6 +35,23 @@ _MATMULS = {
     PER_EXPERT_LOOP: per_expert_loop,
     DENSE: lambda x, w, group_sizes: x @ w,
 }
+
+
+GROUPGEMM_SM90 = "groupgemm (sm_90a kernels)"
+
+
+def _grouped_mm_on_sm90_kernels(x, w, group_sizes):
+    """groupgemm with its CUTLASS 3.x (TMA + WGMMA) kernels, which Hopper runs only when
+    asked (GROUPGEMM_CUDA_KERNEL=sm90) until they have passed the GPU suite there."""
+    before = os.environ.get("GROUPGEMM_CUDA_KERNEL")
+    os.environ["GROUPGEMM_CUDA_KERNEL"] = "sm90"
+    try:
+        return grouped_mm(x, w, group_sizes)
+    finally:
+        if before is None:
+            del os.environ["GROUPGEMM_CUDA_KERNEL"]
+        else:
+            os.environ["GROUPGEMM_CUDA_KERNEL"] = before
 
 
 def _waiter(device):
@@ -80,7 +99,10 @@ def contenders(problem, device_name):
         return Contender(name=name, forward=forward, forward_backward=forward_backward,
                          peak_bytes=lambda: _peak_bytes(device, forward_backward), checked=name != DENSE)
 
-    return {name: (lambda name=name, matmul=matmul: build(name, matmul)) for name, matmul in _MATMULS.items()}
+    matmuls = dict(_MATMULS)
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
+        matmuls[GROUPGEMM_SM90] = _grouped_mm_on_sm90_kernels
+    return {name: (lambda name=name, matmul=matmul: build(name, matmul)) for name, matmul in matmuls.items()}
 
 
 def to_numpy(x):
