@@ -6,7 +6,6 @@ export); bad input raising an exception that names the argument; a CUDA call wit
 device failing clearly.
 """
 
-import ctypes
 import math
 
 import numpy as np
@@ -393,26 +392,7 @@ def test_ffi_handlers_registered_for_both_platforms():
 
 # ---- a CUDA call without a usable device -------------------------------------------------
 
-ctypes.pythonapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
-ctypes.pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-DL_CUDA = 2
-
-
-class ClaimsCuda:
-    """A host array whose DLPack capsule says CUDA device 0: the core must refuse it before
-    any device access when no device exists."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack_device__(self):
-        return (DL_CUDA, 0)
-
-    def __dlpack__(self, **kwargs):
-        capsule = self.array.__dlpack__()
-        tensor = ctypes.pythonapi.PyCapsule_GetPointer(capsule, b"dltensor")
-        ctypes.c_int32.from_address(tensor + 8).value = DL_CUDA  # DLTensor.device.device_type
-        return capsule
+from claims_cuda import ClaimsCuda  # noqa: E402
 
 
 def test_cuda_calls_without_a_device_raise_clearly():

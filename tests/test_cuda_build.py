@@ -3,7 +3,6 @@ target architecture, no host-synchronising call in the core's sources (a lint: i
 our code, not CUTLASS's, and the GPU tests' CUDA-graph capture is the runtime check),
 and a clear error (never a crash) when a CUDA call meets a machine without a device."""
 
-import ctypes
 import pathlib
 import re
 import struct
@@ -102,26 +101,7 @@ def test_core_has_no_host_synchronising_call():
 
 # ---- a CUDA call without a usable device ----------------------------------------------
 
-ctypes.pythonapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
-ctypes.pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-DL_CUDA = 2
-
-
-class ClaimsCuda:
-    """A host array whose DLPack capsule says CUDA device 0. The core must refuse it
-    before any device access when no device exists (the test skips where one does)."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack_device__(self):
-        return (DL_CUDA, 0)
-
-    def __dlpack__(self, **kwargs):
-        capsule = self.array.__dlpack__()
-        tensor = ctypes.pythonapi.PyCapsule_GetPointer(capsule, b"dltensor")
-        ctypes.c_int32.from_address(tensor + 8).value = DL_CUDA  # DLTensor.device.device_type
-        return capsule
+from claims_cuda import ClaimsCuda  # noqa: E402
 
 
 def test_cuda_call_without_a_device_raises_clearly():
