@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from cases import round_to
+from claims_cuda import ClaimsCuda
 from reference import assert_close
 
 import groupgemm._core as core
@@ -392,7 +393,6 @@ def test_ffi_handlers_registered_for_both_platforms():
 
 # ---- a CUDA call without a usable device -------------------------------------------------
 
-from claims_cuda import ClaimsCuda  # noqa: E402
 
 
 def test_cuda_calls_without_a_device_raise_clearly():

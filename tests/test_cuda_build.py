@@ -9,6 +9,7 @@ import struct
 
 import numpy as np
 import pytest
+from claims_cuda import ClaimsCuda
 
 import groupgemm
 from groupgemm import _core
@@ -101,7 +102,6 @@ def test_core_has_no_host_synchronising_call():
 
 # ---- a CUDA call without a usable device ----------------------------------------------
 
-from claims_cuda import ClaimsCuda  # noqa: E402
 
 
 def test_cuda_call_without_a_device_raises_clearly():
