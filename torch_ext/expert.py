@@ -5,7 +5,7 @@ import torch
 
 from groupgemm import _contract as contract
 from groupgemm.torch_ext import expert_raw
-from groupgemm.torch_ext.functional import index_tensor, same_device, shape_and_dtype
+from groupgemm.torch_ext.arguments import index_tensor, same_device, shape_and_dtype
 
 Tensor = torch.Tensor
 

@@ -6,53 +6,10 @@ import torch
 
 from groupgemm import _contract as contract
 from groupgemm.torch_ext import derivatives, raw  # noqa: F401 - derivatives registers the ops' autograd
+from groupgemm.torch_ext import offs as offs_convention
+from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_operands, same_device, shape_and_dtype
 
 Tensor = torch.Tensor
-NAMES = contract.TORCH_NAMES
-_INT64_MAX = torch.iinfo(torch.int64).max
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def shape_and_dtype(t, name, fn):
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    return tuple(t.shape), dtype_name(t.dtype)
-
-
-def same_device(t, name, device, fn):
-    contract.check_device(str(t.device), str(device), name, fn)
-
-
-def index_tensor(t: Tensor) -> Tensor:
-    """An integer operand as the int32/int64 tensor the core reads, its value kept."""
-    conversion = contract.index_conversion(dtype_name(t.dtype))
-    if conversion is None:
-        return t.contiguous()
-    target, saturate = conversion
-    if saturate and t.dtype == torch.uint64:  # torch has no uint64 comparison: read the bits
-        as_int64 = t.contiguous().view(torch.int64)
-        return torch.where(as_int64 < 0, _INT64_MAX, as_int64)
-    return t.to(getattr(torch, target)).contiguous()
-
-
-def index_operands(group_sizes, group_offset, num_groups: int, device, fn: str):
-    """Checked group_sizes / group_offset as the core's operands (group_offset may be None)."""
-    if not isinstance(group_sizes, Tensor):
-        raise TypeError(f"{fn}: group_sizes must be a 1-D integer tensor, got {type(group_sizes).__name__}")
-    contract.check_group_sizes(tuple(group_sizes.shape), dtype_name(group_sizes.dtype), num_groups,
-                               group_offset is not None, fn)
-    same_device(group_sizes, "group_sizes", device, fn)
-    if group_offset is None:
-        return index_tensor(group_sizes), None
-    if not isinstance(group_offset, Tensor):  # a Python or NumPy scalar
-        group_offset = torch.tensor(contract.static_group_offset(group_offset, num_groups, group_sizes.shape[0],
-                                                                 fn), device=device)
-    contract.check_group_offset_array(tuple(group_offset.shape), dtype_name(group_offset.dtype), fn)
-    same_device(group_offset, "group_offset", device, fn)
-    return index_tensor(group_sizes), index_tensor(group_offset.reshape(())).to(torch.int64)
 
 
 def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_offset, out_dtype,
@@ -69,8 +26,8 @@ def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_o
     return group_sizes, group_offset, getattr(torch, out)
 
 
-def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor | None = None, *,
-               transpose_weight: bool = False, group_offset=None, out_dtype=None) -> Tensor:
+def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor | None = None, bias: Tensor | None = None, *,
+               transpose_weight: bool = False, group_offset=None, out_dtype=None, offs: Tensor | None = None) -> Tensor:
     """``out[r] = input[r] @ weight[g] (+ bias[g])`` for the rows r of each group g.
 
     ``weight`` is ``[G, K, N]``, or ``[G, N, K]`` with ``transpose_weight=True`` (the
@@ -78,8 +35,21 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor 
     (``[G_total]`` with ``group_offset``, an int or one-element tensor selecting the
     window of global groups that ``weight`` holds). Negative sizes count as 0, rows past
     ``M`` are clipped, rows owned by no local group are exactly 0. Differentiable in
-    ``input``, ``weight`` and ``bias``; empty groups get exact-zero gradients.
+    ``input``, ``weight`` and ``bias``, in reverse and forward mode (torch.func's
+    transforms too); empty groups get exact-zero gradients.
+
+    ``offs`` instead of ``group_sizes`` takes torch._grouped_mm's convention: cumulative
+    group ends (int32, 1-D, on input's device), group g owning rows ``[offs[g-1], offs[g])``.
+    With a 2-D ``weight [K, N]`` the groups split the contraction instead:
+    ``out[g] = input[:, K_g] @ weight[K_g, :]``, ``[G, M, N]`` (offs.py).
     """
+    fn = "grouped_mm"
+    contract.sizes_or_ends(fn, group_sizes is not None, offs is not None)
+    if offs is not None:
+        if isinstance(weight, Tensor) and weight.dim() == 2:
+            return offs_convention.ragged_contraction(input, weight, offs, bias=bias, transpose_weight=transpose_weight,
+                                                      group_offset=group_offset, out_dtype=out_dtype, fn=fn)
+        group_sizes = offs_convention.row_group_sizes(input, weight, offs, group_offset is not None, fn)
     group_sizes, group_offset, out_dtype = check_grouped_mm(
         input, weight, group_sizes, bias, transpose_weight, group_offset, out_dtype)
     return raw.grouped_mm_op(input.contiguous(), weight.contiguous(), group_sizes,

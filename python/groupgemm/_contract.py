@@ -281,3 +281,50 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose):
     want = (in_shape[0], x_shape[-1], f) if transpose else (in_shape[0], f, x_shape[-1])
     check_shape(out_shape, want, "w_out", fn)
     return f
+
+
+# ---- torch._grouped_mm's offs= convention (cumulative group ends) -------------------
+
+
+def sizes_or_ends(fn, has_sizes, has_ends):
+    """Exactly one of group_sizes and offs describes the groups."""
+    if has_sizes and has_ends:
+        raise TypeError(f"{fn}: pass group_sizes or offs (cumulative group ends), not both")
+    if not has_sizes and not has_ends:
+        raise TypeError(f"{fn}: group_sizes (or offs, the cumulative group ends) is required")
+
+
+def group_ends(fn, shape, dtype, num_groups=None, has_offset=False):
+    """Checks offs: 1-D integers, one cumulative end per group (``num_groups`` of them,
+    or at least that many with a group_offset window; None: any number)."""
+    if len(shape) != 1:
+        raise ValueError(f"{fn}: offs must be 1-D (cumulative group ends), got shape {tuple(shape)}")
+    check_index_dtype(dtype, "offs", fn)
+    if num_groups is None:
+        return
+    if not has_offset and shape[0] != num_groups:
+        raise ValueError(f"{fn}: offs has {shape[0]} entries but there are {num_groups} groups; "
+                         "pass group_offset to select a window")
+    if has_offset and shape[0] < num_groups:
+        raise ValueError(f"{fn}: offs has {shape[0]} entries, fewer than the {num_groups} local groups")
+
+
+def ragged_contraction(fn, names, lhs, rhs, out_dtype=None, *, bias=False, transpose=False, has_offset=False):
+    """Checks ``lhs [M, K] @ rhs [K, N]`` with K split into groups by offs (torch._grouped_mm's
+    2d x 2d form: ``out[g] = lhs[:, K_g] @ rhs[K_g, :]``, ``[G, M, N]``); returns the output
+    dtype name. ``bias``, ``transpose`` and ``has_offset`` say whether those were passed:
+    none applies to this form."""
+    (lhs_shape, lhs_dtype), (rhs_shape, rhs_dtype) = lhs, rhs
+    check_float(lhs_dtype, names["lhs"], fn)
+    check_float(rhs_dtype, names["rhs"], fn)
+    check_rank(lhs_shape, 2, names["lhs"], "[M, K]", fn)
+    check_rank(rhs_shape, 2, names["rhs"], "[K, N] (the 2d x 2d form of offs)", fn)
+    check_same_dtype(rhs_dtype, lhs_dtype, names["rhs"], names["lhs"], fn)
+    if rhs_shape[0] != lhs_shape[1]:
+        raise ValueError(f"{fn}: {names['rhs']} shape {tuple(rhs_shape)} does not contract with "
+                         f"{names['lhs']} shape {tuple(lhs_shape)} (the 2d x 2d form of offs)")
+    for passed, name in ((bias, "bias"), (transpose, names["transpose"]), (has_offset, "group_offset")):
+        if passed:
+            raise ValueError(f"{fn}: {name} does not apply to the 2d x 2d form of offs "
+                             f"({names['rhs']} [K, N], groups along K)")
+    return output_dtype(lhs_dtype, out_dtype, fn, names["out_dtype"])

@@ -1,0 +1,53 @@
+"""Torch arguments in the terms of groupgemm._contract: shapes and dtype names, devices,
+and the integer operands (group sizes, offsets) as the tensors the core reads."""
+
+import torch
+
+from groupgemm import _contract as contract
+
+Tensor = torch.Tensor
+NAMES = contract.TORCH_NAMES
+_INT64_MAX = torch.iinfo(torch.int64).max
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def shape_and_dtype(t, name, fn):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    return tuple(t.shape), dtype_name(t.dtype)
+
+
+def same_device(t, name, device, fn):
+    contract.check_device(str(t.device), str(device), name, fn)
+
+
+def index_tensor(t: Tensor) -> Tensor:
+    """An integer operand as the int32/int64 tensor the core reads, its value kept."""
+    conversion = contract.index_conversion(dtype_name(t.dtype))
+    if conversion is None:
+        return t.contiguous()
+    target, saturate = conversion
+    if saturate and t.dtype == torch.uint64:  # torch has no uint64 comparison: read the bits
+        as_int64 = t.contiguous().view(torch.int64)
+        return torch.where(as_int64 < 0, _INT64_MAX, as_int64)
+    return t.to(getattr(torch, target)).contiguous()
+
+
+def index_operands(group_sizes, group_offset, num_groups: int, device, fn: str):
+    """Checked group_sizes / group_offset as the core's operands (group_offset may be None)."""
+    if not isinstance(group_sizes, Tensor):
+        raise TypeError(f"{fn}: group_sizes must be a 1-D integer tensor, got {type(group_sizes).__name__}")
+    contract.check_group_sizes(tuple(group_sizes.shape), dtype_name(group_sizes.dtype), num_groups,
+                               group_offset is not None, fn)
+    same_device(group_sizes, "group_sizes", device, fn)
+    if group_offset is None:
+        return index_tensor(group_sizes), None
+    if not isinstance(group_offset, Tensor):  # a Python or NumPy scalar
+        group_offset = torch.tensor(contract.static_group_offset(group_offset, num_groups, group_sizes.shape[0],
+                                                                 fn), device=device)
+    contract.check_group_offset_array(tuple(group_offset.shape), dtype_name(group_offset.dtype), fn)
+    same_device(group_offset, "group_offset", device, fn)
+    return index_tensor(group_sizes), index_tensor(group_offset.reshape(())).to(torch.int64)

@@ -1,0 +1,53 @@
+"""torch._grouped_mm's ``offs=`` convention, for grouped_mm (torchtitan calls
+``torch._grouped_mm(A, B, offs=offs)``): ``offs`` holds the cumulative ends of the groups
+along the ragged dimension, group g owning ``[offs[g-1], offs[g])`` (with ``offs[-1]`` read
+as 0 for g = 0).
+
+- 2d x 3d, ``A [M, K] @ B [G, K, N] -> [M, N]``: the rows are ragged, a grouped_mm with
+  group sizes ``diff(offs)``; rows past ``offs[-1]`` are exact zeros.
+- 2d x 2d, ``A [M, K] @ B [K, N] -> [G, M, N]``: the contraction is ragged,
+  ``out[g] = A[:, K_g] @ B[K_g, :] = (A^T)_g^T @ B_g``, the weight-gradient product of
+  ``A^T`` and ``B``; the contraction past ``offs[-1]`` adds nothing and its gradients are
+  exact zeros.
+
+The sizes are computed from offs on its device, with no host read. A decreasing offs gives
+negative differences, which count as 0 like any negative group size.
+"""
+
+import torch
+
+from groupgemm import _contract as contract
+from groupgemm.torch_ext import raw
+from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_tensor, same_device, shape_and_dtype
+
+Tensor = torch.Tensor
+
+
+def group_sizes(offs, num_groups, has_offset: bool, device, fn: str) -> Tensor:
+    """The group sizes ``diff([0, *offs])`` of checked cumulative ends, on offs's device."""
+    if not isinstance(offs, Tensor):
+        raise TypeError(f"{fn}: offs must be a 1-D integer tensor, got {type(offs).__name__}")
+    contract.group_ends(fn, tuple(offs.shape), dtype_name(offs.dtype), num_groups, has_offset)
+    same_device(offs, "offs", device, fn)
+    ends = index_tensor(offs)
+    return torch.diff(ends, prepend=ends.new_zeros(1))
+
+
+def row_group_sizes(input: Tensor, weight, offs, has_offset: bool, fn: str) -> Tensor:
+    """The 2d x 3d form: the sizes of the row groups, one per expert of ``weight``."""
+    shape_and_dtype(input, NAMES["lhs"], fn)  # a tensor, whose device offs must share
+    num_groups = weight.shape[0] if isinstance(weight, Tensor) and weight.dim() == 3 else None
+    return group_sizes(offs, num_groups, has_offset, input.device, fn)
+
+
+def ragged_contraction(input: Tensor, weight: Tensor, offs, *, bias, transpose_weight, group_offset, out_dtype,
+                       fn: str) -> Tensor:
+    """The 2d x 2d form: ``[G, M, N]`` with ``out[g] = input[:, K_g] @ weight[K_g, :]``."""
+    out = contract.ragged_contraction(
+        fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(weight, NAMES["rhs"], fn),
+        None if out_dtype is None else dtype_name(out_dtype), bias=bias is not None, transpose=bool(transpose_weight),
+        has_offset=group_offset is not None)
+    same_device(weight, NAMES["rhs"], input.device, fn)
+    sizes = group_sizes(offs, None, False, input.device, fn)
+    return raw.grouped_mm_wgrad_op(input.t().contiguous(), weight.contiguous(), sizes, sizes.shape[0], None,
+                                   getattr(torch, out))
