@@ -1,6 +1,6 @@
-"""What only groupgemm.torch has: GroupedLinear, Megatron's main_grad contract, the raw
-custom ops (opcheck, their own input checks), thread safety. No jax here; the shared
-bodies are in test_frontends.py."""
+"""What only groupgemm.torch has: GroupedLinear, the raw ops (opcheck, schema defaults,
+their own input checks), thread safety. No jax here; the shared bodies are in
+test_frontends.py, Megatron's main_grad contract is in test_torch_main_grad.py."""
 
 import threading
 
@@ -62,31 +62,6 @@ def test_non_contiguous_incoming_gradients_are_handled():
     dy = torch.zeros(6, 8)
     dy[:, ::2] = 1
     torch.testing.assert_close(x.grad, torch.cat([dy[:3] @ w[0].T, dy[3:] @ w[1].T]).detach())
-
-
-def test_main_grad_accumulation_follows_megatron_contract():
-    torch.manual_seed(0)
-    layer = GroupedLinear(3, 8, 4, dtype=torch.bfloat16, accumulate_into_main_grad=True)
-    reference = GroupedLinear(3, 8, 4, dtype=torch.bfloat16)
-    reference.load_state_dict(layer.state_dict())
-    layer.weight.main_grad = torch.randn(3, 4, 8)
-    before = layer.weight.main_grad.clone()
-    layer.weight.grad_added_to_main_grad = False
-    x = torch.randn(7, 8, dtype=torch.bfloat16)
-    sizes = torch.tensor([3, 0, 4])
-    layer(x, sizes).float().square().sum().backward()
-    reference(x, sizes).float().square().sum().backward()
-    assert layer.weight.grad_added_to_main_grad is True
-    assert layer.weight.grad.shape == layer.weight.shape and (layer.weight.grad == 0).all()
-    torch.testing.assert_close(layer.weight.main_grad - before, reference.weight.grad.float(), rtol=2e-2, atol=2e-2)
-    assert torch.equal(layer.weight.main_grad[1].view(torch.int32), before[1].view(torch.int32))
-    torch.testing.assert_close(layer.bias.grad, reference.bias.grad)
-
-
-def test_main_grad_mode_without_main_grad_raises():
-    layer = GroupedLinear(2, 4, 4, accumulate_into_main_grad=True)
-    with pytest.raises(RuntimeError, match="weight.main_grad is not set"):
-        layer(torch.randn(3, 4), [1, 2]).sum().backward()
 
 
 def _opcheck_samples():
@@ -223,21 +198,6 @@ def test_concurrent_calls_from_threads_are_correct(dtype):
 def test_raw_ops_check_their_inputs_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=f"groupgemm::.*{match}"):
         call()
-
-
-def test_main_grad_mode_accepts_a_non_contiguous_weight():
-    torch.manual_seed(0)
-    layer = GroupedLinear(2, 4, 6, bias=False, accumulate_into_main_grad=True)
-    with torch.no_grad():
-        layer.weight.data = layer.weight.data.transpose(1, 2).contiguous().transpose(1, 2)  # [2, 6, 4], strided
-    assert not layer.weight.is_contiguous()
-    layer.weight.main_grad = torch.zeros(2, 6, 4)
-    x = torch.randn(5, 4, requires_grad=True)
-    y = layer(x, [2, 3])
-    y.sum().backward()
-    want = torch.cat([x[:2] @ layer.weight[0].T, x[2:] @ layer.weight[1].T])
-    torch.testing.assert_close(y, want)
-    torch.testing.assert_close(layer.weight.main_grad[0], torch.ones(6, 2) @ x[:2].detach())  # dy^T @ x
 
 
 def test_grouped_linear_clips_list_sizes_of_any_magnitude():

@@ -6,40 +6,7 @@ import torch
 from torch import nn
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import derivatives, expert, functional, raw
-
-
-class _MainGradGroupedLinear(torch.autograd.Function):
-    """grouped_mm whose weight gradient is added into ``weight.main_grad`` (fp32).
-
-    Megatron-core's contract: the wgrad goes straight into ``main_grad``, the parameter
-    is flagged ``grad_added_to_main_grad = True`` so the data-parallel hook does not
-    add it again, and a zero ``.grad`` of full shape is returned so no caller ever sees
-    a missing gradient.
-    """
-
-    @staticmethod
-    def forward(ctx, input, weight, group_sizes, bias):
-        ctx.save_for_backward(input, group_sizes)
-        ctx.weight = weight  # the Parameter itself: main_grad lives on it
-        ctx.transpose_weight = True
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return raw.grouped_mm_op(input, weight.contiguous(), group_sizes, bias, None, True, input.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        input, group_sizes = ctx.saved_tensors
-        weight = ctx.weight
-        grad = raw.incoming_grad(grad, input.dtype)
-        dinput, dbias = derivatives.input_and_bias_grads(ctx, grad, weight.contiguous(), group_sizes, None, input.dtype)
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None:
-            raise RuntimeError("GroupedLinear(accumulate_into_main_grad=True): weight.main_grad is not set; "
-                               "allocate a float32 tensor of the weight's shape first")
-        # weight is [G, N, K]: dW[g] = grad_g^T @ input_g
-        functional.grouped_mm_wgrad(grad, input, group_sizes, weight.shape[0], accumulate_into=main_grad)
-        weight.grad_added_to_main_grad = True
-        return dinput, torch.zeros_like(weight), None, dbias
+from groupgemm.torch_ext import expert, functional, main_grad
 
 
 class GroupedLinear(nn.Module):
@@ -51,6 +18,11 @@ class GroupedLinear(nn.Module):
     ``group_sizes`` (a 1-D int32/int64 tensor on x's device, or a list of ints) and
     returns ``[M, out_features]``; rows past ``sum(group_sizes)`` are 0. Every parameter
     gets a full-shape gradient, exact zeros for experts without tokens.
+
+    With ``accumulate_into_main_grad=True`` the weight gradient is added into the float32
+    ``weight.main_grad`` instead (Megatron-core's contract, main_grad.py): ``.grad`` gets a
+    cached dummy and ``weight.grad_added_to_main_grad`` is set when the weight carries that
+    attribute, and stays None otherwise.
     """
 
     def __init__(self, num_experts, in_features, out_features, bias=True, *, device=None, dtype=None,
@@ -67,6 +39,8 @@ class GroupedLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+        if accumulate_into_main_grad:
+            main_grad.attach(self.weight)
 
     def reset_parameters(self):
         # nn.Linear's kaiming_uniform_(a=sqrt(5)) and bias init reduce to U(-1/sqrt(in), 1/sqrt(in)).
@@ -79,12 +53,11 @@ class GroupedLinear(nn.Module):
         if isinstance(group_sizes, (list, tuple)):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)
-        if not self.accumulate_into_main_grad:
+        if not (self.accumulate_into_main_grad and main_grad.needs_main_grad(self.weight)):
             return functional.grouped_mm(x, self.weight, group_sizes, self.bias, transpose_weight=True)
         group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, self.bias, True, None,
                                                         None, fn="GroupedLinear")
-        bias = None if self.bias is None else self.bias.contiguous()
-        return _MainGradGroupedLinear.apply(x.contiguous(), self.weight, group_sizes, bias)
+        return main_grad.grouped_linear(x, self.weight, group_sizes, self.bias)
 
     def extra_repr(self):
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
