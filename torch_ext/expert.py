@@ -11,14 +11,9 @@ Tensor = torch.Tensor
 
 
 def permute(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Groups token rows by expert: ``(permuted [T*k, H], group_sizes [E] int32, row_map [T, k] int32)``.
-
-    ``expert_indices [T, k]`` holds each token's top-k experts; a value outside
-    ``[0, num_experts)`` is a dropped slot. Rows come in ascending expert order, within
-    an expert in ascending ``t*k + j`` order; dropped slots last, as exact-zero rows.
-    ``row_map[t, j]`` is the row holding slot ``(t, j)``, or -1 when it is dropped.
-    Differentiable in ``tokens`` (each token's gradient sums its k rows' gradients).
-    """
+    """Groups token rows by expert: ``(permuted [T*k, H], group_sizes [E] int32, row_map [T, k] int32)``,
+    exactly as ``groupgemm.jax.permute`` (the same core op: same bits). Differentiable in
+    ``tokens``."""
     fn = "permute"
     *_, num_experts = contract.permute(fn, shape_and_dtype(tokens, "tokens", fn),
                                        shape_and_dtype(expert_indices, "expert_indices", fn), num_experts)
@@ -27,12 +22,9 @@ def permute(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[T
 
 
 def unpermute(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) -> Tensor:
-    """``out[t] = sum over j of probs[t, j] * permuted[row_map[t, j]]`` (``[T, H]``).
-
-    Summed in j order in float32 (float64 for float64) and rounded once to permuted's
-    dtype; dropped slots (``row_map < 0``) add nothing; ``probs=None`` means 1.
-    Differentiable in ``permuted`` and ``probs``.
-    """
+    """``out[t] = sum over j of probs[t, j] * permuted[row_map[t, j]]`` (``[T, H]``), exactly
+    as ``groupgemm.jax.unpermute`` (the same core op). Differentiable in ``permuted`` and
+    ``probs``."""
     fn = "unpermute"
     contract.unpermute(fn, shape_and_dtype(permuted, "permuted", fn), shape_and_dtype(row_map, "row_map", fn),
                        None if probs is None else shape_and_dtype(probs, "probs", fn))
