@@ -19,7 +19,7 @@ from bits import assert_same_bits
 from cases import CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
 from reference import assert_close, empty_groups, padding_rows
 from test_expert_layer import IDS as ROUTING_IDS
-from test_expert_layer import MLP_CASES, ROUTINGS, routing_inputs
+from test_expert_layer import MLP_CASES, ROUTINGS, expert_layer_in_both_frameworks, routing_inputs
 
 import groupgemm
 import groupgemm.jax as gj
@@ -134,6 +134,20 @@ def test_jax_jit_with_traced_group_sizes_compiles_once():
         assert step._cache_size() == 1
 
 
+def capture(step):
+    """(graph, static outputs) of step() captured in a CUDA graph, after one warm-up call
+    on a side stream outside the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    return graph, static
+
+
 @needs_torch_cuda
 def test_torch_cuda_graph_replays_with_changing_group_sizes(gemm_kernel):
     torch.manual_seed(0)
@@ -147,14 +161,7 @@ def test_torch_cuda_graph_replays_with_changing_group_sizes(gemm_kernel):
         y = layer(x, sizes)
         return (y, *torch.autograd.grad(y, params, dy))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture(step)
 
     for new_sizes in ([96, 0, 0, 0], [0, 0, 0, 0], [10, 0, 50, 7], [30, 30, 30, 6]):
         sizes.copy_(torch.tensor(new_sizes, dtype=torch.int32))
@@ -304,23 +311,7 @@ def test_cuda_permute_and_unpermute_are_bitwise_identical_in_jax_and_torch(routi
 @needs_both
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 def test_cuda_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
-    # permute -> GroupedMLP -> unpermute with the same routing: every output and gradient.
-    rng = np.random.default_rng(4)
-    indices = np.asarray([[1, 0], [2, 2], [0, -1], [1, 3], [2, 0]], np.int32)  # 3 experts, two dropped slots
-    tokens = round_to(rng.standard_normal((5, 8)), dtype)
-    probs = round_to(rng.uniform(0.1, 1.0, (5, 2)), dtype)
-    w_in, w_out = (round_to(rng.standard_normal(s) * 0.5, dtype) for s in ((3, 16, 8), (3, 8, 8)))
-    dy = round_to(rng.standard_normal((10, 8)), dtype)
-    results = []
-    for fe in (jax_frontend, torch_frontend):
-        permuted, sizes, row_map, _ = fe.permute_and_grad(tokens, indices, 3, np.zeros((10, 8)), dtype, device="cuda")
-        permuted, sizes, row_map = (fe.to_float64(a) for a in (permuted, sizes, row_map))
-        y, grads = fe.grouped_mlp_and_grads(permuted, w_in, w_out, sizes, "swiglu", None, None, dy, dtype,
-                                            device="cuda")
-        out, dpermuted, dprobs = fe.unpermute_and_grads(fe.to_float64(y), row_map.astype(np.int32), probs,
-                                                        np.ones((5, 8)), dtype, dtype, device="cuda")
-        results.append([fe.to_float64(a) for a in (y, *grads[:3], out, dpermuted, dprobs)] + [permuted])
-    for i, (a, b) in enumerate(zip(*results)):
+    for i, (a, b) in enumerate(zip(*expert_layer_in_both_frameworks(dtype, device="cuda"))):
         assert_same_bits(a, b, f"cuda/{dtype}/result {i}")
 
 
@@ -344,14 +335,7 @@ def test_torch_cuda_graph_replays_a_moe_block_with_changing_routing():
         y, sizes = block(x, allowed)
         return (y, sizes, *torch.autograd.grad(y, params, dy))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture(step)
 
     # Each replay routes differently: new tokens, and experts barred from routing (two
     # allowed: six get no token; one allowed: its second choice is a zero-probability slot).

@@ -131,9 +131,9 @@ def test_grouped_mlp_matches_reference_with_every_gradient(frontend, name, sizes
                 assert (got[g] == 0).all(), (what, g)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
-    # permute -> GroupedMLP -> unpermute with the same routing: every output and gradient.
+def expert_layer_in_both_frameworks(dtype, device="cpu"):
+    """permute -> GroupedMLP -> unpermute with one routing in JAX and in PyTorch: per
+    framework, every output and gradient as float64 NumPy (same order in both)."""
     rng = np.random.default_rng(4)
     indices = np.asarray([[1, 0], [2, 2], [0, -1], [1, 3], [2, 0]], np.int32)  # 3 experts, two dropped slots
     tokens = round_to(rng.standard_normal((5, 8)), dtype)
@@ -142,13 +142,19 @@ def test_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
     dy = round_to(rng.standard_normal((10, 8)), dtype)
     results = []
     for fe in (jax_frontend, torch_frontend):
-        permuted, sizes, row_map, _ = fe.permute_and_grad(tokens, indices, 3, np.zeros((10, 8)), dtype)
+        permuted, sizes, row_map, _ = fe.permute_and_grad(tokens, indices, 3, np.zeros((10, 8)), dtype, device=device)
         permuted, sizes, row_map = (fe.to_float64(a) for a in (permuted, sizes, row_map))
-        y, grads = fe.grouped_mlp_and_grads(permuted, w_in, w_out, sizes, "swiglu", None, None, dy, dtype)
+        y, grads = fe.grouped_mlp_and_grads(permuted, w_in, w_out, sizes, "swiglu", None, None, dy, dtype,
+                                            device=device)
         out, dpermuted, dprobs = fe.unpermute_and_grads(fe.to_float64(y), row_map.astype(np.int32), probs,
-                                                        np.ones((5, 8)), dtype, dtype)
+                                                        np.ones((5, 8)), dtype, dtype, device=device)
         results.append([fe.to_float64(a) for a in (y, *grads[:3], out, dpermuted, dprobs)] + [permuted])
-    for i, (a, b) in enumerate(zip(*results)):
+    return results
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
+    for i, (a, b) in enumerate(zip(*expert_layer_in_both_frameworks(dtype))):
         assert_same_bits(a, b, f"result {i}")
 
 
