@@ -55,6 +55,23 @@ void zero_rows(void* out, RowRange rows, int64_t n, DType t) {
   if (rows.rows() > 0) zero_bytes(at(out, rows.begin * n, t), rows.rows() * n * dtype_size(t));
 }
 
+// The library GEMM of one group's problem (problem.h), on the call's operand base pointers.
+GemmCall group_gemm(const GroupProblem& p, DType in, DType out, const void* a, const void* b,
+                    const void* bias, void* c, bool accumulate) {
+  return {in,
+          out,
+          p.m,
+          p.n,
+          p.k,
+          at(a, p.a_offset, in),
+          p.a_transposed,
+          at(b, p.b_offset, in),
+          p.b_transposed,
+          bias,
+          at(c, p.d_offset, out),
+          accumulate};
+}
+
 double flops(const GemmCall& c) { return static_cast<double>(c.m) * c.n * c.k; }
 
 // Runs the per-group GEMMs of one call (they write disjoint outputs). A GEMM with at
@@ -153,22 +170,9 @@ Status grouped_matmul(const MatmulArgs& a) {
     const GroupProblem p = forward_problem(rows, g, a.k, a.n, a.transpose_rhs);
     const void* bias = a.bias ? at(a.bias, p.c_offset, a.in_dtype) : nullptr;
     switch (p.action) {
-      case GroupAction::gemm: {
-        const GemmCall call{a.in_dtype,
-                            a.out_dtype,
-                            p.m,
-                            p.n,
-                            p.k,
-                            at(a.lhs, p.a_offset, a.in_dtype),
-                            p.a_transposed,
-                            at(a.rhs, p.b_offset, a.in_dtype),
-                            p.b_transposed,
-                            bias,
-                            at(a.out, p.d_offset, a.out_dtype),
-                            false};
-        gemms.push_back(call);
+      case GroupAction::gemm:
+        gemms.push_back(group_gemm(p, a.in_dtype, a.out_dtype, a.lhs, a.rhs, bias, a.out, false));
         break;
-      }
       case GroupAction::write_zero:  // K == 0: the product is empty, only the bias remains
         zero_rows(a.out, rows, a.n, a.out_dtype);
         if (bias)
@@ -193,22 +197,9 @@ Status grouped_matmul_wgrad(const WgradArgs& a) {
     const GroupProblem p = wgrad_problem(plan.group(g), g, a.k, a.n, a.accumulate);
     void* out = at(a.out, p.d_offset, a.out_dtype);
     switch (p.action) {
-      case GroupAction::gemm: {
-        const GemmCall call{a.in_dtype,
-                            a.out_dtype,
-                            p.m,
-                            p.n,
-                            p.k,
-                            at(a.lhs, p.a_offset, a.in_dtype),
-                            p.a_transposed,
-                            at(a.grad, p.b_offset, a.in_dtype),
-                            p.b_transposed,
-                            nullptr,
-                            out,
-                            a.accumulate};
-        gemms.push_back(call);
+      case GroupAction::gemm:
+        gemms.push_back(group_gemm(p, a.in_dtype, a.out_dtype, a.lhs, a.grad, nullptr, a.out, a.accumulate));
         break;
-      }
       case GroupAction::write_zero: zero_bytes(out, block * dtype_size(a.out_dtype)); break;
       case GroupAction::leave_untouched: break;
     }
