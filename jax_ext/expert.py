@@ -1,5 +1,5 @@
-"""groupgemm for JAX, the expert layer: token permute / unpermute and the grouped expert
-MLP, checked at trace time (rules from groupgemm._contract). Indices, group sizes and
+"""groupgemm for JAX, the expert layer: the router's softmax top-k, token permute /
+unpermute and the grouped expert MLP, checked at trace time (rules from groupgemm._contract). Indices, group sizes and
 row maps stay on the device: one jit compile serves every routing."""
 
 import jax.numpy as jnp
@@ -7,6 +7,23 @@ import jax.numpy as jnp
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import expert_raw
 from groupgemm.jax_ext.functional import grouped_matmul, index_array, shape_and_dtype
+
+
+def softmax_topk(logits, k, *, renormalize=True):
+    """The router: each token's top-k experts and their weights, ``(probs [T, k], expert_indices [T, k] int32)``.
+
+    ``logits [T, E]``. The choices are the k largest logits, larger first and, between equal
+    logits, the lower expert first; a logit of ``-inf`` (a masked expert) or NaN is never
+    chosen, and a slot left without a choice is dropped (index -1, probability 0, which
+    permute treats as a dropped slot). ``probs`` are the softmax over the chosen logits
+    (``renormalize=True``, Mixtral) or the full softmax's values at the chosen experts;
+    float32 (float64 for float64 logits), computed in the core: the same bits in JAX and
+    PyTorch. Differentiable in ``logits``.
+    """
+    fn = "softmax_topk"
+    logits = jnp.asarray(logits)
+    k, probs_dtype = contract.softmax_topk(fn, shape_and_dtype(logits), k, renormalize)
+    return expert_raw.differentiable_softmax_topk(logits, k, jnp.dtype(probs_dtype), renormalize)
 
 
 def permute(tokens, expert_indices, num_experts):

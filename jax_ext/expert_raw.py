@@ -1,5 +1,5 @@
-"""The raw calls of the expert layer for JAX: token permute / unpermute and the
-activation, as XLA FFI calls (targets registered by raw.py), with their custom VJPs.
+"""The raw calls of the expert layer for JAX: token permute / unpermute, the activation
+and the router's softmax top-k, as XLA FFI calls (targets registered by raw.py), with their custom VJPs.
 
 Arguments arrive checked (expert.py); the core re-checks what it can see.
 """
@@ -72,6 +72,21 @@ def activation_backward(dout, h, *, kind):
     return _varying(call(dout, h, kind=np.int32(kind)), dout, h)
 
 
+def softmax_topk(logits, *, k, probs_dtype, renormalize):
+    t = logits.shape[0]
+    call = jax.ffi.ffi_call("groupgemm_softmax_topk",
+                            (jax.ShapeDtypeStruct((t, k), jnp.int32), jax.ShapeDtypeStruct((t, k), probs_dtype)),
+                            vmap_method="sequential")
+    indices, probs = call(logits, renormalize=np.bool_(renormalize))
+    return _varying(probs, logits), _varying(indices, logits)
+
+
+def softmax_topk_backward(logits, expert_indices, dprobs, *, renormalize):
+    call = jax.ffi.ffi_call("groupgemm_softmax_topk_backward", jax.ShapeDtypeStruct(logits.shape, logits.dtype),
+                            vmap_method="sequential")
+    return _varying(call(logits, expert_indices, dprobs, renormalize=np.bool_(renormalize)), logits, dprobs)
+
+
 # ---- custom VJPs: each backward is another core call ---------------------------------
 
 
@@ -127,3 +142,22 @@ def _activation_bwd(kind, width, h, dout):
 
 
 differentiable_activation.defvjp(_activation_fwd, _activation_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def differentiable_softmax_topk(logits, k, probs_dtype, renormalize):
+    return softmax_topk(logits, k=k, probs_dtype=probs_dtype, renormalize=renormalize)
+
+
+def _softmax_topk_fwd(logits, k, probs_dtype, renormalize):
+    probs, indices = softmax_topk(logits, k=k, probs_dtype=probs_dtype, renormalize=renormalize)
+    return (probs, indices), (logits, indices)
+
+
+def _softmax_topk_bwd(k, probs_dtype, renormalize, residuals, cotangents):
+    logits, indices = residuals
+    dprobs = cotangents[0].astype(probs_dtype)
+    return (softmax_topk_backward(logits, indices, dprobs, renormalize=renormalize),)
+
+
+differentiable_softmax_topk.defvjp(_softmax_topk_fwd, _softmax_topk_bwd)

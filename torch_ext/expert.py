@@ -1,5 +1,5 @@
-"""groupgemm for PyTorch, the expert layer: token permute / unpermute (rules from
-groupgemm._contract), then the raw custom ops. Indices and row maps stay on their device."""
+"""groupgemm for PyTorch, the expert layer: the router's softmax top-k and token permute /
+unpermute (rules from groupgemm._contract), then the raw custom ops. Indices and row maps stay on their device."""
 
 import torch
 
@@ -8,6 +8,15 @@ from groupgemm.torch_ext import expert_raw
 from groupgemm.torch_ext.arguments import index_tensor, same_device, shape_and_dtype
 
 Tensor = torch.Tensor
+
+
+def softmax_topk(logits: Tensor, k: int, *, renormalize: bool = True) -> tuple[Tensor, Tensor]:
+    """The router: each token's top-k experts and their weights, ``(probs [T, k], expert_indices [T, k] int32)``,
+    exactly as ``groupgemm.jax.softmax_topk`` (the same core op: same bits; ties go to the
+    lower expert, ``-inf`` logits are never chosen). Differentiable in ``logits``."""
+    fn = "softmax_topk"
+    k, _ = contract.softmax_topk(fn, shape_and_dtype(logits, "logits", fn), k, renormalize)
+    return expert_raw.softmax_topk_op(logits.contiguous(), k, renormalize)
 
 
 def permute(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -1,5 +1,6 @@
 """The raw calls of the expert layer for PyTorch: custom ops (namespace ``groupgemm``) for
-token permute / unpermute and the activation, and their autograd.
+token permute / unpermute, the activation and the router's softmax top-k, and their
+autograd.
 
 Like raw.py's ops, each allocates its outputs with torch and hands every tensor to the
 core zero-copy; derivatives, reverse and forward mode, are built from the same ops and
@@ -119,6 +120,48 @@ def _(dout, h, kind):
     return torch.empty_like(h)
 
 
+def _router_probs_dtype(logits: Tensor) -> torch.dtype:
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+def _softmax_topk_outputs(logits, k, empty):
+    _require("softmax_topk", (logits, 2, "logits"))
+    if not 0 <= k <= logits.shape[1]:
+        raise ValueError(f"groupgemm::softmax_topk: k must be in [0, {logits.shape[1]}], got {k}")
+    shape = (logits.shape[0], k)
+    return empty(shape, _router_probs_dtype(logits)), empty(shape, torch.int32)
+
+
+@define("softmax_topk")
+def softmax_topk_op(logits: Tensor, k: int, renormalize: bool) -> tuple[Tensor, Tensor]:
+    """(probs, expert_indices)."""
+    probs, indices = _softmax_topk_outputs(logits, k, lambda shape, dtype: torch.empty(shape, dtype=dtype,
+                                                                                        device=logits.device))
+    _core.softmax_topk(_capsule(logits), _capsule(indices), _capsule(probs), renormalize,
+                       stream=_stream(logits.device))
+    return probs, indices
+
+
+@softmax_topk_op.register_fake
+def _(logits, k, renormalize):
+    return _softmax_topk_outputs(logits, k, lambda shape, dtype: logits.new_empty(shape, dtype=dtype))
+
+
+@define("softmax_topk_backward")
+def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Tensor, renormalize: bool) -> Tensor:
+    _require("softmax_topk_backward", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"),
+             (dprobs, 2, "dprobs"))
+    dlogits = torch.empty_like(logits)
+    _core.softmax_topk_backward(*map(_capsule, (logits, expert_indices, dprobs, dlogits)), renormalize,
+                                stream=_stream(logits.device))
+    return dlogits
+
+
+@softmax_topk_backward_op.register_fake
+def _(logits, expert_indices, dprobs, renormalize):
+    return torch.empty_like(logits)
+
+
 def _incoming(grad: Tensor, dtype: torch.dtype) -> Tensor:
     """Incoming gradients may be wider, stride-0 or strided: one rounding, then contiguous."""
     return grad.to(dtype).contiguous()
@@ -201,3 +244,38 @@ def _activation_jvp(ctx, t_h, *_):
 
 
 activation_op.register_derivatives(_activation_backward, setup_context=_activation_setup, jvp=_activation_jvp)
+
+
+def _softmax_topk_setup(ctx, inputs, output):
+    logits, _, renormalize = inputs
+    probs, indices = output
+    ctx.save_for_backward(logits, indices)
+    ctx.save_for_forward(logits, probs, indices)
+    ctx.renormalize = renormalize
+
+
+def _softmax_topk_backward(ctx, dprobs, _dindices):
+    logits, indices = ctx.saved_tensors
+    dlogits = softmax_topk_backward_op(logits, indices, _incoming(dprobs, _router_probs_dtype(logits)),
+                                       ctx.renormalize)
+    return dlogits, None, None
+
+
+def _softmax_topk_jvp(ctx, t_logits, *_):
+    # With w the probs and t the logits' tangent at the chosen experts (0 at dropped slots):
+    # renormalized, w is a softmax over the chosen logits, so dw = w * (t - sum(w * t));
+    # otherwise w is the full softmax p at the chosen experts: dw = w * (t - sum_e p_e t_e).
+    logits, probs, indices = ctx.saved_tensors
+    t_logits = t_logits.to(probs.dtype)
+    chosen = indices >= 0
+    t = torch.where(chosen, t_logits.gather(1, indices.clamp(min=0).long()), 0)
+    if ctx.renormalize:
+        mean = (probs * t).sum(-1, keepdim=True)
+    else:
+        p = torch.softmax(logits.to(probs.dtype), dim=-1).nan_to_num(0)
+        mean = (p * t_logits).sum(-1, keepdim=True)
+    return torch.where(chosen, probs * (t - mean), 0), None
+
+
+softmax_topk_op.register_derivatives(_softmax_topk_backward, setup_context=_softmax_topk_setup,
+                                     jvp=_softmax_topk_jvp)

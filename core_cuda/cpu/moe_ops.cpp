@@ -1,6 +1,6 @@
 // The CPU backend's expert-layer ops: permute runs groupgemm/permute.h's steps (one
-// chunk, a sequential scan), unpermute and its backward and the activations run the same
-// per-element functions as the CUDA kernels. Threads split rows only, and every value is
+// chunk, a sequential scan), unpermute and its backward, the activations and the router
+// run the same per-element (per-token) functions as the CUDA kernels. Threads split rows only, and every value is
 // computed by one thread in a fixed order, so the bits do not depend on the thread count.
 #include <omp.h>
 
@@ -12,6 +12,7 @@
 #include "convert.h"
 #include "groupgemm/activation.h"
 #include "groupgemm/permute.h"
+#include "groupgemm/router.h"
 
 namespace groupgemm {
 namespace cpu {
@@ -163,6 +164,42 @@ Status activation_backward(const ActivationBackwardArgs& a) {
         dh[m * f_in + f] = store<T>(g.dx);
         if (up_offset) dh[m * f_in + up_offset + f] = store<T>(g.dup);
       }
+    return Status::Ok();
+  });
+}
+
+Status softmax_topk(const SoftmaxTopkArgs& a) {
+  return visit_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    const T* logits = static_cast<const T*>(a.logits);
+    A* probs = static_cast<A*>(a.probs);
+#pragma omp parallel for schedule(static) if (parallel_rows(a.num_tokens, a.num_experts * a.top_k))
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      const T* row = logits + t * a.num_experts;
+      softmax_topk_row<A>([&](int64_t e) { return load<A>(row, e); }, a.num_experts, a.top_k, a.renormalize,
+                          a.expert_indices + t * a.top_k, probs + t * a.top_k);
+    }
+    return Status::Ok();
+  });
+}
+
+Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& a) {
+  return visit_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    const T* logits = static_cast<const T*>(a.logits);
+    const A* dprobs = static_cast<const A*>(a.dprobs);
+    T* dlogits = static_cast<T*>(a.dlogits);
+#pragma omp parallel for schedule(static) if (parallel_rows(a.num_tokens, a.num_experts * a.top_k))
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      const T* row = logits + t * a.num_experts;
+      T* drow = dlogits + t * a.num_experts;
+      softmax_topk_backward_row<A>(
+          [&](int64_t e) { return load<A>(row, e); }, a.num_experts, a.top_k, a.renormalize,
+          a.expert_indices + t * a.top_k, [&](int64_t j) { return dprobs[t * a.top_k + j]; },
+          [&](int64_t e, A v) { drow[e] = store<T>(v); });
+    }
     return Status::Ok();
   });
 }

@@ -63,5 +63,15 @@ Status activation_backward(const ActivationBackwardArgs& a, const ExecContext& c
              [&](cudaStream_t stream) { return launch_activation_backward(a, stream); });
 }
 
+Status softmax_topk(const SoftmaxTopkArgs& a, const ExecContext& ctx) {
+  return run(ctx, a.num_tokens * a.top_k == 0,
+             [&](cudaStream_t stream) { return launch_softmax_topk(a, stream); });
+}
+
+Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& a, const ExecContext& ctx) {
+  return run(ctx, a.num_tokens * a.num_experts == 0,
+             [&](cudaStream_t stream) { return launch_softmax_topk_backward(a, stream); });
+}
+
 }  // namespace cuda
 }  // namespace groupgemm

@@ -24,5 +24,9 @@ Status launch_unpermute_backward(const UnpermuteBackwardArgs& args, cudaStream_t
 Status launch_activation(const ActivationArgs& args, cudaStream_t stream);
 Status launch_activation_backward(const ActivationBackwardArgs& args, cudaStream_t stream);
 
+// The router's softmax top-k and its backward, one thread per token.
+Status launch_softmax_topk(const SoftmaxTopkArgs& args, cudaStream_t stream);
+Status launch_softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace groupgemm

@@ -102,6 +102,18 @@ Status check_activation(Activation kind, int64_t in_features) {
   return Status::Ok();
 }
 
+// The router: T tokens, E experts and k choices, with k at most E (a choice is an expert).
+Status check_router(int64_t num_tokens, int64_t num_experts, int64_t top_k, const char* op) {
+  GG_RETURN_IF_ERROR(check_non_negative({{"T", num_tokens}, {"E", num_experts}, {"k", top_k}}, op));
+  if (top_k > num_experts)
+    return Status::Invalid(std::string(op) + ": k = " + str(top_k) + " exceeds the " + str(num_experts) +
+                           " experts");
+  if (num_experts > std::numeric_limits<int32_t>::max())
+    return Status::Invalid(std::string(op) + ": expert_indices are int32, E = " + str(num_experts) +
+                           " does not fit");
+  return Status::Ok();
+}
+
 // Runs the CPU or the CUDA backend (no_cuda.cpp in builds without nvcc) for already
 // validated arguments.
 template <typename Args, typename Cpu, typename Cuda>
@@ -229,6 +241,25 @@ Status activation_backward(const ActivationBackwardArgs& a, const ExecContext& c
   GG_RETURN_IF_ERROR(check_ptr(a.h, a.rows * a.in_features, "h"));
   GG_RETURN_IF_ERROR(check_ptr(a.dh, a.rows * a.in_features, "dh"));
   return dispatch(a, ctx, cpu::activation_backward, cuda::activation_backward);
+}
+
+Status softmax_topk(const SoftmaxTopkArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_router(a.num_tokens, a.num_experts, a.top_k, "softmax_topk"));
+  GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
+  GG_RETURN_IF_ERROR(check_ptr(a.logits, a.num_tokens * a.num_experts, "logits"));
+  GG_RETURN_IF_ERROR(check_ptr(a.expert_indices, a.num_tokens * a.top_k, "expert_indices"));
+  GG_RETURN_IF_ERROR(check_ptr(a.probs, a.num_tokens * a.top_k, "probs"));
+  return dispatch(a, ctx, cpu::softmax_topk, cuda::softmax_topk);
+}
+
+Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_router(a.num_tokens, a.num_experts, a.top_k, "softmax_topk_backward"));
+  GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
+  GG_RETURN_IF_ERROR(check_ptr(a.logits, a.num_tokens * a.num_experts, "logits"));
+  GG_RETURN_IF_ERROR(check_ptr(a.expert_indices, a.num_tokens * a.top_k, "expert_indices"));
+  GG_RETURN_IF_ERROR(check_ptr(a.dprobs, a.num_tokens * a.top_k, "dprobs"));
+  GG_RETURN_IF_ERROR(check_ptr(a.dlogits, a.num_tokens * a.num_experts, "dlogits"));
+  return dispatch(a, ctx, cpu::softmax_topk_backward, cuda::softmax_topk_backward);
 }
 
 }  // namespace groupgemm

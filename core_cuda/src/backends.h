@@ -13,6 +13,8 @@ Status unpermute(const UnpermuteArgs& args);
 Status unpermute_backward(const UnpermuteBackwardArgs& args);
 Status activation(const ActivationArgs& args);
 Status activation_backward(const ActivationBackwardArgs& args);
+Status softmax_topk(const SoftmaxTopkArgs& args);
+Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args);
 // permute with the CUDA backend's steps in `chunks` chunks (permute uses 1), for the tests.
 Status permute_in_chunks(const PermuteArgs& args, int64_t chunks);
 }  // namespace cpu
@@ -30,5 +32,7 @@ Status unpermute(const UnpermuteArgs& args, const ExecContext& ctx);
 Status unpermute_backward(const UnpermuteBackwardArgs& args, const ExecContext& ctx);
 Status activation(const ActivationArgs& args, const ExecContext& ctx);
 Status activation_backward(const ActivationBackwardArgs& args, const ExecContext& ctx);
+Status softmax_topk(const SoftmaxTopkArgs& args, const ExecContext& ctx);
+Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, const ExecContext& ctx);
 }  // namespace cuda
 }  // namespace groupgemm

@@ -18,6 +18,8 @@ Status unpermute(const UnpermuteArgs&, const ExecContext&) { return not_built();
 Status unpermute_backward(const UnpermuteBackwardArgs&, const ExecContext&) { return not_built(); }
 Status activation(const ActivationArgs&, const ExecContext&) { return not_built(); }
 Status activation_backward(const ActivationBackwardArgs&, const ExecContext&) { return not_built(); }
+Status softmax_topk(const SoftmaxTopkArgs&, const ExecContext&) { return not_built(); }
+Status softmax_topk_backward(const SoftmaxTopkBackwardArgs&, const ExecContext&) { return not_built(); }
 
 }  // namespace cuda
 }  // namespace groupgemm

@@ -1,5 +1,5 @@
 // XLA FFI handlers of the expert layer's ops: permute, unpermute and its backward, the
-// activation and its backward. Like the GEMMs' handlers: a CPU and a CUDA variant each,
+// activation and its backward, the router's softmax top-k and its backward. Like the GEMMs' handlers: a CPU and a CUDA variant each,
 // the CUDA one on XLA's stream (PlatformStream<void*>), command-buffer compatible (the
 // core reads expert indices on the device and allocates nothing; permute's workspace is
 // an extra result). Shapes were checked in Python at trace time; they are checked again
@@ -153,6 +153,47 @@ ffi::Error activation_backward_op(Device device, void* stream, Buf dout, Buf h, 
   return to_ffi(activation_backward(a, plain_context(device, stream)));
 }
 
+// probs / dprobs of the router: float32, float64 for float64 logits.
+bool is_router_probs(const Buf& b, DType logits) {
+  return b.element_type() == (logits == DType::f64 ? ffi::DataType::F64 : ffi::DataType::F32);
+}
+
+// softmax_topk: logits [T, E] -> (expert_indices [T, k] int32, probs [T, k]).
+ffi::Error softmax_topk_op(Device device, void* stream, Buf logits, Out expert_indices, Out probs,
+                           bool renormalize) {
+  SoftmaxTopkArgs a;
+  if (!float_dtype(logits.element_type(), &a.dtype)) return dtype_error("softmax_topk's logits");
+  if (!is_int32(*expert_indices)) return invalid("expert_indices must be int32");
+  if (!is_router_probs(*probs, a.dtype)) return dtype_error("softmax_topk's probs");
+  const auto ld = logits.dimensions(), id = expert_indices->dimensions();
+  if (ld.size() != 2) return shape_error("logits");
+  if (id.size() != 2 || id[0] != ld[0]) return shape_error("expert_indices");
+  a.num_tokens = ld[0], a.num_experts = ld[1], a.top_k = id[1], a.renormalize = renormalize;
+  if (!shape_is(*probs, {a.num_tokens, a.top_k})) return shape_error("probs");
+  a.logits = logits.untyped_data(), a.probs = probs->untyped_data();
+  a.expert_indices = static_cast<int32_t*>(expert_indices->untyped_data());
+  return to_ffi(softmax_topk(a, plain_context(device, stream)));
+}
+
+// softmax_topk's backward: (logits [T, E], expert_indices [T, k], dprobs [T, k]) -> dlogits [T, E].
+ffi::Error softmax_topk_backward_op(Device device, void* stream, Buf logits, Buf expert_indices, Buf dprobs,
+                                    Out dlogits, bool renormalize) {
+  SoftmaxTopkBackwardArgs a;
+  if (!float_dtype(logits.element_type(), &a.dtype) || dlogits->element_type() != logits.element_type())
+    return dtype_error("softmax_topk_backward (logits and dlogits)");
+  if (!is_int32(expert_indices)) return invalid("expert_indices must be int32");
+  if (!is_router_probs(dprobs, a.dtype)) return dtype_error("softmax_topk_backward's dprobs");
+  const auto ld = logits.dimensions(), id = expert_indices.dimensions();
+  if (ld.size() != 2) return shape_error("logits");
+  if (id.size() != 2 || id[0] != ld[0]) return shape_error("expert_indices");
+  a.num_tokens = ld[0], a.num_experts = ld[1], a.top_k = id[1], a.renormalize = renormalize;
+  if (!shape_is(dprobs, {a.num_tokens, a.top_k})) return shape_error("dprobs");
+  if (!shape_is(*dlogits, {a.num_tokens, a.num_experts})) return shape_error("dlogits");
+  a.logits = logits.untyped_data(), a.dprobs = dprobs.untyped_data(), a.dlogits = dlogits->untyped_data();
+  a.expert_indices = static_cast<const int32_t*>(expert_indices.untyped_data());
+  return to_ffi(softmax_topk_backward(a, plain_context(device, stream)));
+}
+
 // The CPU variant of an op runs with no stream; the CUDA one with XLA's.
 template <auto Op, typename... Rest>
 ffi::Error on_cpu(Rest... rest) {
@@ -204,6 +245,21 @@ auto activation_backward_binding(B b) {
       "kind");
 }
 
+template <typename B>
+auto softmax_topk_binding(B b) {
+  return std::move(b).template Arg<Buf>().template Ret<Buf>().template Ret<Buf>().template Attr<bool>(
+      "renormalize");
+}
+template <typename B>
+auto softmax_topk_backward_binding(B b) {
+  return std::move(b)
+      .template Arg<Buf>()
+      .template Arg<Buf>()
+      .template Arg<Buf>()
+      .template Ret<Buf>()
+      .template Attr<bool>("renormalize");
+}
+
 auto cpu_bind() { return ffi::Ffi::Bind(); }
 auto cuda_bind() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>(); }
 
@@ -229,6 +285,14 @@ XLA_FFI_DEFINE_HANDLER(kActivationBackwardCpu, (on_cpu<activation_backward_op, B
                        activation_backward_binding(cpu_bind()));
 XLA_FFI_DEFINE_HANDLER(kActivationBackwardCuda, (on_cuda<activation_backward_op, Buf, Buf, Out, int32_t>),
                        activation_backward_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkCpu, (on_cpu<softmax_topk_op, Buf, Out, Out, bool>),
+                       softmax_topk_binding(cpu_bind()));
+XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkCuda, (on_cuda<softmax_topk_op, Buf, Out, Out, bool>),
+                       softmax_topk_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkBackwardCpu, (on_cpu<softmax_topk_backward_op, Buf, Buf, Buf, Out, bool>),
+                       softmax_topk_backward_binding(cpu_bind()));
+XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkBackwardCuda, (on_cuda<softmax_topk_backward_op, Buf, Buf, Buf, Out, bool>),
+                       softmax_topk_backward_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
 
 nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
 
@@ -240,11 +304,15 @@ void add_moe_ffi_handlers(nb::dict& cpu, nb::dict& cuda) {
   cpu["groupgemm_unpermute_backward"] = capsule(kUnpermuteBackwardCpu);
   cpu["groupgemm_activation"] = capsule(kActivationCpu);
   cpu["groupgemm_activation_backward"] = capsule(kActivationBackwardCpu);
+  cpu["groupgemm_softmax_topk"] = capsule(kSoftmaxTopkCpu);
+  cpu["groupgemm_softmax_topk_backward"] = capsule(kSoftmaxTopkBackwardCpu);
   cuda["groupgemm_permute"] = capsule(kPermuteCuda);
   cuda["groupgemm_unpermute"] = capsule(kUnpermuteCuda);
   cuda["groupgemm_unpermute_backward"] = capsule(kUnpermuteBackwardCuda);
   cuda["groupgemm_activation"] = capsule(kActivationCuda);
   cuda["groupgemm_activation_backward"] = capsule(kActivationBackwardCuda);
+  cuda["groupgemm_softmax_topk"] = capsule(kSoftmaxTopkCuda);
+  cuda["groupgemm_softmax_topk_backward"] = capsule(kSoftmaxTopkBackwardCuda);
 }
 
 }  // namespace groupgemm

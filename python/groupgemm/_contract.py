@@ -283,6 +283,20 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose):
     return f
 
 
+def softmax_topk(fn, logits, k, renormalize):
+    """Checks logits [T, E] and 0 <= k <= E; returns (k, probs dtype): float32, or float64
+    for float64 logits."""
+    shape, dtype = logits
+    check_float(dtype, "logits", fn)
+    check_rank(shape, 2, "logits", "[T, E]", fn)
+    k = static_count(k, "k", fn)
+    if k > shape[1]:
+        raise ValueError(f"{fn}: k = {k} exceeds the {shape[1]} experts (logits' last dimension)")
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"{fn}: renormalize must be a bool, got {renormalize!r}")
+    return k, accumulate_dtype(dtype)
+
+
 # ---- torch._grouped_mm's offs= convention (cumulative group ends) -------------------
 
 

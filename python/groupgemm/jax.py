@@ -1,10 +1,10 @@
 """groupgemm for JAX: ``grouped_matmul`` and ``grouped_matmul_wgrad``; the expert layer:
-``permute``, ``unpermute`` and ``grouped_mlp``; and drop-ins for ``jax.lax.ragged_dot``,
+``softmax_topk``, ``permute``, ``unpermute`` and ``grouped_mlp``; and drop-ins for ``jax.lax.ragged_dot``,
 ``jax.lax.ragged_dot_general`` and megablox's ``gmm`` / ``tgmm``."""
 
 from groupgemm.jax_ext.dropins import gmm, ragged_dot, ragged_dot_general, tgmm
-from groupgemm.jax_ext.expert import grouped_mlp, permute, unpermute
+from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
 from groupgemm.jax_ext.functional import grouped_matmul, grouped_matmul_wgrad
 
 __all__ = ["gmm", "grouped_matmul", "grouped_matmul_wgrad", "grouped_mlp", "permute", "ragged_dot",
-           "ragged_dot_general", "tgmm", "unpermute"]
+           "ragged_dot_general", "softmax_topk", "tgmm", "unpermute"]

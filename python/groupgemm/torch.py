@@ -6,8 +6,9 @@ reverse and forward mode (torch.autograd.forward_ad and the torch.func transform
 ``grouped_mm`` also takes torch._grouped_mm's ``offs=`` (cumulative group ends).
 """
 
-from groupgemm.torch_ext.expert import permute, unpermute
+from groupgemm.torch_ext.expert import permute, softmax_topk, unpermute
 from groupgemm.torch_ext.functional import grouped_mm, grouped_mm_wgrad
 from groupgemm.torch_ext.module import GroupedLinear, GroupedMLP
 
-__all__ = ["GroupedLinear", "GroupedMLP", "grouped_mm", "grouped_mm_wgrad", "permute", "unpermute"]
+__all__ = ["GroupedLinear", "GroupedMLP", "grouped_mm", "grouped_mm_wgrad", "permute", "softmax_topk",
+           "unpermute"]

@@ -24,12 +24,15 @@ Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
 int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int device_index = -1);
 
 // The expert layer's token ops and activation: see PermuteArgs, UnpermuteArgs,
-// UnpermuteBackwardArgs, ActivationArgs and ActivationBackwardArgs.
+// UnpermuteBackwardArgs, ActivationArgs and ActivationBackwardArgs; the router's softmax
+// top-k: see SoftmaxTopkArgs and SoftmaxTopkBackwardArgs.
 Status permute(const PermuteArgs& args, const ExecContext& ctx);
 Status unpermute(const UnpermuteArgs& args, const ExecContext& ctx);
 Status unpermute_backward(const UnpermuteBackwardArgs& args, const ExecContext& ctx);
 Status activation(const ActivationArgs& args, const ExecContext& ctx);
 Status activation_backward(const ActivationBackwardArgs& args, const ExecContext& ctx);
+Status softmax_topk(const SoftmaxTopkArgs& args, const ExecContext& ctx);
+Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, const ExecContext& ctx);
 
 // Bytes of workspace permute needs on `device` for num_slots = T * k slots and
 // num_experts experts (0 on CPU; a function of its arguments only).

@@ -207,4 +207,28 @@ struct ActivationBackwardArgs {
   int64_t rows = 0, in_features = 0;
 };
 
+// The router's softmax top-k (groupgemm/router.h has the exact rule): for logits [T, E],
+// the k chosen experts per token and their probabilities, in float32 (float64 for
+// float64 logits).
+struct SoftmaxTopkArgs {
+  DType dtype = DType::f32;          // logits; probs are float32 (float64 for float64)
+  const void* logits = nullptr;      // [T, E]
+  int32_t* expert_indices = nullptr;  // [T, k]: chosen experts, -1 for a dropped slot
+  void* probs = nullptr;             // [T, k]
+  int64_t num_tokens = 0, num_experts = 0, top_k = 0;
+  bool renormalize = true;
+};
+
+// dlogits[T, E] (logits' dtype) from the forward's logits and expert_indices and the
+// incoming dprobs (probs' dtype).
+struct SoftmaxTopkBackwardArgs {
+  DType dtype = DType::f32;                 // logits and dlogits
+  const void* logits = nullptr;             // [T, E]
+  const int32_t* expert_indices = nullptr;  // [T, k]
+  const void* dprobs = nullptr;             // [T, k]
+  void* dlogits = nullptr;                  // [T, E]
+  int64_t num_tokens = 0, num_experts = 0, top_k = 0;
+  bool renormalize = true;
+};
+
 }  // namespace groupgemm

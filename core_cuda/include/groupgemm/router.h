@@ -1,0 +1,114 @@
+// The MoE router's softmax top-k and its backward, one token (one row of logits) at a
+// time. __host__ __device__: the CPU backend and the CUDA kernel (one thread per token)
+// run these same loops, in the same order, so each backend's bits are fixed by its
+// inputs alone and the two frameworks, which call the same backend, agree bitwise.
+//
+// For a row l[0..E) and k:
+//  - the choices are the k largest logits, the larger first and, between equal logits,
+//    the lower expert first; a logit of -inf (a masked expert) or NaN is never chosen,
+//    and a slot left without a choice is dropped: index -1, probability 0;
+//  - renormalize: probs[j] = exp(l[i_j] - m) / sum over chosen c of exp(l[c] - m), the
+//    softmax over the chosen logits (Mixtral); otherwise probs[j] = exp(l[i_j] - m) /
+//    sum over every e of exp(l[e] - m), the full softmax's value (m = l[i_0], the max).
+// Sums run in index order in float (double for float64 logits).
+#pragma once
+
+#include <stdint.h>
+
+#include "groupgemm/activation.h"  // exp_of
+
+namespace groupgemm {
+
+// Whether logit x may be chosen: not -inf and not NaN.
+template <typename A>
+GG_HD bool choosable(A x) {
+  return x == x && x > -A(INFINITY);
+}
+
+// The order of choices: x at expert e comes before y at expert f.
+template <typename A>
+GG_HD bool chosen_before(A x, int64_t e, A y, int64_t f) {
+  return x > y || (x == y && e < f);
+}
+
+// Writes indices[0..k): the choices, then -1 for dropped slots. `logit(e)` is l[e]
+// widened to A. Each pass takes the first logit in the order after the previous choice,
+// so there is no scratch and no state beyond the previous choice.
+template <typename A, typename Logit>
+GG_HD void choose_experts(const Logit& logit, int64_t experts, int64_t k, int32_t* indices) {
+  int64_t previous = -1;
+  A previous_value = A(0);
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    A best_value = A(0);
+    for (int64_t e = 0; e < experts; ++e) {
+      const A x = logit(e);
+      if (!choosable(x) || (previous >= 0 && !chosen_before(previous_value, previous, x, e))) continue;
+      if (best < 0 || chosen_before(x, e, best_value, best)) best = e, best_value = x;
+    }
+    indices[j] = static_cast<int32_t>(best);
+    if (best >= 0) previous = best, previous_value = best_value;
+  }
+}
+
+// The normaliser of a row whose choices are `indices`: the sum of exp(l - m) over the
+// chosen experts (renormalize) or over every expert.
+template <typename A, typename Logit>
+GG_HD A softmax_denominator(const Logit& logit, int64_t experts, int64_t k, const int32_t* indices,
+                            bool renormalize, A max) {
+  A sum = A(0);
+  if (renormalize) {
+    for (int64_t j = 0; j < k; ++j)
+      if (indices[j] >= 0) sum += exp_of(logit(indices[j]) - max);
+  } else {
+    for (int64_t e = 0; e < experts; ++e) sum += exp_of(logit(e) - max);
+  }
+  return sum;
+}
+
+// One token's forward: indices[0..k) and probs[0..k).
+template <typename A, typename Logit>
+GG_HD void softmax_topk_row(const Logit& logit, int64_t experts, int64_t k, bool renormalize, int32_t* indices,
+                            A* probs) {
+  choose_experts<A>(logit, experts, k, indices);
+  if (k == 0 || indices[0] < 0) {
+    for (int64_t j = 0; j < k; ++j) probs[j] = A(0);
+    return;
+  }
+  const A max = logit(indices[0]);
+  const A sum = softmax_denominator(logit, experts, k, indices, renormalize, max);
+  for (int64_t j = 0; j < k; ++j) probs[j] = indices[j] < 0 ? A(0) : exp_of(logit(indices[j]) - max) / sum;
+}
+
+// One token's backward: dlogits[e] for every e, through `write(e, value)`, from the
+// forward's indices and the incoming dprobs (dropped slots' ignored). With w the probs
+// and s = sum over valid j of dprobs[j] * w[j]:
+//  - renormalize: dl[i_j] = w[j] * (dprobs[j] - s), every other expert 0;
+//  - otherwise:   dl[e] = p[e] * (g[e] - s), p the full softmax, g[e] = dprobs[j] when
+//    e = i_j, else 0.
+template <typename A, typename Logit, typename DProb, typename Write>
+GG_HD void softmax_topk_backward_row(const Logit& logit, int64_t experts, int64_t k, bool renormalize,
+                                     const int32_t* indices, const DProb& dprob, const Write& write) {
+  if (k == 0 || indices[0] < 0) {
+    for (int64_t e = 0; e < experts; ++e) write(e, A(0));
+    return;
+  }
+  const A max = logit(indices[0]);
+  const A sum = softmax_denominator(logit, experts, k, indices, renormalize, max);
+  A s = A(0);
+  for (int64_t j = 0; j < k; ++j)
+    if (indices[j] >= 0) s += dprob(j) * (exp_of(logit(indices[j]) - max) / sum);
+  for (int64_t e = 0; e < experts; ++e) {
+    int64_t slot = -1;
+    for (int64_t j = 0; j < k; ++j)
+      if (indices[j] == e) slot = j;
+    if (renormalize && slot < 0) {
+      write(e, A(0));
+      continue;
+    }
+    const A p = exp_of(logit(e) - max) / sum;
+    write(e, p * ((slot < 0 ? A(0) : dprob(slot)) - s));
+  }
+}
+
+}  // namespace groupgemm
