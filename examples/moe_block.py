@@ -2,6 +2,10 @@
 NumPy initialisation: a softmax top-k router, permute, the grouped expert MLP (SwiGLU),
 unpermute weighted by the router's probabilities, and a residual connection.
 
+Every step with arithmetic runs in groupgemm's core, the router's logits included (one
+group holding every token), so the two frameworks compute the same bits: outputs and
+gradients of the block are bitwise identical in JAX and PyTorch.
+
 Nothing here reads routing on the host: expert choices, group sizes and row maps stay
 on the device, a token can go to no expert (every choice masked) and an expert can get
 no token, with no special case anywhere.
@@ -21,16 +25,14 @@ def init_block(rng, dim, ffn, experts):
 
 def jax_block(params, x, top_k, allowed=None):
     """x [T, D] -> (x + MoE(x), group_sizes). ``allowed`` [E] bars experts from routing."""
-    import jax
     import jax.numpy as jnp
 
     import groupgemm.jax as gj
 
-    logits = x @ params["router"]
+    logits = gj.grouped_matmul(x, params["router"][None], jnp.asarray([x.shape[0]], jnp.int32))
     if allowed is not None:
         logits = jnp.where(allowed, logits, -jnp.inf)
-    probs, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
-    probs = probs / probs.sum(-1, keepdims=True)
+    probs, experts = gj.softmax_topk(logits, top_k)
     permuted, group_sizes, row_map = gj.permute(x, experts, params["router"].shape[1])
     y = gj.grouped_mlp(permuted, params["w_in"], params["w_out"], group_sizes, activation="swiglu",
                        transpose_rhs=True)
@@ -55,11 +57,11 @@ def torch_block_class():
                 self.experts.fc2.weight.copy_(torch.tensor(params["w_out"]))
 
         def forward(self, x, allowed=None):
-            logits = x @ self.router
+            every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
+            logits = gt.grouped_mm(x, self.router[None], every_token)
             if allowed is not None:
                 logits = logits.masked_fill(~allowed, float("-inf"))
-            probs, experts = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-            probs = probs / probs.sum(-1, keepdim=True)
+            probs, experts = gt.softmax_topk(logits, self.top_k)
             permuted, group_sizes, row_map = gt.permute(x, experts, self.router.shape[1])
             y = self.experts(permuted, group_sizes)
             return x + gt.unpermute(y, row_map, probs), group_sizes

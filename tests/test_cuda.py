@@ -19,7 +19,14 @@ from bits import assert_same_bits
 from cases import CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
 from reference import assert_close, empty_groups, padding_rows
 from test_expert_layer import IDS as ROUTING_IDS
-from test_expert_layer import MLP_CASES, ROUTINGS, expert_layer_in_both_frameworks, routing_inputs
+from test_expert_layer import (
+    MLP_CASES,
+    ROUTER_LOGITS,
+    ROUTINGS,
+    expert_layer_in_both_frameworks,
+    moe_block_in_both_frameworks,
+    routing_inputs,
+)
 
 import groupgemm
 import groupgemm.jax as gj
@@ -290,6 +297,24 @@ def test_cuda_grouped_mlp_matches_cpu_backend_and_keeps_exact_zeros(gemm_kernel,
                 assert (a[g] == 0).all(), (what, g)
 
 
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renormalized", "full_softmax"])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("logits_name", ROUTER_LOGITS)
+@pytest.mark.parametrize("name", list(ON_CUDA))
+def test_cuda_softmax_topk_matches_reference_and_cpu_choices(name, logits_name, dtype, renormalize):
+    frontend = _frontend_on_cuda(name)
+    logits, k = round_to(ROUTER_LOGITS[logits_name], dtype), 3
+    dprobs = np.random.default_rng(6).standard_normal((len(logits), k))
+    gpu, cpu = (frontend.softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype, device=device)
+                for device in ("cuda", "cpu"))
+    want_probs, want_indices = eref.softmax_topk(logits, k, renormalize)
+    assert_same_bits(gpu[1], cpu[1], f"{logits_name}/{dtype}/expert_indices")
+    assert np.array_equal(frontend.to_float64(gpu[1]), want_indices)
+    assert_close(frontend.to_float64(gpu[0]), want_probs, "float32", f"{logits_name}/{dtype}/probs")
+    want_dlogits = eref.softmax_topk_grad(logits, want_indices, dprobs, renormalize)
+    assert_close(frontend.to_float64(gpu[2]), want_dlogits, dtype, f"{logits_name}/{dtype}/dlogits")
+
+
 @needs_both
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("routing", ROUTINGS, ids=ROUTING_IDS)
@@ -313,6 +338,12 @@ def test_cuda_permute_and_unpermute_are_bitwise_identical_in_jax_and_torch(routi
 def test_cuda_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
     for i, (a, b) in enumerate(zip(*expert_layer_in_both_frameworks(dtype, device="cuda"))):
         assert_same_bits(a, b, f"cuda/{dtype}/result {i}")
+
+
+@needs_both
+def test_cuda_moe_block_is_bitwise_identical_in_jax_and_torch():
+    for i, (a, b) in enumerate(zip(*moe_block_in_both_frameworks(device="cuda"))):
+        assert_same_bits(a, b, f"cuda/moe block/result {i}")
 
 
 def _torch_moe_block(dim=64, ffn=32, experts=8, top_k=2):

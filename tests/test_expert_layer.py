@@ -1,4 +1,4 @@
-"""The expert layer (permute, unpermute, the grouped MLP) in both frontends against the
+"""The expert layer (the router, permute, unpermute, the grouped MLP) in both frontends against the
 float64 NumPy reference, forward and every gradient, in every dtype; JAX/PyTorch parity."""
 
 import dataclasses
@@ -39,6 +39,41 @@ ROUTINGS = [
     Routing("no_experts", ((0, 1), (2, 0)), 0),
 ]
 IDS = [r.name for r in ROUTINGS]
+
+
+ROUTER_LOGITS = {  # name: [T, E] logits (T = 0: no tokens)
+    "random": np.random.default_rng(5).standard_normal((6, 5)) * 2,
+    "ties": np.array([[1.0, 1.0, 1.0, 0.0, 1.0], [0.0, 2.0, 2.0, 2.0, -1.0], [3.0, 3.0, 3.0, 3.0, 3.0]]),
+    "masked": np.array([[0.5, -np.inf, 1.5, -np.inf, 0.0], [-np.inf] * 5, [-np.inf, -np.inf, 2.0, -np.inf, -np.inf],
+                        [1.0, 0.0, -np.inf, 2.0, -1.0]]),
+    "no_tokens": np.zeros((0, 5)),
+}
+
+
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renormalized", "full_softmax"])
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ROUTER_LOGITS)
+def test_softmax_topk_matches_reference_with_its_gradient(frontend, name, dtype, k, renormalize):
+    logits = round_to(ROUTER_LOGITS[name], dtype)
+    dprobs = np.random.default_rng(6).standard_normal((len(logits), k))
+    probs, indices, dlogits = frontend.softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype)
+    want_probs, want_indices = eref.softmax_topk(logits, k, renormalize)
+    probs_dtype = "float64" if dtype == "float64" else "float32"
+    assert frontend.dtype_of(indices) == "int32" and frontend.dtype_of(probs) == probs_dtype
+    assert np.array_equal(frontend.to_float64(indices), want_indices)
+    got_probs = frontend.to_float64(probs)
+    ref.assert_close(got_probs, want_probs, probs_dtype, "probs")
+    assert (got_probs[want_indices < 0] == 0).all()
+    want_dlogits = eref.softmax_topk_grad(logits, want_indices, dprobs, renormalize)
+    got_dlogits = frontend.to_float64(dlogits)
+    assert frontend.dtype_of(dlogits) == dtype and got_dlogits.shape == logits.shape
+    ref.assert_close(got_dlogits, want_dlogits, dtype, "dlogits")
+    if renormalize:  # experts not chosen get exact zeros
+        unchosen = np.ones(logits.shape, bool)
+        for t, row in enumerate(want_indices):
+            unchosen[t, row[row >= 0]] = False
+        assert (got_dlogits[unchosen] == 0).all()
 
 
 def routing_inputs(r, h=8, seed=0):
@@ -158,6 +193,39 @@ def test_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
         assert_same_bits(a, b, f"result {i}")
 
 
+def moe_block_in_both_frameworks(device="cpu"):
+    """examples/moe_block.py's block (router, permute, GroupedMLP, unpermute, residual), an
+    expert masked off, in JAX and in PyTorch from one init: per framework the output,
+    group sizes and every gradient as float64 NumPy (same order in both)."""
+    import jax
+    import torch
+    from moe_block import init_block, jax_block, torch_block_class
+
+    rng = np.random.default_rng(7)
+    params = init_block(rng, 16, 8, 6)
+    x, dy = (rng.standard_normal((20, 16)).astype(np.float32) for _ in range(2))
+    allowed = np.arange(6) != 4
+    with jax.default_device(jax.devices("gpu" if device == "cuda" else "cpu")[0]):
+        (y_j, sizes_j), vjp = jax.vjp(lambda p, x: jax_block(p, x, 2, allowed), params, x)
+        dparams_j, dx_j = vjp((dy, np.zeros(sizes_j.shape, jax.dtypes.float0)))
+    block = torch_block_class()(params, 2).to(device)
+    x_t = torch.tensor(x, device=device, requires_grad=True)
+    y_t, sizes_t = block(x_t, torch.tensor(allowed, device=device))
+    y_t.backward(torch.tensor(dy, device=device))
+    jax_results = [y_j, sizes_j, dx_j, dparams_j["router"], dparams_j["w_in"], dparams_j["w_out"]]
+    torch_results = [y_t, sizes_t, x_t.grad, block.router.grad, block.experts.fc1.weight.grad,
+                     block.experts.fc2.weight.grad]
+    return [[fe.to_float64(a) for a in results]
+            for fe, results in ((jax_frontend, jax_results), (torch_frontend, torch_results))]
+
+
+def test_moe_block_is_bitwise_identical_in_jax_and_torch():
+    jax_results, torch_results = moe_block_in_both_frameworks()
+    assert jax_results[1][4] == 0 and (jax_results[4][4] == 0).all()  # the masked expert: no rows, zero grad
+    for what, a, b in zip(("y", "group_sizes", "dx", "drouter", "dw_in", "dw_out"), jax_results, torch_results):
+        assert_same_bits(a, b, what)
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda f, a: f.permute(a.lhs, a.sizes, 3), ValueError, "expert_indices must be 2-D"),
     (lambda f, a: f.permute(a.lhs, a.cast(a.lhs, "float32"), 3), TypeError, "expert_indices must be an integer"),
@@ -174,6 +242,11 @@ def test_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
     (lambda f, a: f.unpermute(a.lhs, a.array([[0, 1]] * 3, "int32"), a.array(np.ones((3, 2)), "float16")),
      TypeError, "probs must be float32 .permuted's dtype. or float32, got float16"),
     (lambda f, a: f.mlp_with_activation("tanh"), ValueError, "activation must be one of 'swiglu', 'gelu'"),
+    (lambda f, a: f.softmax_topk(a.lhs, 5), ValueError, r"k = 5 exceeds the 4 experts"),
+    (lambda f, a: f.softmax_topk(a.lhs, -1), ValueError, "k must be a non-negative int"),
+    (lambda f, a: f.softmax_topk(a.lhs[0], 1), ValueError, r"logits must be 2-D \[T, E\]"),
+    (lambda f, a: f.softmax_topk(a.cast(a.lhs, "int32"), 1), TypeError, "logits must be float32"),
+    (lambda f, a: f.softmax_topk(a.lhs, 1, renormalize=None), TypeError, "renormalize must be a bool"),
 ])
 def test_bad_expert_layer_input_raises_naming_the_argument(frontend, call, error, match):
     with pytest.raises(error, match=match):

@@ -411,8 +411,9 @@ def test_the_quick_expert_cases_reach_every_expert_kernel():
 
     required = driver_calls.required_expert_kernels()
     # permute: 4 kernels, 2 scans over several tiles, capped chunks, 2 fill word sizes;
-    # unpermute and its backward: 5 (values, probs) pairs each; the activations: 2 x 3 dtypes.
-    assert len(required) == 9 + 2 * 5 + 2 * 3
+    # unpermute and its backward: 5 (values, probs) pairs each; the activations and the
+    # router: 2 x 3 dtypes each.
+    assert len(required) == 9 + 2 * 5 + 2 * 3 + 2 * 3
     assert required <= reached(expert_driver.QUICK_EXPERT_CASES)
     assert required <= reached(expert_driver.ALL_EXPERT_CASES)
     small = [n for n in expert_driver.QUICK_EXPERT_CASES if not n.startswith("many_")]

@@ -115,13 +115,16 @@ def describe(kernel):
     return f"{kind} {dtype}->{out} {layout}" + (" +C" if beta else "")
 
 
-# ---- the expert layer (core_cuda/cuda/moe_backend.cu, permute.cu, unpermute.cu, activation.cu)
+# ---- the expert layer (core_cuda/cuda/moe_backend.cu, permute.cu, unpermute.cu, activation.cu,
+# router.cu)
 
 PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN, PERMUTE_ASSIGN, PERMUTE_FILL = (
     "permute count kernel", "permute bucket scan kernel", "permute start scan kernel", "permute assign kernel",
     "permute fill kernel")
 UNPERMUTE, UNPERMUTE_BACKWARD = "unpermute kernel", "unpermute backward kernel"
 ACTIVATION, ACTIVATION_BACKWARD = "activation kernel", "activation backward kernel"
+SOFTMAX_TOPK, SOFTMAX_TOPK_BACKWARD = "softmax top-k kernel", "softmax top-k backward kernel"
+ROUTER_KINDS = ("softmax_topk", "softmax_topk_backward")
 SEVERAL_TILES = "over several tiles"
 CAPPED_CHUNKS = "with the chunk count capped by the counts budget"
 ACTIVATIONS = ("swiglu", "gelu", "relu", "silu")
@@ -149,15 +152,17 @@ def permute_workspace_bytes(slots, experts):
 
 @dataclasses.dataclass(frozen=True)
 class ExpertCall:
-    kind: str  # "permute", "unpermute", "unpermute_backward", "activation" or "activation_backward"
-    dtype: str  # the values' dtype
+    kind: str  # "permute", "unpermute", "unpermute_backward", "activation", "activation_backward" or ROUTER_KINDS
+    dtype: str  # the values' (the router: the logits') dtype
     probs: str | None = None  # unpermute and its backward: probs' dtype, None without probs
     activation: str | None = None  # the activations: one of ACTIVATIONS
+    renormalize: bool | None = None  # the router
 
     @property
     def name(self):
         extra = ([f"probs {self.probs or 'absent'}"] if self.kind.startswith("unpermute") else
-                 [self.activation] if self.activation else [])
+                 [self.activation] if self.activation else
+                 ["renormalized" if self.renormalize else "full softmax"] if self.kind in ROUTER_KINDS else [])
         return "/".join([self.kind, self.dtype, *extra])
 
 
@@ -165,12 +170,14 @@ def expert_calls_for(dtype):
     """Every expert-layer call made per routing case and dtype: permute; unpermute and its
     backward without probs, with probs in the values' dtype and in float32; each activation
     forward and backward (on h of min(T*k, a few thousand) rows and F = hidden columns, 2F
-    for swiglu)."""
+    for swiglu); the router's softmax top-k and its backward, renormalized or not (on [T, E]
+    logits)."""
     probs = list(dict.fromkeys([None, dtype, "float32"]))
     return ([ExpertCall("permute", dtype)]
             + [ExpertCall(kind, dtype, probs=p) for kind in ("unpermute", "unpermute_backward") for p in probs]
             + [ExpertCall(kind, dtype, activation=a) for kind in ("activation", "activation_backward")
-               for a in ACTIVATIONS])
+               for a in ACTIVATIONS]
+            + [ExpertCall(kind, dtype, renormalize=r) for kind in ROUTER_KINDS for r in (True, False)])
 
 
 def expert_kernels_reached(call, tokens, top_k, experts, hidden):
@@ -204,18 +211,26 @@ def expert_kernels_reached(call, tokens, top_k, experts, hidden):
     if call.kind in ("activation", "activation_backward"):
         kernel = ACTIVATION if call.kind == "activation" else ACTIVATION_BACKWARD
         return {(kernel, call.dtype)} if slots * hidden else reached
+    if call.kind in ROUTER_KINDS:  # made only when k <= E (the core refuses more choices than experts)
+        if top_k > experts:
+            return reached
+        if call.kind == "softmax_topk":
+            return {(SOFTMAX_TOPK, call.dtype)} if slots else reached
+        return {(SOFTMAX_TOPK_BACKWARD, call.dtype)} if tokens * experts else reached
     raise ValueError(f"unknown call kind {call.kind!r}")
 
 
 def required_expert_kernels():
     """What the driver must reach of the expert layer: each of permute's kernels (its scans
     over several tiles, its chunk count capped), the fill for 2- and 4-byte elements, the
-    unpermute kernels for every (values, probs) pair, the activations in every dtype."""
+    unpermute kernels for every (values, probs) pair, the activations and the router in every
+    dtype."""
     required = {PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN, PERMUTE_ASSIGN,
                 (PERMUTE_BUCKET_SCAN, SEVERAL_TILES), (PERMUTE_START_SCAN, SEVERAL_TILES),
                 (PERMUTE_COUNT, CAPPED_CHUNKS), (PERMUTE_FILL, "2-byte"), (PERMUTE_FILL, "4-byte")}
     for dtype in DTYPES:
         for probs in dict.fromkeys([dtype, "float32"]):
             required |= {(UNPERMUTE, dtype, f"probs {probs}"), (UNPERMUTE_BACKWARD, dtype, f"probs {probs}")}
-        required |= {(ACTIVATION, dtype), (ACTIVATION_BACKWARD, dtype)}
+        required |= {(ACTIVATION, dtype), (ACTIVATION_BACKWARD, dtype), (SOFTMAX_TOPK, dtype),
+                     (SOFTMAX_TOPK_BACKWARD, dtype)}
     return required

@@ -1,12 +1,15 @@
 """The expert layer's calls for the sanitizer driver: permute, unpermute and its backward,
-the activations and their backward, through groupgemm._core with torch tensors.
+the activations and their backward, the router's softmax top-k and its backward, through
+groupgemm._core with torch tensors.
 
 Each call runs twice, on the driver's device and on the CPU backend with the same inputs,
 and the device's results are checked against the CPU's: permute's outputs (permuted rows,
 group_sizes, row_map) bit for bit; unpermute, its backward and dprobs equal or within
 float32 rounding of the same float32 sums (plus one rounding to a 16-bit output); the
 activations within ACTIVATION_ULPS float32 ulps of the expression's scale (the host's and
-the device's exp and erf may differ in the last bits), plus one 16-bit rounding. Rows
+the device's exp and erf may differ in the last bits), plus one 16-bit rounding; the
+router's choices bit for bit (its logits have ties and masked experts), its probabilities
+and dlogits within ROUTER_ULPS float32 ulps of their scale. Rows
 that must be exact zeros (dropped slots, rows no slot maps to, zero activation rows) are
 compared bit for bit. The routing cases cover k = 1..4, no tokens, every slot dropped, no
 experts, every token to one expert, zero columns, and enough slots (70,000) and experts
@@ -18,9 +21,10 @@ import dataclasses
 import numpy as np
 from bits import raw_bits
 from cases import round_to
-from driver_calls import DTYPES, expert_calls_for, expert_kernels_reached
+from driver_calls import DTYPES, ROUTER_KINDS, expert_calls_for, expert_kernels_reached
 
 ACTIVATION_ULPS = 2
+ROUTER_ULPS = 8  # exp per expert, a sum over the experts and a division
 ACTIVATION_ROWS = 4096  # the activations run on min(T * k, this) rows: enough for many blocks
 F32_ROUNDING = 2.0**-23  # one float32 rounding, relative (twice the unit roundoff: products and sums)
 
@@ -85,6 +89,9 @@ def expert_inputs(case, seed=0):
                 permuted=rng.standard_normal((slots, h)),
                 dout=rng.standard_normal((t, h)),
                 probs=rng.uniform(0.1, 1.0, (t, k)),
+                # logits on a grid of halves (ties in every dtype), about one in ten masked
+                logits=np.where(rng.random((t, e)) < 0.1, -np.inf, rng.integers(-6, 7, (t, e)) / 2),
+                dprobs=rng.standard_normal((t, k)),
                 act_h=act_h, act_dout=act_dout, zero_rows=np.arange(rows) % 5 == 0)
 
 
@@ -182,6 +189,19 @@ def _activation(dev, call, x, prefill):
     return [dev.fetch(dh)]
 
 
+def _router(dev, call, case, x, prefill):
+    c, t, k = dev.capsule, case.tokens, case.top_k
+    logits = dev.tensor(x["logits"], call.dtype)
+    indices, probs = dev.int_output((t, k), prefill), dev.output((t, k), "float32", prefill)
+    dev.core.softmax_topk(c(logits), c(indices), c(probs), call.renormalize, stream=dev.stream())
+    if call.kind == "softmax_topk":
+        return [dev.fetch(indices), dev.fetch(probs)]
+    dlogits = dev.output(x["logits"].shape, call.dtype, prefill)
+    dev.core.softmax_topk_backward(c(logits), c(indices), c(dev.tensor(x["dprobs"], "float32")), c(dlogits),
+                                   call.renormalize, stream=dev.stream())
+    return [dev.fetch(dlogits)]
+
+
 def row_map_of(cpu, case, x):
     """The routing's row_map, from the CPU backend's permute."""
     return _permute(cpu, case, x, "float32", "nan")[2].numpy()
@@ -204,6 +224,16 @@ def run_expert_call(dev, cpu, call, case, x, row_map, prefill):
         tolerance = ACTIVATION_ULPS * ulp(scale, "float32") + _stored(w, call.dtype)
         exact = np.broadcast_to(x["zero_rows"][:, None], w.shape)
         return [Result("out" if call.kind == "activation" else "dh", got, want, tolerance, exact)]
+    if call.kind in ROUTER_KINDS:
+        if case.top_k > case.experts:
+            return []  # not made: the core refuses more choices than experts
+        got, want = (_router(d, call, case, x, prefill) for d in (dev, cpu))
+        if call.kind == "softmax_topk":  # probabilities are at most 1
+            return [Result("expert_indices", got[0], want[0]),
+                    Result("probs", got[1], want[1], ROUTER_ULPS * ulp(1.0, "float32"))]
+        w = want[0].double().numpy()
+        scale = np.abs(x["dprobs"]).sum(axis=1, keepdims=True)  # |dlogits| <= 2 sum |dprobs|
+        return [Result("dlogits", got[0], want[0], ROUTER_ULPS * ulp(scale, "float32") + _stored(w, call.dtype))]
     runner = _unpermute if call.kind == "unpermute" else _unpermute_backward
     got, want = (runner(d, x, call.dtype, call.probs, row_map, prefill) for d in (dev, cpu))
     permuted, dout = round_to(x["permuted"], call.dtype), round_to(x["dout"], call.dtype)

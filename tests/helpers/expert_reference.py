@@ -1,5 +1,5 @@
-"""Float64 NumPy reference of the expert layer (permute, unpermute, the activations, the
-grouped MLP), written from the semantics in README.md, independently of the core."""
+"""Float64 NumPy reference of the expert layer (the router's softmax top-k, permute,
+unpermute, the activations, the grouped MLP), written from the semantics in README.md, independently of the core."""
 
 import math
 
@@ -103,3 +103,39 @@ def grouped_mlp_and_grads(x, w_in, w_out, sizes, name, b_in, b_out, dout, round_
     dw_out = ref.grouped_matmul_wgrad(dout, a, sizes, g)  # [E, H, F]
     dw_in = ref.grouped_matmul_wgrad(dh, x, sizes, g)  # [E, F_in, H]
     return y, (dx, dw_in, dw_out, ref.grouped_bias_grad(dh, sizes, g), ref.grouped_bias_grad(dout, sizes, g))
+
+
+def softmax_topk(logits, k, renormalize):
+    """probs, expert_indices: per token the k largest finite logits (ties: lower expert
+    first; -inf and NaN never chosen, -1 and 0 for a slot left without one), weighted by
+    the softmax over the chosen logits (renormalize) or over all of them."""
+    logits = np.asarray(logits, np.float64)
+    t = logits.shape[0]
+    indices, probs = -np.ones((t, k), np.int64), np.zeros((t, k))
+    for i, row in enumerate(logits):
+        finite = [e for e in range(len(row)) if row[e] > -np.inf]
+        chosen = sorted(finite, key=lambda e: (-row[e], e))[:k]
+        indices[i, :len(chosen)] = chosen
+        if chosen:
+            pool = chosen if renormalize else finite
+            weights = np.exp(row[pool] - row[chosen[0]])
+            probs[i, :len(chosen)] = weights[[pool.index(e) for e in chosen]] / weights.sum()
+    return probs, indices
+
+
+def softmax_topk_grad(logits, indices, dprobs, renormalize):
+    """dlogits = J^T dprobs with the choices held fixed, J the Jacobian of the chosen
+    probabilities: of the softmax over the chosen logits (renormalize) or the full one."""
+    logits, dprobs = np.asarray(logits, np.float64), np.asarray(dprobs, np.float64)
+    dlogits = np.zeros_like(logits)
+    for i, row in enumerate(logits):
+        chosen = [int(e) for e in indices[i] if e >= 0]
+        if not chosen:
+            continue
+        pool = chosen if renormalize else [e for e in range(len(row)) if row[e] > -np.inf]
+        p = np.exp(row[pool] - row[chosen[0]])
+        p /= p.sum()
+        jacobian = np.diag(p) - np.outer(p, p)  # d softmax(pool) / d logits[pool]
+        rows = [pool.index(e) for e in chosen]
+        dlogits[i, pool] = jacobian[rows].T @ dprobs[i, :len(chosen)]
+    return dlogits

@@ -132,7 +132,16 @@ def grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, 
         return y, tuple(grads.get(k) for k in ("x", "w_in", "w_out", "b_in", "b_out"))
 
 
-permute, unpermute = gj.permute, gj.unpermute
+def softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype, device=None):
+    """probs, expert_indices and d logits, from NumPy inputs."""
+    with precision(dtype), _on(device):
+        (probs, indices), vjp = jax.vjp(lambda x: gj.softmax_topk(x, k, renormalize=renormalize),
+                                        jnp.asarray(logits, dtype))
+        (dlogits,) = vjp((jnp.asarray(dprobs, probs.dtype), np.zeros(indices.shape, jax.dtypes.float0)))
+        return probs, indices, dlogits
+
+
+permute, unpermute, softmax_topk = gj.permute, gj.unpermute, gj.softmax_topk
 
 
 def mlp_with_activation(name):

@@ -130,7 +130,15 @@ def grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, 
     return y, (x_t.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad, *biases)
 
 
-permute, unpermute = gt.permute, gt.unpermute
+def softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype, device="cpu"):
+    """probs, expert_indices and d logits, from NumPy inputs."""
+    logits_t = _leaf(logits, dtype, device)
+    probs, indices = gt.softmax_topk(logits_t, k, renormalize=renormalize)
+    probs.backward(torch.from_numpy(np.asarray(dprobs)).to(device, probs.dtype))
+    return probs, indices, logits_t.grad
+
+
+permute, unpermute, softmax_topk = gt.permute, gt.unpermute, gt.softmax_topk
 
 
 def mlp_with_activation(name):
