@@ -7,8 +7,9 @@ MLP, unpermute; examples/moe_block.py) and predicts the next character. Both
 frameworks start from one NumPy initialisation and see the same batches. Every few
 steps the router is barred from the experts of a simulated second rank, so all of that
 rank's experts receive zero tokens: training goes on and their gradients are exact
-zeros. The expert layer gives the same bits in both frameworks; the router and the loss
-are each framework's own kernels, so the two loss curves agree closely but not exactly.
+zeros. The MoE blocks give the same bits in both frameworks; the embedding projection,
+the head and the loss are each framework's own kernels, so the two loss curves agree
+closely but not exactly.
 Writes a PNG of both loss curves and prints a sample of generated text.
 
 Run: python examples/moe_demo.py [--steps 300]
@@ -184,9 +185,9 @@ def main(argv=None):
     worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(jax_losses, torch_losses))
     print(f"done in {time.time() - t0:.1f} s; loss {jax_losses[0]:.3f} -> {jax_losses[-1]:.3f} "
           f"(uniform guess: {np.log(VOCAB):.3f}); largest relative JAX/torch loss difference {worst:.1e}")
-    # The expert layer gives the same bits in both frameworks; the router's softmax and
-    # top-k and the loss are each framework's own float32 kernels, so the two runs drift
-    # apart by rounding (a near-tie in top-k sends a token to another expert).
+    # The MoE blocks give the same bits in both frameworks; the projection, the head and
+    # the loss are each framework's own float32 kernels, so the two runs drift apart by
+    # rounding (a near-tie in top-k then sends a token to another expert).
     assert worst < 5e-2, "JAX and PyTorch losses diverged"
 
     with torch.no_grad():

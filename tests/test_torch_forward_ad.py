@@ -207,6 +207,22 @@ def test_expert_layer_tangent_matches_finite_differences(activation):
     assert (tangent[2] != 0).any()  # token 2 keeps one slot, through expert 0
 
 
+@pytest.mark.parametrize("mode", ["torch.func.jvp", "forward_ad"])
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renormalized", "full_softmax"])
+def test_router_tangent_matches_finite_differences(renormalize, mode):
+    torch.manual_seed(1)
+    logits = torch.randn(5, 6, dtype=F64)
+    logits[1, [0, 3]] = float("-inf")  # masked experts
+    logits[2] = float("-inf")  # a token with every expert masked: dropped slots
+    tangent_in = torch.randn(5, 6, dtype=F64)
+    probs_of = lambda x: gt.softmax_topk(x, 3, renormalize=renormalize)[0]  # noqa: E731
+    tangent = _tangent(mode, probs_of, (logits,), (tangent_in,))
+    eps = 1e-6
+    finite_difference = (probs_of(logits + eps * tangent_in) - probs_of(logits - eps * tangent_in)) / (2 * eps)
+    torch.testing.assert_close(tangent, finite_difference, rtol=1e-6, atol=1e-6)
+    assert (tangent[2] == 0).all() and (tangent[0] != 0).all()
+
+
 def test_an_op_that_computes_a_gradient_itself_refuses_forward_mode_naming_it():
     permuted, row_map = torch.randn(4, 3, dtype=F64), torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
     dout = torch.randn(2, 3, dtype=F64)
