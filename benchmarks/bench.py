@@ -45,14 +45,16 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where to run; on cuda every timed call waits for the device")
-    p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
     p.add_argument("--experts", type=int, nargs="+", default=[8, 64], help="G, experts (groups)")
     p.add_argument("--tokens", type=int, nargs="+", default=[4096], help="M, rows after top-k dispatch")
     p.add_argument("--hidden", type=int, nargs="+", default=[1024], help="K, model width")
     p.add_argument("--ffn", type=int, nargs="+", default=[1024], help="N, expert FFN width")
-    p.add_argument("--routing", nargs="+", default=["uniform"], choices=ROUTINGS,
-                   help="rows per expert: equal; Zipf-like; a quarter of experts empty; all empty "
-                        "(then there is nothing to compute and the times are overhead)")
+    p.add_argument("--routing", nargs="+", default=["uniform", "skewed", "some-empty", "skewed-some-empty"],
+                   choices=ROUTINGS,
+                   help="rows per expert: equal; Zipf-like; a quarter of experts empty, the rest equal; "
+                        "a quarter empty, the rest Dirichlet-skewed; all empty (then there is nothing to "
+                        "compute and the times are overhead)")
     p.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS), choices=list(FRAMEWORKS))
     p.add_argument("--repeats", type=int, default=5, help="timed calls per contender (median)")
     p.add_argument("--budget", type=float, default=15.0,

@@ -6,9 +6,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
-from contenders import DENSE, GROUPGEMM, PER_EXPERT_LOOP  # noqa: E402
+from contenders import DENSE, GROUPGEMM, GROUPGEMM_DENSE, PER_EXPERT_LOOP  # noqa: E402
 
-COLORS = {GROUPGEMM: "#d62728", DENSE: "#7f7f7f", PER_EXPERT_LOOP: "#2ca02c"}
+COLORS = {GROUPGEMM: "#d62728", DENSE: "#7f7f7f", GROUPGEMM_DENSE: "#c7c7c7", PER_EXPERT_LOOP: "#2ca02c"}
 PEER_COLOR = "#1f77b4"
 
 

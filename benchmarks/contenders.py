@@ -5,7 +5,11 @@ from dataclasses import dataclass
 
 GROUPGEMM = "groupgemm"
 PER_EXPERT_LOOP = "per-expert loop"
-DENSE = "dense GEMM"  # one [M, K] x [K, N] GEMM: the ceiling for the same FLOPs
+DENSE = "dense GEMM"  # one [M, K] x [K, N] GEMM of the framework: the ceiling for the same FLOPs
+# The same dense GEMM through groupgemm (one group holding every row): the ceiling of the
+# library groupgemm calls, to tell its kernels' speed from its grouping's cost.
+GROUPGEMM_DENSE = "groupgemm dense (one group)"
+DENSE_KINDS = (DENSE, GROUPGEMM_DENSE)
 
 
 @dataclass
@@ -15,4 +19,4 @@ class Contender:
     forward_backward: Callable[[], tuple]  # runs both, waits, returns (out, dlhs, drhs)
     peak_bytes: Callable[[], int | None]  # peak memory of one forward+backward, or None
     xla_temp_bytes: int | None = None  # XLA's planned temporaries (JAX only)
-    checked: bool = True  # the dense ceiling computes something else and is not checked
+    checked: bool = True  # the dense ceilings compute something else and are not checked

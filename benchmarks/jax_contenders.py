@@ -1,4 +1,5 @@
-"""The JAX contenders: groupgemm, jax.lax.ragged_dot, a per-expert loop and one dense GEMM.
+"""The JAX contenders: groupgemm, jax.lax.ragged_dot, a per-expert loop and one dense GEMM
+(XLA's, and groupgemm's with one group).
 
 Every contender is jitted; group sizes are a device array argument, except for the loop,
 which cannot slice by traced sizes and so bakes the host sizes into its program (one
@@ -8,7 +9,7 @@ compilation per routing, which is why MoE code does not do this).
 import jax
 import jax.numpy as jnp
 import numpy as np
-from contenders import DENSE, GROUPGEMM, PER_EXPERT_LOOP, Contender
+from contenders import DENSE, DENSE_KINDS, GROUPGEMM, GROUPGEMM_DENSE, PER_EXPERT_LOOP, Contender
 
 from groupgemm.jax import grouped_matmul
 
@@ -34,6 +35,8 @@ def _matmuls(sizes):
         RAGGED_DOT: lambda lhs, rhs, group_sizes: jax.lax.ragged_dot(lhs, rhs, group_sizes),
         PER_EXPERT_LOOP: _per_expert_loop(sizes),
         DENSE: lambda lhs, rhs, group_sizes: lhs @ rhs,
+        GROUPGEMM_DENSE: lambda lhs, rhs, group_sizes: grouped_matmul(lhs, rhs[None],
+                                                                      jnp.full((1,), lhs.shape[0], jnp.int32)),
     }
 
 
@@ -65,7 +68,7 @@ def contenders(problem, device_name):
     sizes = put(np.asarray(problem.config.sizes, np.int32))
 
     def build(name, matmul):
-        args = (lhs, dense_rhs if name == DENSE else rhs, sizes)
+        args = (lhs, dense_rhs if name in DENSE_KINDS else rhs, sizes)
         forward = jax.jit(matmul)
         forward_backward = jax.jit(_forward_backward(matmul)).lower(*args, dout).compile()
         analysis = forward_backward.memory_analysis()
@@ -76,7 +79,7 @@ def contenders(problem, device_name):
             forward_backward=run_forward_backward,
             peak_bytes=lambda: _peak_bytes(device, run_forward_backward),
             xla_temp_bytes=None if analysis is None else analysis.temp_size_in_bytes,
-            checked=name != DENSE,
+            checked=name not in DENSE_KINDS,
         )
 
     return {name: (lambda name=name, matmul=matmul: build(name, matmul))

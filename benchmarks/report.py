@@ -4,11 +4,12 @@ import csv
 import json
 import math
 
-from contenders import DENSE, GROUPGEMM
+from contenders import DENSE, DENSE_KINDS, GROUPGEMM, GROUPGEMM_DENSE
 
 CONFIG_COLUMNS = ["framework", "device", "dtype", "experts", "tokens", "hidden", "ffn", "routing"]
 COLUMNS = CONFIG_COLUMNS + [
     "impl", "fwd_ms", "fwd_bwd_ms", "fwd_gflops", "fwd_bwd_gflops", "fwd_vs_dense", "fwd_bwd_vs_dense",
+    "fwd_vs_groupgemm_dense", "fwd_bwd_vs_groupgemm_dense",
     "groupgemm_speedup_fwd", "groupgemm_speedup_fwd_bwd", "peak_mb", "xla_temp_mb",
     "check", "max_rel_error", "samples", "error",
 ]
@@ -22,20 +23,22 @@ def _ratio(numerator, denominator):
 
 
 def derive(rows, config):
-    """Fills GFLOP/s, the ratios to the dense ceiling and groupgemm's speed-up over each
-    peer, for the rows of one framework and configuration. With every expert empty there
-    are no useful FLOPs and the dense ceiling means nothing: those stay empty."""
+    """Fills GFLOP/s, the ratios to the dense ceilings (the framework's GEMM and groupgemm's
+    with one group) and groupgemm's speed-up over each peer, for the rows of one framework
+    and configuration. With every expert empty there are no useful FLOPs and the dense
+    ceilings mean nothing: those stay empty."""
     by_impl = {row["impl"]: row for row in rows}
     no_work = config.routed_rows == 0
     for row in rows:
         for mode, flop_factor in MODES:
             ms = row.get(f"{mode}_ms")
-            flops = config.dense_flops if row["impl"] == DENSE else config.forward_flops
+            flops = config.dense_flops if row["impl"] in DENSE_KINDS else config.forward_flops
             row[f"{mode}_gflops"] = None if no_work or not ms else flop_factor * flops / (ms * 1e-3) / 1e9
-            dense_ms = by_impl.get(DENSE, {}).get(f"{mode}_ms")
-            row[f"{mode}_vs_dense"] = None if no_work else _ratio(dense_ms, ms)
+            for column, ceiling in (("vs_dense", DENSE), ("vs_groupgemm_dense", GROUPGEMM_DENSE)):
+                ceiling_ms = by_impl.get(ceiling, {}).get(f"{mode}_ms")
+                row[f"{mode}_{column}"] = None if no_work else _ratio(ceiling_ms, ms)
             groupgemm_ms = by_impl.get(GROUPGEMM, {}).get(f"{mode}_ms")
-            is_peer = row["impl"] not in (GROUPGEMM, DENSE)
+            is_peer = row["impl"] not in (GROUPGEMM, *DENSE_KINDS)
             row[f"groupgemm_speedup_{mode}"] = _ratio(ms, groupgemm_ms) if is_peer else None
     return rows
 
@@ -93,14 +96,15 @@ def markdown_table(rows, framework):
     several_shapes = len({(r["tokens"], r["hidden"], r["ffn"]) for r in rows}) > 1
     with_xla = any(r.get("xla_temp_mb") is not None for r in rows)
     head = (["dtype", "G", "routing"] + (["M,K,N"] if several_shapes else []) +
-            ["impl", "ms", "GFLOP/s", "vs dense", "groupgemm speed-up", "peak MB"] +
+            ["impl", "ms", "GFLOP/s", "vs dense", "vs groupgemm dense", "groupgemm speed-up", "peak MB"] +
             (["XLA temp MB"] if with_xla else []) + ["check"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["dtype"], str(r["experts"]), r["routing"]]
         cells += [f"{r['tokens']},{r['hidden']},{r['ffn']}"] if several_shapes else []
         cells += [r["impl"], _pair(r, "{mode}_ms", "ms"), _pair(r, "{mode}_gflops", "rate"),
-                  _pair(r, "{mode}_vs_dense", "ratio"), _pair(r, "groupgemm_speedup_{mode}", "speedup"),
+                  _pair(r, "{mode}_vs_dense", "ratio"), _pair(r, "{mode}_vs_groupgemm_dense", "ratio"),
+                  _pair(r, "groupgemm_speedup_{mode}", "speedup"),
                   _number(r.get("peak_mb"), "mb")]
         cells += [_number(r.get("xla_temp_mb"), "mb")] if with_xla else []
         cells += [_check_cell(r)]

@@ -1,4 +1,5 @@
-"""The PyTorch contenders: groupgemm, torch._grouped_mm, a per-expert loop and one dense GEMM.
+"""The PyTorch contenders: groupgemm, torch._grouped_mm, a per-expert loop and one dense GEMM
+(torch's, and groupgemm's with one group).
 
 All run eagerly. Forward runs under no_grad; forward+backward asks autograd for the
 input and weight gradients with a fixed incoming gradient. On CUDA every call ends with
@@ -9,7 +10,7 @@ import os
 
 import numpy as np
 import torch
-from contenders import DENSE, GROUPGEMM, PER_EXPERT_LOOP, Contender
+from contenders import DENSE, DENSE_KINDS, GROUPGEMM, GROUPGEMM_DENSE, PER_EXPERT_LOOP, Contender
 
 from groupgemm.torch import grouped_mm
 
@@ -34,6 +35,8 @@ _MATMULS = {
     GROUPED_MM: _grouped_mm_with_offsets,
     PER_EXPERT_LOOP: per_expert_loop,
     DENSE: lambda x, w, group_sizes: x @ w,
+    GROUPGEMM_DENSE: lambda x, w, group_sizes: grouped_mm(x, w[None], torch.full((1,), x.shape[0],
+                                                                                   device=x.device)),
 }
 
 
@@ -83,7 +86,7 @@ def contenders(problem, device_name):
     wait = _waiter(device)
 
     def build(name, matmul):
-        weight = dense_rhs if name == DENSE else rhs
+        weight = dense_rhs if name in DENSE_KINDS else rhs
 
         def forward():
             with torch.no_grad():
@@ -97,7 +100,8 @@ def contenders(problem, device_name):
             return (out.detach(), *grads)
 
         return Contender(name=name, forward=forward, forward_backward=forward_backward,
-                         peak_bytes=lambda: _peak_bytes(device, forward_backward), checked=name != DENSE)
+                         peak_bytes=lambda: _peak_bytes(device, forward_backward),
+                         checked=name not in DENSE_KINDS)
 
     matmuls = dict(_MATMULS)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):

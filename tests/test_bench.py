@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench.py")
-ROUTINGS = ["uniform", "skewed", "some-empty", "all-empty"]
-IMPLS = {"jax": {"groupgemm", "jax.lax.ragged_dot", "per-expert loop", "dense GEMM"},
-         "torch": {"groupgemm", "torch._grouped_mm", "per-expert loop", "dense GEMM"}}
+ROUTINGS = ["uniform", "skewed", "some-empty", "skewed-some-empty", "all-empty"]
+DENSE = {"dense GEMM", "groupgemm dense (one group)"}
+IMPLS = {"jax": {"groupgemm", "jax.lax.ragged_dot", "per-expert loop", *DENSE},
+         "torch": {"groupgemm", "torch._grouped_mm", "per-expert loop", *DENSE}}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_bench_writes_csv_json_and_png(bench_run):
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader(open(out / "bench.csv")))
     document = json.load(open(out / "bench.json"))
-    assert len(rows) == len(document["results"]) == 2 * 4 * 2 * 4  # dtypes x routings x frameworks x impls
+    assert len(rows) == len(document["results"]) == 2 * 5 * 2 * 5  # dtypes x routings x frameworks x impls
     for framework, impls in IMPLS.items():
         for dtype in ("float32", "bfloat16"):
             for routing in ROUTINGS:
@@ -49,7 +50,7 @@ def test_bench_checks_groupgemm_results_against_the_reference(bench_run):
     out, _ = bench_run
     rows = list(csv.DictReader(open(out / "bench.csv")))
     groupgemm = [r for r in rows if r["impl"] == "groupgemm"]
-    assert len(groupgemm) == 16
+    assert len(groupgemm) == 20
     for r in groupgemm:
         assert r["check"] == "ok" and r["error"] == "", r
         assert float(r["fwd_ms"]) > 0 and float(r["fwd_bwd_ms"]) > 0
@@ -61,9 +62,10 @@ def test_bench_reports_no_flops_or_dense_ratio_when_every_expert_is_empty(bench_
     out, _ = bench_run
     for r in csv.DictReader(open(out / "bench.csv")):
         if r["routing"] == "all-empty":
-            assert r["fwd_gflops"] == r["fwd_vs_dense"] == "", r
-        elif r["impl"] != "dense GEMM":
+            assert r["fwd_gflops"] == r["fwd_vs_dense"] == r["fwd_vs_groupgemm_dense"] == "", r
+        else:
             assert float(r["fwd_gflops"]) > 0 and float(r["fwd_vs_dense"]) > 0
+            assert float(r["fwd_vs_groupgemm_dense"]) > 0
 
 
 def test_bench_reports_cpu_peak_memory_as_not_measured(bench_run):
