@@ -187,13 +187,15 @@ def test_same_call_gives_same_bits(dtype):
     assert all(torch.equal(wgrads[0], w) for w in wgrads[1:])
 
 
+@pytest.mark.parametrize("sizes", [[40, 0, 75, 33, 64, 1, 90, 57], [171, 0, 107, 71, 58, 2, 0, 2]],
+                         ids=["small_groups", "skewed"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_small_groups_side_by_side_give_the_single_thread_bits(dtype):
-    # With several threads, groups smaller than a thread's share run concurrently, one
-    # thread each: the bits must be those of a single-threaded run, whichever thread
-    # took which group.
+def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype, sizes):
+    # With several threads, small groups run concurrently, one thread each, and (skewed
+    # routing) the largest alone on all threads first: the bits must be those of a
+    # single-threaded run, whichever threads ran which group.
     rng = np.random.default_rng(4)
-    sizes = torch.tensor([40, 0, 75, 33, 64, 1, 90, 57], dtype=torch.int32)
+    sizes = torch.tensor(sizes, dtype=torch.int32)
     m, k, n = int(sizes.sum()), 128, 96
     lhs = tensor(rng.standard_normal((m, k)), dtype)
     rhs = tensor(rng.standard_normal((8, k, n)), dtype)

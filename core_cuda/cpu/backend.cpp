@@ -13,6 +13,7 @@
 #include "gemm.h"
 #include "groupgemm/problem.h"
 #include "huge_pages.h"
+#include "thread_plan.h"
 
 namespace groupgemm {
 namespace cpu {
@@ -74,32 +75,28 @@ GemmCall group_gemm(const GroupProblem& p, DType in, DType out, const void* a, c
 
 double flops(const GemmCall& c) { return static_cast<double>(c.m) * c.n * c.k; }
 
-// Runs the per-group GEMMs of one call (they write disjoint outputs). A GEMM with at
-// least a thread's share of the work runs alone on all threads. The rest are small
-// (an MoE layer with many experts): splitting each across the threads costs a
-// synchronisation per group and leaves every thread too little work to amortise
-// re-packing the weight, so they run side by side instead, one thread each, largest
-// first. Which GEMMs share out depends only on the call's shapes and the thread
-// count, and a GEMM's bits do not depend on the thread that runs it.
+// Runs the per-group GEMMs of one call (they write disjoint outputs): the largest alone
+// on all threads when thread_plan.h says so, the rest side by side, one thread each,
+// largest first. A GEMM's bits do not depend on the threads that run it (oneDNN's kernels
+// give the same bits on one thread as on all), so neither does the result.
 Status run_gemms(const std::vector<GemmCall>& calls) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  double total = 0;
-  for (const GemmCall& c : calls) total += flops(c);
-  std::vector<size_t> side_by_side;
-  for (size_t i = 0; i < calls.size(); ++i) {
-    if (threads > 1 && flops(calls[i]) * threads < total && gemm_runs_side_by_side(calls[i])) {
-      side_by_side.push_back(i);
-      continue;
-    }
+  std::vector<size_t> may_share, alone;
+  for (size_t i = 0; i < calls.size(); ++i) (gemm_runs_side_by_side(calls[i]) ? may_share : alone).push_back(i);
+  std::stable_sort(may_share.begin(), may_share.end(),
+                   [&](size_t a, size_t b) { return flops(calls[a]) > flops(calls[b]); });
+  std::vector<double> work;
+  for (size_t i : may_share) work.push_back(flops(calls[i]));
+  const size_t first_shared = gemms_run_alone(work, threads);
+  alone.insert(alone.end(), may_share.begin(), may_share.begin() + first_shared);
+  for (size_t i : alone) {
     Status s = gemm(calls[i]);
     if (!s.ok()) return s;
   }
-  std::stable_sort(side_by_side.begin(), side_by_side.end(),
-                   [&](size_t a, size_t b) { return flops(calls[a]) > flops(calls[b]); });
-  std::vector<Status> status(side_by_side.size(), Status::Ok());
-  const int64_t count = static_cast<int64_t>(side_by_side.size());
+  const int64_t count = static_cast<int64_t>(may_share.size() - first_shared);
+  std::vector<Status> status(count, Status::Ok());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (count > 1)
-  for (int64_t i = 0; i < count; ++i) status[i] = gemm(calls[side_by_side[i]]);
+  for (int64_t i = 0; i < count; ++i) status[i] = gemm(calls[may_share[first_shared + i]]);
   for (const Status& s : status)
     if (!s.ok()) return s;
   return Status::Ok();

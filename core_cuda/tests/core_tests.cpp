@@ -31,6 +31,7 @@
 #include "lru_cache.h"
 #include "permute_workspace.h"
 #include "sm90_strides.h"
+#include "thread_plan.h"
 
 using namespace groupgemm;
 
@@ -468,6 +469,31 @@ void test_bf16_wgrad_chunks() {
 // The cache's policy on its own: least recently used evicted first, a value handed out
 // stays valid after its eviction (AddressSanitizer would flag a use after free), a key
 // asked for again after eviction is created anew, a failed creation caches nothing.
+// Which GEMMs run alone (thread_plan.h): uniform and many small groups share the threads;
+// a group with a thread's share of the work, or skew that would idle a thread, runs alone.
+void test_thread_plan() {
+  g_case = "thread_plan";
+  using cpu::gemms_run_alone;
+  CHECK(gemms_run_alone({8, 8, 8, 8, 8, 8, 8, 8}, 2) == 0);
+  CHECK(gemms_run_alone({8, 8, 8, 8, 8, 8, 8, 8}, 1) == 0);
+  CHECK(gemms_run_alone({}, 2) == 0);
+  CHECK(gemms_run_alone({100}, 2) == 1);        // one GEMM: all threads on it
+  CHECK(gemms_run_alone({10, 1}, 2) == 1);      // side by side, one thread would idle 90%
+  CHECK(gemms_run_alone({5, 5}, 2) == 0);       // two halves: no thread idles
+  CHECK(gemms_run_alone({5, 4, 1}, 2) == 0);
+  // Measured routing (rows of 8 experts, a quarter empty, the rest Dirichlet-skewed): side
+  // by side, one thread would take 1711 + 578 of 4096 rows, 12% over an even split; with
+  // the two largest alone the rest splits 714 / 601.
+  CHECK(gemms_run_alone({1711, 1070, 714, 578, 21, 2}, 2) == 2);
+  // Many small groups balance well whatever their sizes.
+  std::vector<double> small;
+  for (int i = 64; i > 0; --i) small.push_back(i);
+  CHECK(gemms_run_alone(small, 2) == 0);
+  CHECK(gemms_run_alone(small, 64) <= cpu::kMaxAlone);
+  CHECK(cpu::side_by_side_time({3, 2, 2, 1}, 0, 2) == 4);
+  CHECK(cpu::side_by_side_time({3, 2, 2, 1}, 1, 2) == 3);
+}
+
 void test_lru_cache() {
   g_case = "lru_cache";
   int made = 0;
@@ -1237,6 +1263,7 @@ int main() {
   test_kernel_choice();
   test_sm90_strides();
   test_bf16_wgrad_chunks();
+  test_thread_plan();
   test_lru_cache();
   test_onednn_cache_bound();
   test_workspace();
