@@ -1,13 +1,14 @@
 // One dense GEMM on the CPU through a real library:
 //   C[m, n] (+)= op(A)[m, k] @ op(B)[k, n] (+ bias[n])
 // A and B are row-major; a "transposed" operand X[r, c] is stored as [c, r].
-// float32 and bfloat16 go to oneDNN (AMX / AVX-512 kernels, fp32 accumulation),
+// float32 and bfloat16 go to oneDNN (AVX-512 / AMX kernels, fp32 accumulation),
 // float64 to OpenBLAS. float16 is widened by the caller (oneDNN 3.2 has no fast f16
 // matmul with run-time shapes). Callers never pass m, n or k == 0.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "groupgemm/types.h"
 
@@ -42,6 +43,11 @@ constexpr size_t kOnednnCacheCapacity = 256;
 
 // How many primitives it holds now.
 size_t onednn_cached_primitives();
+
+// For the tests: bfloat16 weight gradients in padded fixed-length chunks (true), as one
+// all-run-time GEMM (false), or as the CPU suits (nullopt: chunks on AMX CPUs). Not
+// thread-safe: set it while no GEMM runs.
+void force_bf16_wgrad_chunks(std::optional<bool> chunks);
 
 }  // namespace cpu
 }  // namespace groupgemm

@@ -5,15 +5,17 @@
 // and no call pays oneDNN's JIT cost after the first for its primitive. Which
 // dimensions are fixed decides the kernel:
 //  - bfloat16 forward / dgrad (rows vary, K and N are the layer's): only M is run-time,
-//    one primitive per (K, N). oneDNN 3.2 then picks its AMX brgemm kernel, which is
+//    one primitive per (K, N). On AMX CPUs oneDNN 3.2 then picks its AMX brgemm kernel,
 //    generated for the known K and N, rather than the GEMM-based one it picks when every
-//    dimension is run-time.
+//    dimension is run-time (on AVX-512 CPUs both choices give its GEMM-based kernel).
 //  - bfloat16 weight gradients (the contraction is the group's rows): oneDNN 3.2 picks
 //    brgemm only when every dimension is fixed, so the contraction runs in chunks whose
 //    length is rounded up to a multiple of kContractionStep with zero rows, one
 //    primitive per (M, N, chunk length): copying a chunk to pad it costs far less than
-//    brgemm saves over the all-run-time kernel (the README has measured figures), and
-//    there are at most kMaxChunk / kContractionStep lengths per layer.
+//    brgemm saves over the all-run-time kernel on AMX CPUs, and there are at most
+//    kMaxChunk / kContractionStep lengths per layer. Without AMX (AVX-512 bf16) brgemm
+//    only matches the all-run-time GEMM kernel, so a group shorter than one step is not
+//    padded to it (3x the work at 16 rows, measured) but runs all-run-time.
 //  - float32: every dimension and stride is run-time, one primitive per layout; oneDNN
 //    has no faster choice there.
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -66,11 +69,24 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
+constexpr int64_t kContractionStep = 64;  // the AMX brgemm kernel's natural K blocking
+std::optional<bool> forced_bf16_wgrad_chunks;
+
+bool cpu_has_amx() {
+  static const bool amx = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_amx || isa == dnnl::cpu_isa::avx512_core_amx_fp16;
+  }();
+  return amx;
+}
+
 // Which dimensions of a call's primitive are fixed (see the top of the file).
 bool fixed_k_and_n(const GemmCall& c) { return c.in_dtype == DType::bf16 && !c.a_transposed; }
-bool fixed_contraction(const GemmCall& c) { return c.in_dtype == DType::bf16 && c.a_transposed; }
+bool fixed_contraction(const GemmCall& c) {
+  return c.in_dtype == DType::bf16 && c.a_transposed &&
+         forced_bf16_wgrad_chunks.value_or(cpu_has_amx() || c.k >= kContractionStep);
+}
 
-constexpr int64_t kContractionStep = 64;  // the AMX brgemm kernel's natural K blocking
 constexpr int64_t kMaxChunk = 2048;
 // Padding a chunk copies it; this bounds that scratch for very wide layers.
 constexpr int64_t kMaxPaddedBytes = int64_t(16) << 20;
@@ -218,6 +234,8 @@ Status execute_in_chunks(const GemmCall& c) {
 Status gemm_onednn(const GemmCall& c) { return fixed_contraction(c) ? execute_in_chunks(c) : execute(c); }
 
 size_t onednn_cached_primitives() { return primitive_cache().size(); }
+
+void force_bf16_wgrad_chunks(std::optional<bool> chunks) { forced_bf16_wgrad_chunks = chunks; }
 
 }  // namespace cpu
 }  // namespace groupgemm

@@ -426,12 +426,12 @@ void run_all_dtypes(const Case& c, const Runner& run, Shifts shift = {}) {
   run_case<cpu::f16_t, float>(c, run, shift);
 }
 
-// bfloat16 weight gradients run the contraction in chunks of at most 2048 rows, the last
-// padded with zero rows to a multiple of 64 (cpu/gemm_onednn.cpp): groups longer than a
+// bfloat16 weight gradients, in both of the CPU backend's ways (cpu/gemm_onednn.cpp): on
+// AMX CPUs the contraction runs in chunks of at most 2048 rows, the last padded with zero
+// rows to a multiple of 64, elsewhere as one all-run-time GEMM. Groups longer than a
 // chunk, of one chunk exactly and of a few rows, into bfloat16, float32 and accumulated
 // float32 output. Small integers keep every float32 sum exact, so the checks are too.
-void test_bf16_wgrad_chunks() {
-  g_case = "bf16_wgrad_chunks";
+void check_bf16_wgrad() {
   const std::vector<int64_t> group_sizes = {2100, 0, 70, 2048, 5};
   const int64_t G = int64_t(group_sizes.size()), k = 8, n = 8;
   int64_t m = 0;
@@ -466,9 +466,15 @@ void test_bf16_wgrad_chunks() {
     CHECK(std::fabs(to_double(bf16[e]) - want[e]) <= std::fabs(want[e]) / 256);
 }
 
-// The cache's policy on its own: least recently used evicted first, a value handed out
-// stays valid after its eviction (AddressSanitizer would flag a use after free), a key
-// asked for again after eviction is created anew, a failed creation caches nothing.
+void test_bf16_wgrad_chunks() {
+  for (bool chunks : {true, false}) {
+    g_case = chunks ? "bf16_wgrad_in_chunks" : "bf16_wgrad_run_time";
+    cpu::force_bf16_wgrad_chunks(chunks);
+    check_bf16_wgrad();
+  }
+  cpu::force_bf16_wgrad_chunks(std::nullopt);
+}
+
 // Which GEMMs run alone (thread_plan.h): uniform and many small groups share the threads;
 // a group with a thread's share of the work, or skew that would idle a thread, runs alone.
 void test_thread_plan() {
@@ -494,6 +500,9 @@ void test_thread_plan() {
   CHECK(cpu::side_by_side_time({3, 2, 2, 1}, 1, 2) == 3);
 }
 
+// The cache's policy on its own: least recently used evicted first, a value handed out
+// stays valid after its eviction (AddressSanitizer would flag a use after free), a key
+// asked for again after eviction is created anew, a failed creation caches nothing.
 void test_lru_cache() {
   g_case = "lru_cache";
   int made = 0;
