@@ -174,6 +174,9 @@ def print_tables(args, rows, overhead_rows):
     for framework in args.frameworks:
         print(f"\n{framework}, {args.device}; each cell is forward / forward+backward, times are medians\n")
         print(report.markdown_table(rows, framework))
+    for framework in args.frameworks:
+        print(f"\n{framework}, {args.device}: groupgemm against each contender (forward / forward+backward)\n")
+        print(report.summary_table(rows, framework))
     shape = overhead.SHAPE
     print(f"\nCall overhead: forward, float32, every expert empty (M={shape['tokens']}, "
           f"K={shape['hidden']}, N={shape['ffn']}, G={shape['experts']}), target under 50 µs\n")

@@ -20,7 +20,10 @@ def _config_label(row, with_shape):
 def write_chart(path, rows, title):
     frameworks = sorted({r["framework"] for r in rows})
     with_shape = len({(r["tokens"], r["hidden"], r["ffn"]) for r in rows}) > 1
-    fig, axes = plt.subplots(2, len(frameworks), figsize=(6.5 * len(frameworks), 7.5), squeeze=False)
+    configs_per_panel = max(len({_config_label(r, with_shape) for r in rows if r["framework"] == f})
+                            for f in frameworks)
+    panel_width = max(6.5, 0.75 * configs_per_panel)  # room for each configuration's label
+    fig, axes = plt.subplots(2, len(frameworks), figsize=(panel_width * len(frameworks), 7.5), squeeze=False)
     for col, framework in enumerate(frameworks):
         mine = [r for r in rows if r["framework"] == framework]
         configs = list(dict.fromkeys(_config_label(r, with_shape) for r in mine))

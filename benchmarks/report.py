@@ -112,6 +112,25 @@ def markdown_table(rows, framework):
     return "\n".join(lines)
 
 
+def summary_table(rows, framework):
+    """One line per configuration: groupgemm's time, its speed-up over each peer and its
+    ratio to both dense ceilings, each cell 'forward / forward+backward'."""
+    rows = [r for r in rows if r["framework"] == framework]
+    peers = list(dict.fromkeys(r["impl"] for r in rows if r["impl"] not in (GROUPGEMM, *DENSE_KINDS)))
+    head = ["dtype", "G", "routing", "groupgemm ms"] + [f"speed-up over {p}" for p in peers] + [
+        "vs dense", "vs groupgemm dense"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["impl"] != GROUPGEMM:
+            continue
+        same = {x["impl"]: x for x in rows if all(x[c] == r[c] for c in CONFIG_COLUMNS)}
+        cells = [r["dtype"], str(r["experts"]), r["routing"], _pair(r, "{mode}_ms", "ms")]
+        cells += [_pair(same.get(p, {}), "groupgemm_speedup_{mode}", "speedup") for p in peers]
+        cells += [_pair(r, "{mode}_vs_dense", "ratio"), _pair(r, "{mode}_vs_groupgemm_dense", "ratio")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def overhead_table(rows):
     lines = ["| framework | call | median µs |", "|---|---|---|"]
     lines += [f"| {r['framework']} | {r['call']} | {r.get('error') or format(r['median_us'], '.1f')} |"

@@ -68,6 +68,15 @@ def test_bench_reports_no_flops_or_dense_ratio_when_every_expert_is_empty(bench_
             assert float(r["fwd_vs_groupgemm_dense"]) > 0
 
 
+def test_bench_prints_groupgemm_against_each_contender(bench_run):
+    _, stdout = bench_run
+    summary = stdout.split("torch, cpu: groupgemm against each contender")[1]
+    head = summary.strip().splitlines()[1]
+    assert "speed-up over torch._grouped_mm" in head and "speed-up over per-expert loop" in head
+    assert "vs groupgemm dense" in head
+    assert summary.count("| bfloat16 | 4 | skewed-some-empty |") == 1
+
+
 def test_bench_reports_cpu_peak_memory_as_not_measured(bench_run):
     out, stdout = bench_run
     assert all(r["peak_mb"] == "" for r in csv.DictReader(open(out / "bench.csv")))

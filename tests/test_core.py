@@ -187,18 +187,22 @@ def test_same_call_gives_same_bits(dtype):
     assert all(torch.equal(wgrads[0], w) for w in wgrads[1:])
 
 
-@pytest.mark.parametrize("sizes", [[40, 0, 75, 33, 64, 1, 90, 57], [171, 0, 107, 71, 58, 2, 0, 2]],
-                         ids=["small_groups", "skewed"])
+@pytest.mark.parametrize("sizes, k, n", [([40, 0, 75, 33, 64, 1, 90, 57], 128, 96),
+                                         ([171, 0, 107, 71, 58, 2, 0, 2], 128, 96),
+                                         ([30000, 200, 5], 64, 32), ([400], 32, 64)],
+                         ids=["small_groups", "skewed", "long_contraction", "one_short_group"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype, sizes):
+def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype, sizes, k, n):
     # With several threads, small groups run concurrently, one thread each, and (skewed
-    # routing) the largest alone on all threads first: the bits must be those of a
-    # single-threaded run, whichever threads ran which group.
+    # routing, one group) the largest alone on all threads first: the bits must be those
+    # of a single-threaded run, whichever threads ran which group. A weight gradient with a
+    # small output and a long contraction is where a kernel could split the sums across
+    # threads (oneDNN's all-run-time bfloat16 kernel does: it runs on one thread).
     rng = np.random.default_rng(4)
     sizes = torch.tensor(sizes, dtype=torch.int32)
-    m, k, n = int(sizes.sum()), 128, 96
+    m = int(sizes.sum())
     lhs = tensor(rng.standard_normal((m, k)), dtype)
-    rhs = tensor(rng.standard_normal((8, k, n)), dtype)
+    rhs = tensor(rng.standard_normal((len(sizes), k, n)), dtype)
     dout = tensor(rng.standard_normal((m, n)), dtype)
     bits = torch.int16 if dtype == "bfloat16" else torch.int32
     results = []
@@ -208,7 +212,7 @@ def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype
             torch.set_num_threads(num_threads)
             out = torch.empty(m, n, dtype=torch_dtype(dtype))
             core.grouped_matmul(lhs, rhs, sizes, out)
-            w = torch.empty(8, k, n, dtype=torch_dtype(dtype))
+            w = torch.empty(len(sizes), k, n, dtype=torch_dtype(dtype))
             core.grouped_matmul_wgrad(lhs, dout, sizes, w)
             results.append((out.view(bits), w.view(bits)))
     finally:

@@ -77,17 +77,20 @@ double flops(const GemmCall& c) { return static_cast<double>(c.m) * c.n * c.k; }
 
 // Runs the per-group GEMMs of one call (they write disjoint outputs): the largest alone
 // on all threads when thread_plan.h says so, the rest side by side, one thread each,
-// largest first. A GEMM's bits do not depend on the threads that run it (oneDNN's kernels
-// give the same bits on one thread as on all), so neither does the result.
+// largest first. Each GEMM is threaded only as gemm_threading allows, so its bits are
+// those of a single-threaded run, and so is the result.
 Status run_gemms(const std::vector<GemmCall>& calls) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   std::vector<size_t> may_share, alone;
-  for (size_t i = 0; i < calls.size(); ++i) (gemm_runs_side_by_side(calls[i]) ? may_share : alone).push_back(i);
+  for (size_t i = 0; i < calls.size(); ++i)
+    (gemm_threading(calls[i]) == Threading::own ? alone : may_share).push_back(i);
   std::stable_sort(may_share.begin(), may_share.end(),
                    [&](size_t a, size_t b) { return flops(calls[a]) > flops(calls[b]); });
   std::vector<double> work;
   for (size_t i : may_share) work.push_back(flops(calls[i]));
-  const size_t first_shared = gemms_run_alone(work, threads);
+  size_t first_shared = gemms_run_alone(work, threads);
+  for (size_t i = 0; i < first_shared; ++i)  // a one-thread GEMM and all after it share
+    if (gemm_threading(calls[may_share[i]]) == Threading::one) first_shared = i;
   alone.insert(alone.end(), may_share.begin(), may_share.begin() + first_shared);
   for (size_t i : alone) {
     Status s = gemm(calls[i]);
@@ -95,7 +98,8 @@ Status run_gemms(const std::vector<GemmCall>& calls) {
   }
   const int64_t count = static_cast<int64_t>(may_share.size() - first_shared);
   std::vector<Status> status(count, Status::Ok());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (count > 1)
+  // A single GEMM left still runs inside the parallel region: on one thread.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (count > 0)
   for (int64_t i = 0; i < count; ++i) status[i] = gemm(calls[may_share[first_shared + i]]);
   for (const Status& s : status)
     if (!s.ok()) return s;

@@ -40,10 +40,9 @@ Status gemm(const GemmCall& c) {
   return gemm_onednn(c);
 }
 
-bool gemm_runs_side_by_side(const GemmCall& c) {
-  // float64 (OpenBLAS, a test dtype) keeps its own threading.
-  // oneDNN's kernels (GEMM-based and brgemm) give the same bits on one thread as on all.
-  return c.in_dtype != DType::f64;
+Threading gemm_threading(const GemmCall& c) {
+  if (c.in_dtype == DType::f64) return Threading::own;  // OpenBLAS, a test dtype
+  return onednn_may_split_contraction(c) ? Threading::one : Threading::any;
 }
 
 }  // namespace cpu

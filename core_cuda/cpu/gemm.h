@@ -30,12 +30,21 @@ struct GemmCall {
 
 Status gemm(const GemmCall& call);
 
-// Whether a small gemm(call) runs side by side with others, one thread each (inside an
-// OpenMP parallel region), rather than alone on all threads.
-bool gemm_runs_side_by_side(const GemmCall& call);
+// How gemm(call) may be threaded and keep the bits it has on one thread.
+enum class Threading {
+  own,  // the library threads it itself (float64, OpenBLAS): it runs alone
+  any,  // side by side with others on one thread each, or alone on all threads
+  one,  // one thread only, side by side with others
+};
+Threading gemm_threading(const GemmCall& call);
 
 // The float32 / bfloat16 path of gemm (gemm_onednn.cpp).
 Status gemm_onednn(const GemmCall& call);
+
+// Whether oneDNN's kernel for the call may split its contraction across threads (the
+// all-run-time bfloat16 kernel on a weight gradient does), so that the bits would depend
+// on the thread count. Its other kernels keep one thread's bits on all.
+bool onednn_may_split_contraction(const GemmCall& call);
 
 // gemm_onednn keeps the oneDNN primitives it created, the least recently used evicted
 // past this many.
@@ -45,7 +54,7 @@ constexpr size_t kOnednnCacheCapacity = 256;
 size_t onednn_cached_primitives();
 
 // For the tests: bfloat16 weight gradients in padded fixed-length chunks (true), as one
-// all-run-time GEMM (false), or as the CPU suits (nullopt: chunks on AMX CPUs). Not
+// all-run-time GEMM (false), or as the CPU suits (nullopt: see gemm_onednn.cpp). Not
 // thread-safe: set it while no GEMM runs.
 void force_bf16_wgrad_chunks(std::optional<bool> chunks);
 

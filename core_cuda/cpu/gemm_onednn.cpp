@@ -14,8 +14,10 @@
 //    primitive per (M, N, chunk length): copying a chunk to pad it costs far less than
 //    brgemm saves over the all-run-time kernel on AMX CPUs, and there are at most
 //    kMaxChunk / kContractionStep lengths per layer. Without AMX (AVX-512 bf16) brgemm
-//    only matches the all-run-time GEMM kernel, so a group shorter than one step is not
-//    padded to it (3x the work at 16 rows, measured) but runs all-run-time.
+//    only matches the all-run-time GEMM kernel, and padding costs (3x the work at 16
+//    rows; a copy of the group), so groups under kMinChunkedRows rows run all-run-time
+//    there. That kernel may split a short contraction across threads, which changes
+//    the order of its sums: such a GEMM runs on one thread (gemm_threading).
 //  - float32: every dimension and stride is run-time, one primitive per layout; oneDNN
 //    has no faster choice there.
 #include <algorithm>
@@ -69,7 +71,6 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-constexpr int64_t kContractionStep = 64;  // the AMX brgemm kernel's natural K blocking
 std::optional<bool> forced_bf16_wgrad_chunks;
 
 bool cpu_has_amx() {
@@ -82,11 +83,13 @@ bool cpu_has_amx() {
 
 // Which dimensions of a call's primitive are fixed (see the top of the file).
 bool fixed_k_and_n(const GemmCall& c) { return c.in_dtype == DType::bf16 && !c.a_transposed; }
+constexpr int64_t kMinChunkedRows = 512;
 bool fixed_contraction(const GemmCall& c) {
   return c.in_dtype == DType::bf16 && c.a_transposed &&
-         forced_bf16_wgrad_chunks.value_or(cpu_has_amx() || c.k >= kContractionStep);
+         forced_bf16_wgrad_chunks.value_or(cpu_has_amx() || c.k >= kMinChunkedRows);
 }
 
+constexpr int64_t kContractionStep = 64;  // the AMX brgemm kernel's natural K blocking
 constexpr int64_t kMaxChunk = 2048;
 // Padding a chunk copies it; this bounds that scratch for very wide layers.
 constexpr int64_t kMaxPaddedBytes = int64_t(16) << 20;
@@ -232,6 +235,10 @@ Status execute_in_chunks(const GemmCall& c) {
 }  // namespace
 
 Status gemm_onednn(const GemmCall& c) { return fixed_contraction(c) ? execute_in_chunks(c) : execute(c); }
+
+bool onednn_may_split_contraction(const GemmCall& c) {
+  return c.in_dtype == DType::bf16 && c.a_transposed && !fixed_contraction(c);
+}
 
 size_t onednn_cached_primitives() { return primitive_cache().size(); }
 

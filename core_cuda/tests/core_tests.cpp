@@ -5,6 +5,8 @@
 // backends run the edge cases of the semantics (clamped sizes, windows, empty groups,
 // K/N/M = 0) in every accepted dtype pair against a naive double-precision reference;
 // plus the CUDA workspace layout and its pointer and leading-dimension arithmetic.
+#include <omp.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -472,6 +474,37 @@ void test_bf16_wgrad_chunks() {
     cpu::force_bf16_wgrad_chunks(chunks);
     check_bf16_wgrad();
   }
+  cpu::force_bf16_wgrad_chunks(std::nullopt);
+}
+
+// oneDNN's all-run-time bfloat16 kernel splits a long contraction over a small output
+// across threads (measured: other bits on 2 threads than on 1), so the backend keeps such
+// a weight gradient on one thread: the bits must not depend on the thread count.
+void test_bf16_wgrad_bits_on_any_thread_count() {
+  g_case = "bf16_wgrad_thread_count";
+  cpu::force_bf16_wgrad_chunks(false);
+  const std::vector<int64_t> group_sizes = {30000, 200, 5};
+  const int64_t G = 3, k = 64, n = 32, m = 30205;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<cpu::bf16_t> lhs(m * k), grad(m * n);
+  for (auto& v : lhs) v = cpu::narrow<cpu::bf16_t>(normal(rng));
+  for (auto& v : grad) v = cpu::narrow<cpu::bf16_t>(normal(rng));
+  WgradArgs a;
+  a.in_dtype = DType::bf16, a.out_dtype = DType::f32;
+  a.lhs = lhs.data(), a.grad = grad.data();
+  a.m = m, a.k = k, a.n = n, a.num_groups = G;
+  a.group_sizes = {group_sizes.data(), IndexType::i64, G};
+  std::vector<float> one(G * k * n), two(G * k * n);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  a.out = one.data();
+  CHECK(grouped_matmul_wgrad(a, ExecContext{}).ok());
+  omp_set_num_threads(2);
+  a.out = two.data();
+  CHECK(grouped_matmul_wgrad(a, ExecContext{}).ok());
+  omp_set_num_threads(threads);
+  CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
   cpu::force_bf16_wgrad_chunks(std::nullopt);
 }
 
@@ -1272,6 +1305,7 @@ int main() {
   test_kernel_choice();
   test_sm90_strides();
   test_bf16_wgrad_chunks();
+  test_bf16_wgrad_bits_on_any_thread_count();
   test_thread_plan();
   test_lru_cache();
   test_onednn_cache_bound();
