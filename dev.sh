@@ -110,7 +110,7 @@ case "${1:-}" in
   bench)
     setup
     python benchmarks/core_throughput.py
-    python benchmarks/bench.py --dtype float32 bfloat16
+    python benchmarks/bench.py
     ;;
   gpu-wheels)
     # For the GPU machine's CPython 3.12 on x86-64 Linux, whatever this machine runs.

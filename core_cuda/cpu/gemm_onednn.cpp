@@ -16,8 +16,9 @@
 //    kMaxChunk / kContractionStep lengths per layer. Without AMX (AVX-512 bf16) brgemm
 //    only matches the all-run-time GEMM kernel, and padding costs (3x the work at 16
 //    rows; a copy of the group), so groups under kMinChunkedRows rows run all-run-time
-//    there. That kernel may split a short contraction across threads, which changes
-//    the order of its sums: such a GEMM runs on one thread (gemm_threading).
+//    there. That kernel may split a contraction across threads (measured on a long one
+//    with a small output), which changes the order of its sums: such a GEMM runs on one
+//    thread (gemm_threading).
 //  - float32: every dimension and stride is run-time, one primitive per layout; oneDNN
 //    has no faster choice there.
 #include <algorithm>

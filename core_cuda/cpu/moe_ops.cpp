@@ -1,7 +1,8 @@
 // The CPU backend's expert-layer ops: permute runs groupgemm/permute.h's steps (one
 // chunk, a sequential scan), unpermute and its backward, the activations and the router
-// run the same per-element (per-token) functions as the CUDA kernels. Threads split rows only, and every value is
-// computed by one thread in a fixed order, so the bits do not depend on the thread count.
+// run the same per-element (per-token) functions as the CUDA kernels. Threads split rows
+// only, and every value is computed by one thread in a fixed order, so the bits do not
+// depend on the thread count.
 #include <omp.h>
 
 #include <cstring>
@@ -195,10 +196,10 @@ Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& a) {
     for (int64_t t = 0; t < a.num_tokens; ++t) {
       const T* row = logits + t * a.num_experts;
       T* drow = dlogits + t * a.num_experts;
-      softmax_topk_backward_row<A>(
-          [&](int64_t e) { return load<A>(row, e); }, a.num_experts, a.top_k, a.renormalize,
-          a.expert_indices + t * a.top_k, [&](int64_t j) { return dprobs[t * a.top_k + j]; },
-          [&](int64_t e, A v) { drow[e] = store<T>(v); });
+      softmax_topk_backward_row<A>([&](int64_t e) { return load<A>(row, e); }, a.num_experts, a.top_k,
+                                   a.renormalize, a.expert_indices + t * a.top_k,
+                                   [&](int64_t j) { return dprobs[t * a.top_k + j]; },
+                                   [&](int64_t e, A v) { drow[e] = store<T>(v); });
     }
     return Status::Ok();
   });

@@ -17,8 +17,8 @@ __global__ void softmax_topk_kernel(const T* logits, int32_t* indices, float* pr
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens;
        t += int64_t(gridDim.x) * blockDim.x) {
     const T* row = logits + t * experts;
-    softmax_topk_row<float>([&](int64_t e) { return float(row[e]); }, experts, k, renormalize, indices + t * k,
-                            probs + t * k);
+    softmax_topk_row<float>([&](int64_t e) { return float(row[e]); }, experts, k, renormalize,
+                            indices + t * k, probs + t * k);
   }
 }
 
@@ -30,9 +30,9 @@ __global__ void softmax_topk_backward_kernel(const T* logits, const int32_t* ind
        t += int64_t(gridDim.x) * blockDim.x) {
     const T* row = logits + t * experts;
     T* drow = dlogits + t * experts;
-    softmax_topk_backward_row<float>(
-        [&](int64_t e) { return float(row[e]); }, experts, k, renormalize, indices + t * k,
-        [&](int64_t j) { return dprobs[t * k + j]; }, [&](int64_t e, float v) { drow[e] = T(v); });
+    softmax_topk_backward_row<float>([&](int64_t e) { return float(row[e]); }, experts, k, renormalize,
+                                     indices + t * k, [&](int64_t j) { return dprobs[t * k + j]; },
+                                     [&](int64_t e, float v) { drow[e] = T(v); });
   }
 }
 

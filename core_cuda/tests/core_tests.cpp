@@ -516,9 +516,9 @@ void test_thread_plan() {
   CHECK(gemms_run_alone({8, 8, 8, 8, 8, 8, 8, 8}, 2) == 0);
   CHECK(gemms_run_alone({8, 8, 8, 8, 8, 8, 8, 8}, 1) == 0);
   CHECK(gemms_run_alone({}, 2) == 0);
-  CHECK(gemms_run_alone({100}, 2) == 1);        // one GEMM: all threads on it
-  CHECK(gemms_run_alone({10, 1}, 2) == 1);      // side by side, one thread would idle 90%
-  CHECK(gemms_run_alone({5, 5}, 2) == 0);       // two halves: no thread idles
+  CHECK(gemms_run_alone({100}, 2) == 1);    // one GEMM: all threads on it
+  CHECK(gemms_run_alone({10, 1}, 2) == 1);  // side by side, one thread would idle 90%
+  CHECK(gemms_run_alone({5, 5}, 2) == 0);   // two halves: no thread idles
   CHECK(gemms_run_alone({5, 4, 1}, 2) == 0);
   // Measured routing (rows of 8 experts, a quarter empty, the rest Dirichlet-skewed): side
   // by side, one thread would take 1711 + 578 of 4096 rows, 12% over an even split; with

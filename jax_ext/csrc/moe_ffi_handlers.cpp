@@ -1,9 +1,9 @@
 // XLA FFI handlers of the expert layer's ops: permute, unpermute and its backward, the
-// activation and its backward, the router's softmax top-k and its backward. Like the GEMMs' handlers: a CPU and a CUDA variant each,
-// the CUDA one on XLA's stream (PlatformStream<void*>), command-buffer compatible (the
-// core reads expert indices on the device and allocates nothing; permute's workspace is
-// an extra result). Shapes were checked in Python at trace time; they are checked again
-// here because the core trusts its element counts.
+// activation and its backward, the router's softmax top-k and its backward. Like the GEMMs' handlers: a CPU
+// and a CUDA variant each, the CUDA one on XLA's stream (PlatformStream<void*>), command-buffer compatible
+// (the core reads expert indices on the device and allocates nothing; permute's workspace is an extra
+// result). Shapes were checked in Python at trace time; they are checked again here because the core trusts
+// its element counts.
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
@@ -291,7 +291,8 @@ XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkCuda, (on_cuda<softmax_topk_op, Buf, Out, Out
                        softmax_topk_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkBackwardCpu, (on_cpu<softmax_topk_backward_op, Buf, Buf, Buf, Out, bool>),
                        softmax_topk_backward_binding(cpu_bind()));
-XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkBackwardCuda, (on_cuda<softmax_topk_backward_op, Buf, Buf, Buf, Out, bool>),
+XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkBackwardCuda,
+                       (on_cuda<softmax_topk_backward_op, Buf, Buf, Buf, Out, bool>),
                        softmax_topk_backward_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
 
 nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }

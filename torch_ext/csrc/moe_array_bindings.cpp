@@ -1,6 +1,6 @@
 // Array entry points of the expert layer's ops (permute, unpermute and its backward, the
-// activation and its backward, the router's softmax top-k and its backward), with the GEMM entry points' rules: every array is
-// .noconvert() and C-contiguous, all on one device, shapes checked here with the
+// activation and its backward, the router's softmax top-k and its backward), with the GEMM entry points'
+// rules: every array is .noconvert() and C-contiguous, all on one device, shapes checked here with the
 // argument's name, the core call run without the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -173,7 +173,8 @@ DType router_probs_dtype(DType logits) { return logits == DType::f64 ? DType::f6
 void softmax_topk_array(Array logits, Array expert_indices, Array probs, bool renormalize, uintptr_t stream) {
   ContextBuilder devices(stream);
   devices.add(logits, "logits"), devices.add(expert_indices, "expert_indices"), devices.add(probs, "probs");
-  expect_rank(logits, 2, "logits"), expect_rank(expert_indices, 2, "expert_indices"), expect_rank(probs, 2, "probs");
+  expect_rank(logits, 2, "logits"), expect_rank(expert_indices, 2, "expert_indices"),
+      expect_rank(probs, 2, "probs");
   SoftmaxTopkArgs a;
   a.num_tokens = dim(logits, 0), a.num_experts = dim(logits, 1), a.top_k = dim(expert_indices, 1);
   a.renormalize = renormalize;
@@ -186,8 +187,8 @@ void softmax_topk_array(Array logits, Array expert_indices, Array probs, bool re
   run_core(groupgemm::softmax_topk, a, devices.context());
 }
 
-void softmax_topk_backward_array(Array logits, Array expert_indices, Array dprobs, Array dlogits, bool renormalize,
-                                 uintptr_t stream) {
+void softmax_topk_backward_array(Array logits, Array expert_indices, Array dprobs, Array dlogits,
+                                 bool renormalize, uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&logits, "logits"},
                          {&expert_indices, "expert_indices"},
@@ -230,13 +231,15 @@ void bind_moe_array_entry_points(nb::module_& m) {
   m.def("activation_backward", &activation_backward_array, nb::arg("dout").noconvert(),
         nb::arg("h").noconvert(), nb::arg("dh").noconvert(), nb::arg("kind"), nb::arg("stream") = 0,
         "dh = act'(h) * dout, the exact derivative.");
-  m.def("softmax_topk", &softmax_topk_array, nb::arg("logits").noconvert(), nb::arg("expert_indices").noconvert(),
-        nb::arg("probs").noconvert(), nb::arg("renormalize"), nb::arg("stream") = 0,
+  m.def("softmax_topk", &softmax_topk_array, nb::arg("logits").noconvert(),
+        nb::arg("expert_indices").noconvert(), nb::arg("probs").noconvert(), nb::arg("renormalize"),
+        nb::arg("stream") = 0,
         "Each token's k largest logits (ties: lower expert first; -inf and NaN never chosen, -1 for an "
         "empty slot) and their softmax probabilities, renormalized over the chosen ones or not.");
   m.def("softmax_topk_backward", &softmax_topk_backward_array, nb::arg("logits").noconvert(),
         nb::arg("expert_indices").noconvert(), nb::arg("dprobs").noconvert(), nb::arg("dlogits").noconvert(),
-        nb::arg("renormalize"), nb::arg("stream") = 0, "dlogits from dprobs, through softmax_topk's choices.");
+        nb::arg("renormalize"), nb::arg("stream") = 0,
+        "dlogits from dprobs, through softmax_topk's choices.");
 }
 
 }  // namespace groupgemm

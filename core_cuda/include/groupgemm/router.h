@@ -68,8 +68,8 @@ GG_HD A softmax_denominator(const Logit& logit, int64_t experts, int64_t k, cons
 
 // One token's forward: indices[0..k) and probs[0..k).
 template <typename A, typename Logit>
-GG_HD void softmax_topk_row(const Logit& logit, int64_t experts, int64_t k, bool renormalize, int32_t* indices,
-                            A* probs) {
+GG_HD void softmax_topk_row(const Logit& logit, int64_t experts, int64_t k, bool renormalize,
+                            int32_t* indices, A* probs) {
   choose_experts<A>(logit, experts, k, indices);
   if (k == 0 || indices[0] < 0) {
     for (int64_t j = 0; j < k; ++j) probs[j] = A(0);

@@ -211,10 +211,10 @@ struct ActivationBackwardArgs {
 // the k chosen experts per token and their probabilities, in float32 (float64 for
 // float64 logits).
 struct SoftmaxTopkArgs {
-  DType dtype = DType::f32;          // logits; probs are float32 (float64 for float64)
-  const void* logits = nullptr;      // [T, E]
+  DType dtype = DType::f32;           // logits; probs are float32 (float64 for float64)
+  const void* logits = nullptr;       // [T, E]
   int32_t* expert_indices = nullptr;  // [T, k]: chosen experts, -1 for a dropped slot
-  void* probs = nullptr;             // [T, k]
+  void* probs = nullptr;              // [T, k]
   int64_t num_tokens = 0, num_experts = 0, top_k = 0;
   bool renormalize = true;
 };
