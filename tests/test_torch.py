@@ -121,6 +121,9 @@ REQUIRED_ONLY = {
     "unpermute_backward": (lambda x, w, d, acc: (x[:2], x, torch.tensor(_ROW_MAP, dtype=torch.int32)), (None,)),
     "activation": (lambda x, w, d, acc: (x, 0, 2), ()),
     "activation_backward": (lambda x, w, d, acc: (x, x, 1), ()),
+    "softmax_topk": (lambda x, w, d, acc: (x, 2), (True,)),
+    "softmax_topk_backward": (lambda x, w, d, acc: (x, torch.tensor([[1, 0]] * 6, dtype=torch.int32),
+                                                    x[:, :2].contiguous()), (True,)),
 }
 
 

@@ -133,7 +133,7 @@ def _softmax_topk_outputs(logits, k, empty):
 
 
 @define("softmax_topk")
-def softmax_topk_op(logits: Tensor, k: int, renormalize: bool) -> tuple[Tensor, Tensor]:
+def softmax_topk_op(logits: Tensor, k: int, renormalize: bool = True) -> tuple[Tensor, Tensor]:
     """(probs, expert_indices)."""
     probs, indices = _softmax_topk_outputs(logits, k, lambda shape, dtype: torch.empty(shape, dtype=dtype,
                                                                                         device=logits.device))
@@ -143,12 +143,13 @@ def softmax_topk_op(logits: Tensor, k: int, renormalize: bool) -> tuple[Tensor, 
 
 
 @softmax_topk_op.register_fake
-def _(logits, k, renormalize):
+def _(logits, k, renormalize=True):
     return _softmax_topk_outputs(logits, k, lambda shape, dtype: logits.new_empty(shape, dtype=dtype))
 
 
 @define("softmax_topk_backward")
-def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Tensor, renormalize: bool) -> Tensor:
+def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Tensor,
+                             renormalize: bool = True) -> Tensor:
     _require("softmax_topk_backward", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"),
              (dprobs, 2, "dprobs"))
     dlogits = torch.empty_like(logits)
@@ -158,7 +159,7 @@ def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Ten
 
 
 @softmax_topk_backward_op.register_fake
-def _(logits, expert_indices, dprobs, renormalize):
+def _(logits, expert_indices, dprobs, renormalize=True):
     return torch.empty_like(logits)
 
 
