@@ -1,10 +1,13 @@
 """An MoE block written with groupgemm's expert layer, in JAX and in PyTorch, from one
-NumPy initialisation: a softmax top-k router, permute, the grouped expert MLP (SwiGLU),
-unpermute weighted by the router's probabilities, and a residual connection.
+NumPy initialisation: a softmax top-k router, permute, the grouped expert MLP (SwiGLU)
+and unpermute weighted by the router's probabilities (the caller adds the residual).
 
 Every step with arithmetic runs in groupgemm's core, the router's logits included (one
 group holding every token), so the two frameworks compute the same bits: outputs and
-gradients of the block are bitwise identical in JAX and PyTorch.
+gradients of the block are bitwise identical in JAX and PyTorch. x feeds two of its
+steps (the router and permute), whose gradients add in either order to the same bits;
+a third use, such as a residual inside the block, would leave the order of a three-term
+sum to each framework's autograd, which differs between versions.
 
 Nothing here reads routing on the host: expert choices, group sizes and row maps stay
 on the device, a token can go to no expert (every choice masked) and an expert can get
@@ -24,7 +27,7 @@ def init_block(rng, dim, ffn, experts):
 
 
 def jax_block(params, x, top_k, allowed=None):
-    """x [T, D] -> (x + MoE(x), group_sizes). ``allowed`` [E] bars experts from routing."""
+    """x [T, D] -> (MoE(x), group_sizes). ``allowed`` [E] bars experts from routing."""
     import jax.numpy as jnp
 
     import groupgemm.jax as gj
@@ -36,7 +39,7 @@ def jax_block(params, x, top_k, allowed=None):
     permuted, group_sizes, row_map = gj.permute(x, experts, params["router"].shape[1])
     y = gj.grouped_mlp(permuted, params["w_in"], params["w_out"], group_sizes, activation="swiglu",
                        transpose_rhs=True)
-    return x + gj.unpermute(y, row_map, probs), group_sizes
+    return gj.unpermute(y, row_map, probs), group_sizes
 
 
 def torch_block_class():
@@ -64,6 +67,6 @@ def torch_block_class():
             probs, experts = gt.softmax_topk(logits, self.top_k)
             permuted, group_sizes, row_map = gt.permute(x, experts, self.router.shape[1])
             y = self.experts(permuted, group_sizes)
-            return x + gt.unpermute(y, row_map, probs), group_sizes
+            return gt.unpermute(y, row_map, probs), group_sizes
 
     return MoEBlock

@@ -75,7 +75,8 @@ def jax_model():
         x = params["embed"][context].reshape(context.shape[0], -1) @ params["proj"]
         sizes = []
         for block in params["blocks"]:
-            x, group_sizes = jax_block(block, x, TOP_K, allowed)
+            moe, group_sizes = jax_block(block, x, TOP_K, allowed)
+            x = x + moe
             sizes.append(group_sizes)
         return x @ params["head"], sizes
 
@@ -112,7 +113,8 @@ def torch_model(params):
             x = self.embed[context].reshape(context.shape[0], -1) @ self.proj
             sizes = []
             for block in self.blocks:
-                x, group_sizes = block(x, allowed)
+                moe, group_sizes = block(x, allowed)
+                x = x + moe
                 sizes.append(group_sizes)
             return x @ self.head, sizes
 

@@ -194,7 +194,7 @@ def test_expert_layer_is_bitwise_identical_in_jax_and_torch(dtype):
 
 
 def moe_block_in_both_frameworks(device="cpu"):
-    """examples/moe_block.py's block (router, permute, GroupedMLP, unpermute, residual), an
+    """examples/moe_block.py's block (router, permute, GroupedMLP, unpermute), an
     expert masked off, in JAX and in PyTorch from one init: per framework the output,
     group sizes and every gradient as float64 NumPy (same order in both)."""
     import jax
