@@ -7,3 +7,5 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
 # The examples' MoE dispatch helper, shared by the demo, the tests and the workers.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+# The GPU kit's modules: its own tests, and the CUDA-graph capture helper test_cuda.py shares.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu"))

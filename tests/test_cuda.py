@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch_frontend
 from bits import assert_same_bits
+from capture_check import capture
 from cases import CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
 from reference import assert_close, empty_groups, padding_rows
 from test_expert_layer import IDS as ROUTING_IDS
@@ -23,7 +24,9 @@ from test_expert_layer import (
     MLP_CASES,
     ROUTER_LOGITS,
     ROUTINGS,
+    check_softmax_topk,
     expert_layer_in_both_frameworks,
+    mlp_inputs,
     moe_block_in_both_frameworks,
     routing_inputs,
 )
@@ -141,20 +144,6 @@ def test_jax_jit_with_traced_group_sizes_compiles_once():
         assert step._cache_size() == 1
 
 
-def capture(step):
-    """(graph, static outputs) of step() captured in a CUDA graph, after one warm-up call
-    on a side stream outside the capture."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
-    return graph, static
-
-
 @needs_torch_cuda
 def test_torch_cuda_graph_replays_with_changing_group_sizes(gemm_kernel):
     torch.manual_seed(0)
@@ -168,7 +157,7 @@ def test_torch_cuda_graph_replays_with_changing_group_sizes(gemm_kernel):
         y = layer(x, sizes)
         return (y, *torch.autograd.grad(y, params, dy))
 
-    graph, static = capture(step)
+    graph, static = capture(torch, step, warm_up=True)
 
     for new_sizes in ([96, 0, 0, 0], [0, 0, 0, 0], [10, 0, 50, 7], [30, 30, 30, 6]):
         sizes.copy_(torch.tensor(new_sizes, dtype=torch.int32))
@@ -271,13 +260,8 @@ MLP_VARIANTS = [("swiglu", False), ("swiglu", True), ("gelu", False), ("relu", T
 def test_cuda_grouped_mlp_matches_cpu_backend_and_keeps_exact_zeros(gemm_kernel, name, case, sizes, m, dtype,
                                                                    activation, with_bias):
     frontend = _frontend_on_cuda(name)
-    rng = np.random.default_rng(3)
-    e, h, f = len(sizes), 8, 6
-    f_in = 2 * f if activation == "swiglu" else f
-    x, w_in, w_out, dout = (round_to(rng.standard_normal(s) * scale, dtype) for s, scale in (
-        ((m, h), 1.0), ((e, f_in, h), 0.5), ((e, h, f), 0.5), ((m, h), 1.0)))
-    b_in, b_out = ((round_to(rng.standard_normal((e, f_in)), dtype), round_to(rng.standard_normal((e, h)), dtype))
-                   if with_bias else (None, None))
+    e = len(sizes)
+    x, w_in, w_out, dout, b_in, b_out = mlp_inputs(sizes, m, dtype, activation, with_bias)
     gpu, cpu = (frontend.grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype,
                                                device=device) for device in ("cuda", "cpu"))
     pad = padding_rows(sizes, m, e)
@@ -307,12 +291,8 @@ def test_cuda_softmax_topk_matches_reference_and_cpu_choices(name, logits_name, 
     dprobs = np.random.default_rng(6).standard_normal((len(logits), k))
     gpu, cpu = (frontend.softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype, device=device)
                 for device in ("cuda", "cpu"))
-    want_probs, want_indices = eref.softmax_topk(logits, k, renormalize)
     assert_same_bits(gpu[1], cpu[1], f"{logits_name}/{dtype}/expert_indices")
-    assert np.array_equal(frontend.to_float64(gpu[1]), want_indices)
-    assert_close(frontend.to_float64(gpu[0]), want_probs, "float32", f"{logits_name}/{dtype}/probs")
-    want_dlogits = eref.softmax_topk_grad(logits, want_indices, dprobs, renormalize)
-    assert_close(frontend.to_float64(gpu[2]), want_dlogits, dtype, f"{logits_name}/{dtype}/dlogits")
+    check_softmax_topk(frontend, logits, k, renormalize, dprobs, dtype, gpu)
 
 
 @needs_both
@@ -366,7 +346,7 @@ def test_torch_cuda_graph_replays_a_moe_block_with_changing_routing():
         y, sizes = block(x, allowed)
         return (y, sizes, *torch.autograd.grad(y, params, dy))
 
-    graph, static = capture(step)
+    graph, static = capture(torch, step, warm_up=True)
 
     # Each replay routes differently: new tokens, and experts barred from routing (two
     # allowed: six get no token; one allowed: its second choice is a zero-probability slot).

@@ -57,7 +57,14 @@ ROUTER_LOGITS = {  # name: [T, E] logits (T = 0: no tokens)
 def test_softmax_topk_matches_reference_with_its_gradient(frontend, name, dtype, k, renormalize):
     logits = round_to(ROUTER_LOGITS[name], dtype)
     dprobs = np.random.default_rng(6).standard_normal((len(logits), k))
-    probs, indices, dlogits = frontend.softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype)
+    check_softmax_topk(frontend, logits, k, renormalize, dprobs, dtype,
+                       frontend.softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype))
+
+
+def check_softmax_topk(frontend, logits, k, renormalize, dprobs, dtype, result):
+    """(probs, expert_indices, dlogits) against the float64 reference: the choices exactly,
+    exact zeros where a slot is dropped and (renormalized) for experts not chosen."""
+    probs, indices, dlogits = result
     want_probs, want_indices = eref.softmax_topk(logits, k, renormalize)
     probs_dtype = "float64" if dtype == "float64" else "float32"
     assert frontend.dtype_of(indices) == "int32" and frontend.dtype_of(probs) == probs_dtype
@@ -126,6 +133,19 @@ def test_unpermute_matches_reference_with_every_gradient(frontend, routing, dtyp
         assert (got_dprobs[row_map < 0] == 0).all()
 
 
+def mlp_inputs(sizes, m, dtype, activation, with_bias):
+    """x [M, H], w_in [E, F_in, H], w_out [E, H, F], dout [M, H] and the biases (None
+    without), rounded to dtype: the expert MLP's test inputs."""
+    rng = np.random.default_rng(3)
+    e, h, f = len(sizes), 8, 6
+    f_in = 2 * f if activation == "swiglu" else f
+    x, w_in, w_out, dout = (round_to(rng.standard_normal(s) * scale, dtype) for s, scale in (
+        ((m, h), 1.0), ((e, f_in, h), 0.5), ((e, h, f), 0.5), ((m, h), 1.0)))
+    b_in, b_out = ((round_to(rng.standard_normal((e, f_in)), dtype), round_to(rng.standard_normal((e, h)), dtype))
+                   if with_bias else (None, None))
+    return x, w_in, w_out, dout, b_in, b_out
+
+
 MLP_CASES = [  # name, group sizes, M (rows past the sum are padding)
     ("uniform", (3, 3, 3), 9),
     ("one_expert_empty", (4, 0, 3), 9),
@@ -139,13 +159,8 @@ MLP_CASES = [  # name, group sizes, M (rows past the sum are padding)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name, sizes, m", MLP_CASES, ids=[c[0] for c in MLP_CASES])
 def test_grouped_mlp_matches_reference_with_every_gradient(frontend, name, sizes, m, dtype, activation, with_bias):
-    rng = np.random.default_rng(3)
-    e, h, f = len(sizes), 8, 6
-    f_in = 2 * f if activation == "swiglu" else f
-    x, w_in, w_out, dout = (round_to(rng.standard_normal(s) * scale, dtype) for s, scale in (
-        ((m, h), 1.0), ((e, f_in, h), 0.5), ((e, h, f), 0.5), ((m, h), 1.0)))
-    b_in, b_out = ((round_to(rng.standard_normal((e, f_in)), dtype), round_to(rng.standard_normal((e, h)), dtype))
-                   if with_bias else (None, None))
+    e = len(sizes)
+    x, w_in, w_out, dout, b_in, b_out = mlp_inputs(sizes, m, dtype, activation, with_bias)
     y, grads = frontend.grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout, dtype)
     want_y, want_grads = eref.grouped_mlp_and_grads(x, w_in, w_out, sizes, activation, b_in, b_out, dout,
                                                      lambda a: round_to(a, dtype))

@@ -11,7 +11,6 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 KIT_DIR = os.path.join(ROOT, "benchmarks", "gpu")
-sys.path.insert(0, KIT_DIR)
 
 import driver_calls  # noqa: E402
 import hlo_command_buffers  # noqa: E402

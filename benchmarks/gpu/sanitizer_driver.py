@@ -195,6 +195,22 @@ def layout_facts(case):
     return any(e > b for b, e in rows), any(e == b for b, e in rows)
 
 
+def _error_text(exc):
+    """A call's exception as one line."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _record_failure(failures, label, problem):
+    """Adds and prints a failed call; True when its CUDA error ends the run (a sticky error
+    leaves the context unusable, so every later call would fail too)."""
+    failures.append(f"{label}: {problem}")
+    print(f"FAIL {label}: {problem}", flush=True)
+    if any(word in problem for word in STICKY):
+        print("RESULT: FAIL a CUDA error ended the run: " + failures[-1])
+        return True
+    return False
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -232,12 +248,9 @@ def main(argv=None):
                 try:
                     problem = mismatch(call, *run_call(dev, call, case, x, args.prefill))
                 except (RuntimeError, ValueError, TypeError) as exc:
-                    problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    problem = _error_text(exc)
                 if problem:
-                    failures.append(f"{label}: {problem}")
-                    print(f"FAIL {label}: {problem}", flush=True)
-                    if any(word in problem for word in STICKY):
-                        print("RESULT: FAIL a CUDA error ended the run: " + failures[-1])
+                    if _record_failure(failures, label, problem):
                         return 1
                 else:
                     reached |= kernels_reached(call, case.m, case.k, case.n, case.g, busy, has_empty)
@@ -254,12 +267,9 @@ def main(argv=None):
                 results = expert.run_expert_call(dev, cpu, call, case, x, row_map, args.prefill)
                 problem = "; ".join(filter(None, map(expert.result_mismatch, results)))
             except (RuntimeError, ValueError, TypeError) as exc:
-                results, problem = [], f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                results, problem = [], _error_text(exc)
             if problem:
-                failures.append(f"{label}: {problem}")
-                print(f"FAIL {label}: {problem}", flush=True)
-                if any(word in problem for word in STICKY):
-                    print("RESULT: FAIL a CUDA error ended the run: " + failures[-1])
+                if _record_failure(failures, label, problem):
                     return 1
             else:
                 reached |= kernels
