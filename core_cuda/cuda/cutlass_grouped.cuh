@@ -11,28 +11,11 @@
 #include "cutlass/epilogue/thread/linear_combination.h"
 #include "cutlass/gemm/device/gemm_grouped.h"
 #include "cutlass/gemm/kernel/default_gemm_grouped.h"
+#include "cutlass_layouts.h"
 #include "grouped_gemm.h"
 
 namespace groupgemm {
 namespace cuda {
-
-template <GemmLayout L>
-struct OperandLayouts;
-template <>
-struct OperandLayouts<GemmLayout::row_row> {
-  using A = cutlass::layout::RowMajor;
-  using B = cutlass::layout::RowMajor;
-};
-template <>
-struct OperandLayouts<GemmLayout::row_col> {
-  using A = cutlass::layout::RowMajor;
-  using B = cutlass::layout::ColumnMajor;
-};
-template <>
-struct OperandLayouts<GemmLayout::col_row> {
-  using A = cutlass::layout::ColumnMajor;
-  using B = cutlass::layout::RowMajor;
-};
 
 // 16-bit inputs: Ampere tensor-core MMA (also what sm_90a runs for this 2.x kernel),
 // fp32 accumulation, 16-byte operand accesses.

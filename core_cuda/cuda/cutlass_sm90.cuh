@@ -23,29 +23,12 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass_layouts.h"
 #include "gemm_sm90.h"
 #include "sm90_strides.h"
 
 namespace groupgemm {
 namespace cuda {
-
-template <GemmLayout L>
-struct Sm90Layouts;
-template <>
-struct Sm90Layouts<GemmLayout::row_row> {
-  using A = cutlass::layout::RowMajor;
-  using B = cutlass::layout::RowMajor;
-};
-template <>
-struct Sm90Layouts<GemmLayout::row_col> {
-  using A = cutlass::layout::RowMajor;
-  using B = cutlass::layout::ColumnMajor;
-};
-template <>
-struct Sm90Layouts<GemmLayout::col_row> {
-  using A = cutlass::layout::ColumnMajor;
-  using B = cutlass::layout::RowMajor;
-};
 
 using Sm90ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
 
@@ -74,7 +57,7 @@ Ptr* device_array(void** array) {
 
 template <typename In, typename Out, GemmLayout L>
 struct Sm90Gemm {
-  using Layouts = Sm90Layouts<L>;
+  using Layouts = OperandLayouts<L>;
   static constexpr int kInAlignment = 128 / cutlass::sizeof_bits<In>::value;
   static constexpr int kOutAlignment = 128 / cutlass::sizeof_bits<Out>::value;
   // 128 x 128 output tiles, 64-deep K steps, two consumer warp groups per CTA; no
