@@ -111,7 +111,7 @@ def run_framework(framework, problem, args, progress):
     for name, contender in ready.items():
         calls[(name, "fwd")] = contender.forward
         calls[(name, "fwd_bwd")] = contender.forward_backward
-    medians = interleaved_medians(calls, args.repeats, args.budget,
+    medians = interleaved_medians(calls, args.repeats, args.budget, settle=True,
                                   on_round=lambda i, n: progress.show(f"{label}: timing round {i + 1}/{n}"))
     for row in rows:
         if row["impl"] not in ready:

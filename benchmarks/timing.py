@@ -9,14 +9,31 @@ def _seconds(fn):
     return time.perf_counter() - t0
 
 
-def interleaved_medians(fns, repeats, budget_s=float("inf"), on_round=None):
+def wait_until_quiet(window_s=0.005, max_wait_s=0.5):
+    """Returns once this process has used almost no CPU for one window (or after
+    max_wait_s). A call can leave work running after its result is ready: XLA frees a
+    program's temporaries on its own threads, about 40 ms of CPU after each float32
+    G = 8 `jax.lax.ragged_dot` forward+backward (its gigabyte of temporaries), which
+    would otherwise slow whichever call comes next on a 2-core machine. Waiting charges
+    that work to no one, so the contender that leaves it is, if anything, favoured."""
+    deadline = time.perf_counter() + max_wait_s
+    while time.perf_counter() < deadline:
+        cpu = time.process_time()
+        time.sleep(window_s)
+        if time.process_time() - cpu < 0.1 * window_s:
+            return
+
+
+def interleaved_medians(fns, repeats, budget_s=float("inf"), on_round=None, settle=False):
     """Median wall time of each fn in `fns` (a dict), sampled round-robin.
 
     Each round calls every fn once, so a slow-down of the machine (another process
     compiling, frequency changes) hits all of them alike and their ratios stay fair.
     After one warm-up call each, a fn gets `repeats` samples, or fewer when that would
     take longer than `budget_s` (at least one): a 10 s call is not worth 5 samples.
-    Every fn must wait for its own result. Returns {name: (median seconds, samples)}.
+    Every fn must wait for its own result. With `settle`, each sample starts once the
+    process is quiet (wait_until_quiet): for calls of milliseconds and more.
+    Returns {name: (median seconds, samples)}.
     """
     wanted = {}
     for name, fn in fns.items():
@@ -28,5 +45,7 @@ def interleaved_medians(fns, repeats, budget_s=float("inf"), on_round=None):
             on_round(round_index, max(wanted.values()))
         for name, fn in fns.items():
             if len(samples[name]) < wanted[name]:
+                if settle:
+                    wait_until_quiet()
                 samples[name].append(_seconds(fn))
     return {name: (sorted(t)[len(t) // 2], len(t)) for name, t in samples.items()}
