@@ -111,7 +111,9 @@ def run_framework(framework, problem, args, progress):
     for name, contender in ready.items():
         calls[(name, "fwd")] = contender.forward
         calls[(name, "fwd_bwd")] = contender.forward_backward
-    medians = interleaved_medians(calls, args.repeats, args.budget, settle=True,
+    # On CPU the contenders share the cores with work a call leaves behind (timing.py);
+    # a GPU call's time is the device's.
+    medians = interleaved_medians(calls, args.repeats, args.budget, settle=args.device == "cpu",
                                   on_round=lambda i, n: progress.show(f"{label}: timing round {i + 1}/{n}"))
     for row in rows:
         if row["impl"] not in ready:

@@ -123,7 +123,7 @@ def run_config(dtype_name, experts, routing, args, progress):
         row["max_rel_error"] = error
         row["check"] = "ok" if error <= TOLERANCE[dtype_name] else "FAIL"
         calls[name] = lambda forward=forward: forward_backward(forward)
-    medians = interleaved_medians(calls, args.repeats, args.budget, settle=True,
+    medians = interleaved_medians(calls, args.repeats, args.budget,
                                   on_round=lambda i, n: progress.show(f"{label}: timing round {i + 1}/{n}"))
     for name, (seconds, samples) in medians.items():
         rows[name]["fwd_bwd_ms"] = seconds * 1e3
