@@ -1,7 +1,8 @@
 """The GPU kit (benchmarks/gpu/) on a machine without a GPU: its command line, how it
 reads pytest's and compute-sanitizer's output, its summary and results folder, its plan,
-a whole run against canned command output, and the sanitizer driver's calls and checks
-on the CPU backend. The kit itself only does its real work where there is a GPU."""
+a whole run against canned command output, the profile's reading of Nsight Compute's CSV,
+and the sanitizer driver's calls and checks on the CPU backend. The kit itself only does
+its real work where there is a GPU."""
 
 import os
 import subprocess
@@ -16,6 +17,7 @@ import driver_calls  # noqa: E402
 import hlo_command_buffers  # noqa: E402
 import kit  # noqa: E402
 import machine  # noqa: E402
+import profile_shape  # noqa: E402
 import results_dir  # noqa: E402
 import runner  # noqa: E402
 import steps  # noqa: E402
@@ -39,7 +41,7 @@ def test_defaults_point_into_the_repository_and_run_every_step():
     assert args.out == os.path.join(repo, "benchmarks", "results", "gpu")
     assert args.scratch == os.path.join(repo, "build", "gpu-kit")
     assert not args.quick and not args.dry_run
-    assert args.steps == ["environment", "pytest", "sanitizer", "capture", "bench"]
+    assert args.steps == ["environment", "pytest", "sanitizer", "capture", "bench", "profile"]
     assert args.deadline == 550  # a full run ends within a 10-minute command
 
 
@@ -209,9 +211,9 @@ def test_site_dir_is_found_wherever_pip_put_it(tmp_path):
 
 # ---- the plan ---------------------------------------------------------------------------
 
-def gpu_facts(tmp_path, sanitizer="/usr/local/cuda/bin/compute-sanitizer"):
+def gpu_facts(tmp_path, sanitizer="/usr/local/cuda/bin/compute-sanitizer", ncu="/usr/local/cuda/bin/ncu"):
     found = {name: str(tmp_path / f"{name}.whl") for name, _ in wheels.REQUIRED}
-    return kit.Facts([("NVIDIA H100 80GB HBM3", "580.65", "9.0")], "90a", sanitizer, found, [], "python3.12")
+    return kit.Facts([("NVIDIA H100 80GB HBM3", "580.65", "9.0")], "90a", sanitizer, found, [], "python3.12", ncu)
 
 
 def test_dev_sh_dry_run_prints_the_plan_and_exits_0(tmp_path):
@@ -238,14 +240,19 @@ def test_plan_with_a_gpu_has_every_command(tmp_path):
     assert "-m pytest -q -p no:cacheprovider tests\n" in plan
     assert plan.count("benchmarks/bench.py --device cuda --dtype bfloat16") == len(steps.FULL_SWEEP)
     assert "jax_capture_check.py --command-buffers custom-calls" in plan and "capture_check.py" in plan
+    out = tmp_path / "o"
+    assert "bin/ncu --target-processes all --profile-from-start off --section SpeedOfLight" in plan
+    assert f"--log-file {out / 'ncu.csv'} python3.12 " in plan and "profile_shape.py --under-ncu\n" in plan
+    assert f"profile_shape.py --ncu-csv {out / 'ncu.csv'} --out {out / 'profile.md'}" in plan
 
 
 def test_plan_says_what_would_be_skipped_and_why(tmp_path):
     args = kit.parse_args(["--quick", "--wheels", str(tmp_path), "--steps", "sanitizer"])
-    facts = gpu_facts(tmp_path, sanitizer="")
+    facts = gpu_facts(tmp_path, sanitizer="", ncu="")
     facts.gpus = []
     plan = kit.plan_text(args, facts)
-    assert "no GPU: steps 2-5 (pytest, sanitizer, capture, bench) would be skipped" in plan
+    assert "no GPU: steps 2-6 (pytest, sanitizer, capture, bench, profile) would be skipped" in plan
+    assert "would be SKIPPED: not selected (--steps); no CUDA GPU (nvidia-smi found none); ncu not found" in plan
     assert "would be SKIPPED: no CUDA GPU (nvidia-smi found none); compute-sanitizer not found" in plan
     assert "would be SKIPPED: not selected (--steps)" in plan
     assert "sanitizer_driver.py --quick" in plan
@@ -262,6 +269,8 @@ CANNED = {
     "environment_report.py": "RESULT: PASS NVIDIA H100, driver 580.65\n",
     "jax_capture_check.py": "RESULT: PASS 6 routings match\n",
     "capture_check.py": "RESULT: PASS replayed\n",
+    "ncu": "RESULT: PASS ran 9 contenders under the profiler\n",
+    "profile_shape.py": "RESULT: PASS forward 0.85x dense, dgrad 0.84x dense, wgrad 0.80x dense\n",
     "pip": "Successfully installed\n",
 }
 
@@ -292,9 +301,10 @@ def test_a_whole_run_continues_past_failures_and_writes_its_summary(tmp_path, mo
     assert code == 1  # pytest failed
     table = capsys.readouterr().out
     assert "| pytest | FAIL |" in table and "1 failed" in table
-    for name in ("wheels", "build", "environment", "sanitizer", "capture", "bench"):
+    for name in ("wheels", "build", "environment", "sanitizer", "capture", "bench", "profile"):
         assert f"| {name} | PASS |" in table, name  # the steps after the failure still ran
     assert sum("compute-sanitizer" in c[0] for c in seen) == 4
+    assert "ncu: ran 9 contenders under the profiler" in table and "timing: forward 0.85x dense" in table
     assert sorted(os.listdir(out)) == ["kit.log", "summary.json", "summary.md"]
     assert results_dir.budget_problems(str(out)) == []
     assert "| sanitizer | PASS |" in (out / "summary.md").read_text()
@@ -306,7 +316,7 @@ def test_a_whole_run_continues_past_failures_and_writes_its_summary(tmp_path, mo
     assert code == 0
     table = (out / "summary.md").read_text()
     assert "| pytest | PASS |" in table and "| bench | PASS |" in table
-    assert table.count("(earlier run)") == 4  # environment, sanitizer, capture, bench
+    assert table.count("(earlier run)") == 5  # environment, sanitizer, capture, bench, profile
 
 
 def test_a_failed_build_skips_what_needs_it(tmp_path, monkeypatch):
@@ -346,6 +356,68 @@ def test_runner_ends_a_command_past_its_limit(tmp_path):
                           log, timeout=1)
     assert done.timed_out and done.returncode != 0 and done.seconds < 30
     assert "started" in done.output and "stopped after" in (tmp_path / "log").read_text()
+
+
+# ---- the profile: Nsight Compute's CSV and the report ------------------------------------
+
+NCU_HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+              '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
+
+
+def ncu_rows(kernel_id, name, metrics):
+    return [f'"{kernel_id}","42","python3","h","{name}","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0",'
+            f'"GPU Speed Of Light Throughput","{metric}","{unit}","{value}"' for metric, unit, value in metrics]
+
+
+def canned_ncu_csv(order, gemm_ns="1,234,567"):
+    """ncu's output for the contenders in `order`: ==PROF== lines, then per contender the
+    marker kernel and its own kernels (groupgemm: a setup kernel and a GEMM)."""
+    lines, kernel_id = ["==PROF== Connected to process 42 (/usr/bin/python3)", NCU_HEADER], 0
+    for op, name in order:
+        kernels = [(f"at::cuda::{profile_shape.MARKER}(long)", [("Duration", "nsecond", "1,000")])]
+        if name.startswith("groupgemm"):
+            kernels.append(("groupgemm::setup_kernel(groupgemm::SetupArgs)", [("Duration", "nsecond", "4,500")]))
+        kernels.append((f"cutlass::Kernel<cutlass::gemm::kernel::GemmGrouped<{op}, {name}>>(Params)",
+                        [("Duration", "nsecond", gemm_ns), ("Compute (SM) Throughput", "%", "81.25"),
+                         ("Registers Per Thread", "register/thread", "168"), ("Block Limit SM", "block", "n/a")]))
+        for name_, metrics in kernels:
+            lines += ncu_rows(kernel_id, name_, metrics)
+            kernel_id += 1
+    return "\n".join(lines) + "\n==PROF== Disconnected from process 42\n"
+
+
+def test_ncu_csv_is_read_per_kernel_and_split_at_the_markers():
+    order = profile_shape.contenders(["sm80", "sm90"])
+    assert len(order) == 9 and order[:3] == [("forward", "groupgemm sm80"), ("forward", "groupgemm sm90"),
+                                             ("forward", profile_shape.DENSE)]
+    kernels = profile_shape.read_ncu_kernels(canned_ncu_csv(order))
+    assert len(kernels) == 9 * 2 + 6  # a marker each, a GEMM each, a setup kernel per groupgemm call
+    assert kernels[2][1] == {"Duration": 1234.567, "Compute (SM) Throughput": 81.25, "Registers Per Thread": 168.0}
+    by = profile_shape.kernels_by_contender(kernels, order)
+    assert [len(by[key]) for key in order] == [2, 2, 1] * 3
+    assert "setup_kernel" in by[("wgrad", "groupgemm sm90")][0][0]
+    # A report of another run (other contenders) is not matched to this one.
+    assert profile_shape.kernels_by_contender(kernels, profile_shape.contenders(["sm80"])) is None
+    assert profile_shape.read_ncu_kernels("==PROF== no kernels were profiled\n") == []
+
+
+def test_kernel_names_lose_their_template_arguments():
+    short = profile_shape.short_kernel_name
+    assert short("cutlass::Kernel<cutlass::gemm::GemmGrouped<A<B>, C>>(Params)") == "cutlass::Kernel<...>"
+    assert short("void at::cuda::spin_kernel(long)") == "void at::cuda::spin_kernel"
+    assert len(short("x" * 100)) == 60
+
+
+def test_profile_report_has_tflops_ratios_and_kernels():
+    order = profile_shape.contenders(["sm80"])
+    times = {key: (2e-3 if key[1] == profile_shape.DENSE else 2.5e-3) for key in order}
+    ncu = profile_shape.kernels_by_contender(profile_shape.read_ncu_kernels(canned_ncu_csv(order)), order)
+    text = profile_shape.report(times, ncu, "H100, torch 2.9")
+    tflops = profile_shape.flops() / 2.5e-3 / 1e12
+    assert f"| forward | groupgemm sm80 | 2.500 | {tflops:.0f} | 0.80 |" in text
+    assert "| wgrad | dense torch.mm | 2.000 |" in text and "| 1.00 |" in text
+    assert "| dgrad | groupgemm sm80 | `cutlass::Kernel<...>` | 1234.6 | 81.2 |  | 168.0 |  |" in text
+    assert "No Nsight Compute figures" in profile_shape.report(times, None, "H100")
 
 
 # ---- the sanitizer driver's plan and checks -----------------------------------------------

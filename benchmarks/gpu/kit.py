@@ -7,7 +7,8 @@ It runs under the machine's own python3 (which brings torch, jax with its CUDA p
 nanobind, scikit-build-core, cmake, ninja, pytest), never installs torch or jax, and:
   setup: installs the carried wheels (./dev.sh gpu-wheels) into a scratch prefix and
          builds groupgemm there for the local GPU's architecture;
-  1. environment   2. pytest   3. sanitizer   4. capture   5. bench   (see steps.py)
+  1. environment   2. pytest   3. sanitizer   4. capture   5. bench   6. profile
+  (see steps.py)
 Every step runs even when an earlier one failed (steps that need the build are skipped
 when it failed), each under a time limit, and gets a one-line verdict. The summary
 table is printed last and written, with the full log and the benchmark's CSV, JSON and
@@ -83,13 +84,15 @@ class Facts:
     wheel_files: dict
     missing_wheels: list
     python: str
+    ncu: str = ""  # Nsight Compute's command-line profiler, or "" when missing
 
 
 def detect(args):
     gpus = machine.query_gpus()
     arch = args.arch or machine.architecture_for(gpus, sys.executable)
     found, missing = wheels.find_wheels(args.wheels)
-    return Facts(gpus, arch, machine.find_tool("compute-sanitizer") or "", found, missing, sys.executable)
+    return Facts(gpus, arch, machine.find_tool("compute-sanitizer") or "", found, missing, sys.executable,
+                 machine.find_tool("ncu") or "")
 
 
 def find_site_dir(prefix):
@@ -108,7 +111,7 @@ def context(args, facts):
     prefix = os.path.join(args.scratch, "prefix")
     return steps.Context(python=facts.python, repo=REPO, wheels=list(facts.wheel_files.values()),
                          scratch=args.scratch, site_dir=find_site_dir(prefix), arch=facts.arch,
-                         sanitizer=facts.sanitizer, out=args.out, quick=args.quick)
+                         sanitizer=facts.sanitizer, ncu=facts.ncu, out=args.out, quick=args.quick)
 
 
 def skip_reasons(args, facts):
@@ -119,6 +122,8 @@ def skip_reasons(args, facts):
             reasons.setdefault(name, []).append("no CUDA GPU (nvidia-smi found none)")
     if not facts.sanitizer:
         reasons.setdefault("sanitizer", []).append("compute-sanitizer not found (PATH, $CUDA_HOME/bin)")
+    if not facts.ncu:
+        reasons.setdefault("profile", []).append("ncu not found (PATH, $CUDA_HOME/bin)")
     return {name: "; ".join(why) for name, why in reasons.items()}
 
 
@@ -136,6 +141,7 @@ def plan_text(args, facts):
         + ("" if facts.gpus or args.arch else " (no GPU to ask: the default)"),
         f"python: {facts.python}",
         f"compute-sanitizer: {facts.sanitizer or 'not found'}",
+        f"ncu: {facts.ncu or 'not found'}",
         f"wheels in {args.wheels}:",
     ]
     lines += [f"  found   {os.path.basename(path)}" for path in facts.wheel_files.values()]
@@ -159,7 +165,7 @@ def plan_text(args, facts):
                 continue
             lines.append(f"   $ {runner.shell_line(command.argv, command.env)}")
     if not facts.gpus:
-        lines.append("\nno GPU: steps 2-5 (pytest, sanitizer, capture, bench) would be skipped")
+        lines.append(f"\nno GPU: steps 2-{len(steps.SELECTABLE)} ({', '.join(steps.NEEDS_GPU)}) would be skipped")
     return "\n".join(lines)
 
 
@@ -256,9 +262,11 @@ def run_sanitizer(run, ctx):
     return status, reason + (f"; driver: {driver}" if driver else "")
 
 
-def run_capture(run, ctx):
-    commands = steps.commands("capture", ctx)
-    budget_end = time.monotonic() + min(steps.timeout("capture", ctx.quick), run.remaining())
+def run_checks(run, ctx, step):
+    """A step of several check commands (capture, profile), each judged by its RESULT
+    line (or pytest's summary), sharing the step's time."""
+    commands = steps.commands(step, ctx)
+    budget_end = time.monotonic() + min(steps.timeout(step, ctx.quick), run.remaining())
     parts = []
     for i, command in enumerate(commands):
         limit = (budget_end - time.monotonic()) / (len(commands) - i)
@@ -311,8 +319,8 @@ def run_step(run, ctx, step):
         return run_single(run, ctx, step, lambda d: verdicts.pytest_verdict(d.output, d.returncode))
     if step == "sanitizer":
         return run_sanitizer(run, ctx)
-    if step == "capture":
-        return run_capture(run, ctx)
+    if step in ("capture", "profile"):
+        return run_checks(run, ctx, step)
     if step == "bench":
         return run_bench(run, ctx)
     raise ValueError(step)

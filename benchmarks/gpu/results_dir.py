@@ -7,7 +7,9 @@ LOG = "kit.log"  # every command and its full output
 SUMMARY_MD = "summary.md"  # the verdict table
 SUMMARY_JSON = "summary.json"  # the verdicts and the machine, for scripts
 BENCH_FILES = ("bench.csv", "bench.json", "bench.png")  # the merged benchmark sweep
-KIT_FILES = (LOG, SUMMARY_MD, SUMMARY_JSON) + BENCH_FILES
+PROFILE_MD = "profile.md"  # one MoE shape's timings and kernels (profile step)
+NCU_CSV = "ncu.csv"  # Nsight Compute's raw figures behind it
+KIT_FILES = (LOG, SUMMARY_MD, SUMMARY_JSON) + BENCH_FILES + (PROFILE_MD, NCU_CSV)
 
 MAX_FILES = 8
 MAX_DEPTH = 2  # folders below the results folder

@@ -5,11 +5,13 @@ Standard library only."""
 import dataclasses
 import os
 
+import results_dir
+
 # In run order. wheels and build are what every other step needs; they always run.
-STEPS = ("wheels", "build", "environment", "pytest", "sanitizer", "capture", "bench")
+STEPS = ("wheels", "build", "environment", "pytest", "sanitizer", "capture", "bench", "profile")
 PREREQUISITES = STEPS[:2]
 SELECTABLE = STEPS[2:]
-NEEDS_GPU = ("pytest", "sanitizer", "capture", "bench")
+NEEDS_GPU = ("pytest", "sanitizer", "capture", "bench", "profile")
 
 PURPOSE = {
     "wheels": "install the carried wheels (oneDNN, OpenBLAS, CUTLASS headers) into a scratch prefix",
@@ -19,6 +21,8 @@ PURPOSE = {
     "sanitizer": "compute-sanitizer memcheck, racecheck, initcheck, synccheck over every CUDA kernel",
     "capture": "JAX with XLA command buffers (first call inside jit) and torch CUDA-graph replay",
     "bench": "bfloat16 benchmark at MoE shapes against dense, torch._grouped_mm, a loop, ragged_dot",
+    "profile": "Nsight Compute at one MoE shape (bf16, G = 8, 16384 tokens, 4096 -> 14336): "
+               "TFLOP/s against dense torch.mm, and each kernel's time and speed of light",
 }
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -48,6 +52,7 @@ TIMEOUTS = {
     "sanitizer": (240, 900),
     "capture": (150, 300),
     "bench": (120, 560),
+    "profile": (240, 300),
 }
 # Whole-run deadlines: every step's limit is cut to what is left, so a run ends at its
 # deadline plus at most half a minute (a killed command's grace, the benchmark's merge):
@@ -74,6 +79,7 @@ class Context:
     site_dir: str  # where the prefix's packages land (found after the wheels step)
     arch: str  # CMAKE_CUDA_ARCHITECTURES
     sanitizer: str  # path of compute-sanitizer, or "" when missing
+    ncu: str  # path of Nsight Compute's ncu, or "" when missing
     out: str
     quick: bool
 
@@ -157,6 +163,17 @@ def commands(step, ctx):
         ]
     if step == "bench":
         return _bench_commands(ctx)
+    if step == "profile":
+        script = [ctx.python, kit_script(ctx, "profile_shape.py")]
+        ncu_csv = os.path.join(ctx.out, results_dir.NCU_CSV)
+        # Speed-of-light, launch and occupancy sections of each kernel in the profiler's
+        # range only (the script opens it after its warm-up), as CSV with base units.
+        ncu = [ctx.ncu or "ncu", "--target-processes", "all", "--profile-from-start", "off",
+               "--section", "SpeedOfLight", "--section", "LaunchStats", "--section", "Occupancy",
+               "--csv", "--page", "details", "--print-units", "base", "--log-file", ncu_csv]
+        return [Command(ncu + script + ["--under-ncu"], env, "ncu"),
+                Command(script + ["--ncu-csv", ncu_csv, "--out", os.path.join(ctx.out, results_dir.PROFILE_MD)],
+                        env, "timing")]
     raise ValueError(f"unknown step {step!r}")
 
 
