@@ -11,9 +11,10 @@ nanobind, scikit-build-core, cmake, ninja, pytest), never installs torch or jax,
   (see steps.py)
 Every step runs even when an earlier one failed (steps that need the build are skipped
 when it failed), each under a time limit, and gets a one-line verdict. The summary
-table is printed last and written, with the full log and the benchmark's CSV, JSON and
-PNG, to --out. Verdicts of steps not run this time are kept from earlier runs that used
-the same scratch folder, so a run cut short by its deadline is completed with --steps.
+table is printed last and written, with the full log, the benchmark's CSV, JSON and
+PNG and the profile's report, to --out. Verdicts of steps not run this time are kept
+from earlier runs that used the same scratch folder, so a run cut short by its deadline
+is completed with --steps.
 Standard library only.
 """
 
