@@ -85,7 +85,7 @@ class Facts:
     wheel_files: dict
     missing_wheels: list
     python: str
-    ncu: str = ""  # Nsight Compute's command-line profiler, or "" when missing
+    ncu: str  # Nsight Compute's command-line profiler, or "" when missing
 
 
 def detect(args):
