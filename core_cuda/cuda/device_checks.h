@@ -18,9 +18,23 @@ class DeviceGuard {
   explicit DeviceGuard(const ExecContext& ctx) {
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
     int device = ctx.device_index;
-    if (device < 0 && stream && cudaStreamGetDevice(stream, &device) != cudaSuccess) {
-      status_ = Status::Internal("cannot find the CUDA device of the stream");
-      return;
+    if (device < 0 && stream) {
+      // While XLA traces a command buffer, its stream is capturing and the runtime refuses
+      // cudaStreamGetDevice (cudaErrorStreamCaptureUnsupported, left pending for the next
+      // caller). A capture records work for the current device, which XLA has made the
+      // stream's, so there is nothing to switch.
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+        cudaGetLastError();
+        status_ = Status::Internal("cannot query the capture status of the stream");
+        return;
+      }
+      if (capture != cudaStreamCaptureStatusNone) return;
+      if (cudaStreamGetDevice(stream, &device) != cudaSuccess) {
+        cudaGetLastError();  // reported here, not left pending for the next call
+        status_ = Status::Internal("cannot find the CUDA device of the stream");
+        return;
+      }
     }
     if (device < 0 || cudaGetDevice(&previous_) != cudaSuccess || previous_ == device) return;
     if (cudaSetDevice(device) != cudaSuccess) {

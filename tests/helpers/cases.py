@@ -97,3 +97,12 @@ def inputs(case: Case, seed: int = 0):
 def round_to(x, dtype_name):
     """Rounds float64 values to dtype_name and back, so references see the same inputs."""
     return np.asarray(x).astype(DTYPE_TABLE[dtype_name][0]).astype(np.float64)
+
+
+def host_rounded(values, dtype_name):
+    """Values for a framework array of dtype_name: floats rounded once, here, by NumPy
+    (then every framework's conversion is exact; torch turns float64 into float16 through
+    float32, which rounds some values differently), integers as they are."""
+    if dtype_name not in DTYPE_TABLE:
+        return np.asarray(values, dtype_name)
+    return round_to(values, dtype_name)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import jax.test_util
 import numpy as np
-from cases import inputs
+from cases import host_rounded, inputs
 
 import groupgemm.jax as gj
 from groupgemm import _contract
@@ -33,7 +33,7 @@ def _device(kind):
 
 
 def array(values, dtype, device="cpu"):
-    return jax.device_put(jnp.asarray(values, dtype), _device(device))
+    return jax.device_put(jnp.asarray(host_rounded(values, dtype), dtype), _device(device))
 
 
 def to_float64(a):
@@ -65,8 +65,8 @@ def forward_backward(case, dtype, with_bias, transpose, device="cpu"):
         sizes = jnp.asarray(x["group_sizes"])
         out, vjp = jax.vjp(lambda l, r, b: matmul(l, r, sizes, bias=b if with_bias else None, transpose=transpose,
                                                   offset=offset),
-                           *(jnp.asarray(a, dtype) for a in (x["lhs"], rhs, x["bias"])))
-        return [np.asarray(a) for a in (out, *vjp(jnp.asarray(x["dout"], dtype)))]
+                           *(array(a, dtype, device) for a in (x["lhs"], rhs, x["bias"])))
+        return [np.asarray(a) for a in (out, *vjp(array(x["dout"], dtype, device)))]
 
 
 def check_float64_gradients(fn, args):

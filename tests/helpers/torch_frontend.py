@@ -4,7 +4,7 @@ import contextlib
 
 import numpy as np
 import torch
-from cases import inputs
+from cases import host_rounded, inputs
 
 import groupgemm.torch as gt
 from groupgemm import _contract
@@ -19,8 +19,8 @@ def precision(dtype):
 
 def array(values, dtype, device="cpu"):
     """values (NumPy or nested lists) as a tensor of the dtype named `dtype`."""
-    values = np.asarray(values, dtype if dtype.startswith(("int", "uint")) else np.float64)
-    return torch.from_numpy(values).to(device=device, dtype=getattr(torch, dtype))
+    return torch.from_numpy(np.ascontiguousarray(host_rounded(values, dtype))).to(device=device,
+                                                                                 dtype=getattr(torch, dtype))
 
 
 def to_float64(t):
@@ -55,14 +55,13 @@ def forward_backward(case, dtype, with_bias, transpose, device="cpu"):
     x = inputs(case)
     rhs = x["rhs"].transpose(0, 2, 1) if transpose else x["rhs"]
     torch_dtype = getattr(torch, dtype)
-    leaf = lambda a: torch.tensor(np.asarray(a), dtype=torch_dtype, device=device, requires_grad=True)  # noqa: E731
-    lhs_t, rhs_t, bias_t = leaf(x["lhs"]), leaf(rhs), leaf(x["bias"])
+    lhs_t, rhs_t, bias_t = (array(a, dtype, device).requires_grad_() for a in (x["lhs"], rhs, x["bias"]))
     offset = None if case.group_offset is None else torch.tensor(case.group_offset, device=device)
     if device == "cpu":
         _dirty_allocator(case.m * max(case.n, case.k), torch_dtype)
     out = matmul(lhs_t, rhs_t, torch.from_numpy(x["group_sizes"]).to(device), bias=bias_t if with_bias else None,
                  transpose=transpose, offset=offset)
-    out.backward(torch.tensor(np.asarray(x["dout"]), dtype=torch_dtype, device=device))
+    out.backward(array(x["dout"], dtype, device))
     return [out, lhs_t.grad, rhs_t.grad, bias_t.grad if with_bias else torch.zeros_like(bias_t)]
 
 
