@@ -152,6 +152,29 @@ def test_command_buffer_placement_is_read_from_optimized_hlo(tmp_path):
     assert hlo_command_buffers.scan_dump(str(tmp_path)) == (1, 2)
 
 
+def test_xla_compiles_are_counted_per_function_and_platform_from_the_dump(tmp_path):
+    for name in ("module_0000.jit_loss.cpu_after_optimizations.txt",
+                 "module_0000.jit_loss.cpu_after_optimizations-buffer-assignment.txt",  # not a compile
+                 "module_0002.jit_accumulate.cpu_after_optimizations.txt",
+                 "module_2648.jit_loss.sm_9.0a_gpu_after_optimizations.txt",
+                 "module_4635.jit_accumulate.sm_9.0a_gpu_after_optimizations.txt",
+                 "module_4700.jit_accumulate.sm_9.0a_gpu_after_optimizations.txt",  # a recompile
+                 "module_0001.jit_loss.sm_9.0a_gpu_before_optimizations.txt"):
+        (tmp_path / name).write_text("HloModule m\n")
+    assert hlo_command_buffers.xla_compiles(str(tmp_path)) == {
+        ("jit_loss", "cpu"): 1, ("jit_accumulate", "cpu"): 1, ("jit_loss", "gpu"): 1, ("jit_accumulate", "gpu"): 2}
+
+
+def test_jax_capture_check_rehearses_on_the_cpu(tmp_path):
+    # The GPU check's own logic (routings, reference, exact zeros, XLA compiles per
+    # function from the dump) with the CPU backend on both sides.
+    script = os.path.join(KIT_DIR, "jax_capture_check.py")
+    run = subprocess.run([sys.executable, script, "--device", "cpu", "--dump-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "RESULT: PASS" in run.stdout, run.stdout + run.stderr
+    assert hlo_command_buffers.xla_compiles(str(tmp_path))[("jit_accumulate", "cpu")] == 1
+
+
 # ---- machine, wheels, results folder ----------------------------------------------------
 
 def test_compute_capability_becomes_the_cmake_architecture():
@@ -376,7 +399,7 @@ def canned_ncu_csv(order, gemm_ns="1,234,567"):
     for op, name in order:
         kernels = [(f"at::cuda::{profile_shape.MARKER}(long)", [("Duration", "nsecond", "1,000")])]
         if name.startswith("groupgemm"):
-            kernels.append(("groupgemm::setup_kernel(groupgemm::SetupArgs)", [("Duration", "nsecond", "4,500")]))
+            kernels.append(("groupgemm::setup_kernel(groupgemm::SetupArgs)", [("Duration", "ns", "4,500")]))
         kernels.append((f"cutlass::Kernel<cutlass::gemm::kernel::GemmGrouped<{op}, {name}>>(Params)",
                         [("Duration", "nsecond", gemm_ns), ("Compute (SM) Throughput", "%", "81.25"),
                          ("Registers Per Thread", "register/thread", "168"), ("Block Limit SM", "block", "n/a")]))
@@ -393,6 +416,7 @@ def test_ncu_csv_is_read_per_kernel_and_split_at_the_markers():
     kernels = profile_shape.read_ncu_kernels(canned_ncu_csv(order))
     assert len(kernels) == 9 * 2 + 6  # a marker each, a GEMM each, a setup kernel per groupgemm call
     assert kernels[2][1] == {"Duration": 1234.567, "Compute (SM) Throughput": 81.25, "Registers Per Thread": 168.0}
+    assert kernels[1][1] == {"Duration": 4.5}  # "ns", as ncu 2025.3 prints base units, is read as ns too
     by = profile_shape.kernels_by_contender(kernels, order)
     assert [len(by[key]) for key in order] == [2, 2, 1] * 3
     assert "setup_kernel" in by[("wgrad", "groupgemm sm90")][0][0]

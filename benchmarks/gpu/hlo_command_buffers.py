@@ -1,13 +1,18 @@
-"""Were groupgemm's custom calls put into XLA command buffers? Read from the optimized HLO
-that --xla_dump_to writes: XLA outlines each command-buffer sequence into a computation
-named "command_buffer" (command_buffer.1, ...), so a custom call inside one of those runs
-as part of a CUDA graph. Standard library only."""
+"""What XLA's dump (--xla_dump_to) tells about a program: how many times XLA compiled each
+jitted function, per platform, and whether groupgemm's custom calls were put into command
+buffers. XLA of jax <= 0.6 outlines each command-buffer sequence in the optimized HLO
+into a computation named "command_buffer" (command_buffer.1, ...); newer XLA forms
+command buffers from the thunk sequence, after the HLO, so its HLO shows none (jax 0.11.2
+on an H100 traced groupgemm's calls into command buffers, as its trace errors showed, with
+no such computation in the dump). Standard library only."""
 
 import glob
 import os
 import re
 
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+# module_0042.jit_loss.sm_9.0a_gpu_after_optimizations.txt, module_0002.jit_loss.cpu_after_optimizations.txt
+_MODULE_FILE = re.compile(r"^module_\d+\.(?P<name>[^.]+)\..*?(?P<cpu>cpu_)?after_optimizations\.txt$")
 _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
 
 
@@ -43,3 +48,15 @@ def scan_dump(dump_dir):
         inside += in_command_buffers(calls)
         total += len(calls)
     return inside, total
+
+
+def xla_compiles(dump_dir):
+    """{(module name, "cpu" or "gpu"): how many times XLA compiled it} over the optimized
+    modules in `dump_dir` (one file per compile; a jitted function f is module "jit_f")."""
+    counts = {}
+    for path in glob.glob(os.path.join(dump_dir, "module_*after_optimizations.txt")):
+        match = _MODULE_FILE.match(os.path.basename(path))
+        if match:
+            key = (match.group("name"), "cpu" if match.group("cpu") else "gpu")
+            counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -3,7 +3,8 @@
 Run it in a fresh process: the very first groupgemm call of the process happens inside
 a jitted function, so whatever the core sets up on first use happens while XLA records
 its command buffer. One jit compile then serves several routings (all-empty included),
-which only works if the group sizes are read on the device. Checked for each routing:
+which only works if the group sizes are read on the device (counted from the dump: XLA
+compiles each jitted function once per platform). Checked for each routing:
   - a jitted bfloat16 grouped_matmul with bias, and the gradients of lhs, rhs and bias;
   - a jitted weight gradient accumulated into a donated float32 buffer, for a window of
     experts chosen by a traced group_offset;
@@ -22,7 +23,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests")
 sys.path[:0] = [HERE, os.path.join(TESTS, "helpers"), TESTS]  # the tests' float64 reference
-from hlo_command_buffers import scan_dump  # noqa: E402
+from hlo_command_buffers import scan_dump, xla_compiles  # noqa: E402
 
 NO_GPU_EXIT = 3
 # "+" adds custom calls to XLA's default command types (the flag's add/remove syntax);
@@ -86,11 +87,10 @@ def main(argv=None):
         return gj.grouped_matmul_wgrad(lhs, dout, sizes, num_groups=local, group_offset=group_offset,
                                        accumulate_into=acc)
 
-    def compiled():
-        return (jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)),
-                jax.jit(accumulate, donate_argnums=3))
-
-    (step_gpu, acc_gpu), (step_cpu, acc_cpu) = compiled(), compiled()
+    # One jitted function per computation serves both devices (its inputs' device picks
+    # the compile), so the dump holds one module per platform when nothing recompiles.
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+    acc_step = jax.jit(accumulate, donate_argnums=3)
     failures = []
 
     def fail(message):
@@ -110,7 +110,7 @@ def main(argv=None):
     for sizes in SIZES:  # the first iteration is the process's first groupgemm call, inside jit
         try:
             outputs = {}
-            for name, device, step, acc_step in (("gpu", gpu, step_gpu, acc_gpu), ("cpu", cpu, step_cpu, acc_cpu)):
+            for name, device in (("gpu", gpu), ("cpu", cpu)):
                 s = jax.device_put(np.asarray(sizes, np.int32), device)
                 (_, out), grads = step(*on(device, jnp.bfloat16, "lhs", "rhs", "bias"), s,
                                        *on(device, jnp.float32, "dout"))
@@ -135,11 +135,17 @@ def main(argv=None):
                 fail(f"sizes {sizes}: accumulator of empty local expert {g} changed")
         print(f"sizes {sizes}: checked", flush=True)
 
-    compiles = [getattr(f, "_cache_size", lambda: None)() for f in (step_gpu, acc_gpu)]
-    if any(c is not None and c != 1 for c in compiles):
-        fail(f"expected one compile per jitted function for all routings, got {compiles}")
+    # XLA's compiles, not jit's cache entries: with jax 0.11.2 on an H100 the donating
+    # function's cache held two entries after six routings while XLA compiled it once.
+    compiles = xla_compiles(dump_dir)
+    for function in ("jit_loss", "jit_accumulate"):
+        for platform in sorted({"cpu", args.device}):
+            if compiles.get((function, platform), 0) != 1:
+                fail(f"XLA compiled {function} for the {platform} {compiles.get((function, platform), 0)} times "
+                     f"for {len(SIZES)} routings, not once")
     inside, total = scan_dump(dump_dir)
-    captured = (f"{inside} of {total} groupgemm custom calls in command buffers" if total
+    captured = (f"{inside} of {total} groupgemm custom calls in command-buffer computations of the HLO "
+                "(newer XLA forms command buffers after the HLO: 0 then tells nothing)" if total
                 else "no optimized HLO found to tell whether command buffers were used")
     print(captured)
     label = f"command buffers {args.command_buffers}"
