@@ -446,7 +446,8 @@ def test_profile_report_has_tflops_ratios_and_kernels():
 
 # ---- the sanitizer driver's plan and checks -----------------------------------------------
 
-def test_the_quick_cases_reach_every_kernel_and_instantiation():
+@pytest.mark.parametrize("family", driver_calls.FAMILIES)
+def test_the_quick_cases_reach_every_kernel_and_instantiation(family):
     import sanitizer_driver as driver
 
     def reached(names):
@@ -456,16 +457,22 @@ def test_the_quick_cases_reach_every_kernel_and_instantiation():
             busy, has_empty = driver.layout_facts(case)
             for dtype in driver_calls.DTYPES:
                 for call in driver_calls.calls_for(dtype):
-                    found |= driver_calls.kernels_reached(call, case.m, case.k, case.n, case.g, busy, has_empty)
+                    found |= driver_calls.kernels_reached(call, case.m, case.k, case.n, case.g, busy, has_empty,
+                                                          family)
         return found
 
-    required = driver_calls.required_kernels()
+    required = driver_calls.required_kernels(family)
     # 5 small kernels; float32 CUTLASS: 3 layouts + 2 with a C operand; bfloat16 and float16,
     # CUTLASS and unaligned each: 2 output dtypes x 3 layouts + 2 with a C operand.
     assert len(required) == 5 + 5 + 2 * 2 * 8
     assert required <= reached(driver.QUICK_CASES)
     aligned_only = [n for n in driver.QUICK_CASES if not n.startswith("unaligned")]
     assert {k[0] for k in required - reached(aligned_only) if isinstance(k, tuple)} == {driver_calls.UNALIGNED}
+    # Under sm90 the 3.x kernels take every aligned 16-bit GEMM but the bias-in-epilogue
+    # forward (a broadcast C row), which stays on 2.x: 7 of 8 per 16-bit dtype.
+    sm90 = {k for k in required if isinstance(k, tuple) and k[0] == driver_calls.CUTLASS_SM90}
+    assert len(sm90) == (2 * 7 if family == "sm90" else 0)
+    assert all(k[1] in driver_calls.SIXTEEN_BIT and (k[3], k[4]) != ("row_col", 1) for k in sm90)
 
 
 @pytest.mark.parametrize("name", ["skewed", "window_middle", "zero_k", "all_empty", "unaligned_k"])
@@ -585,4 +592,4 @@ def test_the_driver_rehearses_gemm_and_expert_cases_on_the_cpu_backend(capsys):
 
     assert driver.main(["--device", "cpu", "--cases", "zero_k", "--expert-cases", "top3", "no_tokens_no_experts"]) == 0
     out = capsys.readouterr().out
-    assert "over 1 GEMM and 2 expert-layer cases on cpu" in out and "RESULT: PASS" in out
+    assert "over 1 GEMM cases (sm80 kernels) and 2 expert-layer cases on cpu" in out and "RESULT: PASS" in out

@@ -13,7 +13,9 @@ import dataclasses
 
 SETUP, FILL, LATE_BIAS, ZERO_EMPTY, BIAS_GRAD = (
     "setup kernel", "fill kernel", "late-bias kernel", "empty-group zero kernel", "bias-grad kernel")
-CUTLASS, UNALIGNED = "cutlass", "unaligned"
+CUTLASS, CUTLASS_SM90, UNALIGNED = "cutlass", "cutlass sm90", "unaligned"
+# GROUPGEMM_CUDA_KERNEL's values: CUTLASS 2.x (every GPU), CUTLASS 3.x (sm_90a, Hopper only).
+FAMILIES = ("sm80", "sm90")
 LAYOUTS = ("row_row", "row_col", "col_row")  # forward [G,K,N], forward [G,N,K], wgrad
 DTYPES = ("float32", "bfloat16", "float16")
 SIXTEEN_BIT = ("bfloat16", "float16")
@@ -57,9 +59,10 @@ def calls_for(dtype):
     return list(dict.fromkeys(planned))  # float32 has one output dtype: drop repeats
 
 
-def kernels_reached(call, m, k, n, groups, busy, has_empty):
+def kernels_reached(call, m, k, n, groups, busy, has_empty, family="sm80"):
     """The kernels `call` launches with real work on a problem of M, K, N, `groups` local
-    groups, `busy` when some local group owns rows and `has_empty` when some owns none."""
+    groups, `busy` when some local group owns rows and `has_empty` when some owns none,
+    with the GEMM kernel `family` chosen."""
     reached = set()
     if call.kind == "forward":
         if m == 0 or n == 0:
@@ -69,7 +72,7 @@ def kernels_reached(call, m, k, n, groups, busy, has_empty):
             return reached
         in_epilogue = call.bias and call.out_dtype == call.dtype
         layout = "row_col" if call.transpose else "row_row"
-        reached.add(_gemm(call, k, n, layout, beta=1 if in_epilogue else 0))
+        reached.add(_gemm(call, k, n, layout, 1 if in_epilogue else 0, family))
         if call.bias and not in_epilogue:
             reached.add(LATE_BIAS)
         return reached
@@ -80,36 +83,49 @@ def kernels_reached(call, m, k, n, groups, busy, has_empty):
         if not call.accumulate and has_empty:
             reached.add(ZERO_EMPTY)
         if m > 0 and busy:
-            reached.add(_gemm(call, k, n, "col_row", beta=1 if call.accumulate else 0))
+            reached.add(_gemm(call, k, n, "col_row", 1 if call.accumulate else 0, family))
         return reached
     if call.kind == "bias_grad":
         return reached if groups == 0 or n == 0 else {SETUP, BIAS_GRAD}
     raise ValueError(f"unknown call kind {call.kind!r}")
 
 
-def _gemm(call, k, n, layout, beta):
+def _gemm(call, k, n, layout, beta, family):
     aligned = call.dtype == "float32" or (k % 8 == 0 and n % 8 == 0 and not call.misaligned)
-    return (CUTLASS if aligned else UNALIGNED, call.dtype, call.out_dtype, layout, beta)
+    return (_kind(CUTLASS if aligned else UNALIGNED, call.dtype, layout, beta, family), call.dtype, call.out_dtype,
+            layout, beta)
 
 
-def required_kernels():
+def _kind(kind, dtype, layout, beta, family):
+    """Which kernel runs a tensor-core GEMM under `family` (core_cuda/src/kernel_choice.h's
+    sm90_runs): the 3.x kernels take aligned 16-bit operands unless C is a broadcast bias
+    row (a forward layout with beta = 1); everything else stays on the 2.x kernels."""
+    broadcast_c = layout != "col_row" and beta != 0
+    sm90 = family == "sm90" and kind == CUTLASS and dtype in SIXTEEN_BIT and not broadcast_c
+    return CUTLASS_SM90 if sm90 else kind
+
+
+def required_kernels(family="sm80"):
     """What the driver must reach: the small kernels, every CUTLASS instantiation (input x
-    output dtype x layout) without and with a C operand, the same for the unaligned kernel."""
+    output dtype x layout) without and with a C operand, the same for the unaligned kernel;
+    under family sm90, the 3.x kernels in place of the 2.x ones they take over."""
     required = {SETUP, FILL, LATE_BIAS, ZERO_EMPTY, BIAS_GRAD}
     for dtype in DTYPES:
         outs = [dtype] + (["float32"] if dtype in SIXTEEN_BIT else [])
         kinds = [CUTLASS] + ([UNALIGNED] if dtype in SIXTEEN_BIT else [])
         for kind in kinds:
-            required |= {(kind, dtype, out, layout, 0) for out in outs for layout in LAYOUTS}
-            required.add((kind, dtype, dtype, "row_col", 1))  # bias in the epilogue
-            required.add((kind, dtype, "float32", "col_row", 1))  # accumulate
+            gemms = {(dtype, out, layout, 0) for out in outs for layout in LAYOUTS}
+            gemms.add((dtype, dtype, "row_col", 1))  # bias in the epilogue
+            gemms.add((dtype, "float32", "col_row", 1))  # accumulate
+            required |= {(_kind(kind, d, layout, beta, family), d, out, layout, beta)
+                         for d, out, layout, beta in gemms}
     return required
 
 
 def describe(kernel):
     if isinstance(kernel, str):
         return kernel
-    if kernel[0] not in (CUTLASS, UNALIGNED):
+    if kernel[0] not in (CUTLASS, CUTLASS_SM90, UNALIGNED):
         return " ".join(kernel)  # the expert layer's: the kernel, then what is special
     kind, dtype, out, layout, beta = kernel
     return f"{kind} {dtype}->{out} {layout}" + (" +C" if beta else "")

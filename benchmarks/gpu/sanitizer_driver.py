@@ -10,6 +10,8 @@ cases and are checked against the CPU backend's results for the same calls
 (expert_driver.py). The only device work besides the core's kernels is copies (and
 unpermute's backward's own memset), so what the sanitizer reports is the core's. At the
 end it checks that every kernel and CUTLASS instantiation was reached (driver_calls.py).
+On a compute capability 9.0 GPU the GEMM calls run once per kernel family
+(GROUPGEMM_CUDA_KERNEL=sm80, then sm90), so the sanitizer sees the 3.x kernels too.
 Exit status: 0 all good, 1 a mismatch or a kernel not reached, 3 no CUDA GPU (or no torch).
 
     compute-sanitizer --tool memcheck python3 benchmarks/gpu/sanitizer_driver.py --quick
@@ -29,6 +31,7 @@ import reference  # noqa: E402
 from cases import CASES, Case, inputs, round_to  # noqa: E402
 from driver_calls import (  # noqa: E402
     DTYPES,
+    FAMILIES,
     calls_for,
     describe,
     kernels_reached,
@@ -234,26 +237,30 @@ def main(argv=None):
     names = (args.cases or []) if chosen else (QUICK_CASES if args.quick else list(ALL_CASES))
     expert_names = ((args.expert_cases or []) if chosen else
                     (expert.QUICK_EXPERT_CASES if args.quick else list(expert.ALL_EXPERT_CASES)))
+    families = FAMILIES if args.device == "cuda" and torch.cuda.get_device_capability() == (9, 0) else FAMILIES[:1]
     reached, failures, count = set(), [], 0
-    for name in names:
-        case = ALL_CASES[name]
-        x = inputs(case)
-        busy, has_empty = layout_facts(case)
-        for dtype in DTYPES:
-            for call in calls_for(dtype):
-                if call.misaligned and case.m * case.k == 0:
-                    continue
-                count += 1
-                label = f"{case.name}/{call.name}"
-                try:
-                    problem = mismatch(call, *run_call(dev, call, case, x, args.prefill))
-                except (RuntimeError, ValueError, TypeError) as exc:
-                    problem = _error_text(exc)
-                if problem:
-                    if _record_failure(failures, label, problem):
-                        return 1
-                else:
-                    reached |= kernels_reached(call, case.m, case.k, case.n, case.g, busy, has_empty)
+    for family in families:
+        os.environ["GROUPGEMM_CUDA_KERNEL"] = family  # read by the core on every call
+        for name in names:
+            case = ALL_CASES[name]
+            x = inputs(case)
+            busy, has_empty = layout_facts(case)
+            for dtype in DTYPES:
+                for call in calls_for(dtype):
+                    if call.misaligned and case.m * case.k == 0:
+                        continue
+                    count += 1
+                    label = f"{family}/{case.name}/{call.name}"
+                    try:
+                        problem = mismatch(call, *run_call(dev, call, case, x, args.prefill))
+                    except (RuntimeError, ValueError, TypeError) as exc:
+                        problem = _error_text(exc)
+                    if problem:
+                        if _record_failure(failures, label, problem):
+                            return 1
+                    else:
+                        reached |= kernels_reached(call, case.m, case.k, case.n, case.g, busy, has_empty, family)
+    os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
     cpu = Device(torch, _core, "cpu")
     compared = bitwise = 0
     for name in expert_names:
@@ -279,9 +286,10 @@ def main(argv=None):
         print(f"expert layer: {len(expert_names)} routing cases; {bitwise} of the {compared} results of passing "
               f"calls equal the CPU backend's bit for bit, the others are within the tolerances")
     # On the CPU backend no kernel runs: the rehearsal checks the calls and the values only.
-    required = required_kernels() | required_expert_kernels()
+    required = set().union(*map(required_kernels, families)) | required_expert_kernels()
     missing = sorted(map(describe, required - reached)) if args.device == "cuda" else []
-    print(f"{count} calls over {len(names)} GEMM and {len(expert_names)} expert-layer cases on {args.device}, "
+    print(f"{count} calls over {len(names)} GEMM cases ({' and '.join(families)} kernels) and "
+          f"{len(expert_names)} expert-layer cases on {args.device}, "
           f"prefill {args.prefill}; "
           f"{len(required & reached)} of the {len(required)} required kernels and instantiations reached")
     for kernel in missing:
