@@ -22,7 +22,7 @@ import textwrap
 
 import overhead
 import report
-from contenders import GROUPGEMM
+from contenders import GROUPGEMM, SKIPPABLE
 from problem import Config, Problem, check
 from progress import Progress
 from routing import ROUTINGS
@@ -56,6 +56,9 @@ def parse_args(argv):
                         "a quarter empty, the rest Dirichlet-skewed; all empty (then there is nothing to "
                         "compute and the times are overhead)")
     p.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS), choices=list(FRAMEWORKS))
+    p.add_argument("--skip", nargs="+", default=[], choices=SKIPPABLE, metavar="CONTENDER",
+                   help=f"contenders to leave out, of: {'; '.join(SKIPPABLE)} (at large shapes ragged_dot's "
+                        "G-fold work, or compiling a JAX loop over many experts, takes minutes)")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per contender (median)")
     p.add_argument("--budget", type=float, default=15.0,
                    help="seconds of timed calls per contender and mode; slow ones get fewer repeats")
@@ -80,6 +83,8 @@ def _prepare(framework, module, problem, args, progress, label):
     and {name: Contender} for those that ran."""
     rows, ready = [], {}
     for name, build in module.contenders(problem, args.device).items():
+        if name in args.skip:
+            continue
         progress.show(f"{label}: compile and check {name}")
         row = {"framework": framework, "device": args.device, **vars(problem.config), "impl": name}
         rows.append(row)

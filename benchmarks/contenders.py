@@ -10,6 +10,11 @@ DENSE = "dense GEMM"  # one [M, K] x [K, N] GEMM of the framework: the ceiling f
 # library groupgemm calls, to tell its kernels' speed from its grouping's cost.
 GROUPGEMM_DENSE = "groupgemm dense (one group)"
 DENSE_KINDS = (DENSE, GROUPGEMM_DENSE)
+RAGGED_DOT = "jax.lax.ragged_dot"
+GROUPED_MM = "torch._grouped_mm"
+# What a run may leave out (bench.py --skip): where one would take minutes, such as
+# ragged_dot's G-fold work or XLA compiling a loop over 128 experts.
+SKIPPABLE = (PER_EXPERT_LOOP, RAGGED_DOT, GROUPED_MM, GROUPGEMM_DENSE)
 
 
 @dataclass

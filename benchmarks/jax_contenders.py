@@ -9,11 +9,9 @@ compilation per routing, which is why MoE code does not do this).
 import jax
 import jax.numpy as jnp
 import numpy as np
-from contenders import DENSE, DENSE_KINDS, GROUPGEMM, GROUPGEMM_DENSE, PER_EXPERT_LOOP, Contender
+from contenders import DENSE, DENSE_KINDS, GROUPGEMM, GROUPGEMM_DENSE, PER_EXPERT_LOOP, RAGGED_DOT, Contender
 
 from groupgemm.jax import grouped_matmul
-
-RAGGED_DOT = "jax.lax.ragged_dot"
 
 
 def _per_expert_loop(sizes):

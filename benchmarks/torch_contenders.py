@@ -10,11 +10,9 @@ import os
 
 import numpy as np
 import torch
-from contenders import DENSE, DENSE_KINDS, GROUPGEMM, GROUPGEMM_DENSE, PER_EXPERT_LOOP, Contender
+from contenders import DENSE, DENSE_KINDS, GROUPED_MM, GROUPGEMM, GROUPGEMM_DENSE, PER_EXPERT_LOOP, Contender
 
 from groupgemm.torch import grouped_mm
-
-GROUPED_MM = "torch._grouped_mm"
 
 
 def per_expert_loop(x, w, group_sizes):

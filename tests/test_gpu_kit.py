@@ -262,6 +262,11 @@ def test_plan_with_a_gpu_has_every_command(tmp_path):
         assert f"--tool {tool}" in plan
     assert "-m pytest -q -p no:cacheprovider tests\n" in plan
     assert plan.count("benchmarks/bench.py --device cuda --dtype bfloat16") == len(steps.FULL_SWEEP)
+    # Where ragged_dot or a compiled 128-expert JAX loop would take minutes, they are left out.
+    assert plan.count("--experts 128 --tokens 16384 --hidden 2048 --ffn 1408 --frameworks jax "
+                      "--skip 'per-expert loop'") == 1
+    assert plan.count("--frameworks torch --out") == 3
+    assert "--experts 8 32 --tokens 4096 --hidden 2048 --ffn 1408 --out" in plan  # both frameworks, every contender
     assert "jax_capture_check.py --command-buffers custom-calls" in plan and "capture_check.py" in plan
     out = tmp_path / "o"
     assert "bin/ncu --target-processes all --profile-from-start off --section SpeedOfLight" in plan

@@ -4,8 +4,12 @@ Standard library only."""
 
 import dataclasses
 import os
+import sys
 
 import results_dir
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+from contenders import PER_EXPERT_LOOP  # noqa: E402
 
 # In run order. wheels and build are what every other step needs; they always run.
 STEPS = ("wheels", "build", "environment", "pytest", "sanitizer", "capture", "bench", "profile")
@@ -34,15 +38,21 @@ SANITIZER_PREFILL = {"initcheck": "empty"}
 QUICK_PYTEST = ("tests/test_cuda.py", "tests/test_cuda_build.py", "tests/test_core.py", "tests/test_parity.py")
 GRAPH_TESTS = ("tests/test_cuda.py", "-k", "graph")  # test_cuda.py's CUDA-graph replay test
 
-# One bench.py run per expert shape (its flags sweep a product; real models are points).
+# One bench.py run per expert shape (its flags sweep a product; real models are points),
+# optionally for some frameworks and without some contenders: jax.lax.ragged_dot does G
+# times the work (minutes at the wide shapes) and XLA takes minutes to compile a JAX loop
+# over 128 experts, so those are left out where they would not fit the step's time.
 QUICK_SWEEP = ({"experts": (8, 32), "tokens": (4096,), "hidden": (2048,), "ffn": (1408,)},)
 FULL_SWEEP = QUICK_SWEEP + (
-    {"experts": (128,), "tokens": (16384,), "hidden": (2048,), "ffn": (1408,)},  # fine-grained experts
-    {"experts": (32,), "tokens": (16384,), "hidden": (7168,), "ffn": (2048,)},  # 256 experts over 8 ranks
-    {"experts": (8,), "tokens": (16384,), "hidden": (4096,), "ffn": (14336,)},  # 8 wide experts
+    # fine-grained experts
+    {"experts": (128,), "tokens": (16384,), "hidden": (2048,), "ffn": (1408,), "frameworks": ("torch",)},
+    {"experts": (128,), "tokens": (16384,), "hidden": (2048,), "ffn": (1408,), "frameworks": ("jax",),
+     "skip": (PER_EXPERT_LOOP,)},
+    # 256 experts over 8 ranks; 8 wide experts
+    {"experts": (32,), "tokens": (16384,), "hidden": (7168,), "ffn": (2048,), "frameworks": ("torch",)},
+    {"experts": (8,), "tokens": (16384,), "hidden": (4096,), "ffn": (14336,), "frameworks": ("torch",)},
 )
-# The even split and realistic traffic (a quarter of the experts empty, the rest skewed):
-# each configuration costs XLA compiles, so the sweep fits one command.
+# The even split and realistic traffic (a quarter of the experts empty, the rest skewed).
 BENCH_ROUTINGS = ("--routing", "uniform", "skewed-some-empty")
 BENCH_TIMING = ("--repeats", "5", "--budget", "2")
 
@@ -117,10 +127,13 @@ def _bench_commands(ctx):
     for i, shape in enumerate(sweep):
         argv = [ctx.python, os.path.join(ctx.repo, "benchmarks", "bench.py"), "--device", "cuda",
                 "--dtype", "bfloat16", *BENCH_TIMING, *BENCH_ROUTINGS, "--overhead-repeats", "500" if i == 0 else "50"]
-        for flag in ("experts", "tokens", "hidden", "ffn"):
-            argv += [f"--{flag}", *map(str, shape[flag])]
+        for flag in ("experts", "tokens", "hidden", "ffn", "frameworks", "skip"):
+            if flag in shape:
+                argv += [f"--{flag}", *map(str, shape[flag])]
         argv += ["--out", bench_part_dir(ctx, i)]
         label = f"G={','.join(map(str, shape['experts']))} K={shape['hidden'][0]} N={shape['ffn'][0]}"
+        if "frameworks" in shape:
+            label += " " + ",".join(shape["frameworks"])
         commands.append(Command(argv, python_env(ctx), label))
     parts = [bench_part_dir(ctx, i) for i in range(len(sweep))]
     commands.append(Command([ctx.python, kit_script(ctx, "bench_merge.py"), "--out", ctx.out, *parts],
