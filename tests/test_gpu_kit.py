@@ -61,6 +61,8 @@ def test_quick_has_the_eight_minute_deadline_and_flags_are_taken(tmp_path):
     (["--deadline", "-5"], "--deadline must be 0 or more seconds"),
     (["--deadline", "soon"], "invalid float value"),
     (["--out"], "expected one argument"),
+    (["--sm90-tile", "256,128"], "--sm90-tile takes 3 comma-separated numbers"),
+    (["--sm90-cluster", "2x1"], "--sm90-cluster takes 2 comma-separated numbers"),
 ])
 def test_bad_flags_exit_non_zero_with_a_message(argv, message):
     proc = run_kit(*argv)
@@ -250,6 +252,16 @@ def test_dev_sh_dry_run_prints_the_plan_and_exits_0(tmp_path):
     assert out.count("MISSING") == len(wheels.REQUIRED)  # an empty wheels folder
     assert "compute-sanitizer:" in out and "pip install" in out
     assert not os.path.exists(os.path.join(str(tmp_path), "prefix"))  # nothing was installed
+
+
+def test_sm90_shape_knobs_reach_the_build_command_and_default_to_the_shipped_shape(tmp_path):
+    args = kit.parse_args(["--wheels", str(tmp_path), "--sm90-tile", "256,128,64", "--sm90-cluster", "2,1"])
+    plan = kit.plan_text(args, gpu_facts(tmp_path))
+    assert ("-C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a -C cmake.define.GROUPGEMM_SM90_TILE=256,128,64 "
+            "-C cmake.define.GROUPGEMM_SM90_CLUSTER=2,1 -C build-dir=") in plan
+    # Unset, they are passed empty, so a reused build folder forgets an earlier run's shape.
+    plan = kit.plan_text(kit.parse_args(["--wheels", str(tmp_path)]), gpu_facts(tmp_path))
+    assert "-C cmake.define.GROUPGEMM_SM90_TILE= -C cmake.define.GROUPGEMM_SM90_CLUSTER= -C build-dir=" in plan
 
 
 def test_plan_with_a_gpu_has_every_command(tmp_path):

@@ -55,15 +55,29 @@ Ptr* device_array(void** array) {
   return static_cast<Ptr*>(static_cast<void*>(array));
 }
 
+// The shipped CTA tile and cluster. A build may set others to measure them (CMake
+// GROUPGEMM_SM90_TILE and GROUPGEMM_SM90_CLUSTER; ./dev.sh gpu --sm90-tile, --sm90-cluster).
+#ifndef GROUPGEMM_SM90_TILE_M
+#define GROUPGEMM_SM90_TILE_M 128
+#define GROUPGEMM_SM90_TILE_N 128
+#define GROUPGEMM_SM90_TILE_K 64
+#endif
+#ifndef GROUPGEMM_SM90_CLUSTER_M
+#define GROUPGEMM_SM90_CLUSTER_M 1
+#define GROUPGEMM_SM90_CLUSTER_N 1
+#endif
+
 template <typename In, typename Out, GemmLayout L>
 struct Sm90Gemm {
   using Layouts = OperandLayouts<L>;
   static constexpr int kInAlignment = 128 / cutlass::sizeof_bits<In>::value;
   static constexpr int kOutAlignment = 128 / cutlass::sizeof_bits<Out>::value;
-  // 128 x 128 output tiles, 64-deep K steps, two consumer warp groups per CTA; no
-  // clusters, so a group's tile count is never rounded up to a cluster multiple.
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  // Shipped: 128 x 128 output tiles, 64-deep K steps, two consumer warp groups per CTA;
+  // no clusters, so a group's tile count is never rounded up to a cluster multiple.
+  using TileShape = cute::Shape<cute::Int<GROUPGEMM_SM90_TILE_M>, cute::Int<GROUPGEMM_SM90_TILE_N>,
+                                cute::Int<GROUPGEMM_SM90_TILE_K>>;
+  using ClusterShape =
+      cute::Shape<cute::Int<GROUPGEMM_SM90_CLUSTER_M>, cute::Int<GROUPGEMM_SM90_CLUSTER_N>, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 
