@@ -34,11 +34,11 @@ REPEATS = 20
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel
 MARKER_CYCLES = 1000
 TOLERANCE = 2e-2  # bfloat16 products, relative to the largest reference value
-# ncu metrics the report shows, by their names in the CSV's details page.
-# Seconds-based units to µs, as ncu spells them: "ns" with --print-units base (ncu 2025.3),
-# "nsecond" in older versions. An unknown unit raises rather than mislabels a duration.
+# Duration units to µs, as ncu spells them: "ns" with --print-units base (ncu 2025.3),
+# "nsecond" in older versions. An unknown unit is an error, not a mislabelled duration.
 DURATION_UNITS_IN_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
                         "s": 1e6, "second": 1e6}
+# ncu metrics the report shows, by their names in the CSV's details page.
 NCU_METRICS = {"Duration": "ncu µs", "Compute (SM) Throughput": "SM %", "DRAM Throughput": "DRAM %",
                "Registers Per Thread": "regs", "Achieved Occupancy": "occupancy %"}
 
@@ -78,6 +78,8 @@ def read_ncu_kernels(text):
         except ValueError:
             continue
         if row["Metric Name"] == "Duration":  # in the unit ncu printed: to µs
+            if row["Metric Unit"] not in DURATION_UNITS_IN_US:
+                raise ValueError(f"ncu printed a kernel duration in an unknown unit, {row['Metric Unit']!r}")
             value *= DURATION_UNITS_IN_US[row["Metric Unit"]]
         kernels[index[row["ID"]]][1][row["Metric Name"]] = value
     return kernels
