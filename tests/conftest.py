@@ -9,3 +9,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 # The GPU kit's modules: its own tests, and the CUDA-graph capture helper test_cuda.py shares.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu"))
+
+# On a machine with a GPU, JAX's default device is the GPU: keep the tests written for the
+# CPU backend on the CPU, as torch's are by default. The CUDA tests name their device.
+try:
+    import jax
+except ImportError:  # the torch-only install check
+    pass
+else:
+    jax.config.update("jax_default_device", "cpu")
