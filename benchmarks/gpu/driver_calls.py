@@ -16,6 +16,11 @@ SETUP, FILL, LATE_BIAS, ZERO_EMPTY, BIAS_GRAD = (
 CUTLASS, CUTLASS_SM90, UNALIGNED = "cutlass", "cutlass sm90", "unaligned"
 # GROUPGEMM_CUDA_KERNEL's values: CUTLASS 2.x (every GPU), CUTLASS 3.x (sm_90a, Hopper only).
 FAMILIES = ("sm80", "sm90")
+
+
+def families_on(compute_capability):
+    """The kernel families a GPU of this (major, minor) runs: sm_90a code runs on 9.0 only."""
+    return FAMILIES if tuple(compute_capability) == (9, 0) else FAMILIES[:1]
 LAYOUTS = ("row_row", "row_col", "col_row")  # forward [G,K,N], forward [G,N,K], wgrad
 DTYPES = ("float32", "bfloat16", "float16")
 SIXTEEN_BIT = ("bfloat16", "float16")

@@ -1,10 +1,9 @@
 """What XLA's dump (--xla_dump_to) tells about a program: how many times XLA compiled each
 jitted function, per platform, and whether groupgemm's custom calls were put into command
-buffers. XLA of jax <= 0.6 outlines each command-buffer sequence in the optimized HLO
-into a computation named "command_buffer" (command_buffer.1, ...); newer XLA forms
-command buffers from the thunk sequence, after the HLO, so its HLO shows none (jax 0.11.2
-on an H100 traced groupgemm's calls into command buffers, as its trace errors showed, with
-no such computation in the dump). Standard library only."""
+buffers. XLA has outlined each command-buffer sequence in the optimized HLO into a
+computation named "command_buffer" (command_buffer.1, ...); with jax 0.11.2 on an H100
+no such computation appeared although XLA traced groupgemm's calls into command buffers
+(its trace errors showed it), so a count of 0 there tells nothing. Standard library only."""
 
 import glob
 import os
@@ -35,13 +34,23 @@ def in_command_buffers(calls):
     return sum(1 for computation, _ in calls if computation and computation.startswith("command_buffer"))
 
 
+def optimized_modules(dump_dir):
+    """[(path, module name, "cpu" or "gpu")] of the optimized modules in `dump_dir`, one
+    file per compile (a jitted function f is module "jit_f")."""
+    modules = []
+    for path in sorted(glob.glob(os.path.join(dump_dir, "module_*after_optimizations.txt"))):
+        match = _MODULE_FILE.match(os.path.basename(path))
+        if match:
+            modules.append((path, match.group("name"), "cpu" if match.group("cpu") else "gpu"))
+    return modules
+
+
 def scan_dump(dump_dir):
     """(inside, total) over the GPU modules' optimized HLO in `dump_dir` (the CPU
-    compiler's, "*.cpu_after_optimizations.txt", have no command buffers); (0, 0) when
-    there are none."""
+    compiler's have no command buffers); (0, 0) when there are none."""
     inside = total = 0
-    for path in sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))):
-        if os.path.basename(path).endswith("cpu_after_optimizations.txt"):
+    for path, _, platform in optimized_modules(dump_dir):
+        if platform == "cpu":
             continue
         with open(path, errors="replace") as f:
             calls = custom_calls(f.read())
@@ -51,12 +60,8 @@ def scan_dump(dump_dir):
 
 
 def xla_compiles(dump_dir):
-    """{(module name, "cpu" or "gpu"): how many times XLA compiled it} over the optimized
-    modules in `dump_dir` (one file per compile; a jitted function f is module "jit_f")."""
+    """{(module name, "cpu" or "gpu"): how many times XLA compiled it} over `dump_dir`."""
     counts = {}
-    for path in glob.glob(os.path.join(dump_dir, "module_*after_optimizations.txt")):
-        match = _MODULE_FILE.match(os.path.basename(path))
-        if match:
-            key = (match.group("name"), "cpu" if match.group("cpu") else "gpu")
-            counts[key] = counts.get(key, 0) + 1
+    for _, name, platform in optimized_modules(dump_dir):
+        counts[(name, platform)] = counts.get((name, platform), 0) + 1
     return counts

@@ -26,6 +26,9 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from driver_calls import families_on  # noqa: E402
+
 NO_GPU_EXIT = 3
 SHAPE = {"experts": 8, "tokens": 16384, "hidden": 4096, "ffn": 14336}
 OPS = ("forward", "dgrad", "wgrad")
@@ -219,7 +222,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("RESULT: SKIP no CUDA GPU")
         return NO_GPU_EXIT
-    families = ["sm80", "sm90"] if torch.cuda.get_device_capability() == (9, 0) else ["sm80"]
+    families = families_on(torch.cuda.get_device_capability())
     calls, operands = _calls(torch, families, SHAPE)
     order = contenders(families)
     for fn in calls.values():  # warm-up: first-use setup stays out of the profile and the timings

@@ -34,6 +34,7 @@ from driver_calls import (  # noqa: E402
     FAMILIES,
     calls_for,
     describe,
+    families_on,
     kernels_reached,
     required_expert_kernels,
     required_kernels,
@@ -237,7 +238,7 @@ def main(argv=None):
     names = (args.cases or []) if chosen else (QUICK_CASES if args.quick else list(ALL_CASES))
     expert_names = ((args.expert_cases or []) if chosen else
                     (expert.QUICK_EXPERT_CASES if args.quick else list(expert.ALL_EXPERT_CASES)))
-    families = FAMILIES if args.device == "cuda" and torch.cuda.get_device_capability() == (9, 0) else FAMILIES[:1]
+    families = families_on(torch.cuda.get_device_capability()) if args.device == "cuda" else FAMILIES[:1]
     reached, failures, count = set(), [], 0
     for family in families:
         os.environ["GROUPGEMM_CUDA_KERNEL"] = family  # read by the core on every call
