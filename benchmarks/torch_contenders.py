@@ -6,6 +6,7 @@ input and weight gradients with a fixed incoming gradient. On CUDA every call en
 torch.cuda.synchronize(), so the time is the device's, not the launch's.
 """
 
+import contextlib
 import os
 
 import numpy as np
@@ -38,19 +39,23 @@ _MATMULS = {
 }
 
 
-GROUPGEMM_SM90 = "groupgemm (sm_90a kernels)"
+# On Hopper, groupgemm held to each tile of its sm_90a kernels, forward and backward (its
+# default there is the CUTLASS 2.x family; kernel_choice.h says why).
+SM90_TILES = ("sm90_128x256", "sm90_64x128")
 
 
-def _grouped_mm_on_sm90_kernels(x, w, group_sizes):
-    """groupgemm with its CUTLASS 3.x (TMA + WGMMA) kernels, which Hopper runs only when
-    asked (GROUPGEMM_CUDA_KERNEL=sm90) until they have passed the GPU suite there."""
+@contextlib.contextmanager
+def _kernel_family(family):
+    """GROUPGEMM_CUDA_KERNEL=family for the calls inside (None: left as it is); the core
+    reads it at every call, so the backward must run inside too."""
     before = os.environ.get("GROUPGEMM_CUDA_KERNEL")
-    os.environ["GROUPGEMM_CUDA_KERNEL"] = "sm90"
+    if family is not None:
+        os.environ["GROUPGEMM_CUDA_KERNEL"] = family
     try:
-        return grouped_mm(x, w, group_sizes)
+        yield
     finally:
         if before is None:
-            del os.environ["GROUPGEMM_CUDA_KERNEL"]
+            os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
         else:
             os.environ["GROUPGEMM_CUDA_KERNEL"] = before
 
@@ -83,17 +88,18 @@ def contenders(problem, device_name):
     sizes = torch.tensor(problem.config.sizes, dtype=torch.int64, device=device)
     wait = _waiter(device)
 
-    def build(name, matmul):
+    def build(name, matmul, family=None):
         weight = dense_rhs if name in DENSE_KINDS else rhs
 
         def forward():
-            with torch.no_grad():
+            with _kernel_family(family), torch.no_grad():
                 matmul(lhs, weight, sizes)
             wait()
 
         def forward_backward():
-            out = matmul(lhs, weight, sizes)
-            grads = torch.autograd.grad(out, (lhs, weight), dout)
+            with _kernel_family(family):
+                out = matmul(lhs, weight, sizes)
+                grads = torch.autograd.grad(out, (lhs, weight), dout)
             wait()
             return (out.detach(), *grads)
 
@@ -101,10 +107,11 @@ def contenders(problem, device_name):
                          peak_bytes=lambda: _peak_bytes(device, forward_backward),
                          checked=name not in DENSE_KINDS)
 
-    matmuls = dict(_MATMULS)
+    builds = {name: (lambda name=name, matmul=matmul: build(name, matmul)) for name, matmul in _MATMULS.items()}
     if device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
-        matmuls[GROUPGEMM_SM90] = _grouped_mm_on_sm90_kernels
-    return {name: (lambda name=name, matmul=matmul: build(name, matmul)) for name, matmul in matmuls.items()}
+        builds.update({f"{GROUPGEMM} {tile}": (lambda tile=tile: build(f"{GROUPGEMM} {tile}", grouped_mm, tile))
+                       for tile in SM90_TILES})
+    return builds
 
 
 def to_numpy(x):

@@ -65,10 +65,17 @@ def is_16bit(name):
     return "bfloat16_t" in name or "6half_t" in name
 
 
+# Its two tiles (kernel_choice.h's Sm90Tile) by their kernel schedules.
+SM90_SCHEDULES = ("KernelPtrArrayTmaWarpSpecializedCooperative", "KernelPtrArrayTmaWarpSpecializedPingpong")
+
+
 def test_sm90a_cubin_holds_the_gemm_kernels():
     names = list(sm90a_kernels())
-    # bfloat16 and float16 inputs x (same-dtype, float32) outputs x three layouts.
-    assert sum(map(is_sm90_gemm, names)) == 12, names
+    # Per sm90 tile and for the 2.x family: bfloat16 and float16 inputs x (same-dtype,
+    # float32) outputs x three layouts.
+    sm90 = [n for n in names if is_sm90_gemm(n)]
+    assert [sum(schedule in n for n in sm90) for schedule in SM90_SCHEDULES] == [12, 12], sm90
+    assert len(sm90) == 24, sm90
     assert sum(is_sm80_gemm(n) and is_16bit(n) for n in names) == 12, names
 
 

@@ -61,8 +61,6 @@ def test_quick_has_the_eight_minute_deadline_and_flags_are_taken(tmp_path):
     (["--deadline", "-5"], "--deadline must be 0 or more seconds"),
     (["--deadline", "soon"], "invalid float value"),
     (["--out"], "expected one argument"),
-    (["--sm90-tile", "256,128"], "--sm90-tile takes 3 comma-separated numbers"),
-    (["--sm90-cluster", "2x1"], "--sm90-cluster takes 2 comma-separated numbers"),
 ])
 def test_bad_flags_exit_non_zero_with_a_message(argv, message):
     proc = run_kit(*argv)
@@ -254,16 +252,6 @@ def test_dev_sh_dry_run_prints_the_plan_and_exits_0(tmp_path):
     assert not os.path.exists(os.path.join(str(tmp_path), "prefix"))  # nothing was installed
 
 
-def test_sm90_shape_knobs_reach_the_build_command_and_default_to_the_shipped_shape(tmp_path):
-    args = kit.parse_args(["--wheels", str(tmp_path), "--sm90-tile", "256,128,64", "--sm90-cluster", "2,1"])
-    plan = kit.plan_text(args, gpu_facts(tmp_path))
-    assert ("-C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a -C cmake.define.GROUPGEMM_SM90_TILE=256,128,64 "
-            "-C cmake.define.GROUPGEMM_SM90_CLUSTER=2,1 -C build-dir=") in plan
-    # Unset, they are passed empty, so a reused build folder forgets an earlier run's shape.
-    plan = kit.plan_text(kit.parse_args(["--wheels", str(tmp_path)]), gpu_facts(tmp_path))
-    assert "-C cmake.define.GROUPGEMM_SM90_TILE= -C cmake.define.GROUPGEMM_SM90_CLUSTER= -C build-dir=" in plan
-
-
 def test_plan_with_a_gpu_has_every_command(tmp_path):
     args = kit.parse_args(["--wheels", str(tmp_path), "--scratch", str(tmp_path / "s"), "--out", str(tmp_path / "o")])
     plan = kit.plan_text(args, gpu_facts(tmp_path))
@@ -427,8 +415,8 @@ def canned_ncu_csv(order, gemm_ns="1,234,567"):
 
 
 def test_ncu_csv_is_read_per_kernel_and_split_at_the_markers():
-    order = profile_shape.contenders(["sm80", "sm90"])
-    assert len(order) == 9 and order[:3] == [("forward", "groupgemm sm80"), ("forward", "groupgemm sm90"),
+    order = profile_shape.contenders(["sm80", "sm90_128x256"])
+    assert len(order) == 9 and order[:3] == [("forward", "groupgemm sm80"), ("forward", "groupgemm sm90_128x256"),
                                              ("forward", profile_shape.DENSE)]
     kernels = profile_shape.read_ncu_kernels(canned_ncu_csv(order))
     assert len(kernels) == 9 * 2 + 6  # a marker each, a GEMM each, a setup kernel per groupgemm call
@@ -436,7 +424,7 @@ def test_ncu_csv_is_read_per_kernel_and_split_at_the_markers():
     assert kernels[1][1] == {"Duration": 4.5}  # "ns", as ncu 2025.3 prints base units, is read as ns too
     by = profile_shape.kernels_by_contender(kernels, order)
     assert [len(by[key]) for key in order] == [2, 2, 1] * 3
-    assert "setup_kernel" in by[("wgrad", "groupgemm sm90")][0][0]
+    assert "setup_kernel" in by[("wgrad", "groupgemm sm90_128x256")][0][0]
     # A report of another run (other contenders) is not matched to this one.
     assert profile_shape.kernels_by_contender(kernels, profile_shape.contenders(["sm80"])) is None
     assert profile_shape.read_ncu_kernels("==PROF== no kernels were profiled\n") == []
@@ -455,10 +443,22 @@ def test_profile_report_has_tflops_ratios_and_kernels():
     ncu = profile_shape.kernels_by_contender(profile_shape.read_ncu_kernels(canned_ncu_csv(order)), order)
     text = profile_shape.report(times, ncu, "H100, torch 2.9")
     tflops = profile_shape.flops() / 2.5e-3 / 1e12
-    assert f"| forward | groupgemm sm80 | 2.500 | {tflops:.0f} | 0.80 |" in text
+    assert f"| forward | groupgemm sm80 | 2.500 | {tflops:.0f} | 0.80 |  |" in text
     assert "| wgrad | dense torch.mm | 2.000 |" in text and "| 1.00 |" in text
     assert "| dgrad | groupgemm sm80 | `cutlass::Kernel<...>` | 1234.6 | 81.2 |  | 168.0 |  |" in text
     assert "No Nsight Compute figures" in profile_shape.report(times, None, "H100")
+
+
+def test_profile_report_compares_with_torch_grouped_mm_when_timed():
+    order = profile_shape.contenders(["sm80", "sm90_64x128"], grouped_mm=True)
+    assert [name for op, name in order if op == "dgrad"] == [
+        "groupgemm sm80", "groupgemm sm90_64x128", profile_shape.GROUPED_MM, profile_shape.DENSE]
+    seconds = {"groupgemm sm80": 4e-3, "groupgemm sm90_64x128": 2.5e-3, profile_shape.GROUPED_MM: 3e-3,
+               profile_shape.DENSE: 2e-3}
+    text = profile_shape.report({key: seconds[key[1]] for key in order}, None, "H100")
+    assert "| GEMM | contender | ms (median) | TFLOP/s | vs dense | vs torch._grouped_mm |" in text
+    assert "| wgrad | groupgemm sm90_64x128 | 2.500 |" in text and "| 0.80 | 1.20 |" in text
+    assert "| forward | groupgemm sm80 | 4.000 |" in text and "| 0.50 | 0.75 |" in text
 
 
 # ---- the sanitizer driver's plan and checks -----------------------------------------------
@@ -485,10 +485,11 @@ def test_the_quick_cases_reach_every_kernel_and_instantiation(family):
     assert required <= reached(driver.QUICK_CASES)
     aligned_only = [n for n in driver.QUICK_CASES if not n.startswith("unaligned")]
     assert {k[0] for k in required - reached(aligned_only) if isinstance(k, tuple)} == {driver_calls.UNALIGNED}
-    # Under sm90 the 3.x kernels take every aligned 16-bit GEMM but the bias-in-epilogue
-    # forward (a broadcast C row), which stays on 2.x: 7 of 8 per 16-bit dtype.
-    sm90 = {k for k in required if isinstance(k, tuple) and k[0] == driver_calls.CUTLASS_SM90}
-    assert len(sm90) == (2 * 7 if family == "sm90" else 0)
+    # Under an sm90 tile the 3.x kernels take every aligned 16-bit GEMM but the
+    # bias-in-epilogue forward (a broadcast C row), which stays on 2.x: 7 of 8 per 16-bit dtype.
+    sm90 = {k for k in required if isinstance(k, tuple) and k[0].startswith(f"{driver_calls.CUTLASS} sm90")}
+    assert len(sm90) == (2 * 7 if family != "sm80" else 0)
+    assert {k[0] for k in sm90} <= {f"{driver_calls.CUTLASS} {family}"}
     assert all(k[1] in driver_calls.SIXTEEN_BIT and (k[3], k[4]) != ("row_col", 1) for k in sm90)
 
 

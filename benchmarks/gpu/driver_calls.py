@@ -13,14 +13,26 @@ import dataclasses
 
 SETUP, FILL, LATE_BIAS, ZERO_EMPTY, BIAS_GRAD = (
     "setup kernel", "fill kernel", "late-bias kernel", "empty-group zero kernel", "bias-grad kernel")
-CUTLASS, CUTLASS_SM90, UNALIGNED = "cutlass", "cutlass sm90", "unaligned"
-# GROUPGEMM_CUDA_KERNEL's values: CUTLASS 2.x (every GPU), CUTLASS 3.x (sm_90a, Hopper only).
-FAMILIES = ("sm80", "sm90")
+CUTLASS, UNALIGNED = "cutlass", "unaligned"
+# The GROUPGEMM_CUDA_KERNEL values the kit runs: CUTLASS 2.x (every GPU), and CUTLASS 3.x
+# (sm_90a, Hopper only) held to each of its tiles in turn, so that every instantiation
+# runs whatever the shapes (by itself, "sm90" lets each call's shape choose the tile).
+FAMILIES = ("sm80", "sm90_128x256", "sm90_64x128")
 
 
 def families_on(compute_capability):
     """The kernel families a GPU of this (major, minor) runs: sm_90a code runs on 9.0 only."""
     return FAMILIES if tuple(compute_capability) == (9, 0) else FAMILIES[:1]
+
+
+def is_sm90(family):
+    return family.startswith("sm90")
+
+
+def cutlass_kind(family):
+    """The kind of GEMM kernel a tensor-core call runs under `family`: "cutlass" for the
+    2.x kernels, "cutlass sm90_128x256" and so on for the 3.x kernels of one tile."""
+    return f"{CUTLASS} {family}" if is_sm90(family) else CUTLASS
 LAYOUTS = ("row_row", "row_col", "col_row")  # forward [G,K,N], forward [G,N,K], wgrad
 DTYPES = ("float32", "bfloat16", "float16")
 SIXTEEN_BIT = ("bfloat16", "float16")
@@ -106,14 +118,14 @@ def _kind(kind, dtype, layout, beta, family):
     sm90_runs): the 3.x kernels take aligned 16-bit operands unless C is a broadcast bias
     row (a forward layout with beta = 1); everything else stays on the 2.x kernels."""
     broadcast_c = layout != "col_row" and beta != 0
-    sm90 = family == "sm90" and kind == CUTLASS and dtype in SIXTEEN_BIT and not broadcast_c
-    return CUTLASS_SM90 if sm90 else kind
+    sm90 = is_sm90(family) and kind == CUTLASS and dtype in SIXTEEN_BIT and not broadcast_c
+    return cutlass_kind(family) if sm90 else kind
 
 
 def required_kernels(family="sm80"):
     """What the driver must reach: the small kernels, every CUTLASS instantiation (input x
     output dtype x layout) without and with a C operand, the same for the unaligned kernel;
-    under family sm90, the 3.x kernels in place of the 2.x ones they take over."""
+    under an sm90 family, that tile's 3.x kernels in place of the 2.x ones they take over."""
     required = {SETUP, FILL, LATE_BIAS, ZERO_EMPTY, BIAS_GRAD}
     for dtype in DTYPES:
         outs = [dtype] + (["float32"] if dtype in SIXTEEN_BIT else [])
@@ -130,7 +142,7 @@ def required_kernels(family="sm80"):
 def describe(kernel):
     if isinstance(kernel, str):
         return kernel
-    if kernel[0] not in (CUTLASS, CUTLASS_SM90, UNALIGNED):
+    if kernel[0] not in (UNALIGNED, *map(cutlass_kind, FAMILIES)):
         return " ".join(kernel)  # the expert layer's: the kernel, then what is special
     kind, dtype, out, layout, beta = kernel
     return f"{kind} {dtype}->{out} {layout}" + (" +C" if beta else "")

@@ -23,7 +23,6 @@ import dataclasses
 import datetime
 import json
 import os
-import re
 import sys
 import time
 
@@ -65,15 +64,7 @@ def parse_args(argv):
                    help=f"end every step by this many seconds (default {steps.DEADLINE[True]} with --quick, "
                         f"{steps.DEADLINE[False]} without; 0: no deadline)")
     p.add_argument("--arch", help="CMAKE_CUDA_ARCHITECTURES (default: from the GPU, e.g. 90a on an H100)")
-    p.add_argument("--sm90-tile", default="", metavar="M,N,K",
-                   help="build the sm_90a kernels with this CTA tile, to measure it (default: the shipped one)")
-    p.add_argument("--sm90-cluster", default="", metavar="M,N",
-                   help="build the sm_90a kernels with this cluster, to measure it (default: the shipped one)")
     args = p.parse_args(argv)
-    for flag, count in (("sm90_tile", 3), ("sm90_cluster", 2)):
-        value = getattr(args, flag)
-        if value and not re.fullmatch(r"\d+" + r",\d+" * (count - 1), value):
-            p.error(f"--{flag.replace('_', '-')} takes {count} comma-separated numbers, not {value!r}")
     if args.deadline is None:
         args.deadline = steps.DEADLINE[args.quick]
     if args.deadline < 0:
@@ -121,8 +112,7 @@ def context(args, facts):
     prefix = os.path.join(args.scratch, "prefix")
     return steps.Context(python=facts.python, repo=REPO, wheels=list(facts.wheel_files.values()),
                          scratch=args.scratch, site_dir=find_site_dir(prefix), arch=facts.arch,
-                         sanitizer=facts.sanitizer, ncu=facts.ncu, out=args.out, quick=args.quick,
-                         sm90_tile=args.sm90_tile, sm90_cluster=args.sm90_cluster)
+                         sanitizer=facts.sanitizer, ncu=facts.ncu, out=args.out, quick=args.quick)
 
 
 def skip_reasons(args, facts):

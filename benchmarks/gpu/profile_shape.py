@@ -3,9 +3,10 @@ after dispatch), K = 4096 -> N = 14336, uniform routing.
 
 For each of the three GEMMs of a training step (forward, dgrad with the transposed
 weight, weight gradient) it times groupgemm on each kernel family the GPU has (the
-CUTLASS 2.x kernels everywhere, the sm_90a 3.x ones on Hopper) and dense `torch.mm` of
-the same FLOPs, with CUDA events (median of REPEATS after a warm-up), and reports
-TFLOP/s and the ratio to dense. Two ways to run it:
+CUTLASS 2.x kernels everywhere, each tile of the sm_90a 3.x ones on Hopper),
+`torch._grouped_mm` on the same groups where torch has it for this GPU, and dense
+`torch.mm` of the same FLOPs, with CUDA events (median of REPEATS after a warm-up), and
+reports TFLOP/s and the ratios to dense and to `torch._grouped_mm`. Two ways to run it:
 
   ncu --profile-from-start off ... python profile_shape.py --under-ncu
       runs each contender once inside the profiler's range, each preceded by a marker
@@ -26,7 +27,9 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+from contenders import GROUPED_MM  # noqa: E402
 from driver_calls import families_on  # noqa: E402
 
 NO_GPU_EXIT = 3
@@ -51,9 +54,16 @@ def flops(shape=SHAPE):
     return 2.0 * shape["tokens"] * shape["hidden"] * shape["ffn"]
 
 
-def contenders(families):
-    """(op, contender) pairs in the order they run, under ncu and when timed."""
-    return [(op, name) for op in OPS for name in [f"groupgemm {f}" for f in families] + [DENSE]]
+def contenders(families, grouped_mm=False):
+    """(op, contender) pairs in the order they run, under ncu and when timed;
+    `grouped_mm`: with torch._grouped_mm."""
+    names = [f"groupgemm {f}" for f in families] + ([GROUPED_MM] if grouped_mm else []) + [DENSE]
+    return [(op, name) for op in OPS for name in names]
+
+
+def has_grouped_mm(torch):
+    """torch._grouped_mm runs bfloat16 on compute capability 9.0 GPUs in every torch that has it."""
+    return hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability() == (9, 0)
 
 
 # ---- the ncu CSV --------------------------------------------------------------------------
@@ -123,15 +133,17 @@ def short_kernel_name(name, width=60):
 # ---- the report ---------------------------------------------------------------------------
 
 def report(times, ncu, environment, shape=SHAPE):
-    """Markdown: one row per (op, contender) with its median ms, TFLOP/s and ratio to
-    dense, then each contender's kernels as ncu saw them (when `ncu` is not None)."""
+    """Markdown: one row per (op, contender) with its median ms, TFLOP/s and ratios to
+    dense and to torch._grouped_mm (when timed), then each contender's kernels as ncu saw
+    them (when `ncu` is not None)."""
     lines = [f"# One MoE shape: bfloat16, G = {shape['experts']}, {shape['tokens']} tokens, "
              f"{shape['hidden']} -> {shape['ffn']}, uniform routing", "", environment, "",
-             "| GEMM | contender | ms (median) | TFLOP/s | vs dense |", "|---|---|---|---|---|"]
+             f"| GEMM | contender | ms (median) | TFLOP/s | vs dense | vs {GROUPED_MM} |", "|---|---|---|---|---|---|"]
     for (op, name), seconds in times.items():
-        dense = times[(op, DENSE)]
+        grouped_mm = times.get((op, GROUPED_MM))
+        versus = "" if grouped_mm is None else f"{grouped_mm / seconds:.2f}"
         lines.append(f"| {op} | {name} | {seconds * 1e3:.3f} | {flops(shape) / seconds / 1e12:.0f} | "
-                     f"{dense / seconds:.2f} |")
+                     f"{times[(op, DENSE)] / seconds:.2f} | {versus} |")
     if ncu is None:
         lines += ["", "No Nsight Compute figures (no report, or its markers did not match this run)."]
         return "\n".join(lines) + "\n"
@@ -157,9 +169,11 @@ def _operands(torch, shape):
     return rand(m, k), rand(g, k, n), rand(m, n), sizes
 
 
-def _calls(torch, families, shape):
+def _calls(torch, families, grouped_mm, shape):
     """{(op, contender): fn}. groupgemm picks its kernel family from
-    GROUPGEMM_CUDA_KERNEL at each call."""
+    GROUPGEMM_CUDA_KERNEL at each call; torch._grouped_mm takes the same groups as
+    cumulative ends, and computes the weight gradient as torch's own backward does (its
+    contraction split at the ends)."""
     import groupgemm.torch as gt
     x, w, dy, sizes = _operands(torch, shape)
     g = shape["experts"]
@@ -173,11 +187,16 @@ def _calls(torch, families, shape):
     grouped = {"forward": lambda: gt.grouped_mm(x, w, sizes),
                "dgrad": lambda: gt.grouped_mm(dy, w, sizes, transpose_weight=True),
                "wgrad": lambda: gt.grouped_mm_wgrad(x, dy, sizes, g)}
+    ends = torch.cumsum(sizes, 0, dtype=torch.int32)
+    torch_grouped = {"forward": lambda: torch._grouped_mm(x, w, offs=ends),
+                     "dgrad": lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends),
+                     "wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=ends)}
     dense = {"forward": lambda: torch.mm(x, w[0]), "dgrad": lambda: torch.mm(dy, w[0].t()),
              "wgrad": lambda: torch.mm(x.t(), dy)}
+    baselines = {DENSE: dense, GROUPED_MM: torch_grouped}
     calls = {}
-    for op, name in contenders(families):
-        calls[(op, name)] = dense[op] if name == DENSE else on(name.split()[-1], grouped[op])
+    for op, name in contenders(families, grouped_mm):
+        calls[(op, name)] = baselines[name][op] if name in baselines else on(name.split()[-1], grouped[op])
     return calls, (x, w, sizes)
 
 
@@ -223,8 +242,9 @@ def main(argv=None):
         print("RESULT: SKIP no CUDA GPU")
         return NO_GPU_EXIT
     families = families_on(torch.cuda.get_device_capability())
-    calls, operands = _calls(torch, families, SHAPE)
-    order = contenders(families)
+    grouped_mm = has_grouped_mm(torch)
+    calls, operands = _calls(torch, families, grouped_mm, SHAPE)
+    order = contenders(families, grouped_mm)
     for fn in calls.values():  # warm-up: first-use setup stays out of the profile and the timings
         fn()
     torch.cuda.synchronize()
@@ -250,8 +270,10 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
-    best = {op: max(times[(op, DENSE)] / times[(op, f"groupgemm {f}")] for f in families) for op in OPS}
-    summary = ", ".join(f"{op} {best[op]:.2f}x dense" for op in OPS)
+    fastest = {op: min(times[(op, f"groupgemm {f}")] for f in families) for op in OPS}
+    summary = ", ".join(f"{op} {times[(op, DENSE)] / fastest[op]:.2f}x dense" +
+                        (f" {times[(op, GROUPED_MM)] / fastest[op]:.2f}x {GROUPED_MM}" if grouped_mm else "")
+                        for op in OPS)
     if problems:
         print("RESULT: FAIL " + "; ".join(problems))
         return 1

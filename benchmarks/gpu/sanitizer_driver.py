@@ -11,7 +11,7 @@ cases and are checked against the CPU backend's results for the same calls
 unpermute's backward's own memset), so what the sanitizer reports is the core's. At the
 end it checks that every kernel and CUTLASS instantiation was reached (driver_calls.py).
 On a compute capability 9.0 GPU the GEMM calls run once per kernel family
-(GROUPGEMM_CUDA_KERNEL=sm80, then sm90), so the sanitizer sees the 3.x kernels too.
+(GROUPGEMM_CUDA_KERNEL=sm80, then each sm90 tile), so the sanitizer sees every 3.x kernel too.
 Exit status: 0 all good, 1 a mismatch or a kernel not reached, 3 no CUDA GPU (or no torch).
 
     compute-sanitizer --tool memcheck python3 benchmarks/gpu/sanitizer_driver.py --quick

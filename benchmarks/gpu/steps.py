@@ -95,8 +95,6 @@ class Context:
     ncu: str  # path of Nsight Compute's ncu, or "" when missing
     out: str
     quick: bool
-    sm90_tile: str = ""  # "M,N,K" of the sm_90a kernels to measure; "": the shipped one
-    sm90_cluster: str = ""  # "M,N"; likewise
 
     @property
     def prefix(self):
@@ -153,11 +151,7 @@ def commands(step, ctx):
     if step == "wheels":
         return [Command(_pip_install(ctx) + list(ctx.wheels), {}, "install")]
     if step == "build":
-        # Always both sm_90a knobs, empty for the shipped shape: the reused build folder's
-        # CMake cache would otherwise keep a shape measured by an earlier run.
         argv = _pip_install(ctx) + ["--no-build-isolation", "-C", f"cmake.define.CMAKE_CUDA_ARCHITECTURES={ctx.arch}",
-                                    "-C", f"cmake.define.GROUPGEMM_SM90_TILE={ctx.sm90_tile}",
-                                    "-C", f"cmake.define.GROUPGEMM_SM90_CLUSTER={ctx.sm90_cluster}",
                                     "-C", f"build-dir={os.path.join(ctx.scratch, 'build')}", ctx.repo]
         return [Command(argv, env, "build")]
     if step == "environment":

@@ -65,7 +65,7 @@ class CudaLauncher {
   Status start() {
     device_.emplace(ctx_);  // held until the launcher goes: every launch runs on that device
     GG_RETURN_IF_ERROR(device_->status());
-    return choose_kernel(&device_info_, &kernel_);  // kernel_choice.h: sm80 unless chosen
+    return choose_kernel(&device_info_, &choice_);  // kernel_choice.h: sm80 unless chosen
   }
   Status setup(const SetupArgs& args) { return launch_setup(args, stream_); }
   Status fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m, int64_t n,
@@ -73,9 +73,11 @@ class CudaLauncher {
     return launch_fill_rows(in, out_dtype, out, bias, m, n, k_is_zero, num_groups, workspace, stream_);
   }
   Status grouped_gemm(const GroupedGemmCall& call, bool aligned) {
-    if (kernel_ == GemmKernel::sm90 && sm90_runs(call, aligned))
-      return grouped_gemm_sm90(gemm_launch(call, stream_), device_info_, ctx_.workspace,
+    if (choice_.kernel == GemmKernel::sm90 && sm90_runs(call, aligned)) {
+      const Sm90Tile tile = choice_.tile == Sm90Tile::by_shape ? sm90_tile_for(call) : choice_.tile;
+      return grouped_gemm_sm90(gemm_launch(call, stream_), tile, device_info_, ctx_.workspace,
                                ctx_.workspace_bytes);
+    }
     return cuda::grouped_gemm(gemm_launch(call, stream_), aligned);
   }
   Status add_bias_rows(DType in, float* out, const void* bias, int64_t m, int64_t n, int64_t num_groups,
@@ -96,7 +98,7 @@ class CudaLauncher {
   cudaStream_t stream_;
   std::optional<DeviceGuard> device_;
   DeviceInfo device_info_{};
-  GemmKernel kernel_ = GemmKernel::sm80;
+  KernelChoice choice_{Status::Ok(), GemmKernel::sm80, Sm90Tile::by_shape};
 };
 
 }  // namespace

@@ -1,12 +1,14 @@
-// CUTLASS 3.x pointer-array grouped GEMM for sm_90a (TMA loads, WGMMA, a persistent
-// cooperative kernel; CUTLASS example 57) with the problem shapes only in device memory:
+// CUTLASS 3.x pointer-array grouped GEMM for sm_90a (TMA loads, WGMMA, persistent
+// warp-specialized kernels, cooperative or ping-pong by tile; CUTLASS example 57) with the
+// problem shapes only in device memory:
 // the setup kernel's int32 (m, n, k) array is the kernel's GroupProblemShape array, and
 // its int64 leading-dimension arrays are the kernel's stride arrays (each 3.x stride here
 // holds exactly one run-time int64, the leading dimension; checked below). No host copy
 // of the problems is passed (host_problem_shapes = nullptr), so the host never reads them.
 //
 // Deterministic: the default group tile scheduler (no stream-K, no split-K) gives each
-// output tile to one CTA, which runs its whole K loop. Groups with a 0 x 0 x 0 problem
+// output tile to one CTA, which runs its whole K loop (a cluster's CTAs share loads, not
+// tiles). Groups with a 0 x 0 x 0 problem
 // have no tiles, so the scheduler skips them and no k = 0 problem reaches the mainloop.
 //
 // Only compiled for sm_90a (a separate object library in CMakeLists.txt).
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "cute/tensor.hpp"
+#include "cutlass/bfloat16.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/operations.hpp"
@@ -23,6 +26,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/half.h"
 #include "cutlass_layouts.h"
 #include "gemm_sm90.h"
 #include "sm90_strides.h"
@@ -55,31 +59,48 @@ Ptr* device_array(void** array) {
   return static_cast<Ptr*>(static_cast<void*>(array));
 }
 
-// The shipped CTA tile and cluster. A build may set others to measure them (CMake
-// GROUPGEMM_SM90_TILE and GROUPGEMM_SM90_CLUSTER; ./dev.sh gpu --sm90-tile, --sm90-cluster).
-#ifndef GROUPGEMM_SM90_TILE_M
-#define GROUPGEMM_SM90_TILE_M 128
-#define GROUPGEMM_SM90_TILE_N 128
-#define GROUPGEMM_SM90_TILE_K 64
-#endif
-#ifndef GROUPGEMM_SM90_CLUSTER_M
-#define GROUPGEMM_SM90_CLUSTER_M 1
-#define GROUPGEMM_SM90_CLUSTER_N 1
-#endif
+// Each tile's shapes and schedules (kernel_choice.h's Sm90Tile says when each runs).
+template <Sm90Tile Tile>
+struct Sm90TileConfig;
 
-template <typename In, typename Out, GemmLayout L>
-struct Sm90Gemm {
-  using Layouts = OperandLayouts<L>;
-  static constexpr int kInAlignment = 128 / cutlass::sizeof_bits<In>::value;
-  static constexpr int kOutAlignment = 128 / cutlass::sizeof_bits<Out>::value;
-  // Shipped: 128 x 128 output tiles, 64-deep K steps, two consumer warp groups per CTA;
-  // no clusters, so a group's tile count is never rounded up to a cluster multiple.
-  using TileShape = cute::Shape<cute::Int<GROUPGEMM_SM90_TILE_M>, cute::Int<GROUPGEMM_SM90_TILE_N>,
-                                cute::Int<GROUPGEMM_SM90_TILE_K>>;
-  using ClusterShape =
-      cute::Shape<cute::Int<GROUPGEMM_SM90_CLUSTER_M>, cute::Int<GROUPGEMM_SM90_CLUSTER_N>, cute::_1>;
+template <>
+struct Sm90TileConfig<Sm90Tile::cooperative_128x256> {
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+template <>
+struct Sm90TileConfig<Sm90Tile::pingpong_64x128> {
+  using TileShape = cute::Shape<cute::_64, cute::_128, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+// The CUTLASS element type of a 16-bit DType.
+template <DType D>
+struct Sm90Element;
+template <>
+struct Sm90Element<DType::bf16> {
+  using type = cutlass::bfloat16_t;
+};
+template <>
+struct Sm90Element<DType::f16> {
+  using type = cutlass::half_t;
+};
+
+template <typename In, typename Out, GemmLayout L, Sm90Tile Tile>
+struct Sm90Gemm {
+  using Layouts = OperandLayouts<L>;
+  using Config = Sm90TileConfig<Tile>;
+  static constexpr int kInAlignment = 128 / cutlass::sizeof_bits<In>::value;
+  static constexpr int kOutAlignment = 128 / cutlass::sizeof_bits<Out>::value;
+  using TileShape = typename Config::TileShape;
+  using ClusterShape = typename Config::ClusterShape;
+  using KernelSchedule = typename Config::KernelSchedule;
+  using EpilogueSchedule = typename Config::EpilogueSchedule;
 
   // D = alpha * acc + beta * C with C of the output type (C = D when accumulating).
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -151,15 +172,15 @@ struct Sm90Gemm {
   }
 };
 
-// Dispatches on the output dtype and the layout for one input type.
-template <typename In>
-Status run_sm90_for_input(const Sm90Launch& s) {
+template <DType InType, Sm90Tile Tile>
+Status grouped_gemm_sm90_for(const Sm90Launch& s) {
+  using In = typename Sm90Element<InType>::type;
   auto by_layout = [&](auto out_tag) {
     using Out = decltype(out_tag);
     switch (s.gemm.layout) {
-      case GemmLayout::row_row: return Sm90Gemm<In, Out, GemmLayout::row_row>::run(s);
-      case GemmLayout::row_col: return Sm90Gemm<In, Out, GemmLayout::row_col>::run(s);
-      case GemmLayout::col_row: return Sm90Gemm<In, Out, GemmLayout::col_row>::run(s);
+      case GemmLayout::row_row: return Sm90Gemm<In, Out, GemmLayout::row_row, Tile>::run(s);
+      case GemmLayout::row_col: return Sm90Gemm<In, Out, GemmLayout::row_col, Tile>::run(s);
+      case GemmLayout::col_row: return Sm90Gemm<In, Out, GemmLayout::col_row, Tile>::run(s);
     }
     return Status::Internal("unknown GEMM layout");
   };
@@ -167,17 +188,17 @@ Status run_sm90_for_input(const Sm90Launch& s) {
   return by_layout(In{});
 }
 
-// The largest kernel workspace of the input type's instantiations.
-template <typename In>
-size_t sm90_workspace_bytes_for_input(int sm_count) {
+template <DType InType, Sm90Tile Tile>
+size_t sm90_workspace_bytes_for(int sm_count) {
+  using In = typename Sm90Element<InType>::type;
   size_t most = 0;
   auto take = [&](size_t b) { most = b > most ? b : most; };
-  take(Sm90Gemm<In, In, GemmLayout::row_row>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, In, GemmLayout::row_col>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, In, GemmLayout::col_row>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, float, GemmLayout::row_row>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, float, GemmLayout::row_col>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, float, GemmLayout::col_row>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, In, GemmLayout::row_row, Tile>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, In, GemmLayout::row_col, Tile>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, In, GemmLayout::col_row, Tile>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, float, GemmLayout::row_row, Tile>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, float, GemmLayout::row_col, Tile>::workspace_bytes(sm_count));
+  take(Sm90Gemm<In, float, GemmLayout::col_row, Tile>::workspace_bytes(sm_count));
   return most;
 }
 

@@ -12,6 +12,7 @@ namespace cuda {
 
 struct Sm90Launch {
   GroupedGemmLaunch gemm;
+  Sm90Tile tile;                  // not by_shape: the launch runs the chosen tile
   int device;                     // the operands' device
   int sm_count;                   // its SMs: the persistent grid, and the kernel workspace size
   void* kernel_workspace;         // CUTLASS's own workspace (TMA descriptors), 128-byte aligned
@@ -28,28 +29,30 @@ struct DeviceInfo {
 // Queries `device`.
 Status query_device(int device, DeviceInfo* info);
 
-// The kernel family for the current device (kernel_choice.h's choose_gemm_kernel with
-// GROUPGEMM_CUDA_KERNEL); fills `info` for the launch.
-Status choose_kernel(DeviceInfo* info, GemmKernel* kernel);
+// The kernel family (and sm90 tile) for the current device: kernel_choice.h's
+// choose_gemm_kernel with GROUPGEMM_CUDA_KERNEL; fills `info` for the launch.
+Status choose_kernel(DeviceInfo* info, KernelChoice* choice);
 
 // The sm90 kernels' own workspace on `device_index` (-1: the current device): 0 when
 // that device cannot run sm_90a code, when no device is usable, or in builds without 90a.
 int64_t sm90_kernel_workspace_bytes(int device_index);
 
-// Runs the sm90 grouped GEMM with its own workspace in the call's workspace (the region
-// workspace.h's kernel_workspace finds); an error when that region is too small.
-Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, const DeviceInfo& info, void* workspace,
-                         int64_t workspace_bytes);
+// Runs the sm90 grouped GEMM with `tile` (not by_shape) and its own workspace in the
+// call's workspace (the region workspace.h's kernel_workspace finds); an error when that
+// region is too small.
+Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, const DeviceInfo& info,
+                         void* workspace, int64_t workspace_bytes);
 
-// 16-bit inputs, 16-byte aligned operands, no broadcast C row (see call_sequence.h's
-// sm90_can_run): one TMA + WGMMA grouped GEMM.
-Status grouped_gemm_sm90_bf16(const Sm90Launch& launch);
-Status grouped_gemm_sm90_f16(const Sm90Launch& launch);
+// One TMA + WGMMA grouped GEMM of 16-bit inputs `In` (bf16 or f16) with `Tile`: 16-byte
+// aligned operands, no broadcast C row (kernel_choice.h's sm90_runs). One translation
+// unit per input type and tile (gemm_sm90_*.cu), so they compile in parallel.
+template <DType In, Sm90Tile Tile>
+Status grouped_gemm_sm90_for(const Sm90Launch& launch);
 
-// CUTLASS's own workspace for the largest instantiation of each input type, on a device
-// with `sm_count` SMs (one set of TMA descriptors per SM).
-size_t sm90_workspace_bytes_bf16(int sm_count);
-size_t sm90_workspace_bytes_f16(int sm_count);
+// CUTLASS's own workspace for the largest of those instantiations (output dtype x
+// layout), on a device with `sm_count` SMs (one set of TMA descriptors per SM).
+template <DType In, Sm90Tile Tile>
+size_t sm90_workspace_bytes_for(int sm_count);
 
 }  // namespace cuda
 }  // namespace groupgemm

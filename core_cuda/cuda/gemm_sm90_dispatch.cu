@@ -30,18 +30,42 @@ Status query_device(int device, DeviceInfo* info) {
   return Status::Ok();
 }
 
-Status choose_kernel(DeviceInfo* info, GemmKernel* kernel) {
+Status choose_kernel(DeviceInfo* info, KernelChoice* choice) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return Status::Internal("cannot query the CUDA device");
   }
   GG_RETURN_IF_ERROR(query_device(device, info));
-  const KernelChoice c =
+  *choice =
       choose_gemm_kernel(info->cc_major, info->cc_minor, std::getenv("GROUPGEMM_CUDA_KERNEL"), kSm90Built);
-  *kernel = c.kernel;
-  return c.status;
+  return choice->status;
 }
+
+#ifdef GROUPGEMM_WITH_SM90
+namespace {
+
+constexpr Sm90Tile kSm90Tiles[] = {Sm90Tile::cooperative_128x256, Sm90Tile::pingpong_64x128};
+
+template <DType In>
+Status run_sm90_tile(const Sm90Launch& s) {
+  switch (s.tile) {
+    case Sm90Tile::cooperative_128x256: return grouped_gemm_sm90_for<In, Sm90Tile::cooperative_128x256>(s);
+    case Sm90Tile::pingpong_64x128: return grouped_gemm_sm90_for<In, Sm90Tile::pingpong_64x128>(s);
+    case Sm90Tile::by_shape: break;
+  }
+  return Status::Internal("the sm90 grouped GEMM was launched without a tile");
+}
+
+template <DType In>
+size_t sm90_workspace_bytes_of(Sm90Tile tile, int sm_count) {
+  return tile == Sm90Tile::cooperative_128x256
+             ? sm90_workspace_bytes_for<In, Sm90Tile::cooperative_128x256>(sm_count)
+             : sm90_workspace_bytes_for<In, Sm90Tile::pingpong_64x128>(sm_count);
+}
+
+}  // namespace
+#endif
 
 int64_t sm90_kernel_workspace_bytes(int device_index) {
   if (!kSm90Built) return 0;
@@ -59,23 +83,28 @@ int64_t sm90_kernel_workspace_bytes(int device_index) {
   if (device >= count || !query_device(device, &info).ok() || !runs_sm90a(info.cc_major, info.cc_minor))
     return 0;
 #ifdef GROUPGEMM_WITH_SM90
-  const size_t bf16 = sm90_workspace_bytes_bf16(info.sm_count), f16 = sm90_workspace_bytes_f16(info.sm_count);
-  return static_cast<int64_t>(bf16 > f16 ? bf16 : f16);
+  // Every instantiation's: the tile is chosen per call, after the workspace was sized.
+  size_t most = 0;
+  for (Sm90Tile tile : kSm90Tiles)
+    for (size_t b : {sm90_workspace_bytes_of<DType::bf16>(tile, info.sm_count),
+                     sm90_workspace_bytes_of<DType::f16>(tile, info.sm_count)})
+      most = b > most ? b : most;
+  return static_cast<int64_t>(most);
 #else
   return 0;
 #endif
 }
 
-Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, const DeviceInfo& info, void* workspace,
-                         int64_t workspace_bytes) {
+Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, const DeviceInfo& info,
+                         void* workspace, int64_t workspace_bytes) {
 #ifdef GROUPGEMM_WITH_SM90
   const KernelWorkspace kw = kernel_workspace(workspace, workspace_bytes, launch.num_groups);
-  const Sm90Launch s{launch, info.device, info.sm_count, kw.data, static_cast<size_t>(kw.bytes)};
-  if (launch.in_dtype == DType::bf16) return grouped_gemm_sm90_bf16(s);
-  if (launch.in_dtype == DType::f16) return grouped_gemm_sm90_f16(s);
+  const Sm90Launch s{launch, tile, info.device, info.sm_count, kw.data, static_cast<size_t>(kw.bytes)};
+  if (launch.in_dtype == DType::bf16) return run_sm90_tile<DType::bf16>(s);
+  if (launch.in_dtype == DType::f16) return run_sm90_tile<DType::f16>(s);
   return Status::Internal("the sm90 grouped GEMM takes bfloat16 or float16 inputs");
 #else
-  (void)launch, (void)info, (void)workspace, (void)workspace_bytes;
+  (void)launch, (void)tile, (void)info, (void)workspace, (void)workspace_bytes;
   return Status::Internal("this build has no sm_90a grouped GEMM");
 #endif
 }

@@ -14,10 +14,20 @@ namespace groupgemm {
 
 enum class GemmKernel : int { sm80 = 0, sm90 = 1 };
 
+// The sm90 family's CTA tiles, both with 2 x 1 clusters (two CTAs along M share each
+// weight tile through TMA multicast):
+// - cooperative_128x256: 128 x 256 output tiles, 64-deep K steps, two consumer warp groups
+//   on one tile; for groups with many rows and columns;
+// - pingpong_64x128: 64 x 128 tiles, 128-deep K steps, two consumer warp groups on
+//   alternate tiles (one's epilogue overlaps the other's mainloop); for groups with few
+//   rows or columns, where a large tile would be mostly padding.
+// by_shape: the call's shape chooses (sm90_tile_for).
+enum class Sm90Tile : int { by_shape = 0, cooperative_128x256 = 1, pingpong_64x128 = 2 };
+
 // The kernel family when GROUPGEMM_CUDA_KERNEL is unset. It stays sm80 on Hopper too
-// until the sm90 kernels have passed tests/test_cuda.py on a Hopper GPU: they are
-// compiled and statically checked (tests/test_cuda_sass.py) but have never run.
-// GROUPGEMM_CUDA_KERNEL=sm90 opts in.
+// until the sm90 kernels are faster there: at an earlier 128 x 128 tile they passed
+// tests/test_cuda.py on an H100 but did not reach the speed targets (README, "On an
+// NVIDIA H100"). GROUPGEMM_CUDA_KERNEL=sm90 opts in.
 constexpr bool kSm90ByDefault = false;
 
 // sm_90a code runs on compute capability 9.0 exactly (arch-specific, not forward compatible).
@@ -26,25 +36,50 @@ inline bool runs_sm90a(int cc_major, int cc_minor) { return cc_major == 9 && cc_
 struct KernelChoice {
   Status status;  // not ok: GROUPGEMM_CUDA_KERNEL asks for what cannot run here
   GemmKernel kernel;
+  Sm90Tile tile;  // for sm90: by_shape unless GROUPGEMM_CUDA_KERNEL names a tile
 };
+
+// GROUPGEMM_CUDA_KERNEL's values: the families, and the sm90 family held to one tile
+// (for measuring and testing each tile whatever the shape).
+constexpr const char* kKernelValues = "sm80, sm90, sm90_128x256 or sm90_64x128";
 
 // env: GROUPGEMM_CUDA_KERNEL's value, or null when unset. sm90_built: this build holds
 // the sm_90a kernels (CMAKE_CUDA_ARCHITECTURES includes 90a).
 inline KernelChoice choose_gemm_kernel(int cc_major, int cc_minor, const char* env, bool sm90_built) {
   const bool sm90_here = sm90_built && runs_sm90a(cc_major, cc_minor);
   const std::string want = env ? env : "";
-  if (want.empty()) return {Status::Ok(), kSm90ByDefault && sm90_here ? GemmKernel::sm90 : GemmKernel::sm80};
-  if (want == "sm80") return {Status::Ok(), GemmKernel::sm80};
-  if (want == "sm90") {
-    if (sm90_here) return {Status::Ok(), GemmKernel::sm90};
-    return {Status::Invalid("GROUPGEMM_CUDA_KERNEL=sm90 needs a compute capability 9.0 GPU and a build with "
-                            "the sm_90a kernels (this device is " +
-                            std::to_string(cc_major) + "." + std::to_string(cc_minor) +
-                            (sm90_built ? ")" : "; this build has no sm_90a code)")),
-            GemmKernel::sm80};
-  }
-  return {Status::Invalid("GROUPGEMM_CUDA_KERNEL must be sm80 or sm90, not '" + want + "'"),
-          GemmKernel::sm80};
+  if (want.empty())
+    return {Status::Ok(), kSm90ByDefault && sm90_here ? GemmKernel::sm90 : GemmKernel::sm80,
+            Sm90Tile::by_shape};
+  if (want == "sm80") return {Status::Ok(), GemmKernel::sm80, Sm90Tile::by_shape};
+  Sm90Tile tile = Sm90Tile::by_shape;
+  if (want == "sm90_128x256")
+    tile = Sm90Tile::cooperative_128x256;
+  else if (want == "sm90_64x128")
+    tile = Sm90Tile::pingpong_64x128;
+  else if (want != "sm90")
+    return {Status::Invalid("GROUPGEMM_CUDA_KERNEL must be " + std::string(kKernelValues) + ", not '" + want +
+                            "'"),
+            GemmKernel::sm80, Sm90Tile::by_shape};
+  if (sm90_here) return {Status::Ok(), GemmKernel::sm90, tile};
+  return {Status::Invalid(
+              "GROUPGEMM_CUDA_KERNEL=" + want +
+              " needs a compute capability 9.0 GPU and a build with the sm_90a kernels (this device is " +
+              std::to_string(cc_major) + "." + std::to_string(cc_minor) +
+              (sm90_built ? ")" : "; this build has no sm_90a code)")),
+          GemmKernel::sm80, Sm90Tile::by_shape};
+}
+
+// The tile for a call when the shape chooses. The host knows every group's column count
+// and the total rows, not each group's rows (they stay on the device): a forward or dgrad
+// GEMM's groups share its M rows, so their mean M / G is what a tile sees under balanced
+// routing; a weight gradient's groups each have K rows (its contraction runs over the
+// group's tokens). Groups of at most 128 rows or columns take the small tile, as
+// torch._grouped_mm's sm90 kernels do, the rest the large one.
+inline Sm90Tile sm90_tile_for(const GroupedGemmCall& call) {
+  const int64_t groups = call.num_groups > 0 ? call.num_groups : 1;
+  const int64_t rows = call.layout == GemmLayout::col_row ? call.max_m : call.max_m / groups;
+  return rows <= 128 || call.n <= 128 ? Sm90Tile::pingpong_64x128 : Sm90Tile::cooperative_128x256;
 }
 
 // Whether the sm90 kernels run a call that the choice sent to them. They take 16-bit

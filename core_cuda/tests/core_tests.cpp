@@ -683,28 +683,55 @@ void test_kernel_workspace() {
   }
 }
 
-// Which kernel family runs: sm80 unless GROUPGEMM_CUDA_KERNEL=sm90 on a compute
-// capability 9.0 device of a build with sm_90a code; and which calls the sm90 kernels take.
+// Which kernel family runs: sm80 unless GROUPGEMM_CUDA_KERNEL=sm90 (or an sm90 tile) on a
+// compute capability 9.0 device of a build with sm_90a code; which calls the sm90 kernels
+// take, and with which tile.
 void test_kernel_choice() {
   g_case = "kernel_choice";
-  auto chose = [](int major, int minor, const char* env, bool built, GemmKernel want) {
+  auto chose = [](int major, int minor, const char* env, bool built, GemmKernel want,
+                  Sm90Tile tile = Sm90Tile::by_shape) {
     const KernelChoice c = choose_gemm_kernel(major, minor, env, built);
-    return c.status.ok() && c.kernel == want;
+    return c.status.ok() && c.kernel == want && c.tile == tile;
   };
-  CHECK(chose(9, 0, nullptr, true, GemmKernel::sm80));  // default: sm90 not yet run on a GPU
+  CHECK(chose(9, 0, nullptr, true, GemmKernel::sm80));  // default: sm90 not yet faster on a GPU
   CHECK(chose(9, 0, "", true, GemmKernel::sm80));
   CHECK(chose(8, 0, nullptr, true, GemmKernel::sm80));
   CHECK(chose(10, 0, nullptr, true, GemmKernel::sm80));
   CHECK(chose(9, 0, "sm80", true, GemmKernel::sm80));
   CHECK(chose(8, 6, "sm80", false, GemmKernel::sm80));
   CHECK(chose(9, 0, "sm90", true, GemmKernel::sm90));
-  for (auto [major, minor, built] :
-       {std::tuple{9, 0, false}, std::tuple{8, 0, true}, std::tuple{10, 0, true}, std::tuple{12, 0, true}}) {
-    const KernelChoice c = choose_gemm_kernel(major, minor, "sm90", built);
-    CHECK(!c.status.ok() && c.status.message.find("GROUPGEMM_CUDA_KERNEL=sm90") != std::string::npos);
+  CHECK(chose(9, 0, "sm90_128x256", true, GemmKernel::sm90, Sm90Tile::cooperative_128x256));
+  CHECK(chose(9, 0, "sm90_64x128", true, GemmKernel::sm90, Sm90Tile::pingpong_64x128));
+  for (const char* sm90 : {"sm90", "sm90_128x256", "sm90_64x128"}) {
+    for (auto [major, minor, built] : {std::tuple{9, 0, false}, std::tuple{8, 0, true},
+                                       std::tuple{10, 0, true}, std::tuple{12, 0, true}}) {
+      const KernelChoice c = choose_gemm_kernel(major, minor, sm90, built);
+      CHECK(!c.status.ok() && c.kernel == GemmKernel::sm80 &&
+            c.status.message.find(std::string("GROUPGEMM_CUDA_KERNEL=") + sm90 + " needs") !=
+                std::string::npos);
+    }
   }
-  const KernelChoice bad = choose_gemm_kernel(9, 0, "hopper", true);
-  CHECK(!bad.status.ok() && bad.status.message.find("sm80 or sm90, not 'hopper'") != std::string::npos);
+  for (const char* bad : {"hopper", "sm90_128x128", "SM90"}) {
+    const KernelChoice c = choose_gemm_kernel(9, 0, bad, true);
+    CHECK(!c.status.ok() &&
+          c.status.message.find(std::string("sm90_64x128, not '") + bad + "'") != std::string::npos);
+  }
+
+  // The tile by shape: a group's mean rows (M / G forward and dgrad, K for the weight
+  // gradient) or its columns at most 128 take the 64 x 128 tile.
+  auto tile = [](GemmLayout layout, int64_t groups, int64_t max_m, int64_t n) {
+    return sm90_tile_for(GroupedGemmCall{DType::bf16, DType::bf16, layout, groups, 0.0f, max_m, n, nullptr});
+  };
+  const Sm90Tile large = Sm90Tile::cooperative_128x256, small = Sm90Tile::pingpong_64x128;
+  CHECK(tile(GemmLayout::row_row, 8, 16384, 14336) == large);   // 2048 rows per group
+  CHECK(tile(GemmLayout::row_col, 32, 16384, 2048) == large);   // 512 rows per group
+  CHECK(tile(GemmLayout::row_row, 128, 16384, 1408) == small);  // 128 rows per group
+  CHECK(tile(GemmLayout::row_row, 128, 16512, 1408) == large);  // 129
+  CHECK(tile(GemmLayout::row_row, 8, 16384, 128) == small);     // narrow output
+  CHECK(tile(GemmLayout::row_row, 8, 16384, 136) == large);
+  CHECK(tile(GemmLayout::col_row, 128, 2048, 1408) == large);  // wgrad: K rows whatever G
+  CHECK(tile(GemmLayout::col_row, 8, 128, 1408) == small);
+  CHECK(tile(GemmLayout::row_row, 0, 16384, 1408) == large);  // no groups: no division by 0
 
   auto call = [](DType in, GemmLayout layout, float beta) {
     return GroupedGemmCall{in, DType::f32, layout, 4, beta, 64, 64, nullptr};
