@@ -33,6 +33,8 @@ def cutlass_kind(family):
     """The kind of GEMM kernel a tensor-core call runs under `family`: "cutlass" for the
     2.x kernels, "cutlass sm90_128x256" and so on for the 3.x kernels of one tile."""
     return f"{CUTLASS} {family}" if is_sm90(family) else CUTLASS
+
+
 LAYOUTS = ("row_row", "row_col", "col_row")  # forward [G,K,N], forward [G,N,K], wgrad
 DTYPES = ("float32", "bfloat16", "float16")
 SIXTEEN_BIT = ("bfloat16", "float16")

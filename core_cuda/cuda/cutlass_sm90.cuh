@@ -8,8 +8,8 @@
 //
 // Deterministic: the default group tile scheduler (no stream-K, no split-K) gives each
 // output tile to one CTA, which runs its whole K loop (a cluster's CTAs share loads, not
-// tiles). Groups with a 0 x 0 x 0 problem
-// have no tiles, so the scheduler skips them and no k = 0 problem reaches the mainloop.
+// tiles). Groups with a 0 x 0 x 0 problem have no tiles, so the scheduler skips them and
+// no k = 0 problem reaches the mainloop.
 //
 // Only compiled for sm_90a (a separate object library in CMakeLists.txt).
 #pragma once

@@ -45,8 +45,6 @@ Status choose_kernel(DeviceInfo* info, KernelChoice* choice) {
 #ifdef GROUPGEMM_WITH_SM90
 namespace {
 
-constexpr Sm90Tile kSm90Tiles[] = {Sm90Tile::cooperative_128x256, Sm90Tile::pingpong_64x128};
-
 template <DType In>
 Status run_sm90_tile(const Sm90Launch& s) {
   switch (s.tile) {
@@ -55,13 +53,6 @@ Status run_sm90_tile(const Sm90Launch& s) {
     case Sm90Tile::by_shape: break;
   }
   return Status::Internal("the sm90 grouped GEMM was launched without a tile");
-}
-
-template <DType In>
-size_t sm90_workspace_bytes_of(Sm90Tile tile, int sm_count) {
-  return tile == Sm90Tile::cooperative_128x256
-             ? sm90_workspace_bytes_for<In, Sm90Tile::cooperative_128x256>(sm_count)
-             : sm90_workspace_bytes_for<In, Sm90Tile::pingpong_64x128>(sm_count);
 }
 
 }  // namespace
@@ -85,10 +76,11 @@ int64_t sm90_kernel_workspace_bytes(int device_index) {
 #ifdef GROUPGEMM_WITH_SM90
   // Every instantiation's: the tile is chosen per call, after the workspace was sized.
   size_t most = 0;
-  for (Sm90Tile tile : kSm90Tiles)
-    for (size_t b : {sm90_workspace_bytes_of<DType::bf16>(tile, info.sm_count),
-                     sm90_workspace_bytes_of<DType::f16>(tile, info.sm_count)})
-      most = b > most ? b : most;
+  for (size_t b : {sm90_workspace_bytes_for<DType::bf16, Sm90Tile::cooperative_128x256>(info.sm_count),
+                   sm90_workspace_bytes_for<DType::bf16, Sm90Tile::pingpong_64x128>(info.sm_count),
+                   sm90_workspace_bytes_for<DType::f16, Sm90Tile::cooperative_128x256>(info.sm_count),
+                   sm90_workspace_bytes_for<DType::f16, Sm90Tile::pingpong_64x128>(info.sm_count)})
+    most = b > most ? b : most;
   return static_cast<int64_t>(most);
 #else
   return 0;
