@@ -53,8 +53,9 @@ needs_torch_cuda = pytest.mark.skipif(not TORCH_CUDA, reason="needs a CUDA GPU a
 needs_jax_gpu = pytest.mark.skipif(not JAX_GPU, reason="needs a CUDA GPU, jax[cuda] and a CUDA build")
 needs_both = pytest.mark.skipif(not (TORCH_CUDA and JAX_GPU), reason="needs a CUDA GPU in both frameworks")
 
-# Beyond the shared table: several 128 x 128 tiles per group on the tensor-core path, and
-# K, N that are not multiples of 8 (the unaligned kernel).
+# Beyond the shared table: several tiles per group on every tensor-core kernel (groups of
+# 1 to 400 rows, N = 136 just past a tile edge, odd tile counts for the sm90 2 x 1
+# clusters), and K, N that are not multiples of 8 (the unaligned kernel).
 GPU_CASES = CASES + [
     Case("tiles", 1000, 256, 136, (300, 0, 129, 1, 0, 400, 170, 0)),
     Case("unaligned", 200, 36, 20, (50, 0, 100, 50)),

@@ -44,7 +44,7 @@ NO_GPU_EXIT = 3
 # Largest error allowed relative to the result's scale, per input dtype (the tests' values).
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
 EXTRA_CASES = [
-    Case("tiles", 1000, 256, 136, (300, 0, 129, 1, 0, 400, 170, 0)),  # several 128 x 128 tiles per group
+    Case("tiles", 1000, 256, 136, (300, 0, 129, 1, 0, 400, 170, 0)),  # several tiles per group, N past a tile edge
     Case("tiles_window", 700, 64, 256, (100, 200, 0, 300, 100), num_groups=3, group_offset=1),
     Case("unaligned_k", 200, 36, 24, (50, 0, 100, 50)),  # K not a multiple of 8
     Case("unaligned_n", 200, 32, 20, (50, 0, 100, 50)),  # N not a multiple of 8
