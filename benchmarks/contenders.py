@@ -17,6 +17,12 @@ GROUPED_MM = "torch._grouped_mm"
 SKIPPABLE = (PER_EXPERT_LOOP, RAGGED_DOT, GROUPED_MM, GROUPGEMM_DENSE)
 
 
+def is_groupgemm_kernel(name):
+    """groupgemm's grouped GEMM, on its default kernels or held to one sm90 tile (named
+    "groupgemm sm90_..." by torch_contenders): a wrong result there fails the run."""
+    return name == GROUPGEMM or name.startswith(f"{GROUPGEMM} sm90")
+
+
 @dataclass
 class Contender:
     name: str

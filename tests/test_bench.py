@@ -105,6 +105,44 @@ def test_check_rejects_wrong_and_uninitialised_results(bench_modules):
     assert not passed and error == float("inf") and worst == "dlhs"
 
 
+@pytest.mark.parametrize("routing", ["skewed-some-empty", "all-empty"])
+def test_sampled_check_covers_group_edges_and_agrees_with_the_full_reference(bench_modules, monkeypatch, routing):
+    _, problem = bench_modules
+    monkeypatch.setattr(problem, "FULL_REFERENCE_FLOPS", 0.0)  # sample even this small problem
+    monkeypatch.setattr(problem, "SAMPLED_ROWS", 8)
+    monkeypatch.setattr(problem, "SAMPLED_COLUMNS", 5)
+    config = problem.Config("float32", 8, 300, 40, 24, routing)
+    p = problem.Problem.draw(config)
+    rows, k_cols, n_cols = p.sample
+    assert len(rows) < config.tokens and len(k_cols) == 5 and len(n_cols) == 5
+    full = problem._reference(p.lhs, p.rhs, p.dout, config.sizes)  # every element
+    right = [full[name] for name in ("out", "dlhs", "drhs")]
+    assert problem.check(p, right)[0]
+    for name, sampled in p.reference.items():  # the sample is the full reference's part
+        np.testing.assert_allclose(sampled, problem._sampled(name, full[name], p.sample), rtol=1e-5, atol=1e-5)
+    # Every group's last row is checked (where an off-by-one in a row range shows), and
+    # an uninitialised value there fails the check.
+    last_rows = [stop - 1 for start, stop in problem._group_rows(config.sizes, config.tokens) if stop > start]
+    last_rows = last_rows or [config.tokens - 1]  # all-empty: the padding's last row
+    assert set(last_rows) <= set(rows.tolist())
+    for row in last_rows:
+        garbage = [r.copy() for r in right]
+        garbage[0][row, n_cols[-1]] = np.nan
+        assert problem.check(p, garbage)[0::2] == (False, "out")
+
+
+def test_inputs_are_the_same_whatever_the_thread_count(bench_modules, monkeypatch):
+    _, problem = bench_modules
+    config = problem.Config("bfloat16", 4, 64, 32, 48, "uniform")
+    monkeypatch.setattr(problem, "DRAW_CHUNK", 1000)  # several chunks, drawn concurrently
+    many = problem.Problem.draw(config)
+    monkeypatch.setattr(problem.os, "cpu_count", lambda: 1)
+    one = problem.Problem.draw(config)
+    for a, b in ((many.lhs, one.lhs), (many.rhs, one.rhs), (many.dout, one.dout)):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    assert np.isfinite(many.rhs.astype(np.float32)).all() and len(np.unique(many.rhs)) > 100
+
+
 def test_bench_exits_nonzero_when_a_groupgemm_check_fails(bench_modules, monkeypatch, tmp_path):
     bench, _ = bench_modules
     monkeypatch.setattr(bench, "check", lambda problem, results: (False, 1.0, "out"))
