@@ -178,9 +178,10 @@ def test_torch_cuda_graph_replays_with_changing_group_sizes(gemm_kernel):
 
 @needs_jax_gpu
 @pytest.mark.parametrize("command_buffers", ["custom-calls", "default"])
-def test_jax_cuda_first_call_inside_a_command_buffer(command_buffers):
+def test_jax_cuda_first_call_inside_a_command_buffer(command_buffers, gemm_kernel):
     # A fresh process whose first groupgemm call is recorded by XLA into a CUDA graph
-    # (capturing streams refuse some runtime queries); XLA_FLAGS must be set before JAX starts.
+    # (capturing streams refuse some runtime queries); XLA_FLAGS must be set before JAX
+    # starts. The process inherits GROUPGEMM_CUDA_KERNEL: every kernel family is captured.
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu", "jax_capture_check.py")
     run = subprocess.run([sys.executable, script, "--command-buffers", command_buffers], capture_output=True,
                          text=True, timeout=600)
