@@ -39,12 +39,9 @@ struct KernelChoice {
   Sm90Tile tile;  // for sm90: by_shape unless GROUPGEMM_CUDA_KERNEL names a tile
 };
 
-// GROUPGEMM_CUDA_KERNEL's values: the families, and the sm90 family held to one tile
-// (for measuring and testing each tile whatever the shape).
-constexpr const char* kKernelValues = "sm80, sm90, sm90_128x256 or sm90_64x128";
-
-// env: GROUPGEMM_CUDA_KERNEL's value, or null when unset. sm90_built: this build holds
-// the sm_90a kernels (CMAKE_CUDA_ARCHITECTURES includes 90a).
+// env: GROUPGEMM_CUDA_KERNEL's value, or null when unset: a family, or the sm90 family
+// held to one tile (for measuring and testing each tile whatever the shape). sm90_built:
+// this build holds the sm_90a kernels (CMAKE_CUDA_ARCHITECTURES includes 90a).
 inline KernelChoice choose_gemm_kernel(int cc_major, int cc_minor, const char* env, bool sm90_built) {
   const bool sm90_here = sm90_built && runs_sm90a(cc_major, cc_minor);
   const std::string want = env ? env : "";
@@ -58,8 +55,8 @@ inline KernelChoice choose_gemm_kernel(int cc_major, int cc_minor, const char* e
   else if (want == "sm90_64x128")
     tile = Sm90Tile::pingpong_64x128;
   else if (want != "sm90")
-    return {Status::Invalid("GROUPGEMM_CUDA_KERNEL must be " + std::string(kKernelValues) + ", not '" + want +
-                            "'"),
+    return {Status::Invalid("GROUPGEMM_CUDA_KERNEL must be sm80, sm90, sm90_128x256 or sm90_64x128, not '" +
+                            want + "'"),
             GemmKernel::sm80, Sm90Tile::by_shape};
   if (sm90_here) return {Status::Ok(), GemmKernel::sm90, tile};
   return {Status::Invalid(
