@@ -147,14 +147,19 @@ def check(problem, results):
     """Compares (out, dlhs, drhs), as float32 NumPy arrays, with the reference.
 
     Returns (passed, worst relative error, name of the worst result). NaN or Inf (for
-    example from rows a kernel left uninitialised) counts as an infinite error.
+    example from rows a kernel left uninitialised) or a wrong shape counts as an infinite
+    error.
     """
     worst, worst_name = 0.0, ""
+    shapes = {"out": problem.dout.shape, "dlhs": problem.lhs.shape, "drhs": problem.rhs.shape}
     for name, value in zip(("out", "dlhs", "drhs"), results):
         ref = problem.reference[name]
-        with np.errstate(invalid="ignore", over="ignore"):  # garbage may hold Inf
-            diff = np.abs(np.asarray(_sampled(name, value, problem.sample), np.float32) - ref)
-        error = float(diff.max(initial=0.0)) / max(float(np.abs(ref).max(initial=0.0)), 1.0)
+        if np.shape(value) != shapes[name]:
+            error = float("inf")
+        else:
+            with np.errstate(invalid="ignore", over="ignore"):  # garbage may hold Inf
+                diff = np.abs(np.asarray(_sampled(name, value, problem.sample), np.float32) - ref)
+            error = float(diff.max(initial=0.0)) / max(float(np.abs(ref).max(initial=0.0)), 1.0)
         if not np.isfinite(error):
             error = float("inf")
         if error >= worst:

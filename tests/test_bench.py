@@ -103,6 +103,8 @@ def test_check_rejects_wrong_and_uninitialised_results(bench_modules):
     garbage[1][-1] = np.nan  # a row a kernel left uninitialised
     passed, error, worst = problem.check(p, garbage)
     assert not passed and error == float("inf") and worst == "dlhs"
+    short = [right[0], right[1], right[2][:, :, :-1]]  # a column short
+    assert problem.check(p, short) == (False, float("inf"), "drhs")
 
 
 @pytest.mark.parametrize("routing", ["skewed-some-empty", "all-empty"])

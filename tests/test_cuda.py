@@ -79,6 +79,28 @@ def gemm_kernel(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize("rows, n, tile", [(64, 256, "sm90_64x128"), (512, 128, "sm90_64x128"),
+                                           (512, 256, "sm90_128x256")])
+def test_sm90_by_shape_runs_the_tile_its_rule_names(monkeypatch, rows, n, tile):
+    # kernel_choice.h's sm90_tile_for: at most 128 rows per group (M / G) or 128 columns
+    # take the 64 x 128 tile. The same kernel on the same inputs gives the same bits.
+    if not _hopper():
+        pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
+    g, k = 4, 256
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(g * rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = torch.randn(g, k, n, device="cuda", generator=gen).to(torch.bfloat16)
+    sizes = torch.full((g,), rows, dtype=torch.int32, device="cuda")
+    out = {}
+    for kernel in ("sm90", tile):
+        monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", kernel)
+        out[kernel] = gt.grouped_mm(x, w, sizes)
+    assert_same_bits(out["sm90"], out[tile], f"sm90 by shape vs {tile}")
+    xs, ws = x.double().cpu().numpy(), w.double().cpu().numpy()
+    want = np.concatenate([xs[i * rows:(i + 1) * rows] @ ws[i] for i in range(g)])
+    assert_close(out["sm90"].double().cpu().numpy(), want, "bfloat16", f"sm90 {tile}")
+
+
 ON_CUDA = {"jax": (jax_frontend, JAX_GPU), "torch": (torch_frontend, TORCH_CUDA)}
 
 

@@ -146,6 +146,29 @@ def test_every_op_runs_with_only_its_required_arguments(name):
         assert torch.equal(short, spelled)
 
 
+def test_a_torch_function_mode_sees_each_op_call_as_it_was_made():
+    # A call that cannot need a derivative skips the autograd kernel (op_library.py);
+    # a __torch_function__ mode may still turn grad mode on for it, and then the call
+    # must record its derivative as an ordinary op would.
+    from torch.overrides import TorchFunctionMode
+
+    from groupgemm.torch_ext.raw import grouped_mm_op
+
+    class GradModeOn(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            with torch.enable_grad():
+                return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(16, 8, requires_grad=True), torch.randn(2, 8, 4, requires_grad=True)
+    with torch.no_grad():
+        assert grouped_mm_op(x, w, torch.tensor([10, 6])).grad_fn is None
+        with GradModeOn():
+            y = grouped_mm_op(x, w, torch.tensor([10, 6]))
+    assert y.grad_fn is not None
+    y.sum().backward()
+    np.testing.assert_allclose(as_np(w.grad[1]), as_np(x[10:].sum(0)[:, None].expand(8, 4)), rtol=1e-5)
+
+
 def test_every_groupgemm_op_is_in_the_required_arguments_table():
     assert {name for name in dir(torch.ops.groupgemm) if not name.startswith("_")} - {"name"} == set(REQUIRED_ONLY)
 

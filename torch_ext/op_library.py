@@ -56,8 +56,10 @@ class Op:
         # When no derivative can be asked (a call under no_grad, and each call a backward
         # makes), go below autograd here, as the autograd kernel would: that saves its
         # Python round trip (36 -> 31 µs for an eager call on a CPU). torch.compile traces
-        # the op itself.
-        if torch.compiler.is_compiling() or kwargs or _derivative_may_be_asked(args):
+        # the op itself; a __torch_function__ mode or argument sees the call as it was made
+        # (it may turn grad mode on, or hand over tensors that require grad).
+        if (torch.compiler.is_compiling() or kwargs or torch._C._has_torch_function(args)
+                or _derivative_may_be_asked(args)):
             return self.overload(*args, **kwargs)
         with torch._C._AutoDispatchBelowAutograd():
             return self.overload(*args)

@@ -59,6 +59,9 @@ Ptr* device_array(void** array) {
   return static_cast<Ptr*>(static_cast<void*>(array));
 }
 
+// Dynamic shared memory a block may opt into on compute capability 9.0 (227 KB).
+constexpr size_t kSm90SharedMemoryPerBlock = 232448;
+
 // Each tile's shapes and schedules (kernel_choice.h's Sm90Tile says when each runs).
 template <Sm90Tile Tile>
 struct Sm90TileConfig;
@@ -118,6 +121,10 @@ struct Sm90Gemm {
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Sm90ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  // The pointer-array kernels do not check this themselves: a kernel over the limit would
+  // compile and fail only at launch. (The ping-pong tile's float32 outputs use all of it.)
+  static_assert(Kernel::SharedStorageSize <= kSm90SharedMemoryPerBlock,
+                "an sm90 kernel needs more shared memory than a Hopper block has");
 
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
@@ -131,7 +138,11 @@ struct Sm90Gemm {
 
   static typename Gemm::Arguments arguments(const Sm90Launch& s) {
     const GroupedGemmLaunch& l = s.gemm;
-    cutlass::KernelHardwareInfo hw{s.device, s.sm_count};
+    // The persistent grid is sized from the SM count in whole clusters (CUTLASS assumes
+    // 18-SM GPCs unless told the active cluster count); a count that is not a multiple of
+    // the cluster size, as on a partitioned GPU, could give a grid the cluster launch refuses.
+    constexpr int cluster_size = cute::size(ClusterShape{});
+    cutlass::KernelHardwareInfo hw{s.device, s.sm_count / cluster_size * cluster_size};
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
                                   {l.num_groups,
                                    reinterpret_cast<typename Sm90ProblemShape::UnderlyingProblemShape*>(
