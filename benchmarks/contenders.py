@@ -1,5 +1,7 @@
 """What one benchmark row times: a contender's forward and forward+backward calls."""
 
+import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,10 +19,31 @@ GROUPED_MM = "torch._grouped_mm"
 SKIPPABLE = (PER_EXPERT_LOOP, RAGGED_DOT, GROUPED_MM, GROUPGEMM_DENSE)
 
 
+# GROUPGEMM_CUDA_KERNEL's values that hold the sm_90a kernels to one tile
+# (core_cuda/src/kernel_choice.h); Hopper only.
+SM90_TILES = ("sm90_128x256", "sm90_64x128")
+
+
+@contextlib.contextmanager
+def kernel_family(family):
+    """GROUPGEMM_CUDA_KERNEL=family for the calls inside, then as it was (None: left as it
+    is). The core reads it at every call, so a backward must run inside too."""
+    before = os.environ.get("GROUPGEMM_CUDA_KERNEL")
+    if family is not None:
+        os.environ["GROUPGEMM_CUDA_KERNEL"] = family
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
+        else:
+            os.environ["GROUPGEMM_CUDA_KERNEL"] = before
+
+
 def is_groupgemm_kernel(name):
     """groupgemm's grouped GEMM, on its default kernels or held to one sm90 tile (named
-    "groupgemm sm90_..." by torch_contenders): a wrong result there fails the run."""
-    return name == GROUPGEMM or name.startswith(f"{GROUPGEMM} sm90")
+    "groupgemm sm90_128x256" and so on by torch_contenders): a wrong result there fails the run."""
+    return name in (GROUPGEMM, *(f"{GROUPGEMM} {tile}" for tile in SM90_TILES))
 
 
 @dataclass

@@ -6,12 +6,19 @@ input and weight gradients with a fixed incoming gradient. On CUDA every call en
 torch.cuda.synchronize(), so the time is the device's, not the launch's.
 """
 
-import contextlib
-import os
-
 import numpy as np
 import torch
-from contenders import DENSE, DENSE_KINDS, GROUPED_MM, GROUPGEMM, GROUPGEMM_DENSE, PER_EXPERT_LOOP, Contender
+from contenders import (
+    DENSE,
+    DENSE_KINDS,
+    GROUPED_MM,
+    GROUPGEMM,
+    GROUPGEMM_DENSE,
+    PER_EXPERT_LOOP,
+    SM90_TILES,
+    Contender,
+    kernel_family,
+)
 
 from groupgemm.torch import grouped_mm
 
@@ -37,27 +44,6 @@ _MATMULS = {
     GROUPGEMM_DENSE: lambda x, w, group_sizes: grouped_mm(x, w[None], torch.full((1,), x.shape[0],
                                                                                    device=x.device)),
 }
-
-
-# On Hopper, groupgemm held to each tile of its sm_90a kernels, forward and backward (its
-# default there is the CUTLASS 2.x family; kernel_choice.h says why).
-SM90_TILES = ("sm90_128x256", "sm90_64x128")
-
-
-@contextlib.contextmanager
-def _kernel_family(family):
-    """GROUPGEMM_CUDA_KERNEL=family for the calls inside (None: left as it is); the core
-    reads it at every call, so the backward must run inside too."""
-    before = os.environ.get("GROUPGEMM_CUDA_KERNEL")
-    if family is not None:
-        os.environ["GROUPGEMM_CUDA_KERNEL"] = family
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
-        else:
-            os.environ["GROUPGEMM_CUDA_KERNEL"] = before
 
 
 def _waiter(device):
@@ -92,12 +78,12 @@ def contenders(problem, device_name):
         weight = dense_rhs if name in DENSE_KINDS else rhs
 
         def forward():
-            with _kernel_family(family), torch.no_grad():
+            with kernel_family(family), torch.no_grad():
                 matmul(lhs, weight, sizes)
             wait()
 
         def forward_backward():
-            with _kernel_family(family):
+            with kernel_family(family):
                 out = matmul(lhs, weight, sizes)
                 grads = torch.autograd.grad(out, (lhs, weight), dout)
             wait()
@@ -109,6 +95,7 @@ def contenders(problem, device_name):
 
     builds = {name: (lambda name=name, matmul=matmul: build(name, matmul)) for name, matmul in _MATMULS.items()}
     if device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
+        # groupgemm held to each sm_90a tile (its default on Hopper is the 2.x family).
         builds.update({f"{GROUPGEMM} {tile}": (lambda tile=tile: build(f"{GROUPGEMM} {tile}", grouped_mm, tile))
                        for tile in SM90_TILES})
     return builds

@@ -22,6 +22,7 @@ import torch_frontend
 from bits import assert_same_bits
 from capture_check import capture
 from cases import CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
+from driver_calls import FAMILIES, is_sm90
 from reference import assert_close, empty_groups, padding_rows
 from test_expert_layer import IDS as ROUTING_IDS
 from test_expert_layer import (
@@ -68,12 +69,12 @@ def _hopper():
     return TORCH_CUDA and torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.fixture(params=["sm80", "sm90_128x256", "sm90_64x128"])
+@pytest.fixture(params=FAMILIES)
 def gemm_kernel(request, monkeypatch):
     """Each GEMM test runs on both kernel families: CUTLASS 2.x (every GPU) and the sm_90a
     CUTLASS 3.x kernels (Hopper only) held to each of their tiles, chosen per call by
     GROUPGEMM_CUDA_KERNEL (plain "sm90" lets the shape choose the tile: kernel_choice.h)."""
-    if request.param.startswith("sm90") and not _hopper():
+    if is_sm90(request.param) and not _hopper():
         pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
     monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", request.param)
     return request.param

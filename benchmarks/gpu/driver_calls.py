@@ -10,6 +10,11 @@ library only.
 """
 
 import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+from contenders import SM90_TILES  # noqa: E402
 
 SETUP, FILL, LATE_BIAS, ZERO_EMPTY, BIAS_GRAD = (
     "setup kernel", "fill kernel", "late-bias kernel", "empty-group zero kernel", "bias-grad kernel")
@@ -17,7 +22,7 @@ CUTLASS, UNALIGNED = "cutlass", "unaligned"
 # The GROUPGEMM_CUDA_KERNEL values the kit runs: CUTLASS 2.x (every GPU), and CUTLASS 3.x
 # (sm_90a, Hopper only) held to each of its tiles in turn, so that every instantiation
 # runs whatever the shapes (by itself, "sm90" lets each call's shape choose the tile).
-FAMILIES = ("sm80", "sm90_128x256", "sm90_64x128")
+FAMILIES = ("sm80", *SM90_TILES)
 
 
 def families_on(compute_capability):
@@ -26,7 +31,7 @@ def families_on(compute_capability):
 
 
 def is_sm90(family):
-    return family.startswith("sm90")
+    return family in SM90_TILES
 
 
 def cutlass_kind(family):

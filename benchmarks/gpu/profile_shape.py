@@ -29,7 +29,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from contenders import GROUPED_MM  # noqa: E402
+from contenders import GROUPED_MM, kernel_family  # noqa: E402
 from driver_calls import families_on  # noqa: E402
 
 NO_GPU_EXIT = 3
@@ -180,8 +180,8 @@ def _calls(torch, families, grouped_mm, shape):
 
     def on(family, fn):
         def call():
-            os.environ["GROUPGEMM_CUDA_KERNEL"] = family
-            return fn()
+            with kernel_family(family):
+                return fn()
         return call
 
     grouped = {"forward": lambda: gt.grouped_mm(x, w, sizes),
