@@ -92,6 +92,10 @@ def test_pytest_verdicts():
     assert verdicts.pytest_verdict("no tests ran in 0.01s", 5)[0] == FAIL
     assert verdicts.pytest_verdict("3 passed in 1s", 3)[0] == FAIL  # a crash after the closing line
     assert verdicts.pytest_verdict("....\n", -9) == (FAIL, "no pytest summary line (exit -9)")
+    failed = ("FAILED tests/test_cuda.py::test_a[sm90_64x128-bfloat16] - AssertionError: 3 != 4\n"
+              "ERROR tests/test_cuda.py::test_b - RuntimeError\n1 failed, 9 passed, 1 error in 3.0s\n")
+    assert verdicts.pytest_verdict(failed, 1) == (
+        FAIL, "9 passed, 1 failed, 1 errors; first: tests/test_cuda.py::test_a[sm90_64x128-bfloat16]")
 
 
 def test_sanitizer_error_summary_decides():
@@ -192,10 +196,11 @@ def test_compute_capability_becomes_the_cmake_architecture():
 def test_required_wheels_are_found_by_name_and_version(tmp_path):
     for name in ("onednn_cpu_gomp-2023.2.0-py2.py3-none-manylinux1_x86_64.whl",
                  "nvidia_cutlass-4.2.0.0-py3-none-any.whl", "nvidia_cutlass-4.1.0.0-py3-none-any.whl",
-                 "scipy_openblas32-0.3.30.0-py3-none-manylinux_2_28_x86_64.whl"):
+                 "scipy_openblas32-0.3.30.0-py3-none-manylinux_2_28_x86_64.whl",
+                 "pytest_xdist-3.8.0-py3-none-any.whl", "execnet-2.1.2-py3-none-any.whl"):
         (tmp_path / name).write_bytes(b"")
     found, missing = wheels.find_wheels(str(tmp_path))
-    assert set(found) == {"onednn-cpu-gomp", "nvidia-cutlass"}
+    assert set(found) == {"onednn-cpu-gomp", "nvidia-cutlass", "pytest-xdist", "execnet"}
     assert os.path.basename(found["nvidia-cutlass"]) == "nvidia_cutlass-4.2.0.0-py3-none-any.whl"
     assert missing == ["onednn-devel-cpu-gomp==2023.2.0", "scipy-openblas32==0.3.34.481.3"]
     assert wheels.find_wheels(str(tmp_path / "absent"))[0] == {}
@@ -260,7 +265,10 @@ def test_plan_with_a_gpu_has_every_command(tmp_path):
     assert f"--prefix {tmp_path / 's' / 'prefix'}" in plan
     for tool in steps.SANITIZER_TOOLS:
         assert f"--tool {tool}" in plan
-    assert "-m pytest -q -p no:cacheprovider tests\n" in plan
+    # The GPU tests first on their own, then the other files in parallel.
+    gpu_tests, other_tests = plan.index("-m pytest -q -p no:cacheprovider tests/test_cuda.py\n"), plan.index(
+        f"-m pytest -q -p no:cacheprovider -n {steps.pytest_workers()} --ignore tests/test_cuda.py tests\n")
+    assert gpu_tests < other_tests
     assert plan.count("benchmarks/bench.py --device cuda --dtype bfloat16") == len(steps.FULL_SWEEP)
     # Where ragged_dot or a compiled 128-expert JAX loop would take minutes, they are left out.
     assert plan.count("--experts 128 --tokens 16384 --hidden 2048 --ffn 1408 --frameworks jax "
@@ -376,6 +384,47 @@ def test_a_failed_build_is_summed_up_by_its_compiler_error():
     missing = "ModuleNotFoundError: No module named 'x'"
     assert kit.last_error_line(missing + "\n") == missing
     assert kit.last_error_line("just this\n") == "just this"
+
+
+def test_a_full_pytest_step_runs_the_gpu_tests_first_and_keeps_time_for_the_rest(tmp_path, monkeypatch):
+    limits = []
+
+    def run(command, log, timeout, env_changes=None, cwd=None):
+        limits.append((command, timeout))
+        gpu = steps.CUDA_TESTS in command and "--ignore" not in command
+        text = ("FAILED tests/test_cuda.py::test_x[sm90_128x256] - assert 0 == 1\n1 failed, 99 passed in 9s\n"
+                if gpu else "200 passed in 5s\n")
+        return runner.Completed(1 if gpu else 0, text, 1.0, False)
+
+    monkeypatch.setattr(runner, "run", run)
+    args = kit.parse_args(["--out", str(tmp_path / "o"), "--scratch", str(tmp_path / "s"), "--deadline", "0",
+                           "--steps", "pytest"])
+    ctx = kit.context(args, gpu_facts(tmp_path))
+    with open(tmp_path / "log", "w") as log:
+        status, reason = kit.run_pytest(kit.Run(args, gpu_facts(tmp_path), log), ctx)
+    assert status == FAIL
+    assert reason == ("GPU tests: 99 passed, 1 failed; first: tests/test_cuda.py::test_x[sm90_128x256]; "
+                      "other tests: 200 passed")
+    (first, first_limit), (second, second_limit) = limits
+    assert first[-1] == steps.CUDA_TESTS and second[-1] == "tests" and "-n" in second
+    step_time = steps.timeout("pytest", False)
+    assert step_time - steps.OTHER_TESTS_RESERVE_S - 1 <= first_limit <= step_time - steps.OTHER_TESTS_RESERVE_S
+    assert second_limit >= step_time - first_limit - 1 - 5  # what the first left (it took a second here)
+
+
+def test_pytest_workers_are_half_the_cores_within_1_and_8():
+    assert [steps.pytest_workers(c) for c in (1, 2, 4, 16, 64)] == [1, 1, 2, 8, 8]
+
+
+def test_a_suite_stopped_at_its_limit_still_says_what_it_found(tmp_path):
+    (tmp_path / "test_slow.py").write_text(
+        "import time\n\ndef test_fails():\n    assert 1 == 2\n\ndef test_slow():\n    time.sleep(60)\n")
+    with open(tmp_path / "log", "w") as log:
+        done = runner.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          log, timeout=8, cwd=str(tmp_path))
+    assert done.timed_out and done.seconds < 30
+    assert verdicts.pytest_verdict(done.output, done.returncode) == (
+        FAIL, "1 failed; first: test_slow.py::test_fails")
 
 
 def test_runner_ends_a_command_past_its_limit(tmp_path):

@@ -285,6 +285,26 @@ def run_checks(run, ctx, step):
     return verdicts.combine(parts)
 
 
+def run_pytest(run, ctx):
+    """The suite's commands in order, each judged by pytest's summary (which pytest still
+    prints when stopped at its limit); each may take the step's time less what the later
+    ones are kept."""
+    commands = steps.commands("pytest", ctx)
+    budget_end = time.monotonic() + min(steps.timeout("pytest", ctx.quick), run.remaining())
+    parts = []
+    for i, command in enumerate(commands):
+        limit = budget_end - time.monotonic() - (len(commands) - 1 - i) * steps.OTHER_TESTS_RESERVE_S
+        if limit < MIN_STEP_S:
+            parts.append((SKIP, f"{command.label}: out of time"))
+            continue
+        done = run.execute(command, limit)
+        status, reason = verdicts.pytest_verdict(done.output, done.returncode)
+        if done.timed_out:
+            status, reason = FAIL, f"{timed_out_reason(done, limit)}; {reason}"
+        parts.append((status, reason if len(commands) == 1 else f"{command.label}: {reason}"))
+    return verdicts.combine(parts)
+
+
 def run_bench(run, ctx):
     *sweep, merge = steps.commands("bench", ctx)
     budget_end = time.monotonic() + min(steps.timeout("bench", ctx.quick), run.remaining())
@@ -317,7 +337,7 @@ def run_step(run, ctx, step):
     if step == "environment":
         return run_single(run, ctx, step, lambda d: verdicts.script_verdict("", d.output, d.returncode))
     if step == "pytest":
-        return run_single(run, ctx, step, lambda d: verdicts.pytest_verdict(d.output, d.returncode))
+        return run_pytest(run, ctx)
     if step == "sanitizer":
         return run_sanitizer(run, ctx)
     if step in ("capture", "profile"):

@@ -1,6 +1,7 @@
 """Runs one command of the kit: output into the log as it comes, a time limit, and the
 whole process group ended when the limit passes (pytest and compute-sanitizer start
-processes of their own)."""
+processes of their own). The group is interrupted first, as Ctrl-C would: pytest then
+still prints its failures and its summary line, so a suite cut short says what it found."""
 
 import dataclasses
 import os
@@ -27,7 +28,8 @@ def shell_line(command, env_changes=None):
 
 def run(command, log, timeout, env_changes=None, cwd=None):
     """Runs `command` with the environment plus `env_changes`, appending its output to the
-    open file `log`. After `timeout` seconds its process group gets SIGTERM, then SIGKILL."""
+    open file `log`. After `timeout` seconds its process group gets SIGINT, then SIGTERM,
+    then SIGKILL, 20 seconds in all."""
     log.write(f"\n$ {shell_line(command, env_changes)}\n")
     log.flush()
     env = dict(os.environ, **(env_changes or {}))
@@ -53,7 +55,7 @@ def run(command, log, timeout, env_changes=None, cwd=None):
         proc.wait(timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:
         timed_out = True
-        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        for sig, grace in ((signal.SIGINT, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:

@@ -21,7 +21,7 @@ PURPOSE = {
     "wheels": "install the carried wheels (oneDNN, OpenBLAS, CUTLASS headers) into a scratch prefix",
     "build": "build and install groupgemm into the scratch prefix for this GPU's architecture",
     "environment": "GPU, driver, nvcc, torch and jax versions; does JAX see the GPU; is CUDA compiled in",
-    "pytest": "the pytest suite, test_cuda.py included, in both frameworks",
+    "pytest": "the pytest suite in both frameworks: the GPU tests (test_cuda.py), then the other files in parallel",
     "sanitizer": "compute-sanitizer memcheck, racecheck, initcheck, synccheck over every CUDA kernel",
     "capture": "JAX with XLA command buffers (first call inside jit) and torch CUDA-graph replay",
     "bench": "bfloat16 benchmark at MoE shapes against dense, torch._grouped_mm, a loop, ragged_dot",
@@ -34,9 +34,15 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # the other tools get NaN-filled outputs, so a row no kernel writes fails the value check.
 SANITIZER_PREFILL = {"initcheck": "empty"}
 
+CUDA_TESTS = "tests/test_cuda.py"  # the GPU tests (the other files run the CPU backend)
 # --quick: the GPU tests and the case-table tests (those of these files that exist).
-QUICK_PYTEST = ("tests/test_cuda.py", "tests/test_cuda_build.py", "tests/test_core.py", "tests/test_parity.py")
-GRAPH_TESTS = ("tests/test_cuda.py", "-k", "graph")  # test_cuda.py's CUDA-graph replay test
+QUICK_PYTEST = (CUDA_TESTS, "tests/test_cuda_build.py", "tests/test_core.py", "tests/test_parity.py")
+# A full run: the GPU tests first, on their own, so that a run cut short by its deadline
+# has done them; then every other file in parallel (pytest-xdist, from the carried
+# wheels: on 2 cores those files take 227 s serially, 157 s in two processes). The GPU
+# tests leave the other files this much of the step's time.
+OTHER_TESTS_RESERVE_S = 120
+GRAPH_TESTS = (CUDA_TESTS, "-k", "graph")  # test_cuda.py's CUDA-graph replay test
 
 # One bench.py run per expert shape (its flags sweep a product; real models are points),
 # optionally for some frameworks and without some contenders: jax.lax.ragged_dot does G
@@ -141,6 +147,12 @@ def _bench_commands(ctx):
     return commands
 
 
+def pytest_workers(cpus=None):
+    """Processes for the other tests: half the cores (each one's CPU GEMMs use threads
+    too), at least one and at most 8."""
+    return max(1, min(8, (cpus or os.cpu_count() or 2) // 2))
+
+
 def bench_part_dir(ctx, index):
     return os.path.join(ctx.scratch, "bench", f"part{index}")
 
@@ -157,8 +169,12 @@ def commands(step, ctx):
     if step == "environment":
         return [Command([ctx.python, kit_script(ctx, "environment_report.py")], env, "report")]
     if step == "pytest":
-        targets = [t for t in QUICK_PYTEST if os.path.exists(os.path.join(ctx.repo, t))] if ctx.quick else ["tests"]
-        return [Command([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets], env, "pytest")]
+        pytest = [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        if ctx.quick:
+            return [Command(pytest + [t for t in QUICK_PYTEST if os.path.exists(os.path.join(ctx.repo, t))], env,
+                            "pytest")]
+        return [Command(pytest + [CUDA_TESTS], env, "GPU tests"),
+                Command(pytest + ["-n", str(pytest_workers()), "--ignore", CUDA_TESTS, "tests"], env, "other tests")]
     if step == "sanitizer":
         driver = [ctx.python, kit_script(ctx, "sanitizer_driver.py")] + (["--quick"] if ctx.quick else [])
         return [Command([ctx.sanitizer or "compute-sanitizer", "--tool", tool,

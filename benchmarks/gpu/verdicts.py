@@ -15,6 +15,8 @@ _SANITIZER_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?")
 # racecheck reports hazards in a summary of its own: "N hazards displayed (E errors, W warnings)".
 _RACECHECK_SUMMARY = re.compile(
     r"RACECHECK SUMMARY:\s*\d+\s+hazards?\s+displayed\s*\((\d+)\s+errors?,\s*(\d+)\s+warnings?\)")
+# A line of pytest's short summary: "FAILED tests/test_x.py::test_y[a] - assert 1 == 2".
+_PYTEST_FAILURE = re.compile(r"^(FAILED|ERROR) (?P<test>\S+)")
 # The last line the kit's own check scripts print: "RESULT: PASS <reason>".
 _RESULT_LINE = re.compile(r"^RESULT:\s*(PASS|FAIL|SKIP)\b\s*(.*)$")
 
@@ -57,15 +59,25 @@ def describe_counts(counts):
     return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "no tests ran"
 
 
+def first_failure(text):
+    """The first test pytest's short summary lists as failed or in error, or None."""
+    for line in text.splitlines():
+        match = _PYTEST_FAILURE.match(line)
+        if match:
+            return match.group("test")
+    return None
+
+
 def pytest_verdict(text, returncode):
     """(status, reason): PASS only with a closing line, at least one test passed, no
-    failure, no error and exit status 0."""
+    failure, no error and exit status 0. A failing run's reason names its first failure."""
     counts = parse_pytest_summary(text)
     if counts is None:
         return FAIL, f"no pytest summary line (exit {returncode})"
     reason = describe_counts(counts)
     if counts.get("failed") or counts.get("errors"):
-        return FAIL, reason
+        first = first_failure(text)
+        return FAIL, reason + (f"; first: {first}" if first else "")
     if not counts.get("passed"):
         return FAIL, f"{reason}: no test passed"
     if returncode != 0:

@@ -1,8 +1,9 @@
 """The wheels a GPU machine needs beyond its own python3, and how to fetch them.
 
 A GPU machine without network access has torch, jax (with its CUDA plugin), nanobind,
-scikit-build-core, cmake and ninja, but not the CPU GEMM libraries the extension links
-(oneDNN, OpenBLAS) nor the CUTLASS headers it compiles against. They are downloaded
+scikit-build-core, cmake, ninja and pytest, but not the CPU GEMM libraries the extension
+links (oneDNN, OpenBLAS), the CUTLASS headers it compiles against, nor pytest-xdist, which
+runs the CPU-backend tests there in parallel. They are downloaded
 here, for that machine's CPython 3.12 on x86-64 Linux, into a folder that travels with
 the working tree. Standard library only: runs under any python3.
 
@@ -20,6 +21,8 @@ REQUIRED = (
     ("onednn-devel-cpu-gomp", "2023.2.0"),
     ("scipy-openblas32", "0.3.34.481.3"),
     ("nvidia-cutlass", "4.2.0.0"),  # headers only: installed with --no-deps
+    ("pytest-xdist", "3.8.0"),
+    ("execnet", "2.1.2"),  # pytest-xdist's one dependency besides pytest
 )
 DEFAULT_DEST = ".gpu-wheels"
 TARGET_PYTHON = "3.12"
