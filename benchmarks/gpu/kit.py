@@ -264,44 +264,27 @@ def run_sanitizer(run, ctx):
 
 
 def run_checks(run, ctx, step):
-    """A step of several check commands (capture, profile), each judged by its RESULT
-    line (or pytest's summary), sharing the step's time."""
+    """A step of several commands (pytest, capture, profile), each judged by pytest's
+    summary (which pytest still prints when stopped at its limit) or its RESULT line,
+    each given its share of the step's time that is left."""
     commands = steps.commands(step, ctx)
     budget_end = time.monotonic() + min(steps.timeout(step, ctx.quick), run.remaining())
     parts = []
     for i, command in enumerate(commands):
-        limit = (budget_end - time.monotonic()) / (len(commands) - i)
+        limit = (budget_end - time.monotonic()) * command.share / sum(c.share for c in commands[i:])
         if limit < 5:
             parts.append((SKIP, f"{command.label}: out of time"))
             continue
         done = run.execute(command, limit)
-        if done.timed_out:
-            parts.append((FAIL, f"{command.label}: {timed_out_reason(done, limit)}"))
-        elif command.argv[1:3] == ["-m", "pytest"]:
+        if command.argv[1:3] == ["-m", "pytest"]:
             status, reason = verdicts.pytest_verdict(done.output, done.returncode)
+            if done.timed_out:
+                status, reason = FAIL, f"{timed_out_reason(done, limit)}; {reason}"
             parts.append((status, f"{command.label}: {reason}"))
+        elif done.timed_out:
+            parts.append((FAIL, f"{command.label}: {timed_out_reason(done, limit)}"))
         else:
             parts.append(verdicts.script_verdict(command.label, done.output, done.returncode))
-    return verdicts.combine(parts)
-
-
-def run_pytest(run, ctx):
-    """The suite's commands in order, each judged by pytest's summary (which pytest still
-    prints when stopped at its limit); each may take the step's time less what the later
-    ones are kept."""
-    commands = steps.commands("pytest", ctx)
-    budget_end = time.monotonic() + min(steps.timeout("pytest", ctx.quick), run.remaining())
-    parts = []
-    for i, command in enumerate(commands):
-        limit = budget_end - time.monotonic() - (len(commands) - 1 - i) * steps.OTHER_TESTS_RESERVE_S
-        if limit < MIN_STEP_S:
-            parts.append((SKIP, f"{command.label}: out of time"))
-            continue
-        done = run.execute(command, limit)
-        status, reason = verdicts.pytest_verdict(done.output, done.returncode)
-        if done.timed_out:
-            status, reason = FAIL, f"{timed_out_reason(done, limit)}; {reason}"
-        parts.append((status, reason if len(commands) == 1 else f"{command.label}: {reason}"))
     return verdicts.combine(parts)
 
 
@@ -336,11 +319,9 @@ def run_step(run, ctx, step):
         return run_single(run, ctx, "build", judge)
     if step == "environment":
         return run_single(run, ctx, step, lambda d: verdicts.script_verdict("", d.output, d.returncode))
-    if step == "pytest":
-        return run_pytest(run, ctx)
     if step == "sanitizer":
         return run_sanitizer(run, ctx)
-    if step in ("capture", "profile"):
+    if step in ("pytest", "capture", "profile"):
         return run_checks(run, ctx, step)
     if step == "bench":
         return run_bench(run, ctx)

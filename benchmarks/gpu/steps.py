@@ -40,8 +40,9 @@ QUICK_PYTEST = (CUDA_TESTS, "tests/test_cuda_build.py", "tests/test_core.py", "t
 # A full run: the GPU tests first, on their own, so that a run cut short by its deadline
 # has done them; then every other file in parallel (pytest-xdist, from the carried
 # wheels: on 2 cores those files take 227 s serially, 157 s in two processes). The GPU
-# tests leave the other files this much of the step's time.
-OTHER_TESTS_RESERVE_S = 120
+# tests may take three quarters of the step's time (this share against the other files'
+# 1), the other files what is left.
+GPU_TESTS_SHARE = 3.0
 GRAPH_TESTS = (CUDA_TESTS, "-k", "graph")  # test_cuda.py's CUDA-graph replay test
 
 # One bench.py run per expert shape (its flags sweep a product; real models are points),
@@ -86,6 +87,7 @@ class Command:
     argv: list
     env: dict = dataclasses.field(default_factory=dict)
     label: str = ""
+    share: float = 1.0  # of the step's time left, against the shares of the commands after it
 
 
 @dataclasses.dataclass
@@ -173,7 +175,7 @@ def commands(step, ctx):
         if ctx.quick:
             return [Command(pytest + [t for t in QUICK_PYTEST if os.path.exists(os.path.join(ctx.repo, t))], env,
                             "pytest")]
-        return [Command(pytest + [CUDA_TESTS], env, "GPU tests"),
+        return [Command(pytest + [CUDA_TESTS], env, "GPU tests", share=GPU_TESTS_SHARE),
                 Command(pytest + ["-n", str(pytest_workers()), "--ignore", CUDA_TESTS, "tests"], env, "other tests")]
     if step == "sanitizer":
         driver = [ctx.python, kit_script(ctx, "sanitizer_driver.py")] + (["--quick"] if ctx.quick else [])
