@@ -184,6 +184,9 @@ def print_tables(args, rows, overhead_rows):
     for framework in args.frameworks:
         print(f"\n{framework}, {args.device}: groupgemm against each contender (forward / forward+backward)\n")
         print(report.summary_table(rows, framework))
+    targets = report.targets_table(rows)
+    if targets:
+        print(f"\n{targets}")
     shape = overhead.SHAPE
     print(f"\nCall overhead: forward, float32, every expert empty (M={shape['tokens']}, "
           f"K={shape['hidden']}, N={shape['ffn']}, G={shape['experts']}), target under 50 µs\n")

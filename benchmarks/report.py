@@ -4,7 +4,7 @@ import csv
 import json
 import math
 
-from contenders import DENSE, DENSE_KINDS, GROUPGEMM, GROUPGEMM_DENSE
+from contenders import DENSE, DENSE_KINDS, GROUPED_MM, GROUPGEMM, GROUPGEMM_DENSE, is_groupgemm_kernel
 
 CONFIG_COLUMNS = ["framework", "device", "dtype", "experts", "tokens", "hidden", "ffn", "routing"]
 COLUMNS = CONFIG_COLUMNS + [
@@ -14,6 +14,11 @@ COLUMNS = CONFIG_COLUMNS + [
     "check", "max_rel_error", "samples", "error",
 ]
 MODES = (("fwd", 1.0), ("fwd_bwd", 3.0))  # forward+backward adds dlhs and drhs: 3x the FLOPs
+# The speed the sm_90a kernels must reach on Hopper before they become the default there,
+# in PyTorch's forward+backward (a training step): (largest G, or None for any, the least
+# fraction of dense cuBLAS, the least speed-up over torch._grouped_mm or None).
+HOPPER_TARGETS = ((32, 0.85, 1.1), (None, 0.75, None))
+TARGETS_TITLE = "Hopper speed targets, PyTorch forward+backward: groupgemm's kernels against dense and _grouped_mm"
 
 
 def _ratio(numerator, denominator):
@@ -128,6 +133,56 @@ def summary_table(rows, framework):
         cells += [_pair(same.get(p, {}), "groupgemm_speedup_{mode}", "speedup") for p in peers]
         cells += [_pair(r, "{mode}_vs_dense", "ratio"), _pair(r, "{mode}_vs_groupgemm_dense", "ratio")]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def hopper_target(experts):
+    """(least fraction of dense, least speed-up over torch._grouped_mm or None) at G = experts."""
+    return next((dense, grouped) for bound, dense, grouped in HOPPER_TARGETS if bound is None or experts <= bound)
+
+
+def target_rows(rows):
+    """Each groupgemm kernel's PyTorch forward+backward at each configuration that has a
+    dense and a torch._grouped_mm row: {config, impl, ms, vs_dense, over_grouped_mm,
+    target_dense, target_grouped_mm, met}."""
+    torch_rows = [r for r in rows if r["framework"] == "torch" and r.get("fwd_bwd_ms")]
+    out = []
+    for config in dict.fromkeys(tuple(r[c] for c in CONFIG_COLUMNS) for r in torch_rows):
+        same = {r["impl"]: r for r in torch_rows if tuple(r[c] for c in CONFIG_COLUMNS) == config}
+        if DENSE not in same or GROUPED_MM not in same:
+            continue
+        target_dense, target_grouped = hopper_target(int(same[DENSE]["experts"]))
+        for impl, r in same.items():
+            if not is_groupgemm_kernel(impl):
+                continue
+            vs_dense = _ratio(same[DENSE]["fwd_bwd_ms"], r["fwd_bwd_ms"])
+            over_grouped = _ratio(same[GROUPED_MM]["fwd_bwd_ms"], r["fwd_bwd_ms"])
+            met = vs_dense >= target_dense and (target_grouped is None or over_grouped >= target_grouped)
+            out.append({"config": dict(zip(CONFIG_COLUMNS, config)), "impl": impl, "ms": r["fwd_bwd_ms"],
+                        "vs_dense": vs_dense, "over_grouped_mm": over_grouped, "target_dense": target_dense,
+                        "target_grouped_mm": target_grouped, "met": met})
+    return out
+
+
+def targets_table(rows):
+    """The Hopper speed targets against each groupgemm kernel: a title, a markdown table and
+    one line per kernel saying at how many configurations it met them. Empty without
+    torch._grouped_mm rows."""
+    judged = target_rows(rows)
+    if not judged:
+        return ""
+    lines = [TARGETS_TITLE, "", "| dtype | G | M,K,N | routing | groupgemm kernel | fwd+bwd ms | vs dense (target) | "
+             "over `_grouped_mm` (target) | met |", "|" + "---|" * 9]
+    for j in judged:
+        c = j["config"]
+        grouped_target = "" if j["target_grouped_mm"] is None else f" ({j['target_grouped_mm']:.2f})"
+        lines.append(f"| {c['dtype']} | {c['experts']} | {c['tokens']},{c['hidden']},{c['ffn']} | {c['routing']} | "
+                     f"{j['impl']} | {_number(j['ms'], 'ms')} | {j['vs_dense']:.2f} ({j['target_dense']:.2f}) | "
+                     f"{j['over_grouped_mm']:.2f}{grouped_target} | {'yes' if j['met'] else 'no'} |")
+    lines.append("")
+    for impl in dict.fromkeys(j["impl"] for j in judged):
+        mine = [j for j in judged if j["impl"] == impl]
+        lines.append(f"{impl}: met at {sum(j['met'] for j in mine)} of {len(mine)} configurations")
     return "\n".join(lines)
 
 

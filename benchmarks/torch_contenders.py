@@ -15,8 +15,9 @@ from contenders import (
     GROUPGEMM,
     GROUPGEMM_DENSE,
     PER_EXPERT_LOOP,
-    SM90_TILES,
+    SM90_FAMILIES,
     Contender,
+    family_contender,
     kernel_family,
 )
 
@@ -95,9 +96,10 @@ def contenders(problem, device_name):
 
     builds = {name: (lambda name=name, matmul=matmul: build(name, matmul)) for name, matmul in _MATMULS.items()}
     if device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
-        # groupgemm held to each sm_90a tile (its default on Hopper is the 2.x family).
-        builds.update({f"{GROUPGEMM} {tile}": (lambda tile=tile: build(f"{GROUPGEMM} {tile}", grouped_mm, tile))
-                       for tile in SM90_TILES})
+        # groupgemm on the sm_90a kernels, by shape and held to each tile (its default on
+        # Hopper is the 2.x family).
+        builds.update({family_contender(f): (lambda f=f: build(family_contender(f), grouped_mm, f))
+                       for f in SM90_FAMILIES})
     return builds
 
 
