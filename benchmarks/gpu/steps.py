@@ -18,7 +18,7 @@ SELECTABLE = STEPS[2:]
 NEEDS_GPU = ("pytest", "sanitizer", "capture", "bench", "profile")
 
 PURPOSE = {
-    "wheels": "install the carried wheels (oneDNN, OpenBLAS, CUTLASS headers) into a scratch prefix",
+    "wheels": "install the carried wheels (oneDNN, OpenBLAS, CUTLASS headers, pytest-xdist) into a scratch prefix",
     "build": "build and install groupgemm into the scratch prefix for this GPU's architecture",
     "environment": "GPU, driver, nvcc, torch and jax versions; does JAX see the GPU; is CUDA compiled in",
     "pytest": "the pytest suite in both frameworks: the GPU tests (test_cuda.py), then the other files in parallel",
