@@ -183,34 +183,19 @@ struct Sm90Gemm {
   }
 };
 
-template <DType InType, Sm90Tile Tile>
+template <DType InType, Sm90Tile Tile, GemmLayout L>
 Status grouped_gemm_sm90_for(const Sm90Launch& s) {
   using In = typename Sm90Element<InType>::type;
-  auto by_layout = [&](auto out_tag) {
-    using Out = decltype(out_tag);
-    switch (s.gemm.layout) {
-      case GemmLayout::row_row: return Sm90Gemm<In, Out, GemmLayout::row_row, Tile>::run(s);
-      case GemmLayout::row_col: return Sm90Gemm<In, Out, GemmLayout::row_col, Tile>::run(s);
-      case GemmLayout::col_row: return Sm90Gemm<In, Out, GemmLayout::col_row, Tile>::run(s);
-    }
-    return Status::Internal("unknown GEMM layout");
-  };
-  if (s.gemm.out_dtype == DType::f32) return by_layout(float{});
-  return by_layout(In{});
+  if (s.gemm.out_dtype == DType::f32) return Sm90Gemm<In, float, L, Tile>::run(s);
+  return Sm90Gemm<In, In, L, Tile>::run(s);
 }
 
-template <DType InType, Sm90Tile Tile>
+template <DType InType, Sm90Tile Tile, GemmLayout L>
 size_t sm90_workspace_bytes_for(int sm_count) {
   using In = typename Sm90Element<InType>::type;
-  size_t most = 0;
-  auto take = [&](size_t b) { most = b > most ? b : most; };
-  take(Sm90Gemm<In, In, GemmLayout::row_row, Tile>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, In, GemmLayout::row_col, Tile>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, In, GemmLayout::col_row, Tile>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, float, GemmLayout::row_row, Tile>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, float, GemmLayout::row_col, Tile>::workspace_bytes(sm_count));
-  take(Sm90Gemm<In, float, GemmLayout::col_row, Tile>::workspace_bytes(sm_count));
-  return most;
+  const size_t same = Sm90Gemm<In, In, L, Tile>::workspace_bytes(sm_count);
+  const size_t f32 = Sm90Gemm<In, float, L, Tile>::workspace_bytes(sm_count);
+  return same > f32 ? same : f32;
 }
 
 }  // namespace cuda

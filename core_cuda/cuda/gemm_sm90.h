@@ -43,15 +43,17 @@ int64_t sm90_kernel_workspace_bytes(int device_index);
 Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, const DeviceInfo& info,
                          void* workspace, int64_t workspace_bytes);
 
-// One TMA + WGMMA grouped GEMM of 16-bit inputs `In` (bf16 or f16) with `Tile`: 16-byte
-// aligned operands, no broadcast C row (kernel_choice.h's sm90_runs). One translation
-// unit per input type and tile (gemm_sm90_*.cu), so they compile in parallel.
-template <DType In, Sm90Tile Tile>
+// One TMA + WGMMA grouped GEMM of 16-bit inputs `In` (bf16 or f16) with `Tile` and one
+// operand layout, either output dtype: 16-byte aligned operands, no broadcast C row
+// (kernel_choice.h's sm90_runs). Each (In, Tile, Layout) is a translation unit of its own,
+// made by CMakeLists.txt from gemm_sm90_instance.cu.in, so nvcc builds them in parallel
+// (about a minute each on one core, against two for one unit per input type and tile).
+template <DType In, Sm90Tile Tile, GemmLayout Layout>
 Status grouped_gemm_sm90_for(const Sm90Launch& launch);
 
-// CUTLASS's own workspace for the largest of those instantiations (output dtype x
-// layout), on a device with `sm_count` SMs (one set of TMA descriptors per SM).
-template <DType In, Sm90Tile Tile>
+// CUTLASS's own workspace for the larger of those two instantiations (output dtype), on
+// a device with `sm_count` SMs (one set of TMA descriptors per SM).
+template <DType In, Sm90Tile Tile, GemmLayout Layout>
 size_t sm90_workspace_bytes_for(int sm_count);
 
 }  // namespace cuda

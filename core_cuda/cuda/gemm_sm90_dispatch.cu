@@ -1,8 +1,9 @@
 // Host side of the sm_90a grouped GEMM: which kernel family a call's device takes
 // (kernel_choice.h with the device's compute capability and GROUPGEMM_CUDA_KERNEL), how
 // much workspace the sm90 kernels need on a device, and the launch into that workspace.
-// Compiled for every target; the kernels themselves (gemm_sm90_*.cu) only for sm_90a,
+// Compiled for every target; the kernels themselves (gemm_sm90_instance.cu.in) only for sm_90a,
 // and only when the build's architectures include 90a (GROUPGEMM_WITH_SM90).
+#include <algorithm>
 #include <cstdlib>
 
 #include "device_checks.h"
@@ -45,14 +46,31 @@ Status choose_kernel(DeviceInfo* info, KernelChoice* choice) {
 #ifdef GROUPGEMM_WITH_SM90
 namespace {
 
+template <DType In, Sm90Tile Tile>
+Status run_sm90_layout(const Sm90Launch& s) {
+  switch (s.gemm.layout) {
+    case GemmLayout::row_row: return grouped_gemm_sm90_for<In, Tile, GemmLayout::row_row>(s);
+    case GemmLayout::row_col: return grouped_gemm_sm90_for<In, Tile, GemmLayout::row_col>(s);
+    case GemmLayout::col_row: return grouped_gemm_sm90_for<In, Tile, GemmLayout::col_row>(s);
+  }
+  return Status::Internal("unknown GEMM layout");
+}
+
 template <DType In>
 Status run_sm90_tile(const Sm90Launch& s) {
   switch (s.tile) {
-    case Sm90Tile::cooperative_128x256: return grouped_gemm_sm90_for<In, Sm90Tile::cooperative_128x256>(s);
-    case Sm90Tile::pingpong_64x128: return grouped_gemm_sm90_for<In, Sm90Tile::pingpong_64x128>(s);
+    case Sm90Tile::cooperative_128x256: return run_sm90_layout<In, Sm90Tile::cooperative_128x256>(s);
+    case Sm90Tile::pingpong_64x128: return run_sm90_layout<In, Sm90Tile::pingpong_64x128>(s);
     case Sm90Tile::by_shape: break;
   }
   return Status::Internal("the sm90 grouped GEMM was launched without a tile");
+}
+
+template <DType In, Sm90Tile Tile>
+size_t most_workspace_of(int sm_count) {
+  return std::max({sm90_workspace_bytes_for<In, Tile, GemmLayout::row_row>(sm_count),
+                   sm90_workspace_bytes_for<In, Tile, GemmLayout::row_col>(sm_count),
+                   sm90_workspace_bytes_for<In, Tile, GemmLayout::col_row>(sm_count)});
 }
 
 }  // namespace
@@ -75,13 +93,10 @@ int64_t sm90_kernel_workspace_bytes(int device_index) {
     return 0;
 #ifdef GROUPGEMM_WITH_SM90
   // Every instantiation's: the tile is chosen per call, after the workspace was sized.
-  size_t most = 0;
-  for (size_t b : {sm90_workspace_bytes_for<DType::bf16, Sm90Tile::cooperative_128x256>(info.sm_count),
-                   sm90_workspace_bytes_for<DType::bf16, Sm90Tile::pingpong_64x128>(info.sm_count),
-                   sm90_workspace_bytes_for<DType::f16, Sm90Tile::cooperative_128x256>(info.sm_count),
-                   sm90_workspace_bytes_for<DType::f16, Sm90Tile::pingpong_64x128>(info.sm_count)})
-    most = b > most ? b : most;
-  return static_cast<int64_t>(most);
+  return static_cast<int64_t>(std::max({most_workspace_of<DType::bf16, Sm90Tile::cooperative_128x256>(info.sm_count),
+                                        most_workspace_of<DType::bf16, Sm90Tile::pingpong_64x128>(info.sm_count),
+                                        most_workspace_of<DType::f16, Sm90Tile::cooperative_128x256>(info.sm_count),
+                                        most_workspace_of<DType::f16, Sm90Tile::pingpong_64x128>(info.sm_count)}));
 #else
   return 0;
 #endif
