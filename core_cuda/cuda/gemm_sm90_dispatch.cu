@@ -1,8 +1,8 @@
 // Host side of the sm_90a grouped GEMM: which kernel family a call's device takes
 // (kernel_choice.h with the device's compute capability and GROUPGEMM_CUDA_KERNEL), how
 // much workspace the sm90 kernels need on a device, and the launch into that workspace.
-// Compiled for every target; the kernels themselves (gemm_sm90_instance.cu.in) only for sm_90a,
-// and only when the build's architectures include 90a (GROUPGEMM_WITH_SM90).
+// Compiled for every target; the kernels themselves (gemm_sm90_instance.cu.in) only for
+// sm_90a, and only when the build's architectures include 90a (GROUPGEMM_WITH_SM90).
 #include <algorithm>
 #include <cstdlib>
 
@@ -93,10 +93,11 @@ int64_t sm90_kernel_workspace_bytes(int device_index) {
     return 0;
 #ifdef GROUPGEMM_WITH_SM90
   // Every instantiation's: the tile is chosen per call, after the workspace was sized.
-  return static_cast<int64_t>(std::max({most_workspace_of<DType::bf16, Sm90Tile::cooperative_128x256>(info.sm_count),
-                                        most_workspace_of<DType::bf16, Sm90Tile::pingpong_64x128>(info.sm_count),
-                                        most_workspace_of<DType::f16, Sm90Tile::cooperative_128x256>(info.sm_count),
-                                        most_workspace_of<DType::f16, Sm90Tile::pingpong_64x128>(info.sm_count)}));
+  return static_cast<int64_t>(
+      std::max({most_workspace_of<DType::bf16, Sm90Tile::cooperative_128x256>(info.sm_count),
+                most_workspace_of<DType::bf16, Sm90Tile::pingpong_64x128>(info.sm_count),
+                most_workspace_of<DType::f16, Sm90Tile::cooperative_128x256>(info.sm_count),
+                most_workspace_of<DType::f16, Sm90Tile::pingpong_64x128>(info.sm_count)}));
 #else
   return 0;
 #endif
