@@ -22,7 +22,7 @@ import textwrap
 
 import overhead
 import report
-from contenders import GROUPGEMM, SKIPPABLE, is_groupgemm_kernel
+from contenders import GROUPGEMM, SKIPPABLE
 from problem import Config, Problem, check
 from progress import Progress
 from routing import ROUTINGS
@@ -208,7 +208,7 @@ def main(argv=None):
     progress.close()
     write_outputs(args, argv, todo, rows, overhead_rows)
     print_tables(args, rows, overhead_rows)
-    wrong = [r for r in rows if is_groupgemm_kernel(r["impl"]) and r.get("check") != "ok"]
+    wrong = report.failed_checks(rows)
     for r in wrong:
         print(f"{r['impl']} {r['framework']} {r['dtype']} G={r['experts']} {r['routing']}: "
               f"{r.get('error') or r.get('check')}", file=sys.stderr)

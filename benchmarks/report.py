@@ -4,7 +4,15 @@ import csv
 import json
 import math
 
-from contenders import DENSE, DENSE_KINDS, GROUPED_MM, GROUPGEMM, GROUPGEMM_DENSE, is_groupgemm_kernel
+from contenders import (
+    DENSE,
+    DENSE_KINDS,
+    GROUPED_MM,
+    GROUPGEMM,
+    GROUPGEMM_DENSE,
+    is_groupgemm_kernel,
+    is_sm90_contender,
+)
 
 CONFIG_COLUMNS = ["framework", "device", "dtype", "experts", "tokens", "hidden", "ffn", "routing"]
 COLUMNS = CONFIG_COLUMNS + [
@@ -141,33 +149,41 @@ def hopper_target(experts):
     return next((dense, grouped) for bound, dense, grouped in HOPPER_TARGETS if bound is None or experts <= bound)
 
 
+def failed_checks(rows):
+    """The rows of groupgemm's kernels whose result was wrong or missing: they fail a run."""
+    return [r for r in rows if is_groupgemm_kernel(r["impl"]) and r.get("check") != "ok"]
+
+
 def target_rows(rows):
-    """Each groupgemm kernel's PyTorch forward+backward at each configuration that has a
-    dense and a torch._grouped_mm row: {config, impl, ms, vs_dense, over_grouped_mm,
-    target_dense, target_grouped_mm, met}."""
-    torch_rows = [r for r in rows if r["framework"] == "torch" and r.get("fwd_bwd_ms")]
+    """Each groupgemm kernel's PyTorch forward+backward at each configuration on Hopper
+    (one with sm90 contenders, a dense and a torch._grouped_mm time): {config, impl, ms,
+    vs_dense, over_grouped_mm, target_dense, target_grouped_mm, met, problem}. A kernel
+    with a wrong result or no time is judged too, as not met."""
+    torch_rows = [r for r in rows if r["framework"] == "torch"]
     out = []
     for config in dict.fromkeys(tuple(r[c] for c in CONFIG_COLUMNS) for r in torch_rows):
         same = {r["impl"]: r for r in torch_rows if tuple(r[c] for c in CONFIG_COLUMNS) == config}
-        if DENSE not in same or GROUPED_MM not in same:
+        dense_ms, grouped_ms = (same.get(name, {}).get("fwd_bwd_ms") for name in (DENSE, GROUPED_MM))
+        if not (dense_ms and grouped_ms and any(map(is_sm90_contender, same))):
             continue
         target_dense, target_grouped = hopper_target(int(same[DENSE]["experts"]))
         for impl, r in same.items():
             if not is_groupgemm_kernel(impl):
                 continue
-            vs_dense = _ratio(same[DENSE]["fwd_bwd_ms"], r["fwd_bwd_ms"])
-            over_grouped = _ratio(same[GROUPED_MM]["fwd_bwd_ms"], r["fwd_bwd_ms"])
-            met = vs_dense >= target_dense and (target_grouped is None or over_grouped >= target_grouped)
-            out.append({"config": dict(zip(CONFIG_COLUMNS, config)), "impl": impl, "ms": r["fwd_bwd_ms"],
-                        "vs_dense": vs_dense, "over_grouped_mm": over_grouped, "target_dense": target_dense,
-                        "target_grouped_mm": target_grouped, "met": met})
+            ms = r.get("fwd_bwd_ms")
+            vs_dense, over_grouped = _ratio(dense_ms, ms), _ratio(grouped_ms, ms)
+            problem = r.get("error") or ("" if r.get("check") == "ok" else f"check: {r.get('check')}")
+            met = (not problem and vs_dense is not None and vs_dense >= target_dense
+                   and (target_grouped is None or over_grouped >= target_grouped))
+            out.append({"config": dict(zip(CONFIG_COLUMNS, config)), "impl": impl, "ms": ms, "vs_dense": vs_dense,
+                        "over_grouped_mm": over_grouped, "target_dense": target_dense,
+                        "target_grouped_mm": target_grouped, "met": met, "problem": problem})
     return out
 
 
 def targets_table(rows):
     """The Hopper speed targets against each groupgemm kernel: a title, a markdown table and
-    one line per kernel saying at how many configurations it met them. Empty without
-    torch._grouped_mm rows."""
+    one line per kernel saying at how many configurations it met them. Empty off Hopper."""
     judged = target_rows(rows)
     if not judged:
         return ""
@@ -176,9 +192,11 @@ def targets_table(rows):
     for j in judged:
         c = j["config"]
         grouped_target = "" if j["target_grouped_mm"] is None else f" ({j['target_grouped_mm']:.2f})"
+        verdict = "yes" if j["met"] else f"no ({j['problem'][:60]})" if j["problem"] else "no"
         lines.append(f"| {c['dtype']} | {c['experts']} | {c['tokens']},{c['hidden']},{c['ffn']} | {c['routing']} | "
-                     f"{j['impl']} | {_number(j['ms'], 'ms')} | {j['vs_dense']:.2f} ({j['target_dense']:.2f}) | "
-                     f"{j['over_grouped_mm']:.2f}{grouped_target} | {'yes' if j['met'] else 'no'} |")
+                     f"{j['impl']} | {_number(j['ms'], 'ms')} | {_number(j['vs_dense'], 'ratio')} "
+                     f"({j['target_dense']:.2f}) | {_number(j['over_grouped_mm'], 'ratio')}{grouped_target} | "
+                     f"{verdict} |")
     lines.append("")
     for impl in dict.fromkeys(j["impl"] for j in judged):
         mine = [j for j in judged if j["impl"] == impl]

@@ -92,10 +92,12 @@ def test_pytest_verdicts():
     assert verdicts.pytest_verdict("no tests ran in 0.01s", 5)[0] == FAIL
     assert verdicts.pytest_verdict("3 passed in 1s", 3)[0] == FAIL  # a crash after the closing line
     assert verdicts.pytest_verdict("....\n", -9) == (FAIL, "no pytest summary line (exit -9)")
-    failed = ("FAILED tests/test_cuda.py::test_a[sm90_64x128-bfloat16] - AssertionError: 3 != 4\n"
+    failed = ("----- Captured stdout call -----\nFAILED tests/inner.py::test_z - printed by a test\n"
+              "=========================== short test summary info ============================\n"
+              "FAILED tests/test_cuda.py::test_a[sm90_64x128-a b] - AssertionError: 3 != 4\n"
               "ERROR tests/test_cuda.py::test_b - RuntimeError\n1 failed, 9 passed, 1 error in 3.0s\n")
     assert verdicts.pytest_verdict(failed, 1) == (
-        FAIL, "9 passed, 1 failed, 1 errors; first: tests/test_cuda.py::test_a[sm90_64x128-bfloat16]")
+        FAIL, "9 passed, 1 failed, 1 errors; first: tests/test_cuda.py::test_a[sm90_64x128-a b]")
 
 
 def test_sanitizer_error_summary_decides():
@@ -269,6 +271,8 @@ def test_plan_with_a_gpu_has_every_command(tmp_path):
     gpu_tests, other_tests = plan.index("-m pytest -q -p no:cacheprovider tests/test_cuda.py\n"), plan.index(
         f"-m pytest -q -p no:cacheprovider -n {steps.pytest_workers()} --ignore tests/test_cuda.py tests\n")
     assert gpu_tests < other_tests
+    threads = (os.cpu_count() or 2) // steps.pytest_workers()  # the workers share the cores
+    assert f"OMP_NUM_THREADS={threads} " in plan[gpu_tests:other_tests]
     assert plan.count("benchmarks/bench.py --device cuda --dtype bfloat16") == len(steps.FULL_SWEEP)
     # Where ragged_dot or a compiled 128-expert JAX loop would take minutes, they are left out.
     assert plan.count("--experts 128 --tokens 16384 --hidden 2048 --ffn 1408 --frameworks jax "
@@ -392,8 +396,8 @@ def test_a_full_pytest_step_runs_the_gpu_tests_first_and_leaves_time_for_the_res
     def run(command, log, timeout, env_changes=None, cwd=None):
         limits.append((command, timeout))
         gpu = steps.CUDA_TESTS in command and "--ignore" not in command
-        text = ("FAILED tests/test_cuda.py::test_x[sm90_128x256] - assert 0 == 1\n1 failed, 99 passed in 9s\n"
-                if gpu else "200 passed in 5s\n")
+        text = ("==== short test summary info ====\nFAILED tests/test_cuda.py::test_x[sm90_128x256] - assert 0 == 1\n"
+                "1 failed, 99 passed in 9s\n" if gpu else "200 passed in 5s\n")
         return runner.Completed(1 if gpu else 0, text, 1.0, False)
 
     monkeypatch.setattr(runner, "run", run)

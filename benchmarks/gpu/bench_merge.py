@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import report  # noqa: E402  (benchmarks/report.py: the CLI's own CSV, JSON and tables)
-from contenders import GROUPGEMM, is_groupgemm_kernel  # noqa: E402
+from contenders import GROUPGEMM  # noqa: E402
 
 
 def load_parts(part_dirs):
@@ -73,7 +73,7 @@ def main(argv=None):
         targets = report.targets_table(rows)
         if targets:
             print(f"\n{targets}")
-    wrong = [r for r in rows if is_groupgemm_kernel(r["impl"]) and r.get("check") != "ok"]
+    wrong = report.failed_checks(rows)
     configs = len({tuple(r[k] for k in report.CONFIG_COLUMNS if k not in ("framework", "device")) for r in rows})
     summary = f"{configs} configurations; {digest(rows) or 'no groupgemm timings'}"
     problems = [f"no results from {len(missing)} of {len(args.parts)} runs"] if missing else []

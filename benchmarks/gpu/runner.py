@@ -29,7 +29,7 @@ def shell_line(command, env_changes=None):
 def run(command, log, timeout, env_changes=None, cwd=None):
     """Runs `command` with the environment plus `env_changes`, appending its output to the
     open file `log`. After `timeout` seconds its process group gets SIGINT, then SIGTERM,
-    then SIGKILL, 20 seconds in all."""
+    then SIGKILL, 25 seconds in all, and whatever is left of the group SIGKILL."""
     log.write(f"\n$ {shell_line(command, env_changes)}\n")
     log.flush()
     env = dict(os.environ, **(env_changes or {}))
@@ -55,7 +55,9 @@ def run(command, log, timeout, env_changes=None, cwd=None):
         proc.wait(timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:
         timed_out = True
-        for sig, grace in ((signal.SIGINT, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        # SIGINT's grace outlasts pytest-xdist's own 10 s wait for its workers, so the
+        # summary still comes after a slow worker.
+        for sig, grace in ((signal.SIGINT, 20), (signal.SIGTERM, 3), (signal.SIGKILL, 2)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
@@ -65,6 +67,10 @@ def run(command, log, timeout, env_changes=None, cwd=None):
                 break
             except subprocess.TimeoutExpired:
                 continue
+        try:  # whatever of the group outlived its leader (a child that ignores SIGINT)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     reader.join(timeout=10)
     seconds = time.monotonic() - started
     if timed_out:

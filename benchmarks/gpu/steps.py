@@ -39,9 +39,9 @@ CUDA_TESTS = "tests/test_cuda.py"  # the GPU tests (the other files run the CPU 
 QUICK_PYTEST = (CUDA_TESTS, "tests/test_cuda_build.py", "tests/test_core.py", "tests/test_parity.py")
 # A full run: the GPU tests first, on their own, so that a run cut short by its deadline
 # has done them; then every other file in parallel (pytest-xdist, from the carried
-# wheels: on 2 cores those files take 227 s serially, 157 s in two processes). The GPU
-# tests may take three quarters of the step's time (this share against the other files'
-# 1), the other files what is left.
+# wheels; measured on a 2-core machine, those files took 227 s serially and 157 s with
+# -n 2). The GPU tests may take three quarters of the step's time (this share against
+# the other files' 1), the other files what is left.
 GPU_TESTS_SHARE = 3.0
 GRAPH_TESTS = (CUDA_TESTS, "-k", "graph")  # test_cuda.py's CUDA-graph replay test
 
@@ -175,8 +175,12 @@ def commands(step, ctx):
         if ctx.quick:
             return [Command(pytest + [t for t in QUICK_PYTEST if os.path.exists(os.path.join(ctx.repo, t))], env,
                             "pytest")]
+        cpus, workers = os.cpu_count() or 2, pytest_workers()
+        # Each worker's CPU backend and oneDNN take their share of the cores, not all of them.
+        threads = {"OMP_NUM_THREADS": str(max(1, cpus // workers))}
         return [Command(pytest + [CUDA_TESTS], env, "GPU tests", share=GPU_TESTS_SHARE),
-                Command(pytest + ["-n", str(pytest_workers()), "--ignore", CUDA_TESTS, "tests"], env, "other tests")]
+                Command(pytest + ["-n", str(workers), "--ignore", CUDA_TESTS, "tests"], {**env, **threads},
+                        "other tests")]
     if step == "sanitizer":
         driver = [ctx.python, kit_script(ctx, "sanitizer_driver.py")] + (["--quick"] if ctx.quick else [])
         return [Command([ctx.sanitizer or "compute-sanitizer", "--tool", tool,

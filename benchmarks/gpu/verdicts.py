@@ -15,8 +15,9 @@ _SANITIZER_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?")
 # racecheck reports hazards in a summary of its own: "N hazards displayed (E errors, W warnings)".
 _RACECHECK_SUMMARY = re.compile(
     r"RACECHECK SUMMARY:\s*\d+\s+hazards?\s+displayed\s*\((\d+)\s+errors?,\s*(\d+)\s+warnings?\)")
-# A line of pytest's short summary: "FAILED tests/test_x.py::test_y[a] - assert 1 == 2".
-_PYTEST_FAILURE = re.compile(r"^(FAILED|ERROR) (?P<test>\S+)")
+# A line of pytest's short summary: "FAILED tests/test_x.py::test_y[a b] - assert 1 == 2".
+_PYTEST_SHORT_SUMMARY = re.compile(r"^=+ short test summary info =+$")
+_PYTEST_FAILURE = re.compile(r"^(FAILED|ERROR) (?P<test>.+?)(?: - |$)")
 # The last line the kit's own check scripts print: "RESULT: PASS <reason>".
 _RESULT_LINE = re.compile(r"^RESULT:\s*(PASS|FAIL|SKIP)\b\s*(.*)$")
 
@@ -60,8 +61,11 @@ def describe_counts(counts):
 
 
 def first_failure(text):
-    """The first test pytest's short summary lists as failed or in error, or None."""
-    for line in text.splitlines():
+    """The first test pytest's (last) short summary lists as failed or in error, or None;
+    lines before it, a failing test's captured output among them, are not read."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if _PYTEST_SHORT_SUMMARY.match(line.strip())]
+    for line in lines[starts[-1] + 1:] if starts else []:
         match = _PYTEST_FAILURE.match(line)
         if match:
             return match.group("test")
