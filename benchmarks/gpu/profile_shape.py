@@ -29,7 +29,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from contenders import GROUPED_MM, kernel_family  # noqa: E402
+from contenders import GROUPED_MM, family_contender, kernel_family  # noqa: E402
 from driver_calls import families_on  # noqa: E402
 
 NO_GPU_EXIT = 3
@@ -57,7 +57,7 @@ def flops(shape=SHAPE):
 def contenders(families, grouped_mm=False):
     """(op, contender) pairs in the order they run, under ncu and when timed;
     `grouped_mm`: with torch._grouped_mm."""
-    names = [f"groupgemm {f}" for f in families] + ([GROUPED_MM] if grouped_mm else []) + [DENSE]
+    names = [family_contender(f) for f in families] + ([GROUPED_MM] if grouped_mm else []) + [DENSE]
     return [(op, name) for op in OPS for name in names]
 
 
@@ -194,9 +194,10 @@ def _calls(torch, families, grouped_mm, shape):
     dense = {"forward": lambda: torch.mm(x, w[0]), "dgrad": lambda: torch.mm(dy, w[0].t()),
              "wgrad": lambda: torch.mm(x.t(), dy)}
     baselines = {DENSE: dense, GROUPED_MM: torch_grouped}
+    family_of = {family_contender(f): f for f in families}
     calls = {}
     for op, name in contenders(families, grouped_mm):
-        calls[(op, name)] = baselines[name][op] if name in baselines else on(name.split()[-1], grouped[op])
+        calls[(op, name)] = baselines[name][op] if name in baselines else on(family_of[name], grouped[op])
     return calls, (x, w, sizes)
 
 
@@ -208,7 +209,7 @@ def _check_forward(torch, calls, operands, families):
     scale = float(want.abs().max())
     problems = []
     for family in families:
-        got = calls[("forward", f"groupgemm {family}")]().float()
+        got = calls[("forward", family_contender(family))]().float()
         error = float((got - want).abs().max())
         if not error <= TOLERANCE * scale:
             problems.append(f"{family} forward: max error {error:.3g} (scale {scale:.3g})")
@@ -270,7 +271,7 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
-    fastest = {op: min(times[(op, f"groupgemm {f}")] for f in families) for op in OPS}
+    fastest = {op: min(times[(op, family_contender(f))] for f in families) for op in OPS}
     summary = ", ".join(f"{op} {times[(op, DENSE)] / fastest[op]:.2f}x dense" +
                         (f" {times[(op, GROUPED_MM)] / fastest[op]:.2f}x {GROUPED_MM}" if grouped_mm else "")
                         for op in OPS)

@@ -155,6 +155,10 @@ def pytest_workers(cpus=None):
     return max(1, min(8, (cpus or os.cpu_count() or 2) // 2))
 
 
+def _pytest(ctx):
+    return [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+
+
 def bench_part_dir(ctx, index):
     return os.path.join(ctx.scratch, "bench", f"part{index}")
 
@@ -171,7 +175,7 @@ def commands(step, ctx):
     if step == "environment":
         return [Command([ctx.python, kit_script(ctx, "environment_report.py")], env, "report")]
     if step == "pytest":
-        pytest = [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        pytest = _pytest(ctx)
         if ctx.quick:
             return [Command(pytest + [t for t in QUICK_PYTEST if os.path.exists(os.path.join(ctx.repo, t))], env,
                             "pytest")]
@@ -197,7 +201,7 @@ def commands(step, ctx):
                     env, "jax command buffers"),
             Command(jax_check + ["--command-buffers", "default", "--dump-dir", dumps + "-default"], env, "jax default"),
             Command([ctx.python, kit_script(ctx, "capture_check.py")], env, "torch graphs"),
-            Command([ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GRAPH_TESTS], env, "graph test"),
+            Command(_pytest(ctx) + list(GRAPH_TESTS), env, "graph test"),
         ]
     if step == "bench":
         return _bench_commands(ctx)
