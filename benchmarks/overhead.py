@@ -1,18 +1,29 @@
-"""Call overhead: a grouped forward with every expert empty, next to a trivial op.
+"""Call overhead: grouped GEMMs with every expert empty, so that only the host path runs.
 
-With no rows routed there is nothing to multiply, so the time is what a call costs:
-Python argument checks, dispatch, launching the custom call and zeroing the small
-output. The trivial op of the same framework (jitted `x + 1`, eager `torch.add`) on the
-same lhs is the floor that no call can go below; the framework's own grouped GEMM on the
-same empty input is shown beside it. In eager PyTorch a forward whose inputs require
-grad also records the autograd node, so it is measured both ways.
+With no rows routed there is nothing to multiply: the time is what a call costs (argument
+checks, dispatch, the custom call, zeroing the small output), next to each framework's own
+grouped GEMM on the same empty input and a trivial op as the floor. bfloat16, M = 128,
+K = N = 64, G = 8. One interleaved run per framework, in a shuffled order each round.
+
+PyTorch rows, groupgemm against ``torch._grouped_mm``: a forward without grad; a forward
+and backward (inputs that require grad, a given output gradient: ``torch._grouped_mm``'s
+backward refuses the stride-0 one of ``y.sum().backward()``); and torchtitan's literal call,
+``grouped_mm(x, w.transpose(-2, -1), offs=offs)`` with the transposed view made in the
+call, as ``GroupedExperts`` makes it. JAX rows, jitted, groupgemm against
+``jax.lax.ragged_dot``: a forward, and a forward and backward (``jax.vjp``).
+
+``python benchmarks/overhead.py [repeats]`` prints the table; bench.py runs it at its end.
 """
+
+import sys
 
 import numpy as np
 from timing import interleaved_medians
 
 SHAPE = {"tokens": 128, "hidden": 64, "ffn": 64, "experts": 8}
 REPEATS = 2000
+SHUFFLE_SEED = 0
+GROUPGEMM, FLOOR = "groupgemm", "floor"
 
 
 def _jax_calls(device_name):
@@ -23,15 +34,25 @@ def _jax_calls(device_name):
 
     device = jax.devices(device_name)[0]
     m, k, n, g = SHAPE["tokens"], SHAPE["hidden"], SHAPE["ffn"], SHAPE["experts"]
-    lhs = jax.device_put(jnp.ones((m, k), jnp.float32), device)
-    rhs = jax.device_put(jnp.ones((g, k, n), jnp.float32), device)
-    sizes = jax.device_put(jnp.zeros((g,), jnp.int32), device)
-    grouped, ragged_dot = jax.jit(grouped_matmul), jax.jit(jax.lax.ragged_dot)
+    put = lambda x: jax.device_put(x, device)
+    lhs, rhs = put(jnp.ones((m, k), jnp.bfloat16)), put(jnp.ones((g, k, n), jnp.bfloat16))
+    sizes, dout = put(jnp.zeros((g,), jnp.int32)), put(jnp.ones((m, n), jnp.bfloat16))
+    grouped, ragged = jax.jit(grouped_matmul), jax.jit(jax.lax.ragged_dot)
+
+    def forward_backward(fn):
+        return jax.jit(lambda x, w, s, dy: jax.vjp(lambda x, w: fn(x, w, s), x, w)[1](dy))
+
+    grouped_fb, ragged_fb = forward_backward(grouped_matmul), forward_backward(jax.lax.ragged_dot)
     add_one = jax.jit(lambda x: x + 1)
-    assert not np.asarray(grouped(lhs, rhs, sizes)).any(), "all-empty output must be zeros"
-    return {"groupgemm grouped_matmul": lambda: grouped(lhs, rhs, sizes).block_until_ready(),
-            "jax.lax.ragged_dot": lambda: ragged_dot(lhs, rhs, sizes).block_until_ready(),
-            "floor: jitted x + 1": lambda: add_one(lhs).block_until_ready()}
+    assert not np.asarray(grouped(lhs, rhs, sizes)).astype(np.float32).any(), "all-empty output must be zeros"
+    wait = jax.block_until_ready
+    return {
+        ("forward", GROUPGEMM): lambda: wait(grouped(lhs, rhs, sizes)),
+        ("forward", "jax.lax.ragged_dot"): lambda: wait(ragged(lhs, rhs, sizes)),
+        ("forward + backward", GROUPGEMM): lambda: wait(grouped_fb(lhs, rhs, sizes, dout)),
+        ("forward + backward", "jax.lax.ragged_dot"): lambda: wait(ragged_fb(lhs, rhs, sizes, dout)),
+        ("jitted x + 1", FLOOR): lambda: wait(add_one(lhs)),
+    }
 
 
 def _torch_calls(device_name):
@@ -42,31 +63,52 @@ def _torch_calls(device_name):
     device = torch.device(device_name)
     wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     m, k, n, g = SHAPE["tokens"], SHAPE["hidden"], SHAPE["ffn"], SHAPE["experts"]
-    lhs = torch.ones(m, k, device=device)
-    rhs = torch.ones(g, k, n, device=device)
-    lhs_grad, rhs_grad = lhs.clone().requires_grad_(), rhs.clone().requires_grad_()
+    make = lambda *shape: torch.ones(*shape, dtype=torch.bfloat16, device=device)
+    x, w, w_nk, dout = make(m, k), make(g, k, n), make(g, n, k), make(m, n)
+    x_grad, w_grad = x.clone().requires_grad_(), w.clone().requires_grad_()
     sizes = torch.zeros(g, dtype=torch.int64, device=device)
-    assert not grouped_mm(lhs, rhs, sizes).any(), "all-empty output must be zeros"
+    offs = torch.zeros(g, dtype=torch.int32, device=device)
+    assert not grouped_mm(x, w, sizes).any(), "all-empty output must be zeros"
 
-    def waited(fn, *args, **kwargs):
+    def waited(fn):
         def call():
-            fn(*args, **kwargs)
+            fn()
             wait()
         return call
 
-    offsets = torch.zeros(g, dtype=torch.int32, device=device)
-    return {"groupgemm grouped_mm": waited(grouped_mm, lhs, rhs, sizes),
-            "groupgemm grouped_mm, inputs require grad": waited(grouped_mm, lhs_grad, rhs_grad, sizes),
-            "torch._grouped_mm": waited(torch._grouped_mm, lhs, rhs, offs=offsets),
-            "floor: torch.add": waited(torch.add, lhs, 1)}
+    return {
+        ("forward, no grad", GROUPGEMM): waited(lambda: grouped_mm(x, w, sizes)),
+        ("forward, no grad", "torch._grouped_mm"): waited(lambda: torch._grouped_mm(x, w, offs=offs)),
+        ("forward + backward", GROUPGEMM): waited(lambda: grouped_mm(x_grad, w_grad, sizes).backward(dout)),
+        ("forward + backward", "torch._grouped_mm"):
+            waited(lambda: torch._grouped_mm(x_grad, w_grad, offs=offs).backward(dout)),
+        ("torchtitan's call, grouped_mm(x, w.transpose(-2, -1), offs=offs)", GROUPGEMM):
+            waited(lambda: grouped_mm(x, w_nk.transpose(-2, -1), offs=offs)),
+        ("torchtitan's call, grouped_mm(x, w.transpose(-2, -1), offs=offs)", "torch._grouped_mm"):
+            waited(lambda: torch._grouped_mm(x, w_nk.transpose(-2, -1), offs=offs)),
+        ("torch.add", FLOOR): waited(lambda: torch.add(x, 1)),
+    }
 
 
 CALLS = {"jax": _jax_calls, "torch": _torch_calls}
 
 
 def measure(framework, device_name, repeats=REPEATS):
-    """Rows {framework, call, median_us, samples}: forward only, float32, all experts empty."""
+    """Rows {framework, call, impl, median_us, samples} of one interleaved run."""
     calls = CALLS[framework](device_name)
-    medians = interleaved_medians(calls, repeats)
-    return [{"framework": framework, "call": name, **SHAPE, "median_us": round(seconds * 1e6, 2),
-             "samples": samples} for name, (seconds, samples) in medians.items()]
+    medians = interleaved_medians(calls, repeats, shuffle_seed=SHUFFLE_SEED)
+    return [{"framework": framework, "call": call, "impl": impl, **SHAPE, "dtype": "bfloat16",
+             "median_us": round(seconds * 1e6, 2), "samples": samples}
+            for (call, impl), (seconds, samples) in medians.items()]
+
+
+def main(argv):
+    import report
+
+    repeats = int(argv[0]) if argv else REPEATS
+    rows = [row for framework in CALLS for row in measure(framework, "cpu", repeats)]
+    print(report.overhead_table(rows))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -205,7 +205,22 @@ def targets_table(rows):
 
 
 def overhead_table(rows):
-    lines = ["| framework | call | median µs |", "|---|---|---|"]
-    lines += [f"| {r['framework']} | {r['call']} | {r.get('error') or format(r['median_us'], '.1f')} |"
-              for r in rows]
+    """One line per framework and call: groupgemm's median, the peer's (the framework's own
+    grouped GEMM, or the floor op) and groupgemm's time over the peer's."""
+    lines = ["| framework | call | groupgemm µs | peer | peer µs | groupgemm / peer |", "|---|---|---|---|---|---|"]
+    for (framework, call), group in _grouped(rows, ("framework", "call")).items():
+        ours = next((r for r in group if r.get("impl") == "groupgemm"), None)
+        peer = next((r for r in group if r.get("impl") != "groupgemm"), None)
+        cell = lambda r: "" if r is None else r.get("error") or format(r["median_us"], ".1f")
+        ratio = (f"{ours['median_us'] / peer['median_us']:.2f}x" if ours and peer and not ours.get("error")
+                 and not peer.get("error") else "")
+        lines.append(f"| {framework} | {call} | {cell(ours)} | {'' if peer is None else peer['impl']} | "
+                     f"{cell(peer)} | {ratio} |")
     return "\n".join(lines)
+
+
+def _grouped(rows, keys):
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    return groups

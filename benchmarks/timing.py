@@ -1,5 +1,6 @@
 """The benchmarks' timer: medians of calls interleaved round-robin."""
 
+import random
 import time
 
 
@@ -24,11 +25,15 @@ def wait_until_quiet(window_s=0.005, max_wait_s=0.5):
             return
 
 
-def interleaved_medians(fns, repeats, budget_s=float("inf"), on_round=None, settle=False):
+def interleaved_medians(fns, repeats, budget_s=float("inf"), on_round=None, settle=False, shuffle_seed=None):
     """Median wall time of each fn in `fns` (a dict), sampled round-robin.
 
     Each round calls every fn once, so a slow-down of the machine (another process
-    compiling, frequency changes) hits all of them alike and their ratios stay fair.
+    compiling, frequency changes) hits all of them alike and their ratios stay fair. With
+    `shuffle_seed`, each round calls them in a fresh (seeded) order, so no fn always
+    follows the same one: a call that leaves work behind (an autograd backward's freed
+    graph, a thread pool winding down) then slows each of the others alike, instead of
+    always whichever comes next.
     After one warm-up call each, a fn gets `repeats` samples, or fewer when that would
     take longer than `budget_s` (at least one): a 10 s call is not worth 5 samples.
     Every fn must wait for its own result. With `settle`, each sample starts once the
@@ -40,10 +45,15 @@ def interleaved_medians(fns, repeats, budget_s=float("inf"), on_round=None, sett
         affordable = budget_s / max(_seconds(fn), 1e-9)
         wanted[name] = max(1, int(min(repeats, affordable)))
     samples = {name: [] for name in fns}
+    order = random.Random(shuffle_seed) if shuffle_seed is not None else None
+    names = list(fns)
     for round_index in range(max(wanted.values(), default=0)):
         if on_round is not None:
             on_round(round_index, max(wanted.values()))
-        for name, fn in fns.items():
+        if order is not None:
+            order.shuffle(names)
+        for name in names:
+            fn = fns[name]
             if len(samples[name]) < wanted[name]:
                 if settle:
                     wait_until_quiet()

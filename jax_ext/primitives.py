@@ -2,10 +2,12 @@
 vmap, forward and reverse mode to any order (jvp, vjp, jacfwd, jacrev, hessian,
 linear_transpose).
 
-Three primitives, each lowered to its XLA FFI call (raw.py):
+The primitives, each lowered to its XLA FFI call (raw.py):
 - ``matmul_p``: ``out[r] = lhs[r] @ rhs[g] (+ bias[g])``, bilinear in (lhs, rhs), affine in bias;
 - ``wgrad_p``: ``out[g] = lhs_g^T @ grad_g (+ acc[g])``, bilinear in (lhs, grad), affine in acc;
-- ``bias_grad_p``: ``out[g] = sum of grad_g's rows``, linear in grad.
+- ``bias_grad_p``: ``out[g] = sum of grad_g's rows``, linear in grad;
+- ``matmul_tangent_p``: the matmul's tangent, jointly linear in its tangents, whose
+  transpose is ``backward_p``: dlhs, drhs and dbias from one core call.
 Their tangents and transposes are these same primitives on the same groups (the rows
 past every group stay padding throughout), so a gradient of any order keeps the exact
 zeros of the first, and the first-order gradients are the very calls the PyTorch
@@ -63,18 +65,21 @@ def _sequential(prim):
                 full[i] = x
             return prim.bind(*full, **params)
 
-        return jax.lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped]), 0
+        out = jax.lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
+        return out, (0,) * len(out) if prim.multiple_results else 0
 
     return rule
 
 
-def _define(name, call, abstract_eval, jvp, transpose):
+def _define(name, call, abstract_eval, jvp, transpose=None, multiple_results=False):
     prim = Primitive(name)
+    prim.multiple_results = multiple_results
     prim.def_impl(call)  # eager: the FFI call itself
     prim.def_abstract_eval(abstract_eval)
-    mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=False))
+    mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=multiple_results))
     ad.primitive_jvps[prim] = jvp
-    ad.primitive_transposes[prim] = transpose
+    if transpose is not None:
+        ad.primitive_transposes[prim] = transpose
     batching.primitive_batchers[prim] = _sequential(prim)
     return prim
 
@@ -95,20 +100,18 @@ def bias_rows(bias, sizes, offset, *, num_rows, transpose_rhs, out_dtype):
                          out_dtype=out_dtype, has_bias=True)
 
 
-def _matmul_jvp(primals, tangents, **params):
+def _matmul_jvp(primals, tangents, *, transpose_rhs, out_dtype, has_bias):
     lhs, rhs, sizes, offset, bias = primals
     t_lhs, t_rhs, _, _, t_bias = tangents
-    out = matmul_p.bind(*primals, **params)
-    linear = dict(params, has_bias=False)
+    out = matmul_p.bind(*primals, transpose_rhs=transpose_rhs, out_dtype=out_dtype, has_bias=has_bias)
+    present = (not _is_zero(t_lhs), not _is_zero(t_rhs), has_bias and not _is_zero(t_bias))
+    if not any(present):
+        return out, ad.Zero(_aval(out).to_tangent_aval())
     none = placeholder(lhs.dtype)
-    terms = [
-        None if _is_zero(t_lhs) else matmul_p.bind(t_lhs, rhs, sizes, offset, none, **linear),
-        None if _is_zero(t_rhs) else matmul_p.bind(lhs, t_rhs, sizes, offset, none, **linear),
-        None if not params["has_bias"] or _is_zero(t_bias) else bias_rows(
-            t_bias, sizes, offset, num_rows=lhs.shape[0], transpose_rhs=params["transpose_rhs"],
-            out_dtype=params["out_dtype"]),
-    ]
-    return out, _sum(terms, _aval(out))
+    tangent = matmul_tangent_p.bind(*(t if p else none for t, p in zip((t_lhs, t_rhs, t_bias), present)), lhs, rhs,
+                                    sizes, offset, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+                                    has_t_lhs=present[0], has_t_rhs=present[1], has_t_bias=present[2])
+    return out, tangent
 
 
 def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias):
@@ -138,6 +141,113 @@ def _matmul_call(lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has
 
 
 matmul_p = _define("groupgemm_matmul", _matmul_call, _matmul_abstract, _matmul_jvp, _matmul_transpose)
+
+
+# ---- the matmul's tangent, whose transpose is the backward ----------------------------------
+# matmul_tangent_p(t_lhs, t_rhs, t_bias; lhs, rhs) = matmul(t_lhs, rhs) + matmul(lhs, t_rhs)
+# + bias_rows(t_bias), jointly linear in its tangents: reverse mode transposes it once, with
+# every cotangent wanted, into backward_p, one core call for dlhs, drhs and dbias (the bits
+# of the three separate calls). Absent tangents are placeholders, flagged.
+
+
+def _tangent_abstract(t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_rhs, out_dtype, **_):
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    return _result((lhs.shape[0], n), out_dtype, lhs, rhs, t_lhs, t_rhs, t_bias)
+
+
+def _tangent_call(t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_rhs, out_dtype, has_t_lhs, has_t_rhs,
+                  has_t_bias):
+    linear = dict(transpose_rhs=transpose_rhs, out_dtype=out_dtype, has_bias=False)
+    none = placeholder(lhs.dtype)
+    terms = [
+        matmul_p.bind(t_lhs, rhs, sizes, offset, none, **linear) if has_t_lhs else None,
+        matmul_p.bind(lhs, t_rhs, sizes, offset, none, **linear) if has_t_rhs else None,
+        bias_rows(t_bias, sizes, offset, num_rows=lhs.shape[0], transpose_rhs=transpose_rhs, out_dtype=out_dtype)
+        if has_t_bias else None,
+    ]
+    return functools.reduce(jnp.add, [term for term in terms if term is not None])
+
+
+def _tangent_jvp(primals, tangents, **params):
+    """Linear in the tangents, bilinear with lhs and rhs: d(t_lhs @ rhs) = dt_lhs @ rhs + t_lhs @ d_rhs."""
+    t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset = primals
+    dt_lhs, dt_rhs, dt_bias, d_lhs, d_rhs, _, _ = tangents
+    out = matmul_tangent_p.bind(*primals, **params)
+    linear = dict(transpose_rhs=params["transpose_rhs"], out_dtype=params["out_dtype"], has_bias=False)
+    none = placeholder(lhs.dtype)
+    present = (params["has_t_lhs"] and not _is_zero(dt_lhs), params["has_t_rhs"] and not _is_zero(dt_rhs),
+               params["has_t_bias"] and not _is_zero(dt_bias))
+    terms = [
+        matmul_tangent_p.bind(*(d if p else none for d, p in zip((dt_lhs, dt_rhs, dt_bias), present)), lhs, rhs,
+                              sizes, offset, **dict(params, has_t_lhs=present[0], has_t_rhs=present[1],
+                                                    has_t_bias=present[2])) if any(present) else None,
+        matmul_p.bind(t_lhs, d_rhs, sizes, offset, none, **linear)
+        if params["has_t_lhs"] and not _is_zero(d_rhs) else None,
+        matmul_p.bind(d_lhs, t_rhs, sizes, offset, none, **linear)
+        if params["has_t_rhs"] and not _is_zero(d_lhs) else None,
+    ]
+    return out, _sum(terms, _aval(out))
+
+
+def _tangent_transpose(ct, t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_rhs, out_dtype, has_t_lhs,
+                       has_t_rhs, has_t_bias):
+    if ad.is_undefined_primal(lhs) or ad.is_undefined_primal(rhs):
+        raise NotImplementedError("groupgemm: the matmul tangent is linear in its tangents only")
+    want = (has_t_lhs and ad.is_undefined_primal(t_lhs), has_t_rhs and ad.is_undefined_primal(t_rhs),
+            has_t_bias and ad.is_undefined_primal(t_bias))
+    if _is_zero(ct) or not any(want):
+        return [None] * 7
+    # The core multiplies operands of one dtype: a wider cotangent is rounded once.
+    grads = backward_p.bind(ct.astype(lhs.dtype), lhs, rhs, sizes, offset, transpose_rhs=transpose_rhs,
+                            want_dlhs=want[0], want_drhs=want[1], want_dbias=want[2],
+                            dbias_dtype=t_bias.aval.dtype if want[2] else lhs.dtype)
+    return [g if w else None for g, w in zip(grads, want)] + [None] * 4
+
+
+matmul_tangent_p = _define("groupgemm_matmul_tangent", _tangent_call, _tangent_abstract, _tangent_jvp,
+                           _tangent_transpose)
+
+
+def _backward_abstract(grad, lhs, rhs, sizes, offset, *, transpose_rhs, want_dlhs, want_drhs, want_dbias,
+                       dbias_dtype):
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    shaped = lambda wanted, shape, dtype: _result(shape if wanted else (0,), dtype, grad, lhs, rhs)
+    return (shaped(want_dlhs, lhs.shape, lhs.dtype), shaped(want_drhs, rhs.shape, rhs.dtype),
+            shaped(want_dbias, (rhs.shape[0], n), dbias_dtype))
+
+
+def _backward_call(grad, lhs, rhs, sizes, offset, **params):
+    return raw.matmul_backward(grad, lhs, rhs, sizes, offset, **params)
+
+
+def _backward_jvp(primals, tangents, *, transpose_rhs, want_dlhs, want_drhs, want_dbias, dbias_dtype):
+    """The three gradients are bilinear in (grad, lhs) and (grad, rhs): their tangents are
+    the separate calls on the tangents."""
+    grad, lhs, rhs, sizes, offset = primals
+    t_grad, t_lhs, t_rhs, _, _ = tangents
+    outs = backward_p.bind(*primals, transpose_rhs=transpose_rhs, want_dlhs=want_dlhs, want_drhs=want_drhs,
+                           want_dbias=want_dbias, dbias_dtype=dbias_dtype)
+    none = placeholder(lhs.dtype)
+    g = rhs.shape[0]
+    product = dict(transpose_rhs=not transpose_rhs, out_dtype=lhs.dtype, has_bias=False)
+    t_dlhs = [None if _is_zero(t_grad) else matmul_p.bind(t_grad, rhs, sizes, offset, none, **product),
+              None if _is_zero(t_rhs) else matmul_p.bind(grad, t_rhs, sizes, offset, none, **product)]
+
+    def wgrad(a, b):  # rhs [G, N, K]: grad^T @ lhs; [G, K, N]: lhs^T @ grad
+        a, b = (b, a) if transpose_rhs else (a, b)
+        return wgrad_p.bind(a, b, sizes, offset, placeholder(rhs.dtype), num_groups=g, out_dtype=rhs.dtype,
+                            accumulate=False)
+
+    t_drhs = [None if _is_zero(t_lhs) else wgrad(t_lhs, grad), None if _is_zero(t_grad) else wgrad(lhs, t_grad)]
+    t_dbias = [None if _is_zero(t_grad) else bias_grad_p.bind(t_grad.astype(dbias_dtype), sizes, offset,
+                                                                num_groups=g, out_dtype=dbias_dtype)]
+    tangents_out = [_sum(terms, _aval(out)) if wanted else ad.Zero(_aval(out).to_tangent_aval())
+                    for terms, wanted, out in zip((t_dlhs, t_drhs, t_dbias), (want_dlhs, want_drhs, want_dbias), outs)]
+    return outs, tangents_out
+
+
+backward_p = _define("groupgemm_matmul_backward", _backward_call, _backward_abstract, _backward_jvp,
+                     multiple_results=True)
 
 
 # ---- wgrad ----------------------------------------------------------------------------

@@ -101,3 +101,22 @@ def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
     )
     out, _ = call(grad, group_sizes, group_offset)
     return out
+
+
+def matmul_backward(grad, lhs, rhs, group_sizes, group_offset, *, transpose_rhs, want_dlhs, want_drhs, want_dbias,
+                    dbias_dtype):
+    """The gradients of ``matmul(lhs, rhs) + bias`` for its incoming ``grad`` (lhs's dtype),
+    from one core call: ``(dlhs, drhs, dbias)``, each a size-0 placeholder unless wanted."""
+    m, k, g = lhs.shape[0], lhs.shape[1], rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    result = lambda wanted, shape, dtype: jax.ShapeDtypeStruct(shape if wanted else (0,), dtype)
+    call = jax.ffi.ffi_call(
+        "groupgemm_matmul_backward",
+        (result(want_dlhs, (m, k), lhs.dtype), result(want_drhs, rhs.shape, rhs.dtype),
+         result(want_dbias, (g, n), dbias_dtype), _workspace(g)),
+        vmap_method="sequential",
+    )
+    dlhs, drhs, dbias, _ = call(lhs, rhs, grad, group_sizes, group_offset, transpose_rhs=np.bool_(transpose_rhs),
+                                want_dlhs=np.bool_(want_dlhs), want_drhs=np.bool_(want_drhs),
+                                want_dbias=np.bool_(want_dbias))
+    return dlhs, drhs, dbias
