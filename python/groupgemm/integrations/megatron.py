@@ -34,7 +34,7 @@ training, and Megatron-core's distributed checkpointing of these weights
 
 import torch
 
-from groupgemm.torch_ext.module import GroupedLinear
+from groupgemm.torch_ext import module
 
 __all__ = ["ColumnParallelGroupedLinear", "RowParallelGroupedLinear"]
 
@@ -46,7 +46,7 @@ def _group_size(group) -> int:
     return 1 if group is None else group.size()
 
 
-class _MegatronGroupedLinear(GroupedLinear):
+class _MegatronGroupedLinear(module.GroupedLinear):
     """The builder contract of ``TEGroupedMLP``'s ``linear_fc1`` / ``linear_fc2``."""
 
     parallel_mode = ""  # "column" or "row": the dimension expert tensor parallelism splits
