@@ -16,6 +16,8 @@ would work too, but would copy each expert weight on every call: ``B_t`` is a tr
 view, which groupgemm reads in place only when told it is the transposed layout.
 """
 
+from dataclasses import dataclass, fields
+
 import torch
 
 from groupgemm.torch_ext.functional import grouped_mm as _grouped_mm
@@ -53,8 +55,6 @@ def experts_class(experts_cls: type) -> type:
     cached = _EXPERTS_CLASSES.get(experts_cls)
     if cached is not None:
         return cached
-    from dataclasses import dataclass
-
     @dataclass(kw_only=True, slots=True)
     class Config(experts_cls.Config):
         pass
@@ -63,8 +63,9 @@ def experts_class(experts_cls: type) -> type:
         return grouped_mm(A=A, B_t=B_t, offs=offs)
 
     # torchtitan's Configurable.__init_subclass__ wires Config._owner to the new class.
-    cls = type(f"GroupGemm{experts_cls.__name__}", (experts_cls,),
-               {"Config": Config, "_grouped_mm": _seam, "__module__": __name__})
+    name = f"GroupGemm{experts_cls.__name__}"
+    Config.__qualname__ = f"{name}.Config"
+    cls = type(name, (experts_cls,), {"Config": Config, "_grouped_mm": _seam, "__module__": __name__})
     _EXPERTS_CLASSES[experts_cls] = cls
     return cls
 
@@ -87,7 +88,7 @@ def use_groupgemm(model_config, experts_config_cls=None):
         if owner in _EXPERTS_CLASSES.values():
             continue  # already switched
         new_cls = experts_class(owner).Config
-        new_config = new_cls(**{name: getattr(config, name) for name in _config_fields(config)})
+        new_config = new_cls(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
         if parent is None:
             model_config = new_config
         elif isinstance(parent, list):
@@ -96,8 +97,3 @@ def use_groupgemm(model_config, experts_config_cls=None):
             setattr(parent, attr, new_config)
     return model_config
 
-
-def _config_fields(config):
-    from dataclasses import fields
-
-    return [f.name for f in fields(config) if f.init]
