@@ -94,9 +94,9 @@ class _MegatronGroupedLinear(module.GroupedLinear):
         sets them on its grouped layers: ``allreduce`` False puts a parameter in the expert
         data-parallel buffers; ``tensor_model_parallel`` / ``partition_dim`` name the split axis
         (of ``[E, out, in]`` here)."""
+        expert_tp = getattr(config, "expert_tensor_parallel_size", None)
         expert_groups = (getattr(config, "expert_model_parallel_size", 1) > 1
-                         or getattr(config, "expert_tensor_parallel_size", None)
-                         != getattr(config, "tensor_model_parallel_size", 1))
+                         or expert_tp not in (None, getattr(config, "tensor_model_parallel_size", 1)))
         for kind, param in (("weight", self.weight), ("bias", self.bias)):
             if param is None:
                 continue
