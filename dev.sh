@@ -26,7 +26,7 @@ setup() {
     "onednn-cpu-gomp==2023.2.0" "onednn-devel-cpu-gomp==2023.2.0" "scipy-openblas32>=0.3.27" \
     numpy ml_dtypes pytest hypothesis matplotlib
   # The integrations' clients, for their guides and tests, without their dependencies: each
-  # would otherwise replace the pinned torch. torchtitan's model code imports the three small
+  # would otherwise replace the pinned torch. torchtitan's model code imports the four small
   # pure-Python packages named after it; megatron-core 0.19.2 declares Python >= 3.12 (its
   # code runs on 3.11, whose sdist pip builds here) and imports triton at import time.
   pip install -q --no-deps torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 \

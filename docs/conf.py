@@ -25,4 +25,3 @@ html_title = "groupgemm"
 html_theme_options = {"description": "Grouped GEMM for Mixture-of-Experts layers, in JAX and PyTorch",
                       "fixed_sidebar": True}
 html_sidebars = {"**": ["about.html", "navigation.html", "searchbox.html"]}
-suppress_warnings = ["myst.header"]  # the README-style pages start at level 1 and skip none
