@@ -4,6 +4,7 @@
 #   ./dev.sh test   set everything up, then run the whole test suite (what CI runs), with the
 #                   install checks: an isolated Python 3.12 wheel with the oldest torch and jax
 #   ./dev.sh bench  set everything up, then run the CPU benchmarks (results in benchmarks/results/)
+#   ./dev.sh docs   set everything up, then build the documentation (docs/_build/html), warnings as errors
 #   ./dev.sh setup  only set up: .venv, pinned dependencies, editable build
 #   ./dev.sh gpu-wheels [DIR]  download the wheels a GPU machine without network needs (into
 #                   .gpu-wheels/, git-ignored: carry it along with the working tree)
@@ -24,6 +25,17 @@ setup() {
   pip install -q "jax==0.10.2" "jaxlib==0.10.2" "nanobind>=2.4" "scikit-build-core>=0.10" \
     "onednn-cpu-gomp==2023.2.0" "onednn-devel-cpu-gomp==2023.2.0" "scipy-openblas32>=0.3.27" \
     numpy ml_dtypes pytest hypothesis matplotlib
+  # The integrations' clients, for their guides and tests, without their dependencies: each
+  # would otherwise replace the pinned torch. torchtitan's model code imports the four small
+  # pure-Python packages named after it; megatron-core 0.19.2 declares Python >= 3.12 (its
+  # code runs on 3.11, whose sdist pip builds here) and imports triton at import time.
+  pip install -q --no-deps torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 \
+    typeguard==4.6.0
+  pip install -q --no-deps --ignore-requires-python megatron-core==0.19.2
+  pip install -q --no-deps triton==3.6.0
+  # jax.export's serialisation (docs/guides/export.md), and the documentation's tools.
+  pip install -q flatbuffers==25.12.19 sphinx==9.0.4 myst-parser==5.2.0 alabaster==1.0.0 docutils==0.22.4 \
+    markdown-it-py==4.3.0 mdit-py-plugins==0.7.0 Pygments==2.21.0
   if [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
@@ -37,6 +49,13 @@ setup() {
   # builds in a temporary one, as isolated builds must.
   pip install -q -e . --no-build-isolation -Cbuild-dir=build/{wheel_tag}
   python -c "import groupgemm; print('groupgemm built in $((SECONDS - started)) s; CUDA backend compiled:', groupgemm.cuda_compiled())"
+}
+
+docs() {
+  # Warnings are errors: a broken reference, a page outside the toctree, an unparsable docstring.
+  local started=$SECONDS
+  python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+  echo "documentation built in $((SECONDS - started)) s: docs/_build/html/index.html"
 }
 
 core_tests() {
@@ -102,6 +121,11 @@ case "${1:-}" in
     install_matrix
     python -m pytest tests -q
     oldest_versions_subset
+    docs
+    ;;
+  docs)
+    setup
+    docs
     ;;
   demo)
     setup
@@ -121,7 +145,7 @@ case "${1:-}" in
     exec python3 benchmarks/gpu/kit.py "${@:2}"
     ;;
   *)
-    echo "usage: ./dev.sh {demo|test|bench|setup|gpu-wheels [DIR]|gpu [--quick] [--dry-run] [--wheels DIR] [--out DIR]}" >&2
+    echo "usage: ./dev.sh {demo|test|bench|docs|setup|gpu-wheels [DIR]|gpu [--quick] [--dry-run] [--wheels DIR] [--out DIR]}" >&2
     exit 2
     ;;
 esac

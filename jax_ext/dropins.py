@@ -85,6 +85,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
       ``lhs [k, m]`` and ``rhs [k, n]`` contracting dimension 0, the weight-gradient form):
       ``[g, m, n]``, each group's rows contracted;
     - ragged batch: the groups do not change the product: ``jax.lax.dot_general``.
+
     Other dimension numbers (batch dimensions beside a ragged one) raise
     ``NotImplementedError`` naming the mode.
     """

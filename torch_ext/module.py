@@ -50,14 +50,19 @@ class GroupedLinear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x, group_sizes):
+        return self._grouped_product(x, group_sizes, self.bias)
+
+    def _grouped_product(self, x, group_sizes, bias):
+        """``x @ weight[g].T (+ bias[g])`` per group, the weight gradient going where the
+        layer's mode sends it (bias is self.bias, or None to leave it out)."""
         if isinstance(group_sizes, (list, tuple)):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)
         if not (self.accumulate_into_main_grad and main_grad.needs_main_grad(self.weight)):
-            return functional.grouped_mm(x, self.weight, group_sizes, self.bias, transpose_weight=True)
-        group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, self.bias, True, None,
+            return functional.grouped_mm(x, self.weight, group_sizes, bias, transpose_weight=True)
+        group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, bias, True, None,
                                                         None, fn="GroupedLinear")
-        return main_grad.grouped_linear(x, self.weight, group_sizes, self.bias)
+        return main_grad.grouped_linear(x, self.weight, group_sizes, bias)
 
     def extra_repr(self):
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

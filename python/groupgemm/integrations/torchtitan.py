@@ -1,0 +1,99 @@
+"""groupgemm inside torchtitan's MoE layers (torchtitan 0.3).
+
+torchtitan's ``GroupedExperts.forward`` (``torchtitan.models.common.moe``, and
+``GptOssGroupedExperts``) calls an overridable seam for each of its grouped GEMMs::
+
+    self._grouped_mm(A=x_RD.bfloat16(), B_t=w1_EFD.bfloat16().transpose(-2, -1), offs=offsets_E)
+
+with ``offs`` the int32 cumulative token counts and ``B_t`` a transposed view of the
+``[E, F, D]`` weight. torchtitan's own MXFP8 converter overrides that seam in a subclass;
+:func:`use_groupgemm` does the same with :func:`grouped_mm`. Rows past ``offs[-1]`` then
+come out as exact zeros (``torch._grouped_mm`` leaves them uninitialised), and so do their
+input gradients.
+
+Replacing ``torch._grouped_mm`` itself by ``groupgemm.torch.grouped_mm(A, B, offs=offs)``
+would work too, but would copy each expert weight on every call: ``B_t`` is a transposed
+view, which groupgemm reads in place only when told it is the transposed layout.
+"""
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from groupgemm.torch_ext.functional import grouped_mm as _grouped_mm
+
+__all__ = ["experts_class", "grouped_mm", "use_groupgemm"]
+
+_EXPERTS_CLASSES: dict[type, type] = {}
+
+
+def grouped_mm(*, A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """torchtitan's ``GroupedExperts._grouped_mm(A=..., B_t=..., offs=...)`` on groupgemm.
+
+    ``A [M, K]`` rows sorted by expert, ``B_t [E, K, N]`` (any strides; a transposed view of
+    an ``[E, N, K]`` weight, as torchtitan passes it, is read in place), ``offs [E]`` int32
+    cumulative group ends on A's device. Returns ``[M, N]`` in A's dtype; rows past
+    ``offs[-1]`` are exact zeros. Differentiable in ``A`` and ``B_t``; an expert without
+    tokens gets an exact-zero weight gradient. Errors are ``groupgemm.torch.grouped_mm``'s
+    (``TypeError`` / ``ValueError`` naming the argument).
+    """
+    if not B_t.is_contiguous() and B_t.dim() == 3 and B_t.transpose(-2, -1).is_contiguous():
+        return _grouped_mm(A, B_t.transpose(-2, -1), offs=offs, transpose_weight=True)
+    return _grouped_mm(A, B_t, offs=offs)
+
+
+def experts_class(experts_cls: type) -> type:
+    """The subclass of a torchtitan experts class whose ``_grouped_mm`` is :func:`grouped_mm`.
+
+    ``experts_cls`` is ``torchtitan.models.common.moe.GroupedExperts`` or any subclass that
+    calls the ``_grouped_mm`` seam (``GptOssGroupedExperts``). The subclass keeps the
+    parent's ``Config`` fields; one class per parent is made and reused.
+    """
+    if not (isinstance(experts_cls, type) and callable(getattr(experts_cls, "_grouped_mm", None))):
+        raise TypeError(f"experts_class: experts_cls must be a torchtitan experts class with a _grouped_mm seam, "
+                        f"got {experts_cls!r}")
+    cached = _EXPERTS_CLASSES.get(experts_cls)
+    if cached is not None:
+        return cached
+    @dataclass(kw_only=True, slots=True)
+    class Config(experts_cls.Config):
+        pass
+
+    def _seam(self, *, A, B_t, offs):
+        return grouped_mm(A=A, B_t=B_t, offs=offs)
+
+    # torchtitan's Configurable.__init_subclass__ wires Config._owner to the new class.
+    name = f"GroupGemm{experts_cls.__name__}"
+    Config.__qualname__ = f"{name}.Config"
+    cls = type(name, (experts_cls,), {"Config": Config, "_grouped_mm": _seam, "__module__": __name__})
+    _EXPERTS_CLASSES[experts_cls] = cls
+    return cls
+
+
+def use_groupgemm(model_config, experts_config_cls=None):
+    """Switches every grouped-experts config in a torchtitan model config to groupgemm.
+
+    Call it on ``ModelSpec.model`` (or any ``Configurable.Config``) before the model is
+    built, as torchtitan's own converters do. ``experts_config_cls`` is the config class
+    to look for, ``torchtitan.models.common.moe.GroupedExperts.Config`` by default (its
+    subclasses, such as ``GptOssGroupedExperts.Config``, match too). Returns the config,
+    which is a new object when the root itself was an experts config.
+    """
+    if experts_config_cls is None:
+        from torchtitan.models.common.moe import GroupedExperts
+
+        experts_config_cls = GroupedExperts.Config
+    for _, config, parent, attr in list(model_config.traverse(experts_config_cls)):
+        owner = type(config)._owner
+        if owner in _EXPERTS_CLASSES.values():
+            continue  # already switched
+        new_cls = experts_class(owner).Config
+        new_config = new_cls(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+        if parent is None:
+            model_config = new_config
+        elif isinstance(parent, list):
+            parent[attr] = new_config
+        else:
+            setattr(parent, attr, new_config)
+    return model_config
+

@@ -1,0 +1,131 @@
+"""groupgemm.integrations.megatron's builders in megatron-core 0.19.2's TEGroupedMLP, against
+Megatron-core's own SequentialMLP (one MLP per expert, torch's GEMMs): the same bits in
+bfloat16, forward, input gradient and weight gradients (into main_grad with
+gradient_accumulation_fusion), zero-token experts and a rank with no tokens included.
+
+Runs against the real megatron-core package, which ./dev.sh setup installs (pinned, without
+its dependencies), in this process with a one-rank gloo group."""
+
+import os
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.mlp import MLPSubmodules
+    from megatron.core.transformer.moe.experts import GroupedMLPSubmodules, SequentialMLP, TEGroupedMLP
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+from groupgemm.integrations.megatron import ColumnParallelGroupedLinear, RowParallelGroupedLinear
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+EXPERTS, HIDDEN, FFN = 4, 16, 32
+
+
+@pytest.fixture(scope="module")
+def process_groups(tmp_path_factory):
+    store = os.path.join(tmp_path_factory.mktemp("megatron"), "store")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    yield ProcessGroupCollection.use_mpu_process_groups()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def _config(**options):
+    return TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=1, ffn_hidden_size=FFN,
+                             moe_ffn_hidden_size=FFN, num_moe_experts=EXPERTS, gated_linear_unit=True,
+                             activation_func=torch.nn.functional.silu, add_bias_linear=False,
+                             bias_activation_fusion=False, params_dtype=torch.bfloat16, bf16=True,
+                             use_cpu_initialization=True, **options)
+
+
+def _pair(process_groups, fusion):
+    """Megatron's SequentialMLP and TEGroupedMLP on groupgemm's builders, with the same weights."""
+    torch.manual_seed(0)
+    reference = SequentialMLP(EXPERTS, _config(), MLPSubmodules(linear_fc1=ColumnParallelLinear,
+                                                                linear_fc2=RowParallelLinear),
+                              pg_collection=process_groups)
+    experts = TEGroupedMLP(EXPERTS, _config(gradient_accumulation_fusion=fusion),
+                           GroupedMLPSubmodules(linear_fc1=ColumnParallelGroupedLinear,
+                                                linear_fc2=RowParallelGroupedLinear),
+                           pg_collection=process_groups)
+    with torch.no_grad():
+        for name in ("linear_fc1", "linear_fc2"):
+            getattr(experts, name).weight.copy_(torch.stack([getattr(e, name).weight for e in reference.local_experts]))
+    if fusion:  # as Megatron-core's DistributedDataParallel leaves each parameter
+        for p in experts.parameters():
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32)
+            p.grad_added_to_main_grad = False
+    return reference, experts
+
+
+@pytest.mark.parametrize("fusion", [False, True], ids=["grad", "main_grad"])
+@pytest.mark.parametrize("counts", [[4, 0, 6, 0], [3, 3, 3, 1], [0, 0, 0, 0]], ids=str)
+def test_builders_match_megatrons_sequential_mlp_bitwise(process_groups, counts, fusion):
+    reference, experts = _pair(process_groups, fusion)
+    counts = torch.tensor(counts)
+    tokens = int(counts.sum())
+    x = torch.randn(tokens, HIDDEN, dtype=torch.bfloat16)
+    probs = torch.rand(tokens)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, _ = reference(x1, counts, probs)
+    y2, _ = experts(x2, counts, probs)
+    dy = torch.randn(tokens, HIDDEN)
+    (y1.float() * dy).sum().backward()
+    (y2.float() * dy).sum().backward()
+    assert torch.equal(y1, y2) and torch.equal(x1.grad, x2.grad)
+    for name in ("linear_fc1", "linear_fc2"):
+        # Megatron's per-expert layers get no .grad at all when the rank has no tokens.
+        want = torch.stack([torch.zeros_like(e.weight) if e.weight.grad is None else e.weight.grad
+                            for e in (getattr(m, name) for m in reference.local_experts)])
+        weight = getattr(experts, name).weight
+        got = weight.main_grad.to(torch.bfloat16) if fusion else weight.grad
+        assert got.shape == weight.shape and torch.equal(got, want), name
+        assert (got[counts == 0] == 0).all(), name
+        if fusion:
+            assert weight.grad_added_to_main_grad is True
+
+
+def test_main_grad_of_experts_without_tokens_is_left_bit_for_bit(process_groups):
+    _, experts = _pair(process_groups, fusion=True)
+    for p in experts.parameters():
+        p.main_grad.normal_()
+    before = [p.main_grad.clone() for p in experts.parameters()]
+    counts = torch.tensor([5, 0, 0, 2])
+    out, _ = experts(torch.randn(7, HIDDEN, dtype=torch.bfloat16), counts, torch.rand(7))
+    out.float().sum().backward()
+    for p, b in zip(experts.parameters(), before):
+        assert torch.equal(p.main_grad[1:3].view(torch.int32), b[1:3].view(torch.int32))
+        assert not torch.equal(p.main_grad[0], b[0])
+
+
+def test_builders_give_megatron_its_parameter_attributes(process_groups):
+    _, experts = _pair(process_groups, fusion=False)
+    fc1, fc2 = experts.linear_fc1.weight, experts.linear_fc2.weight
+    assert fc1.shape == (EXPERTS, 2 * FFN, HIDDEN) and fc2.shape == (EXPERTS, HIDDEN, FFN)
+    assert fc1.dtype == torch.bfloat16 and fc1.allreduce and fc2.allreduce  # no expert parallelism here
+    assert (fc1.tensor_model_parallel, fc1.partition_dim) == (True, 1)
+    assert (fc2.tensor_model_parallel, fc2.partition_dim) == (True, 2)
+    experts.backward_dw()  # TEGroupedMLP calls it on both layers: nothing deferred, nothing to do
+
+
+@pytest.mark.parametrize("option", ["delay_wgrad_compute", "fp8"])
+def test_builders_refuse_options_they_do_not_implement(process_groups, option):
+    config = _config()
+    setattr(config, option, "hybrid" if option == "fp8" else True)  # TransformerConfig's own checks need TE for these
+    with pytest.raises(NotImplementedError, match=f"config.{option}"):
+        ColumnParallelGroupedLinear(EXPERTS, HIDDEN, FFN, config=config, init_method=torch.nn.init.zeros_,
+                                    bias=False, skip_bias_add=False, is_expert=True, pg_collection=process_groups)
+
+
+def test_distributed_checkpointing_is_refused_not_silently_wrong(process_groups):
+    _, experts = _pair(process_groups, fusion=False)
+    with pytest.raises(NotImplementedError, match="distributed checkpointing"):
+        experts.sharded_state_dict()
