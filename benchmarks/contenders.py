@@ -21,7 +21,7 @@ SKIPPABLE = (PER_EXPERT_LOOP, RAGGED_DOT, GROUPED_MM, GROUPGEMM_DENSE)
 
 # GROUPGEMM_CUDA_KERNEL's values that hold the sm_90a kernels to one tile
 # (core_cuda/src/kernel_choice.h); Hopper only.
-SM90_TILES = ("sm90_128x256", "sm90_64x128")
+SM90_TILES = ("sm90_128x256", "sm90_64x128", "sm90_256x128")
 # What the benchmark runs on Hopper besides the default: the sm_90a kernels choosing each
 # call's tile by its shape (what they would do as the default), and each tile alone.
 SM90_FAMILIES = ("sm90", *SM90_TILES)

@@ -533,18 +533,20 @@ def test_the_quick_cases_reach_every_kernel_and_instantiation(family):
         return found
 
     required = driver_calls.required_kernels(family)
-    # 5 small kernels; float32 CUTLASS: 3 layouts + 2 with a C operand; bfloat16 and float16,
-    # CUTLASS and unaligned each: 2 output dtypes x 3 layouts + 2 with a C operand.
-    assert len(required) == 5 + 5 + 2 * 2 * 8
+    # 2 small kernels (the setup, which also fills, and the bias gradient); float32 CUTLASS:
+    # 3 layouts + 2 forward bias rows + 1 accumulate; bfloat16 and float16, CUTLASS and
+    # unaligned each: 2 output dtypes x 3 layouts + 2 bias rows + accumulate + a float32
+    # output's bias rows (C = D).
+    assert len(required) == 2 + 6 + 2 * 2 * 10
     assert required <= reached(driver.QUICK_CASES)
     aligned_only = [n for n in driver.QUICK_CASES if not n.startswith("unaligned")]
     assert {k[0] for k in required - reached(aligned_only) if isinstance(k, tuple)} == {driver_calls.UNALIGNED}
-    # Under an sm90 tile the 3.x kernels take every aligned 16-bit GEMM but the
-    # bias-in-epilogue forward (a broadcast C row), which stays on 2.x: 7 of 8 per 16-bit dtype.
+    # Under an sm90 tile the 3.x kernels take every aligned 16-bit GEMM, the bias epilogue
+    # included: all 10 per 16-bit dtype.
     sm90 = {k for k in required if isinstance(k, tuple) and k[0].startswith(f"{driver_calls.CUTLASS} sm90")}
-    assert len(sm90) == (2 * 7 if family != "sm80" else 0)
+    assert len(sm90) == (2 * 10 if family != "sm80" else 0)
     assert {k[0] for k in sm90} <= {f"{driver_calls.CUTLASS} {family}"}
-    assert all(k[1] in driver_calls.SIXTEEN_BIT and (k[3], k[4]) != ("row_col", 1) for k in sm90)
+    assert all(k[1] in driver_calls.SIXTEEN_BIT for k in sm90)
 
 
 @pytest.mark.parametrize("name", ["skewed", "window_middle", "zero_k", "all_empty", "unaligned_k"])

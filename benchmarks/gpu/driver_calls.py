@@ -16,8 +16,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from contenders import SM90_TILES  # noqa: E402
 
-SETUP, FILL, LATE_BIAS, ZERO_EMPTY, BIAS_GRAD = (
-    "setup kernel", "fill kernel", "late-bias kernel", "empty-group zero kernel", "bias-grad kernel")
+# The setup kernel also writes what no GEMM writes (padding rows, K = 0 rows, bias rows of a
+# float32 output, empty groups' weight gradients).
+SETUP, BIAS_GRAD = "setup kernel", "bias-grad kernel"
 CUTLASS, UNALIGNED = "cutlass", "unaligned"
 # The GROUPGEMM_CUDA_KERNEL values the kit runs: CUTLASS 2.x (every GPU), and CUTLASS 3.x
 # (sm_90a, Hopper only) held to each of its tiles in turn, so that every instantiation
@@ -45,14 +46,20 @@ DTYPES = ("float32", "bfloat16", "float16")
 SIXTEEN_BIT = ("bfloat16", "float16")
 
 
+# What a GEMM adds to A B (call_sequence.h's GemmC): nothing, its group's bias row (the
+# sm90 kernels' bias epilogue; a broadcast C row on 2.x), or the output itself (an
+# accumulator, or bias rows the setup wrote into a float32 output).
+NO_C, BIAS_ROW, OUTPUT_C = "", "+bias", "+C"
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
-    kind: str  # "forward", "wgrad" or "bias_grad"
+    kind: str  # "forward", "wgrad", "bias_grad" or "backward" (dlhs, drhs and, with bias, dbias)
     dtype: str  # input dtype
-    out_dtype: str
-    bias: bool = False
+    out_dtype: str  # forward, wgrad and bias_grad: the output's; backward: drhs's and dbias's
+    bias: bool = False  # forward: a bias; backward: a bias gradient
     transpose: bool = False  # rhs stored [G, N, K]
-    accumulate: bool = False  # wgrad into a float32 buffer
+    accumulate: bool = False  # wgrad (backward: drhs) into a float32 buffer
     misaligned: bool = False  # lhs a view one element into its storage (not 16-byte aligned)
 
     @property
@@ -64,19 +71,24 @@ class Call:
 
 def calls_for(dtype):
     """Every call made per case and input dtype: both output dtypes, all three layouts,
-    bias in the epilogue and added afterwards, accumulation, a misaligned operand."""
+    bias in the epilogue and written by the setup, accumulation, the backward's one call, a
+    misaligned operand."""
     wide = "float32"
     planned = [
         Call("forward", dtype, dtype),
         Call("forward", dtype, dtype, transpose=True),
-        Call("forward", dtype, dtype, bias=True, transpose=True),  # bias in the epilogue (beta = 1)
-        Call("forward", dtype, wide, bias=True),  # 16-bit in, float32 out: the late-bias kernel
+        Call("forward", dtype, dtype, bias=True),  # bias in the epilogue
+        Call("forward", dtype, dtype, bias=True, transpose=True),
+        Call("forward", dtype, wide),
+        Call("forward", dtype, wide, bias=True),  # 16-bit in, float32 out: bias rows written by the setup
         Call("forward", dtype, wide, transpose=True),
         Call("wgrad", dtype, dtype),
         Call("wgrad", dtype, wide),
         Call("wgrad", dtype, wide, accumulate=True),
         Call("bias_grad", dtype, dtype),
         Call("bias_grad", dtype, wide),
+        Call("backward", dtype, dtype, bias=True),
+        Call("backward", dtype, wide, transpose=True, accumulate=True),
     ]
     if dtype in SIXTEEN_BIT:
         planned.append(Call("forward", dtype, dtype, misaligned=True))
@@ -86,63 +98,70 @@ def calls_for(dtype):
 def kernels_reached(call, m, k, n, groups, busy, has_empty, family="sm80"):
     """The kernels `call` launches with real work on a problem of M, K, N, `groups` local
     groups, `busy` when some local group owns rows and `has_empty` when some owns none,
-    with the GEMM kernel `family` chosen."""
+    with the GEMM kernel `family` chosen (call_sequence.h)."""
     reached = set()
+    gemms = busy and groups > 0 and m > 0
     if call.kind == "forward":
         if m == 0 or n == 0:
             return reached  # the output is empty: nothing is launched
-        reached |= {SETUP, FILL}
-        if k == 0 or groups == 0 or not busy:
-            return reached
-        in_epilogue = call.bias and call.out_dtype == call.dtype
-        layout = "row_col" if call.transpose else "row_row"
-        reached.add(_gemm(call, k, n, layout, 1 if in_epilogue else 0, family))
-        if call.bias and not in_epilogue:
-            reached.add(LATE_BIAS)
+        reached.add(SETUP)
+        if k > 0 and gemms:
+            c = (BIAS_ROW if call.out_dtype == call.dtype else OUTPUT_C) if call.bias else NO_C
+            reached.add(_gemm(call, call.out_dtype, k, n, "row_col" if call.transpose else "row_row", c, family))
         return reached
     if call.kind == "wgrad":
         if groups == 0 or k == 0 or n == 0:
             return reached
         reached.add(SETUP)
-        if not call.accumulate and has_empty:
-            reached.add(ZERO_EMPTY)
-        if m > 0 and busy:
-            reached.add(_gemm(call, k, n, "col_row", 1 if call.accumulate else 0, family))
+        if gemms:
+            reached.add(_gemm(call, call.out_dtype, k, n, "col_row", OUTPUT_C if call.accumulate else NO_C, family))
         return reached
     if call.kind == "bias_grad":
         return reached if groups == 0 or n == 0 else {SETUP, BIAS_GRAD}
+    if call.kind == "backward":
+        dlhs, drhs, dbias = m > 0 and k > 0, groups > 0 and k > 0 and n > 0, call.bias and groups > 0 and n > 0
+        if not (dlhs or drhs or dbias):
+            return reached
+        reached.add(SETUP)
+        if dlhs and n > 0 and gemms:  # dlhs = grad @ rhs[g]^T: K and N swap, so does the layout
+            reached.add(_gemm(call, call.dtype, n, k, "row_row" if call.transpose else "row_col", NO_C, family))
+        if drhs and gemms:
+            kw, nw = (n, k) if call.transpose else (k, n)
+            reached.add(_gemm(call, call.out_dtype, kw, nw, "col_row", OUTPUT_C if call.accumulate else NO_C, family))
+        if dbias:
+            reached.add(BIAS_GRAD)
+        return reached
     raise ValueError(f"unknown call kind {call.kind!r}")
 
 
-def _gemm(call, k, n, layout, beta, family):
+def _gemm(call, out_dtype, k, n, layout, c, family):
     aligned = call.dtype == "float32" or (k % 8 == 0 and n % 8 == 0 and not call.misaligned)
-    return (_kind(CUTLASS if aligned else UNALIGNED, call.dtype, layout, beta, family), call.dtype, call.out_dtype,
-            layout, beta)
+    return (_kind(CUTLASS if aligned else UNALIGNED, call.dtype, family), call.dtype, out_dtype, layout, c)
 
 
-def _kind(kind, dtype, layout, beta, family):
+def _kind(kind, dtype, family):
     """Which kernel runs a tensor-core GEMM under `family` (core_cuda/src/kernel_choice.h's
-    sm90_runs): the 3.x kernels take aligned 16-bit operands unless C is a broadcast bias
-    row (a forward layout with beta = 1); everything else stays on the 2.x kernels."""
-    broadcast_c = layout != "col_row" and beta != 0
-    sm90 = is_sm90(family) and kind == CUTLASS and dtype in SIXTEEN_BIT and not broadcast_c
+    sm90_runs): the 3.x kernels take every aligned 16-bit GEMM; the rest stays on 2.x."""
+    sm90 = is_sm90(family) and kind == CUTLASS and dtype in SIXTEEN_BIT
     return cutlass_kind(family) if sm90 else kind
 
 
 def required_kernels(family="sm80"):
-    """What the driver must reach: the small kernels, every CUTLASS instantiation (input x
-    output dtype x layout) without and with a C operand, the same for the unaligned kernel;
+    """What the driver must reach: the small kernels, every GEMM instantiation (input x
+    output dtype x layout) without C, with a forward's bias row (both forward layouts), with
+    C = D (an accumulator; bias rows of a float32 output), the same for the unaligned kernel;
     under an sm90 family, that tile's 3.x kernels in place of the 2.x ones they take over."""
-    required = {SETUP, FILL, LATE_BIAS, ZERO_EMPTY, BIAS_GRAD}
+    required = {SETUP, BIAS_GRAD}
     for dtype in DTYPES:
         outs = [dtype] + (["float32"] if dtype in SIXTEEN_BIT else [])
         kinds = [CUTLASS] + ([UNALIGNED] if dtype in SIXTEEN_BIT else [])
         for kind in kinds:
-            gemms = {(dtype, out, layout, 0) for out in outs for layout in LAYOUTS}
-            gemms.add((dtype, dtype, "row_col", 1))  # bias in the epilogue
-            gemms.add((dtype, "float32", "col_row", 1))  # accumulate
-            required |= {(_kind(kind, d, layout, beta, family), d, out, layout, beta)
-                         for d, out, layout, beta in gemms}
+            gemms = {(dtype, out, layout, NO_C) for out in outs for layout in LAYOUTS}
+            gemms |= {(dtype, dtype, layout, BIAS_ROW) for layout in ("row_row", "row_col")}
+            gemms.add((dtype, "float32", "col_row", OUTPUT_C))  # accumulate
+            if dtype in SIXTEEN_BIT:
+                gemms.add((dtype, "float32", "row_row", OUTPUT_C))  # bias rows of a float32 output
+            required |= {(_kind(kind, d, family), d, out, layout, c) for d, out, layout, c in gemms}
     return required
 
 
@@ -151,8 +170,8 @@ def describe(kernel):
         return kernel
     if kernel[0] not in (UNALIGNED, *map(cutlass_kind, FAMILIES)):
         return " ".join(kernel)  # the expert layer's: the kernel, then what is special
-    kind, dtype, out, layout, beta = kernel
-    return f"{kind} {dtype}->{out} {layout}" + (" +C" if beta else "")
+    kind, dtype, out, layout, c = kernel
+    return f"{kind} {dtype}->{out} {layout}" + (f" {c}" if c else "")
 
 
 # ---- the expert layer (core_cuda/cuda/moe_backend.cu, permute.cu, unpermute.cu, activation.cu,

@@ -171,6 +171,8 @@ def run_call(dev, call, case, x, prefill):
         untouched = np.zeros(want.shape, bool)
         untouched[reference.empty_groups(sizes_np, case.m, g, case.offset)] = True
         return dev.host(out), want, untouched, acc if call.accumulate else np.zeros(want.shape)
+    if call.kind == "backward":
+        return run_backward(dev, call, case, x, prefill, sizes, offset)
     grad_t = dev.tensor(x["dout"], call.dtype)
     out = dev.output((g, case.n), call.out_dtype, prefill)
     dev.core.grouped_bias_grad(c(grad_t), c(sizes), c(out), group_offset=c(offset),
@@ -179,6 +181,37 @@ def run_call(dev, call, case, x, prefill):
     empty = np.zeros(want.shape, bool)
     empty[reference.empty_groups(sizes_np, case.m, g, case.offset)] = True
     return dev.host(out), want, empty, np.zeros(want.shape)
+
+
+def run_backward(dev, call, case, x, prefill, sizes, offset):
+    """grouped_matmul_backward: dlhs, drhs (accumulated or new) and with bias dbias from one
+    call, checked as run_call's results, the three flattened one after the other."""
+    c, g, sizes_np = dev.capsule, case.g, x["group_sizes"]
+    swap = (lambda a: np.ascontiguousarray(a.transpose(0, 2, 1))) if call.transpose else (lambda a: a)
+    rhs, lhs_r, dout_r = swap(x["rhs"]), round_to(x["lhs"], call.dtype), round_to(x["dout"], call.dtype)
+    acc = swap(round_to(x["acc"], "float32")) if call.accumulate else None
+    dlhs = dev.output((case.m, case.k), call.dtype, prefill)
+    drhs = dev.tensor(acc, "float32") if call.accumulate else dev.output(rhs.shape, call.out_dtype, prefill)
+    dbias = dev.output((g, case.n), call.out_dtype, prefill) if call.bias else None
+    dev.core.grouped_matmul_backward(c(dev.tensor(x["lhs"], call.dtype)), c(dev.tensor(rhs, call.dtype)),
+                                     c(dev.tensor(x["dout"], call.dtype)), c(sizes), dlhs=c(dlhs), drhs=c(drhs),
+                                     dbias=c(dbias), group_offset=c(offset), transpose_rhs=call.transpose,
+                                     accumulate=call.accumulate, workspace=c(dev.workspace(g)), stream=dev.stream())
+    want_dlhs = reference.grouped_matmul(dout_r, round_to(rhs, call.dtype), sizes_np,
+                                         transpose_rhs=not call.transpose, group_offset=case.offset)
+    want_drhs = swap(reference.grouped_matmul_wgrad(lhs_r, dout_r, sizes_np, g, case.offset,
+                                                    accumulate_into=None if acc is None else swap(acc)))
+    padding = np.broadcast_to(reference.padding_rows(sizes_np, case.m, g, case.offset)[:, None], want_dlhs.shape)
+    empty = np.zeros(want_drhs.shape, bool)
+    empty[reference.empty_groups(sizes_np, case.m, g, case.offset)] = True
+    parts = [(dev.host(dlhs), want_dlhs, padding, np.zeros(want_dlhs.shape)),
+             (dev.host(drhs), want_drhs, empty, acc if call.accumulate else np.zeros(want_drhs.shape))]
+    if call.bias:
+        want_dbias = reference.grouped_bias_grad(dout_r, sizes_np, g, case.offset)
+        bias_empty = np.zeros(want_dbias.shape, bool)
+        bias_empty[reference.empty_groups(sizes_np, case.m, g, case.offset)] = True
+        parts.append((dev.host(dbias), want_dbias, bias_empty, np.zeros(want_dbias.shape)))
+    return tuple(np.concatenate([np.ravel(p[i]) for p in parts]) for i in range(4))
 
 
 def mismatch(call, got, want, exact, exact_value):
