@@ -20,22 +20,21 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from groupgemm.jax_ext import raw
+from groupgemm.jax_ext.partitioning import lowers_to_partitioned_calls, varying_count
 
 
 def placeholder(dtype):
     return jnp.zeros((0,), dtype)
 
 
-def _varying(aval):
-    manual = getattr(aval, "manual_axis_type", None) or getattr(aval, "mat", None)
-    return len(getattr(manual, "varying", ())) if manual is not None else len(getattr(aval, "vma", ()))
-
-
-def _result(shape, dtype, *operands):
+def _result(shape, dtype, sharding, *operands):
     """The result's abstract value: typed like the operand that varies along the most
-    shard_map axes (the frontends give all differentiable operands the same ones)."""
-    widest = max(operands, key=_varying)
-    return widest.update(shape=shape, dtype=dtype, weak_type=False)
+    shard_map axes (the frontends give all differentiable operands the same ones), with
+    the raw call's sharding on a mesh with explicit axes."""
+    widest = max(operands, key=varying_count)
+    if sharding is None:
+        return widest.update(shape=shape, dtype=dtype, weak_type=False)
+    return widest.update(shape=shape, dtype=dtype, weak_type=False, sharding=sharding)
 
 
 def _aval(x):
@@ -73,6 +72,7 @@ def _define(name, call, abstract_eval, jvp, transpose):
     prim.def_impl(call)  # eager: the FFI call itself
     prim.def_abstract_eval(abstract_eval)
     mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=False))
+    lowers_to_partitioned_calls(prim)
     ad.primitive_jvps[prim] = jvp
     ad.primitive_transposes[prim] = transpose
     batching.primitive_batchers[prim] = _sequential(prim)
@@ -84,7 +84,9 @@ def _define(name, call, abstract_eval, jvp, transpose):
 
 def _matmul_abstract(lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias):
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    return _result((lhs.shape[0], n), out_dtype, lhs, rhs, bias)
+    operands = (lhs, rhs, sizes, offset) + ((bias,) if has_bias else ())
+    sharding, = raw.matmul_call.result_shardings(*operands, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
+    return _result((lhs.shape[0], n), out_dtype, sharding, lhs, rhs, bias)
 
 
 def bias_rows(bias, sizes, offset, *, num_rows, transpose_rhs, out_dtype):
@@ -144,7 +146,9 @@ matmul_p = _define("groupgemm_matmul", _matmul_call, _matmul_abstract, _matmul_j
 
 
 def _wgrad_abstract(lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumulate):
-    return _result((num_groups, lhs.shape[1], grad.shape[1]), out_dtype, lhs, grad, acc)
+    operands = (lhs, grad, sizes, offset) + ((acc,) if accumulate else ())
+    sharding, = raw.wgrad_call.result_shardings(*operands, num_groups=num_groups, out_dtype=out_dtype)
+    return _result((num_groups, lhs.shape[1], grad.shape[1]), out_dtype, sharding, lhs, grad, acc)
 
 
 def _wgrad_jvp(primals, tangents, **params):
@@ -190,7 +194,8 @@ wgrad_p = _define("groupgemm_wgrad", _wgrad_call, _wgrad_abstract, _wgrad_jvp, _
 
 
 def _bias_grad_abstract(grad, sizes, offset, *, num_groups, out_dtype):
-    return _result((num_groups, grad.shape[1]), out_dtype, grad)
+    sharding, = raw.bias_grad_call.result_shardings(grad, sizes, offset, num_groups=num_groups, out_dtype=out_dtype)
+    return _result((num_groups, grad.shape[1]), out_dtype, sharding, grad)
 
 
 def _bias_grad_jvp(primals, tangents, **params):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from groupgemm import _core
+from groupgemm.jax_ext.partitioning import Layout, Partitioned
 
 
 def _register_targets():
@@ -63,7 +64,7 @@ def _placeholder(dtype):
     return jnp.zeros((0,), dtype)
 
 
-def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtype):
+def _matmul(lhs, rhs, group_sizes, group_offset, bias=None, *, transpose_rhs, out_dtype):
     m, g = lhs.shape[0], rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     call = jax.ffi.ffi_call(
@@ -74,10 +75,24 @@ def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtyp
     out, _ = call(lhs, rhs, group_sizes, group_offset,
                   _placeholder(lhs.dtype) if bias is None else bias,
                   transpose_rhs=np.bool_(transpose_rhs), has_bias=np.bool_(bias is not None))
-    return out
+    return (out,)
 
 
-def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, out_dtype):
+def _matmul_layout(*, transpose_rhs, num_operands, **_):
+    # lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes, group_offset, bias [G, N]
+    return Layout(("m k", "g n k" if transpose_rhs else "g k n", "t", "", "g n"), ("m n",), rows="m",
+                  groups="g", summed=("k", "g"), replicated=("t",), added=(4,), sizes=2, offset=3)
+
+
+matmul_call = Partitioned("groupgemm_matmul_call", _matmul, _matmul_layout)
+
+
+def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtype):
+    operands = (lhs, rhs, group_sizes, group_offset) + (() if bias is None else (bias,))
+    return matmul_call(*operands, transpose_rhs=transpose_rhs, out_dtype=np.dtype(out_dtype))[0]
+
+
+def _wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_groups, out_dtype):
     shape = (num_groups, lhs.shape[1], grad.shape[1])
     accumulate = accumulate_into is not None
     call = jax.ffi.ffi_call(
@@ -89,10 +104,21 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, 
     )
     out, _ = call(lhs, grad, group_sizes, group_offset,
                   accumulate_into if accumulate else _placeholder(out_dtype), accumulate=np.bool_(accumulate))
-    return out
+    return (out,)
 
 
-def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
+# lhs [M, K], grad [M, N], group_sizes, group_offset, accumulate_into [G, K, N]: the rows are contracted.
+wgrad_call = Partitioned("groupgemm_wgrad_call", _wgrad, Layout(
+    ("m k", "m n", "t", "", "g k n"), ("g k n",), rows="m", groups="g", summed=("m",), replicated=("t",),
+    added=(4,), sizes=2, offset=3, local_sizes=(("num_groups", "g"),)))
+
+
+def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, out_dtype):
+    operands = (lhs, grad, group_sizes, group_offset) + (() if accumulate_into is None else (accumulate_into,))
+    return wgrad_call(*operands, num_groups=num_groups, out_dtype=np.dtype(out_dtype))[0]
+
+
+def _bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
     call = jax.ffi.ffi_call(
         "groupgemm_bias_grad",
         (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype),
@@ -100,4 +126,14 @@ def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
         vmap_method="sequential",
     )
     out, _ = call(grad, group_sizes, group_offset)
-    return out
+    return (out,)
+
+
+bias_grad_call = Partitioned("groupgemm_bias_grad_call", _bias_grad, Layout(
+    ("m n", "t", ""), ("g n",), rows="m", groups="g", summed=("m",), replicated=("t",), sizes=1, offset=2,
+    local_sizes=(("num_groups", "g"),)))
+
+
+def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
+    return bias_grad_call(grad, group_sizes, group_offset, num_groups=num_groups,
+                                  out_dtype=np.dtype(out_dtype))[0]
