@@ -320,13 +320,26 @@ class Partitioned:
         self.primitive = Primitive(name)
         self.primitive.multiple_results = True
         self.primitive.def_impl(self._unpartitioned)
-        self.primitive.def_abstract_eval(self._abstract)
+        self.primitive.def_abstract_eval(self.abstract)
         mlir.register_lowering(self.primitive, self._lowering)
         batching.primitive_batchers[self.primitive] = self._batch
         lowers_to_partitioned_calls(self.primitive)
 
-    def __call__(self, *operands, **static):
-        return tuple(self.primitive.bind(*operands, batched=(False,) * len(operands), **static))
+    def __call__(self, *operands, batched=None, **static):
+        """The results; ``batched`` flags operands that carry a leading vmapped axis."""
+        batched = (False,) * len(operands) if batched is None else tuple(batched)
+        return tuple(self.primitive.bind(*operands, batched=batched, **static))
+
+    def abstract(self, *avals, batched, **static):
+        """The results' abstract values: shapes and dtypes as ``fn`` makes them, typed like
+        the operand that varies along the most shard_map axes, sharded as the partitioned
+        call leaves them on a mesh with explicit axes."""
+        shapes = _result_shapes(self, tuple((a.shape, a.dtype) for a in avals), batched, tuple(sorted(static.items())))
+        shardings = self.result_shardings(*avals, batched=batched, **static)
+        widest = max(avals, key=varying_count)
+        return [widest.update(shape=shape, dtype=dtype, weak_type=False) if s is None else
+                widest.update(shape=shape, dtype=dtype, weak_type=False, sharding=s)
+                for (shape, dtype), s in zip(shapes, shardings)]
 
     def layout(self, num_operands, static):
         chosen = self._layout(num_operands=num_operands, **static) if callable(self._layout) else self._layout
@@ -347,14 +360,6 @@ class Partitioned:
 
     def _unpartitioned(self, *operands, batched, **static):
         return tuple(_mapped(functools.partial(self.fn, **static), batched)(*operands))
-
-    def _abstract(self, *avals, batched, **static):
-        shapes = _result_shapes(self, tuple((a.shape, a.dtype) for a in avals), batched, tuple(sorted(static.items())))
-        shardings = self.result_shardings(*avals, batched=batched, **static)
-        widest = max(avals, key=varying_count)  # shard_map: typed like the most varying operand
-        return [widest.update(shape=shape, dtype=dtype, weak_type=False) if s is None else
-                widest.update(shape=shape, dtype=dtype, weak_type=False, sharding=s)
-                for (shape, dtype), s in zip(shapes, shardings)]
 
     def _lowering(self, ctx, *values, batched, **static):
         layout = self.layout(len(values), static)

@@ -78,18 +78,13 @@ def _matmul(lhs, rhs, group_sizes, group_offset, bias=None, *, transpose_rhs, ou
     return (out,)
 
 
-def _matmul_layout(*, transpose_rhs, num_operands, **_):
-    # lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes, group_offset, bias [G, N]
+def _matmul_layout(*, transpose_rhs, **_):
+    # lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes, group_offset, bias [G, N] -> [M, N]
     return Layout(("m k", "g n k" if transpose_rhs else "g k n", "t", "", "g n"), ("m n",), rows="m",
                   groups="g", summed=("k", "g"), replicated=("t",), added=(4,), sizes=2, offset=3)
 
 
-matmul_call = Partitioned("groupgemm_matmul_call", _matmul, _matmul_layout)
-
-
-def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtype):
-    operands = (lhs, rhs, group_sizes, group_offset) + (() if bias is None else (bias,))
-    return matmul_call(*operands, transpose_rhs=transpose_rhs, out_dtype=np.dtype(out_dtype))[0]
+matmul = Partitioned("groupgemm_matmul_call", _matmul, _matmul_layout)
 
 
 def _wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_groups, out_dtype):
@@ -108,14 +103,9 @@ def _wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_gr
 
 
 # lhs [M, K], grad [M, N], group_sizes, group_offset, accumulate_into [G, K, N]: the rows are contracted.
-wgrad_call = Partitioned("groupgemm_wgrad_call", _wgrad, Layout(
+wgrad = Partitioned("groupgemm_wgrad_call", _wgrad, Layout(
     ("m k", "m n", "t", "", "g k n"), ("g k n",), rows="m", groups="g", summed=("m",), replicated=("t",),
     added=(4,), sizes=2, offset=3, local_sizes=(("num_groups", "g"),)))
-
-
-def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, out_dtype):
-    operands = (lhs, grad, group_sizes, group_offset) + (() if accumulate_into is None else (accumulate_into,))
-    return wgrad_call(*operands, num_groups=num_groups, out_dtype=np.dtype(out_dtype))[0]
 
 
 def _bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
@@ -129,11 +119,7 @@ def _bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
     return (out,)
 
 
-bias_grad_call = Partitioned("groupgemm_bias_grad_call", _bias_grad, Layout(
+# grad [M, N], group_sizes, group_offset -> [G, N]
+bias_grad = Partitioned("groupgemm_bias_grad_call", _bias_grad, Layout(
     ("m n", "t", ""), ("g n",), rows="m", groups="g", summed=("m",), replicated=("t",), sizes=1, offset=2,
     local_sizes=(("num_groups", "g"),)))
-
-
-def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
-    return bias_grad_call(grad, group_sizes, group_offset, num_groups=num_groups,
-                                  out_dtype=np.dtype(out_dtype))[0]
