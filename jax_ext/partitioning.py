@@ -288,22 +288,44 @@ _SPECIAL_FACTORS = custom_partitioning is not None and \
 
 
 def lowers_to_partitioned_calls(primitive):
-    """Marks a primitive whose lowering makes partitioned calls: jit then lowers it
-    knowing the devices, which custom partitioning needs."""
-    from jax._src import dispatch  # the registry jax's own custom_partitioning uses
+    """Makes ``primitive``, whose lowering makes partitioned calls, run compiled in eager
+    mode too (as jax.lax's primitives do: sharded arrays are partitioned there as well),
+    and has jit lower it knowing the devices, which custom partitioning needs."""
+    from jax._src import dispatch  # jax's own primitives and custom_partitioning use these
 
+    primitive.def_impl(functools.partial(dispatch.apply_primitive, primitive))
     dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
 _EXPLICIT = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
 
 
+def _explicit_mesh(mesh):
+    return _EXPLICIT is not None and mesh is not None and _EXPLICIT in getattr(mesh, "axis_types", ())
+
+
+def explicit_types(aval=None):
+    """Whether ``aval`` (else the mesh in context) has explicit axes: types carry shardings."""
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True):
+        mesh = jax.sharding.get_abstract_mesh() if hasattr(jax.sharding, "get_abstract_mesh") else None
+    return _explicit_mesh(mesh)
+
+
+def typed_like(x, aval):
+    """``x`` with ``aval``'s sharding as its type, on a mesh with explicit axes (the
+    cotangent of an operand, a tangent summed into a result, must be typed like it)."""
+    want = getattr(aval, "sharding", None)
+    if not _explicit_mesh(getattr(want, "mesh", None)) or jax.typeof(x).sharding == want:
+        return x
+    return jax.sharding.reshard(x, want)
+
+
 def _explicit_spec(aval):
     """The spec of an operand typed on a mesh with explicit axes (jax.sharding.AxisType),
     or None."""
     sharding = getattr(aval, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if _EXPLICIT is None or mesh is None or _EXPLICIT not in getattr(mesh, "axis_types", ()):
+    if not _explicit_mesh(getattr(sharding, "mesh", None)):
         return None
     return _named_spec(sharding, len(aval.shape))
 
@@ -319,7 +341,6 @@ class Partitioned:
         self.fn, self._layout = fn, layout
         self.primitive = Primitive(name)
         self.primitive.multiple_results = True
-        self.primitive.def_impl(self._unpartitioned)
         self.primitive.def_abstract_eval(self.abstract)
         mlir.register_lowering(self.primitive, self._lowering)
         batching.primitive_batchers[self.primitive] = self._batch

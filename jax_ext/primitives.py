@@ -20,7 +20,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from groupgemm.jax_ext import raw
-from groupgemm.jax_ext.partitioning import lowers_to_partitioned_calls
+from groupgemm.jax_ext.partitioning import lowers_to_partitioned_calls, typed_like
 
 
 def placeholder(dtype):
@@ -36,7 +36,7 @@ def _is_zero(t):
 
 
 def _sum(terms, aval):
-    terms = [t for t in terms if t is not None]
+    terms = [typed_like(t, aval) for t in terms if t is not None]
     return functools.reduce(jnp.add, terms) if terms else ad.Zero(aval.to_tangent_aval())
 
 
@@ -46,9 +46,10 @@ def _flags(*operands):
     return tuple(bool(b) for b in operands)
 
 
-def _unbatched(x, operand_batched, result_batched):
-    """A cotangent for an operand without the vmapped axis: summed over that axis."""
-    return x.sum(0) if result_batched and not operand_batched else x
+def _cotangent(x, operand, operand_batched, result_batched):
+    """The cotangent of an undefined ``operand``: summed over the vmapped axis the operand
+    lacks, typed like the operand on a mesh with explicit axes."""
+    return typed_like(x.sum(0) if result_batched and not operand_batched else x, operand.aval)
 
 
 def _define(name, raw_call, present, jvp, transpose):
@@ -79,7 +80,6 @@ def _define(name, raw_call, present, jvp, transpose):
         return prim.bind(*args, batched=tuple(d is not None for d in dims), **params), 0
 
     prim = Primitive(name)
-    prim.def_impl(call)  # eager: the FFI call itself
     prim.def_abstract_eval(abstract)
     mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=False))
     lowers_to_partitioned_calls(prim)
@@ -140,7 +140,7 @@ def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_d
         flags = _flags(out_b, rhs_b, sizes_b, offset_b, False)
         dlhs = matmul_p.bind(ct.astype(dtype), rhs, sizes, offset, placeholder(dtype),
                              transpose_rhs=not transpose_rhs, out_dtype=dtype, has_bias=False, batched=flags)
-        results[0] = _unbatched(dlhs, lhs_b, any(flags))
+        results[0] = _cotangent(dlhs, lhs, lhs_b, any(flags))
     if ad.is_undefined_primal(rhs):
         dtype = rhs.aval.dtype
         a, b = (ct.astype(dtype), lhs) if transpose_rhs else (lhs, ct.astype(dtype))  # rhs [G,N,K] or [G,K,N]
@@ -148,12 +148,12 @@ def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_d
         flags = _flags(a_b, b_b, sizes_b, offset_b, False)
         drhs = wgrad_p.bind(a, b, sizes, offset, placeholder(dtype), num_groups=g, out_dtype=dtype,
                             accumulate=False, batched=flags)
-        results[1] = _unbatched(drhs, rhs_b, any(flags))
+        results[1] = _cotangent(drhs, rhs, rhs_b, any(flags))
     if has_bias and ad.is_undefined_primal(bias):
         dtype = bias.aval.dtype
         flags = _flags(out_b, sizes_b, offset_b)
         dbias = bias_grad_p.bind(ct.astype(dtype), sizes, offset, num_groups=g, out_dtype=dtype, batched=flags)
-        results[4] = _unbatched(dbias, bias_b, any(flags))
+        results[4] = _cotangent(dbias, bias, bias_b, any(flags))
     return results
 
 
@@ -193,15 +193,15 @@ def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype
         flags = _flags(grad_b, out_b, sizes_b, offset_b, False)
         dlhs = matmul_p.bind(grad, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=True,
                              out_dtype=dtype, has_bias=False, batched=flags)
-        results[0] = _unbatched(dlhs, lhs_b, any(flags))
+        results[0] = _cotangent(dlhs, lhs, lhs_b, any(flags))
     if ad.is_undefined_primal(grad):  # d grad[r] = lhs[r] @ ct[g]
         dtype = grad.aval.dtype
         flags = _flags(lhs_b, out_b, sizes_b, offset_b, False)
         dgrad = matmul_p.bind(lhs, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=False,
                               out_dtype=dtype, has_bias=False, batched=flags)
-        results[1] = _unbatched(dgrad, grad_b, any(flags))
+        results[1] = _cotangent(dgrad, grad, grad_b, any(flags))
     if accumulate and ad.is_undefined_primal(acc):
-        results[4] = _unbatched(ct.astype(acc.aval.dtype), acc_b, out_b)
+        results[4] = _cotangent(ct.astype(acc.aval.dtype), acc, acc_b, out_b)
     return results
 
 
@@ -231,7 +231,7 @@ def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype, batc
     num_rows = grad.aval.shape[1 if grad_b else 0]
     rows = bias_rows(ct.astype(dtype), sizes, offset, num_rows=num_rows, transpose_rhs=False, out_dtype=dtype,
                      batched=(any(batched), sizes_b, offset_b))
-    return [_unbatched(rows, grad_b, any(batched)), None, None]
+    return [_cotangent(rows, grad, grad_b, any(batched)), None, None]
 
 
 bias_grad_p = _define("groupgemm_bias_grad", raw.bias_grad, _bias_grad_present, _bias_grad_jvp,

@@ -1,0 +1,357 @@
+"""Under jax.jit with sharded inputs on 4 CPU devices, groupgemm's JAX ops partition
+themselves (jax_ext/partitioning.py): in the compiled program each device's custom call
+sees only its shard, no weight or token array is all-gathered, and the only collectives
+are the ones the layout needs. Values and gradients match the float64 reference, and the
+unsharded call bit for bit where each device runs the unsharded call's GEMMs."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import expert_reference as expert_ref
+import reference as ref
+from bits import assert_same_bits
+from hlo import collectives, compiled_text, custom_calls, mesh_axis_groups
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import groupgemm.jax as gj
+
+M, K, N = 16, 8, 12
+SIZES = (5, 0, 6, 3)  # an empty expert, two padding rows; 4-row blocks cut through groups
+WINDOW_SIZES = (2, 4, 0, 3, 5, 1, 0, 1)  # group_offset 2 picks global experts 2..5
+MATMUL, WGRAD, BIAS_GRAD = "groupgemm_matmul", "groupgemm_wgrad", "groupgemm_bias_grad"
+
+
+def mesh_1d():
+    return jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def mesh_2d(names):
+    return jax.make_mesh((2, 2), names, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def put(mesh, x, *spec):
+    return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+
+def data(seed=0):
+    rng = np.random.default_rng(seed)
+    f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    return dict(lhs=f32(M, K), rhs=f32(4, K, N), bias=f32(4, N), dout=f32(M, N), acc=f32(4, K, N))
+
+
+def no_gathers(text):
+    gathers = collectives(text, "all-gather")
+    assert not gathers, f"all-gathers: {gathers}"
+
+
+def reduced(text):
+    """The result shapes of every all-reduce."""
+    return [shape for shapes, _ in collectives(text, "all-reduce") for shape in shapes]
+
+
+def operands_of(text, target):
+    calls = custom_calls(text, target)
+    assert calls, f"no {target} call"
+    return [operands for _, operands in calls]
+
+
+def results_of(text, target):
+    return [results[0] for results, _ in custom_calls(text, target)]
+
+
+# ---- grouped_matmul: each layout, forward and gradients ------------------------------
+
+# name: lhs spec, rhs spec, bias spec, transpose_rhs, group_offset, the operand shapes of
+# each device's forward call (lhs, rhs) and the all-reduces the forward needs.
+LAYOUTS = {
+    "rows": (P("x"), P(), P(), False, None, ((4, K), (4, K, N)), []),
+    "rows_window": (P("x"), P(), P(), False, 2, ((4, K), (4, K, N)), []),
+    "n": (P(), P(None, None, "x"), P(None, "x"), False, None, ((M, K), (4, K, 3)), []),
+    "n_transposed": (P(), P(None, "x", None), P(None, "x"), True, None, ((M, K), (4, 3, K)), []),
+    "k": (P(None, "x"), P(None, "x", None), P(), False, None, ((M, 2), (4, 2, N)), [(M, N)]),
+    "experts": (P(), P("x"), P("x"), False, None, ((M, K), (1, K, N)), [(M, N)]),
+    "experts_window": (P(), P("x"), P("x"), False, 2, ((M, K), (1, K, N)), [(M, N)]),
+}
+# Where each device runs exactly the unsharded call's GEMMs (the rest sum differently).
+BITWISE = {"experts", "experts_window"}
+
+
+def _layout_inputs(name):
+    lhs_spec, rhs_spec, bias_spec, transpose, offset, _, _ = LAYOUTS[name]
+    d = data()
+    rhs = d["rhs"].transpose(0, 2, 1).copy() if transpose else d["rhs"]
+    sizes = np.asarray(SIZES if offset is None else WINDOW_SIZES, np.int32)
+    call = functools.partial(gj.grouped_matmul, transpose_rhs=transpose,
+                             group_offset=None if offset is None else jnp.int32(offset))
+    mesh = mesh_1d()
+    sharded = (put(mesh, d["lhs"], *lhs_spec), put(mesh, rhs, *rhs_spec), put(mesh, d["bias"], *bias_spec))
+    return d, rhs, sizes, offset or 0, call, sharded
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_grouped_matmul_runs_on_each_devices_shard_and_matches_the_reference(name):
+    _, _, _, transpose, _, shard_shapes, forward_reduces = LAYOUTS[name]
+    d, rhs, sizes, offset, call, (lhs_s, rhs_s, bias_s) = _layout_inputs(name)
+    forward = jax.jit(lambda lhs, rhs, bias, sizes: call(lhs, rhs, sizes, bias=bias))
+    out = forward(lhs_s, rhs_s, bias_s, sizes)
+
+    expected = ref.grouped_matmul(d["lhs"], rhs, sizes, d["bias"], transpose, offset)
+    ref.assert_close(out, expected, "float32", name)
+    padding = ref.padding_rows(sizes, M, 4, offset)
+    assert (np.asarray(out)[padding] == 0).all()
+    if name in BITWISE:
+        assert_same_bits(out, call(d["lhs"], rhs, sizes, bias=d["bias"]), name)
+
+    text = compiled_text(forward, lhs_s, rhs_s, bias_s, sizes)
+    no_gathers(text)
+    assert [ops[:2] for ops in operands_of(text, MATMUL)] == [list(shard_shapes)]
+    assert reduced(text) == forward_reduces
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_grouped_matmul_gradients_are_computed_where_their_shards_live(name):
+    _, _, _, transpose, _, _, _ = LAYOUTS[name]
+    d, rhs, sizes, offset, call, sharded = _layout_inputs(name)
+    dout = d["dout"]
+    loss = lambda lhs, rhs, bias: jnp.sum(call(lhs, rhs, sizes, bias=bias) * dout)  # noqa: E731
+    # Gradients stay where their parameters live, as a training step's update keeps them.
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), out_shardings=tuple(x.sharding for x in sharded))
+    dlhs, drhs, dbias = grad(*sharded)
+
+    expect_drhs = ref.grouped_matmul_wgrad(d["lhs"], dout, sizes, 4, offset)
+    ref.assert_close(dlhs, ref.grouped_matmul(dout, rhs, sizes, None, not transpose, offset), "float32", "dlhs")
+    ref.assert_close(drhs, expect_drhs.transpose(0, 2, 1) if transpose else expect_drhs, "float32", "drhs")
+    ref.assert_close(dbias, ref.grouped_bias_grad(dout, sizes, 4, offset), "float32", "dbias")
+    for g in ref.empty_groups(sizes, M, 4, offset):
+        assert (np.asarray(drhs)[g] == 0).all() and (np.asarray(dbias)[g] == 0).all()
+    if name in BITWISE:
+        for got, want, what in zip((dlhs, drhs, dbias), jax.grad(loss, argnums=(0, 1, 2))(d["lhs"], rhs, d["bias"]),
+                                   ("dlhs", "drhs", "dbias")):
+            assert_same_bits(got, want, what)
+
+    text = compiled_text(grad, *sharded)
+    no_gathers(text)
+    assert results_of(text, WGRAD) == [sharded[1].sharding.shard_shape(rhs.shape)]
+    if name.startswith("experts"):  # each device's experts' gradients, where they live: no collective
+        assert results_of(text, BIAS_GRAD) == [(1, N)]
+        assert all(len(shape) < 3 for shape in reduced(text)), reduced(text)
+
+
+# ---- grouped_matmul_wgrad -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, specs, out_spec, call_shapes, reduces", [
+    ("rows", (P("x"), P("x")), P(), ((4, K), (4, N)), [(4, K, N)]),  # data parallel: one all-reduce
+    ("experts", (P(), P()), P("x"), ((M, K), (M, N)), []),  # each device its experts, no collective
+    ("k_and_n", (P(None, "x"), P()), P(None, "x"), ((M, 2), (M, N)), []),
+])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["fresh", "accumulate"])
+def test_wgrad_partitions_and_counts_the_accumulator_once(name, specs, out_spec, call_shapes, reduces, accumulate):
+    d, mesh = data(), mesh_1d()
+    sizes = np.asarray(SIZES, np.int32)
+    lhs, grad = put(mesh, d["lhs"], *specs[0]), put(mesh, d["dout"], *specs[1])
+    acc = put(mesh, d["acc"], *out_spec) if accumulate else None
+    wgrad = jax.jit(lambda lhs, grad, acc: gj.grouped_matmul_wgrad(lhs, grad, sizes, num_groups=4, accumulate_into=acc),
+                    out_shardings=NamedSharding(mesh, out_spec))
+    out = wgrad(lhs, grad, acc)
+
+    ref.assert_close(out, ref.grouped_matmul_wgrad(d["lhs"], d["dout"], sizes, 4,
+                                                   accumulate_into=d["acc"] if accumulate else None), "float32", name)
+    assert_same_bits(np.asarray(out)[1], d["acc"][1] if accumulate else np.zeros((K, N), np.float32), "empty group")
+    if name == "experts":
+        assert_same_bits(out, gj.grouped_matmul_wgrad(d["lhs"], d["dout"], sizes, num_groups=4,
+                                                      accumulate_into=d["acc"] if accumulate else None), name)
+    text = compiled_text(wgrad, lhs, grad, acc)
+    no_gathers(text)
+    assert [ops[:2] for ops in operands_of(text, WGRAD)] == [list(call_shapes)]
+    assert reduced(text) == reduces
+
+
+# ---- the drop-ins ---------------------------------------------------------------------
+
+
+def test_ragged_dot_gmm_and_tgmm_partition_like_grouped_matmul():
+    d, mesh = data(), mesh_1d()
+    sizes = np.asarray(SIZES, np.int32)
+    rows, experts = put(mesh, d["lhs"], "x"), put(mesh, d["rhs"], "x")
+    dims = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
+                                             rhs_group_dimensions=[])
+    ops = {
+        "ragged_dot rows": (lambda x, w: gj.ragged_dot(x, w, sizes), (rows, d["rhs"]),
+                            ref.grouped_matmul(d["lhs"], d["rhs"], sizes)),
+        "ragged_dot experts": (lambda x, w: gj.ragged_dot(x, w, sizes), (d["lhs"], experts),
+                               ref.grouped_matmul(d["lhs"], d["rhs"], sizes)),
+        "gmm experts": (lambda x, w: gj.gmm(x, w, sizes), (d["lhs"], experts),
+                        ref.grouped_matmul(d["lhs"], d["rhs"], sizes)),
+        "ragged_dot_general contracting rows": (
+            lambda x, g: gj.ragged_dot_general(x, g, sizes, dims), (rows, put(mesh, d["dout"], "x")),
+            ref.grouped_matmul_wgrad(d["lhs"], d["dout"], sizes, 4)),
+        "tgmm rows": (lambda x, g: gj.tgmm(x.T, g, sizes), (rows, put(mesh, d["dout"], "x")),
+                      ref.grouped_matmul_wgrad(d["lhs"], d["dout"], sizes, 4)),
+    }
+    for what, (fn, args, expected) in ops.items():
+        jitted = jax.jit(fn)
+        ref.assert_close(jitted(*args), expected, "float32", what)
+        text = compiled_text(jitted, *args)
+        no_gathers(text)
+        target = WGRAD if expected.ndim == 3 else MATMUL
+        first = operands_of(text, target)[0]
+        assert first[0][0] == (4 if "rows" in what else M), (what, first)
+        assert "experts" not in what or first[1][0] == 1, (what, first)
+
+
+# ---- the expert layer -----------------------------------------------------------------
+
+
+def test_router_and_unpermute_run_on_each_devices_tokens():
+    rng, mesh = np.random.default_rng(1), mesh_1d()
+    t, e, h, k = 16, 6, 8, 2
+    logits = rng.standard_normal((t, e)).astype(np.float32)
+    tokens = rng.standard_normal((t, h)).astype(np.float32)
+    dout = rng.standard_normal((t, h)).astype(np.float32)
+    probs, experts = gj.softmax_topk(logits, k)
+    permuted, _, row_map = gj.permute(tokens, experts, e)
+
+    def layer(logits, permuted, row_map):
+        probs, _ = gj.softmax_topk(logits, k)
+        return gj.unpermute(permuted, row_map, probs)
+
+    loss = lambda *a: jnp.sum(layer(*a) * dout)  # noqa: E731
+    args = (put(mesh, logits, "x"), permuted, put(mesh, row_map, "x"))  # permuted replicated: any row is local
+    fwd, grad = jax.jit(layer), jax.jit(jax.grad(loss, argnums=(0, 1)))
+    assert_same_bits(fwd(*args), layer(logits, permuted, row_map), "forward")
+    for got, want, what in zip(grad(*args), jax.grad(loss, argnums=(0, 1))(logits, permuted, row_map),
+                               ("dlogits", "dpermuted")):
+        assert_same_bits(got, want, what)
+    probs64, experts64 = expert_ref.softmax_topk(logits, k, True)
+    np.testing.assert_array_equal(experts, experts64)
+    ref.assert_close(fwd(*args), expert_ref.unpermute(np.asarray(permuted), np.asarray(row_map), probs64),
+                     "float32", "unpermute")
+
+    text = compiled_text(fwd, *args) + compiled_text(grad, *args)
+    no_gathers(text)
+    for target, token_operand in (("groupgemm_softmax_topk", 0), ("groupgemm_softmax_topk_backward", 0),
+                                  ("groupgemm_unpermute", 1)):  # unpermute: each device's row_map
+        assert all(ops[token_operand][0] == t // 4 for ops in operands_of(text, target)), target
+    # Each device scatters its tokens' rows; one all-reduce sums dpermuted.
+    assert [ops[0] for ops in operands_of(text, "groupgemm_unpermute_backward")] == [(t // 4, h)]
+    assert reduced(compiled_text(grad, *args)) == [(t * k, h)]
+
+
+def test_permute_keeps_a_sharded_hidden_dimension_local():
+    rng, mesh = np.random.default_rng(2), mesh_1d()
+    tokens = rng.standard_normal((6, 8)).astype(np.float32)
+    experts = np.asarray([[0, 2], [2, 2], [0, -1], [1, 2], [0, 1], [2, 0]], np.int32)
+
+    def layer(tokens):
+        permuted, sizes, row_map = gj.permute(tokens, experts, 3)
+        return gj.unpermute(permuted * 2, row_map), sizes
+
+    jitted = jax.jit(layer)
+    args = (put(mesh, tokens, None, "x"),)
+    for got, want in zip(jitted(*args), layer(tokens)):
+        assert_same_bits(got, want, "permute")
+    text = compiled_text(jitted, *args)
+    no_gathers(text)
+    assert [ops[0] for ops in operands_of(text, "groupgemm_permute")] == [(6, 2)]
+
+
+# ---- the grouped MLP on 2-D meshes ----------------------------------------------------
+
+
+def mlp_inputs(seed, e=4, h=8, f=8, gated=False):
+    rng = np.random.default_rng(seed)
+    f32 = lambda *shape: (rng.standard_normal(shape) / 2).astype(np.float32)  # noqa: E731
+    return f32(M, h), f32(e, h, 2 * f if gated else f), f32(e, f, h), f32(M, h)
+
+
+def test_grouped_mlp_on_data_by_tensor_mesh_splits_columns_then_rows():
+    """Megatron's tensor parallelism: fc1 column-parallel, the activation on each device's
+    columns, fc2 row-parallel with one all-reduce; tokens sharded over data."""
+    mesh = mesh_2d(("data", "tensor"))
+    x, w_in, w_out, dout = mlp_inputs(3)
+    sizes = np.asarray(SIZES, np.int32)
+    loss = lambda x, w_in, w_out: jnp.sum(gj.grouped_mlp(x, w_in, w_out, sizes, activation="gelu") * dout)  # noqa: E731
+    args = (put(mesh, x, "data"), put(mesh, w_in, None, None, "tensor"), put(mesh, w_out, None, "tensor"))
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), out_shardings=(None, tuple(a.sharding for a in args)))
+    value, grads = grad(*args)
+
+    t = sizes.copy()
+    y, (dx, dw_in, dw_out, _, _) = expert_ref.grouped_mlp_and_grads(
+        x, w_in.transpose(0, 2, 1), w_out.transpose(0, 2, 1), t, "gelu", None, None, dout)
+    ref.assert_close(value, np.sum(y * dout), "float32", "loss")
+    for got, want, what in zip(grads, (dx, dw_in.transpose(0, 2, 1), dw_out.transpose(0, 2, 1)),
+                               ("dx", "dw_in", "dw_out")):
+        ref.assert_close(got, want, "float32", what)
+
+    text = compiled_text(grad, *args)
+    no_gathers(text)
+    assert all(ops[0][0] == M // 2 for ops in operands_of(text, MATMUL))  # each device its tokens
+    assert all(ops[0] == (M // 2, 4) for ops in operands_of(text, "groupgemm_activation"))  # and its columns
+    assert sorted(results_of(text, WGRAD)) == [(4, 4, H_OUT), (4, H_OUT, 4)]
+
+
+H_OUT = 8
+
+
+def moe_block(x, router, w_in, w_out):
+    """The MoE block of examples/moe_block.py for one routing group ``x [T, H]``."""
+    logits = gj.grouped_matmul(x, router[None], jnp.array([x.shape[0]], jnp.int32))
+    probs, experts = gj.softmax_topk(logits, 2)
+    permuted, sizes, row_map = gj.permute(x, experts, router.shape[1])
+    y = gj.grouped_mlp(permuted, w_in, w_out, sizes, activation="swiglu")
+    return gj.unpermute(y, row_map, probs)
+
+
+def moe_reference(x, router, w_in, w_out):
+    """moe_block in float64 NumPy."""
+    probs, experts = expert_ref.softmax_topk(np.asarray(x, np.float64) @ router, 2, True)
+    permuted, sizes, row_map = expert_ref.permute(x, experts, router.shape[1])
+    h = ref.grouped_matmul(permuted, w_in, sizes)
+    y = ref.grouped_matmul(expert_ref.activation(h, "swiglu"), w_out, sizes)
+    return expert_ref.unpermute(y, row_map, probs)
+
+
+def test_moe_block_on_data_by_expert_mesh_keeps_tokens_and_experts_on_their_devices():
+    """Routing groups (vmap over a leading axis, GShard's groups) sharded over data, experts
+    over expert: each device routes its group's tokens and runs its own experts; the expert
+    layer's partial outputs meet in all-reduces over expert, and the weight gradients, each
+    computed where its experts live, in one all-reduce over data."""
+    mesh = mesh_2d(("data", "expert"))
+    rng = np.random.default_rng(4)
+    groups, t, h, f, e = 2, 6, 8, 8, 4
+    x = rng.standard_normal((groups, t, h)).astype(np.float32)
+    router = rng.standard_normal((h, e)).astype(np.float32)
+    w_in = (rng.standard_normal((e, h, 2 * f)) / 3).astype(np.float32)
+    w_out = (rng.standard_normal((e, f, h)) / 3).astype(np.float32)
+    dout = rng.standard_normal((groups, t, h)).astype(np.float32)
+    block = jax.vmap(moe_block, in_axes=(0, None, None, None))
+    loss = lambda *a: jnp.sum(block(*a) * dout)  # noqa: E731
+    args = (put(mesh, x, "data"), put(mesh, router), put(mesh, w_in, "expert"), put(mesh, w_out, "expert"))
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), out_shardings=(None, tuple(a.sharding for a in args)))
+    value, grads = step(*args)
+
+    out = jax.jit(block)(*args)
+    for i in range(groups):
+        ref.assert_close(out[i], moe_reference(x[i], router, w_in, w_out), "float32", f"group {i}")
+    # Each device runs the unsharded call's GEMMs; the partial sums add exact zeros.
+    assert_same_bits(out, block(x, router, w_in, w_out), "forward")
+    want_value, want_grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(x, router, w_in, w_out)
+    assert_same_bits(value, want_value, "loss")
+    for got, want, what in zip(grads, want_grads, ("dx", "drouter", "dw_in", "dw_out")):
+        assert_same_bits(got, want, what)
+
+    text = compiled_text(step, *args)
+    no_gathers(text)
+    assert [ops[0] for ops in operands_of(text, "groupgemm_permute")] == [(t, h)]
+    for ops in operands_of(text, MATMUL):
+        assert ops[0][0] in (t, t * 2), ops  # one group's tokens (router), or their top-2 slots
+    assert sorted(results_of(text, WGRAD)) == [(1, h, e), (2, f, h), (2, h, 2 * f)]  # each device its experts
+    expert_groups, data_groups = mesh_axis_groups(mesh, "expert"), mesh_axis_groups(mesh, "data")
+    for shapes, groups_ in collectives(text, "all-reduce"):
+        weight_grads = [s for s in shapes if len(s) == 3]
+        assert groups_ == (data_groups if weight_grads else expert_groups), (shapes, groups_)
