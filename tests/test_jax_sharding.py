@@ -355,3 +355,123 @@ def test_moe_block_on_data_by_expert_mesh_keeps_tokens_and_experts_on_their_devi
     for shapes, groups_ in collectives(text, "all-reduce"):
         weight_grads = [s for s in shapes if len(s) == 3]
         assert groups_ == (data_groups if weight_grads else expert_groups), (shapes, groups_)
+
+
+# ---- layouts that fall back to gathering ----------------------------------------------
+
+
+def test_layouts_that_cannot_stay_sharded_gather_and_stay_correct():
+    """Tokens and experts on one axis (each device needs every token: all-gather dispatch),
+    swiglu on column shards (gate column j pairs with column F + j) and permute on token
+    shards (the rows come in expert order over all tokens): XLA gathers, values are exact."""
+    mesh, d = mesh_1d(), data()
+    sizes = np.asarray(SIZES, np.int32)
+    x, w_in, w_out, _ = mlp_inputs(5, gated=True)
+    tokens = np.random.default_rng(6).standard_normal((8, 4)).astype(np.float32)
+    experts = np.asarray([[0, 1], [1, 2], [2, 0], [0, -1], [1, 1], [2, 2], [0, 2], [1, 0]], np.int32)
+    cases = {
+        "rows and experts on one axis": (lambda l, r: gj.grouped_matmul(l, r, sizes),
+                                         (put(mesh, d["lhs"], "x"), put(mesh, d["rhs"], "x")), (d["lhs"], d["rhs"])),
+        "swiglu on column shards": (lambda x, a, b: gj.grouped_mlp(x, a, b, sizes),
+                                    (x, put(mesh, w_in, None, None, "x"), put(mesh, w_out, None, "x")), (x, w_in, w_out)),
+        "permute on token shards": (lambda t: gj.permute(t, experts, 3),
+                                    (put(mesh, tokens, "x"),), (tokens,)),
+    }
+    for what, (fn, sharded, plain) in cases.items():
+        jitted = jax.jit(fn)
+        for got, want in zip(jax.tree.leaves(jitted(*sharded)), jax.tree.leaves(fn(*plain))):
+            if what == "swiglu on column shards":  # fc2's partial sums add in another order
+                ref.assert_close(got, want, "float32", what)
+            else:
+                assert_same_bits(got, want, what)
+        assert collectives(compiled_text(jitted, *sharded), "all-gather"), what
+
+
+# ---- explicit axes: types carry shardings ---------------------------------------------
+
+
+def test_results_on_explicit_axes_are_typed_with_their_natural_sharding():
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    d, sizes = data(), np.asarray(SIZES, np.int32)
+    with jax.set_mesh(mesh):
+        cases = {  # operands' specs -> the result's spec
+            "rows": ((P("x"), P()), P("x", None)),
+            "n": ((P(), P(None, None, "x")), P(None, "x")),
+            "experts": ((P(), P("x")), P(None, None)),
+            "k": ((P(None, "x"), P(None, "x")), P(None, None)),
+        }
+        for what, ((lhs_spec, rhs_spec), want) in cases.items():
+            lhs, rhs = put(mesh, d["lhs"], *lhs_spec), put(mesh, d["rhs"], *rhs_spec)
+            loss = lambda lhs, rhs: jnp.sum(gj.grouped_matmul(lhs, rhs, sizes) * d["dout"])  # noqa: E731
+            out = jax.jit(lambda lhs, rhs: gj.grouped_matmul(lhs, rhs, sizes))(lhs, rhs)
+            assert jax.typeof(out).sharding.spec == want and out.sharding.spec == want, what
+            ref.assert_close(out, ref.grouped_matmul(d["lhs"], d["rhs"], sizes), "float32", what)
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+            dlhs, drhs = grad(lhs, rhs)  # each typed like its primal
+            assert dlhs.sharding.is_equivalent_to(lhs.sharding, 2), what
+            assert drhs.sharding.is_equivalent_to(rhs.sharding, 3), what
+            ref.assert_close(drhs, ref.grouped_matmul_wgrad(d["lhs"], d["dout"], sizes, 4), "float32", what)
+            text = compiled_text(grad, lhs, rhs)
+            no_gathers(text)
+            assert results_of(text, WGRAD) == [rhs.sharding.shard_shape(rhs.shape)], what
+
+        logits = put(mesh, d["lhs"], "x")
+        probs, experts = jax.jit(lambda l: gj.softmax_topk(l, 2))(logits)
+        assert jax.typeof(probs).sharding.spec == P("x", None) == jax.typeof(experts).sharding.spec
+        wgrad = gj.grouped_matmul_wgrad(put(mesh, d["lhs"], None, "x"), d["dout"], sizes, num_groups=4)
+        assert jax.typeof(wgrad).sharding.spec == P(None, "x", None)
+
+
+def test_jax_lax_ragged_dot_out_sharding_test_passes_against_groupgemm():
+    """jax's own tests/lax_test.py test_ragged_dot_out_sharding and
+    test_ragged_dot_general_out_sharding, on groupgemm's drop-ins."""
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    dnums = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
+    calls = {
+        "ragged_dot": lambda lhs, rhs, gs: gj.ragged_dot(lhs, rhs, gs, out_sharding=jax.P("x", None)),
+        "ragged_dot_general": lambda lhs, rhs, gs: gj.ragged_dot_general(lhs, rhs, gs, dnums,
+                                                                         out_sharding=jax.P("x", None)),
+    }
+    with jax.set_mesh(mesh):
+        args = [jnp.ones((16, 4)), jnp.ones((2, 4, 3)), jnp.array([8, 8])]
+        for what, call in calls.items():
+            def f(lhs, rhs, gs):
+                out = call(lhs, rhs, gs)
+                assert jax.typeof(out).sharding.spec == jax.P("x", None), what
+                return out
+
+            assert f(*args).sharding == NamedSharding(mesh, jax.P("x", None)), what  # eager
+            assert jax.jit(f)(*args).sharding == NamedSharding(mesh, jax.P("x", None)), what
+            assert "sharding_constraint" in jax.jit(f).lower(*args).as_text(), what
+            np.testing.assert_array_equal(jax.jit(f)(*args), np.full((16, 3), 4.0, np.float32))
+
+
+# ---- eager calls and GSPMD ------------------------------------------------------------
+
+
+def test_eager_calls_on_sharded_arrays_partition_too():
+    mesh, d = mesh_1d(), data()
+    sizes = np.asarray(SIZES, np.int32)
+    out = gj.grouped_matmul(put(mesh, d["lhs"], "x"), d["rhs"], sizes)
+    assert out.sharding.spec == P("x")
+    ref.assert_close(out, ref.grouped_matmul(d["lhs"], d["rhs"], sizes), "float32", "eager")
+    probs, _ = gj.softmax_topk(put(mesh, d["lhs"], "x"), 2)
+    assert probs.sharding.spec == P("x")
+
+
+def test_gspmd_partitions_rows_and_experts_too():
+    """Where Shardy is off (the default before jax 0.7), the same rules run as GSPMD's callbacks."""
+    mesh, d = mesh_1d(), data()
+    sizes = np.asarray(SIZES, np.int32)
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        for spec_lhs, spec_rhs, call_shapes in ((P("x"), P(), [(4, K), (4, K, N)]), (P(), P("x"), [(M, K), (1, K, N)])):
+            args = (put(mesh, d["lhs"], *spec_lhs), put(mesh, d["rhs"], *spec_rhs))
+            # GSPMD replicates a result whose sharding is left open; Shardy keeps the call's.
+            forward = jax.jit(lambda lhs, rhs: gj.grouped_matmul(lhs, rhs, sizes), out_shardings=args[0].sharding)
+            ref.assert_close(forward(*args), ref.grouped_matmul(d["lhs"], d["rhs"], sizes), "float32", "gspmd")
+            text = compiled_text(forward, *args)
+            no_gathers(text)
+            assert [ops[:2] for ops in operands_of(text, MATMUL)] == [call_shapes]
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", True)
