@@ -47,7 +47,7 @@ def _finish(out, cast, out_sharding):
     out = out if cast is None else out.astype(cast)
     if out_sharding is None:
         return out
-    if explicit_types(jax.typeof(out)):
+    if explicit_types(getattr(out, "aval", None)):
         return jax.sharding.reshard(out, out_sharding)
     return jax.lax.with_sharding_constraint(out, out_sharding)
 

@@ -176,8 +176,38 @@ def _index(axes):
     return jax.lax.axis_index(axes[0] if len(axes) == 1 else axes)
 
 
-def _local_call(fn, layout, static, mesh, axes, sizes):
-    """The per-device function: local group sizes / offset, the call, the psums."""
+def _summed_axes(layout, axes, dims):
+    """The mesh axes a result of factors ``dims`` is summed over."""
+    return tuple(a for f in layout.summed if f in axes and f not in dims.split() for a in axes[f])
+
+
+def _scatters(whole, layout, axes, result_specs):
+    """Per result, (dimension, axes) to reduce-scatter it along, or None: where XLA wants a
+    summed result sharded over summed axes along an unsharded dimension (tokens gathered to
+    meet experts on their axis: the all-gather dispatch's reduce-scatter) the sum scatters."""
+    scatters = []
+    for whole_dims, dims, spec in zip(whole.results, layout.results, result_specs):
+        over, lead, choice = _summed_axes(layout, axes, dims), len(whole_dims.split()) - len(dims.split()), None
+        for j, factor in enumerate(dims.split()):
+            wanted = _entry_axes(spec[lead + j]) if spec is not None else ()
+            if wanted and factor not in axes and set(wanted) <= set(over):
+                choice = (j, wanted)
+                break
+        scatters.append(choice)
+    return scatters
+
+
+def _result_spec(dims, axes, scatter, lead):
+    spec = list(_spec(dims, axes))
+    if scatter is not None:
+        j, wanted = scatter
+        spec[lead + j] = wanted[0] if len(wanted) == 1 else wanted
+    return P(*spec)
+
+
+def _local_call(fn, layout, static, mesh, axes, sizes, scatters):
+    """The per-device function: local group sizes / offset, the call, the psums (or
+    reduce-scatters)."""
     summed = [f for f in layout.summed if f in axes]
 
     def call(*operands):
@@ -202,8 +232,11 @@ def _local_call(fn, layout, static, mesh, axes, sizes):
                 operands[i] = jnp.where(_index(tuple(lacking)) == 0, operands[i], jnp.zeros_like(operands[i]))
         results = fn(*operands, **kwargs)
         out = []
-        for dims, r in zip(layout.results, results):
-            over = tuple(a for f in summed if f not in dims.split() for a in axes[f])
+        for dims, r, scatter in zip(layout.results, results, scatters):
+            over = _summed_axes(layout, axes, dims)
+            if scatter is not None:
+                r = jax.lax.psum_scatter(r, scatter[1], scatter_dimension=scatter[0], tiled=True)
+                over = tuple(a for a in over if a not in scatter[1])
             out.append(jax.lax.psum(r, over) if over else r)
         return tuple(out)
 
@@ -259,9 +292,13 @@ def _custom_partitioned(fn, layout, static, batched):
         if plan is None:
             return mesh, unpartitioned, _replicated(mesh, len(results)), _replicated(mesh, len(arg_shapes))
         axes, sizes = plan
+        result_specs = [_named_spec(getattr(r, "sharding", None), len(r.shape)) for r in results]
+        scatters = _scatters(whole, layout, axes, result_specs)
+        lead = int(any(batched))
         arg_shardings = tuple(NamedSharding(mesh, _spec(d, axes)) for d in whole.operands)
-        result_shardings = tuple(NamedSharding(mesh, _spec(d, axes)) for d in whole.results)
-        local = _local_call(fn, layout, static, mesh, axes, sizes)
+        result_shardings = tuple(NamedSharding(mesh, _result_spec(d, axes, sc, lead))
+                                 for d, sc in zip(whole.results, scatters))
+        local = _local_call(fn, layout, static, mesh, axes, sizes, scatters)
         return mesh, _mapped(local, batched), result_shardings, arg_shardings
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
@@ -316,7 +353,7 @@ def typed_like(x, aval):
     """``x`` with ``aval``'s sharding as its type, on a mesh with explicit axes (the
     cotangent of an operand, a tangent summed into a result, must be typed like it)."""
     want = getattr(aval, "sharding", None)
-    if not _explicit_mesh(getattr(want, "mesh", None)) or jax.typeof(x).sharding == want:
+    if not _explicit_mesh(getattr(want, "mesh", None)) or getattr(x, "aval", x).sharding == want:
         return x
     return jax.sharding.reshard(x, want)
 

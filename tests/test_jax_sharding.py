@@ -360,22 +360,40 @@ def test_moe_block_on_data_by_expert_mesh_keeps_tokens_and_experts_on_their_devi
 # ---- layouts that fall back to gathering ----------------------------------------------
 
 
-def test_layouts_that_cannot_stay_sharded_gather_and_stay_correct():
-    """Tokens and experts on one axis (each device needs every token: all-gather dispatch),
-    swiglu on column shards (gate column j pairs with column F + j) and permute on token
-    shards (the rows come in expert order over all tokens): XLA gathers, values are exact."""
+def test_tokens_and_experts_on_one_axis_gather_the_tokens_and_reduce_scatter_the_outputs():
+    """Each device needs every token routed to its experts: Megatron's all-gather dispatch.
+    The tokens (and the incoming gradient) are gathered, the experts stay where they are,
+    the outputs and the token gradients are reduce-scattered back to the token shards."""
     mesh, d = mesh_1d(), data()
+    sizes = np.asarray(SIZES, np.int32)
+    loss = lambda lhs, rhs, dout: jnp.sum(gj.grouped_matmul(lhs, rhs, sizes) * dout)  # noqa: E731
+    args = (put(mesh, d["lhs"], "x"), put(mesh, d["rhs"], "x"), put(mesh, d["dout"], "x"))
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), out_shardings=(None, tuple(a.sharding for a in args[:2])))
+    value, grads = step(*args)
+    want_value, want_grads = jax.value_and_grad(loss, argnums=(0, 1))(d["lhs"], d["rhs"], d["dout"])
+    ref.assert_close(value, np.asarray(want_value, np.float64), "float32", "loss")  # jnp.sum adds in shards
+    for got, want, what in zip(grads, want_grads, ("dlhs", "drhs")):
+        assert_same_bits(got, want, what)
+
+    text = compiled_text(step, *args)
+    assert [shapes for shapes, _ in collectives(text, "all-gather")] == [[(M, K)], [(M, N)]]  # tokens, dout
+    assert [shapes for shapes, _ in collectives(text, "reduce-scatter")] == [[(4, N)], [(4, K)]]  # out, dlhs
+    assert results_of(text, WGRAD) == [(1, K, N)]
+    assert all(len(shape) < 3 for shape in reduced(text))
+
+
+def test_layouts_that_cannot_stay_sharded_gather_and_stay_correct():
+    """swiglu on column shards (gate column j pairs with column F + j) and permute on token
+    shards (its rows come in expert order over all tokens): XLA gathers, values are exact."""
+    mesh = mesh_1d()
     sizes = np.asarray(SIZES, np.int32)
     x, w_in, w_out, _ = mlp_inputs(5, gated=True)
     tokens = np.random.default_rng(6).standard_normal((8, 4)).astype(np.float32)
     experts = np.asarray([[0, 1], [1, 2], [2, 0], [0, -1], [1, 1], [2, 2], [0, 2], [1, 0]], np.int32)
     cases = {
-        "rows and experts on one axis": (lambda l, r: gj.grouped_matmul(l, r, sizes),
-                                         (put(mesh, d["lhs"], "x"), put(mesh, d["rhs"], "x")), (d["lhs"], d["rhs"])),
         "swiglu on column shards": (lambda x, a, b: gj.grouped_mlp(x, a, b, sizes),
                                     (x, put(mesh, w_in, None, None, "x"), put(mesh, w_out, None, "x")), (x, w_in, w_out)),
-        "permute on token shards": (lambda t: gj.permute(t, experts, 3),
-                                    (put(mesh, tokens, "x"),), (tokens,)),
+        "permute on token shards": (lambda t: gj.permute(t, experts, 3), (put(mesh, tokens, "x"),), (tokens,)),
     }
     for what, (fn, sharded, plain) in cases.items():
         jitted = jax.jit(fn)
