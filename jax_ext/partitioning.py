@@ -1,14 +1,17 @@
 """How each raw call partitions itself under ``jax.jit`` with sharded operands.
 
-A raw call (raw.py, expert_raw.py) is a function of its array operands that returns a
-tuple of results through ``jax.ffi.ffi_call``. ``partitioned(fn, layout)`` makes it an XLA
+A raw call (raw.py, expert_raw.py) is a function of its array operands and static
+arguments that returns a tuple of results through ``jax.ffi.ffi_call``. Decorated with
+``@partitioned(layout)`` it becomes a JAX primitive whose lowering is an XLA
 custom-partitioned call (``jax.experimental.custom_partitioning``): under jit each device
-runs ``fn`` on its own shard and XLA never gathers what the layout can keep sharded.
-Inside shard_map, on one device and in eager mode the call is ``fn`` itself.
+runs the function on its own shard, and XLA gathers only what the layout cannot keep
+sharded. Inside shard_map and on one device the call is the function itself. Under vmap
+the batch axis is one more factor (each device maps over its entries), and on a mesh with
+explicit axes the results' types carry the shardings the call leaves.
 
-A ``Layout`` says it declaratively, with one factor name per array dimension (Shardy's
-einsum-like sharding rules: ``"m k"`` for ``lhs [M, K]``, ``""`` for a scalar). A factor
-sharded over some mesh axes means, on each device:
+A ``Layout`` says it declaratively, with one factor name per dimension of each operand
+and result (Shardy's einsum-like sharding rules: ``"m k"`` for ``lhs [M, K]``, ``""`` for a
+scalar). A factor sharded over some mesh axes means, on each device:
 
 - by default (passthrough), the device's slice of that dimension, in operands and
   results alike (N of a GEMM, the tokens of the router);
@@ -18,19 +21,20 @@ sharded over some mesh axes means, on each device:
   window and calls with ``group_offset + d * G_local``, so other devices' rows are padding;
 - ``summed``: the device's results are partial sums over the factor (K of a GEMM, the
   experts of a forward, the rows of a weight gradient): one ``psum`` over its axes gives
-  every result that lacks the factor; the ``added`` operands (bias, accumulator) take
-  part on one device of those axes only, zeros elsewhere;
+  each result that lacks the factor (a reduce-scatter where XLA wants that result sharded
+  over those axes); the ``added`` operands (bias, accumulator) take part on one device of
+  those axes, zeros elsewhere;
 - ``replicated``: it cannot be sharded (the group sizes, a sort over all tokens): XLA
   gathers it before the call.
-``local_sizes`` names static arguments that are a factor's size (``num_groups``): the
-device's call gets its shard's size. A factor sharded on several operands in different
-ways takes the first operand's axes (the experts factor first); an axis is used by one
-factor at most. Under Shardy the layout is also the sharding rule that propagation
-reads; under GSPMD (older jax) the same resolution gives the results' shardings.
+``local_sizes`` names static arguments that are a factor's size (``num_groups``): each
+device's call gets its shard's. Where operands shard a factor differently the first one
+wins (the experts factor is resolved first, so weights stay put); a mesh axis serves one
+factor at most. Under Shardy the layout is the sharding rule propagation reads; under
+GSPMD (the default before jax 0.7) the same resolution answers GSPMD's callbacks.
 
-A new raw call is one ``partitioned(...)`` with its layout; a call whose layout depends on
-its static arguments passes a function of them (called with the number of operands too,
-so optional trailing operands are simply left out of the strings).
+A new raw call is its function with ``@partitioned(Layout(...))`` above it; a layout that
+depends on the static arguments is a function of them and ``num_operands`` (optional
+trailing operands, such as a bias, are left out of the call and of the strings).
 """
 
 import dataclasses
@@ -56,15 +60,15 @@ BATCH = "vmapped"  # the factor of a vmapped axis
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    operands: tuple
-    results: tuple
-    rows: str = None
-    groups: str = None
-    summed: tuple = ()
-    replicated: tuple = ()
-    added: tuple = ()
-    sizes: int = None  # operand index of group_sizes (needed by rows)
-    offset: int = None  # operand index of group_offset (needed by groups)
+    operands: tuple  # factor names of each operand's dimensions, "m k"
+    results: tuple  # and of each result's
+    rows: str = None  # the ragged row factor
+    groups: str = None  # the expert factor
+    summed: tuple = ()  # factors the results are partial sums over
+    replicated: tuple = ()  # factors that cannot be sharded
+    added: tuple = ()  # operand indices added into summed results (bias, accumulator)
+    sizes: int = None  # operand index of group_sizes (rows needs it)
+    offset: int = None  # operand index of group_offset (groups needs it)
     local_sizes: tuple = ()  # (static argument, factor) pairs
 
     def truncated(self, num_operands):
@@ -279,7 +283,7 @@ def _replicated(mesh, n):
     return tuple(NamedSharding(mesh, P()) for _ in range(n))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _custom_partitioned(fn, layout, static, batched):
     """The custom-partitioned call of ``fn`` (its operands ``batched`` along a leading axis)."""
     static = dict(static)
@@ -371,8 +375,7 @@ class Partitioned:
     """A raw call ``fn(*operands, **static) -> tuple of results`` as a JAX primitive whose
     lowering is the custom-partitioned call (see the module docstring). ``layout`` is a
     ``Layout``, or a function of the static arguments and ``num_operands`` returning one.
-    Static arguments are hashable. Under vmap the call runs once per batch entry; the
-    batch axis is one more factor, so a sharded batch stays on its devices."""
+    Static arguments are hashable."""
 
     def __init__(self, name, fn, layout):
         self.fn, self._layout = fn, layout
@@ -393,20 +396,20 @@ class Partitioned:
         the operand that varies along the most shard_map axes, sharded as the partitioned
         call leaves them on a mesh with explicit axes."""
         shapes = _result_shapes(self, tuple((a.shape, a.dtype) for a in avals), batched, tuple(sorted(static.items())))
-        shardings = self.result_shardings(*avals, batched=batched, **static)
+        shardings = self._result_shardings(*avals, batched=batched, **static)
         widest = max(avals, key=varying_count)
         return [widest.update(shape=shape, dtype=dtype, weak_type=False) if s is None else
                 widest.update(shape=shape, dtype=dtype, weak_type=False, sharding=s)
                 for (shape, dtype), s in zip(shapes, shardings)]
 
-    def layout(self, num_operands, static):
+    def _layout_of(self, num_operands, static):
         chosen = self._layout(num_operands=num_operands, **static) if callable(self._layout) else self._layout
         return chosen.truncated(num_operands)
 
-    def result_shardings(self, *operands, batched=(), **static):
+    def _result_shardings(self, *operands, batched, **static):
         """Each result's type on a mesh with explicit axes: the sharding the partitioned
         call gives it (the operands' axes, summed factors reduced). None elsewhere."""
-        layout = self.layout(len(operands), static).batched(batched)
+        layout = self._layout_of(len(operands), static).batched(batched)
         avals = [getattr(x, "aval", x) for x in operands]  # arrays and tracers, or abstract values
         specs = [_explicit_spec(a) for a in avals]
         typed = [a for a, s in zip(avals, specs) if s is not None]
@@ -420,7 +423,7 @@ class Partitioned:
         return tuple(_mapped(functools.partial(self.fn, **static), batched)(*operands))
 
     def _lowering(self, ctx, *values, batched, **static):
-        layout = self.layout(len(values), static)
+        layout = self._layout_of(len(values), static)
         if custom_partitioning is None:
             call = functools.partial(self._unpartitioned, batched=batched, **static)
         else:
@@ -441,7 +444,12 @@ class Partitioned:
         return outs, [0] * len(outs)
 
 
-@functools.lru_cache(maxsize=None)
+def partitioned(layout):
+    """Decorator: the raw call ``fn`` as the ``Partitioned`` call ``groupgemm_<fn's name>``."""
+    return lambda fn: Partitioned(f"groupgemm_{fn.__name__}", fn, layout)
+
+
+@functools.cache
 def _result_shapes(call, operands, batched, static):
     """The results' (shape, dtype) for operands' (shape, dtype), traced once per signature."""
     structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in operands]

@@ -1,5 +1,6 @@
 """The raw calls of groupgemm for JAX: XLA FFI targets registered at import, and the
-custom calls (primitives.py makes the grouped GEMMs differentiable primitives of them).
+custom calls, each partitioned by its layout (partitioning.py); primitives.py makes the
+grouped GEMMs differentiable primitives of them.
 
 Arguments arrive checked (functional.py); the core re-checks what it can see.
 """
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from groupgemm import _core
-from groupgemm.jax_ext.partitioning import Layout, Partitioned
+from groupgemm.jax_ext.partitioning import Layout, partitioned
 
 
 def _register_targets():
@@ -64,36 +65,33 @@ def _placeholder(dtype):
     return jnp.zeros((0,), dtype)
 
 
-def _matmul(lhs, rhs, group_sizes, group_offset, bias=None, *, transpose_rhs, out_dtype):
-    m, g = lhs.shape[0], rhs.shape[0]
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    call = jax.ffi.ffi_call(
-        "groupgemm_matmul",
-        (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g)),
-        vmap_method="sequential",
-    )
-    out, _ = call(lhs, rhs, group_sizes, group_offset,
-                  _placeholder(lhs.dtype) if bias is None else bias,
-                  transpose_rhs=np.bool_(transpose_rhs), has_bias=np.bool_(bias is not None))
-    return (out,)
-
-
 def _matmul_layout(*, transpose_rhs, **_):
     # lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes, group_offset, bias [G, N] -> [M, N]
     return Layout(("m k", "g n k" if transpose_rhs else "g k n", "t", "", "g n"), ("m n",), rows="m",
                   groups="g", summed=("k", "g"), replicated=("t",), added=(4,), sizes=2, offset=3)
 
 
-matmul = Partitioned("groupgemm_matmul_call", _matmul, _matmul_layout)
+@partitioned(_matmul_layout)
+def matmul(lhs, rhs, group_sizes, group_offset, bias=None, *, transpose_rhs, out_dtype):
+    m, g = lhs.shape[0], rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    call = jax.ffi.ffi_call("groupgemm_matmul", (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g)))
+    out, _ = call(lhs, rhs, group_sizes, group_offset,
+                  _placeholder(lhs.dtype) if bias is None else bias,
+                  transpose_rhs=np.bool_(transpose_rhs), has_bias=np.bool_(bias is not None))
+    return (out,)
 
 
-def _wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_groups, out_dtype):
+# lhs [M, K], grad [M, N], group_sizes, group_offset, accumulate_into [G, K, N] -> [G, K, N]: the rows
+# are contracted.
+@partitioned(Layout(("m k", "m n", "t", "", "g k n"), ("g k n",), rows="m", groups="g", summed=("m",),
+                    replicated=("t",), added=(4,), sizes=2, offset=3, local_sizes=(("num_groups", "g"),)))
+def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_groups, out_dtype):
     shape = (num_groups, lhs.shape[1], grad.shape[1])
     accumulate = accumulate_into is not None
     call = jax.ffi.ffi_call(
         "groupgemm_wgrad",
         (jax.ShapeDtypeStruct(shape, out_dtype), _workspace(num_groups)),
-        vmap_method="sequential",
         # The accumulator is updated in place when the caller donates it.
         input_output_aliases={4: 0} if accumulate else None,
     )
@@ -102,24 +100,11 @@ def _wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_gr
     return (out,)
 
 
-# lhs [M, K], grad [M, N], group_sizes, group_offset, accumulate_into [G, K, N]: the rows are contracted.
-wgrad = Partitioned("groupgemm_wgrad_call", _wgrad, Layout(
-    ("m k", "m n", "t", "", "g k n"), ("g k n",), rows="m", groups="g", summed=("m",), replicated=("t",),
-    added=(4,), sizes=2, offset=3, local_sizes=(("num_groups", "g"),)))
-
-
-def _bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
-    call = jax.ffi.ffi_call(
-        "groupgemm_bias_grad",
-        (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype),
-         _workspace(num_groups)),
-        vmap_method="sequential",
-    )
+# grad [M, N], group_sizes, group_offset -> [G, N]
+@partitioned(Layout(("m n", "t", ""), ("g n",), rows="m", groups="g", summed=("m",), replicated=("t",), sizes=1,
+                    offset=2, local_sizes=(("num_groups", "g"),)))
+def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
+    call = jax.ffi.ffi_call("groupgemm_bias_grad",
+                            (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype), _workspace(num_groups)))
     out, _ = call(grad, group_sizes, group_offset)
     return (out,)
-
-
-# grad [M, N], group_sizes, group_offset -> [G, N]
-bias_grad = Partitioned("groupgemm_bias_grad_call", _bias_grad, Layout(
-    ("m n", "t", ""), ("g n",), rows="m", groups="g", summed=("m",), replicated=("t",), sizes=1, offset=2,
-    local_sizes=(("num_groups", "g"),)))

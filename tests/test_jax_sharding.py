@@ -6,11 +6,11 @@ unsharded call bit for bit where each device runs the unsharded call's GEMMs."""
 
 import functools
 
+import expert_reference as expert_ref
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import expert_reference as expert_ref
 import reference as ref
 from bits import assert_same_bits
 from hlo import collectives, compiled_text, custom_calls, mesh_axis_groups
@@ -332,7 +332,8 @@ def test_moe_block_on_data_by_expert_mesh_keeps_tokens_and_experts_on_their_devi
     block = jax.vmap(moe_block, in_axes=(0, None, None, None))
     loss = lambda *a: jnp.sum(block(*a) * dout)  # noqa: E731
     args = (put(mesh, x, "data"), put(mesh, router), put(mesh, w_in, "expert"), put(mesh, w_out, "expert"))
-    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), out_shardings=(None, tuple(a.sharding for a in args)))
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)),
+                   out_shardings=(None, tuple(a.sharding for a in args)))
     value, grads = step(*args)
 
     out = jax.jit(block)(*args)
@@ -392,7 +393,8 @@ def test_layouts_that_cannot_stay_sharded_gather_and_stay_correct():
     experts = np.asarray([[0, 1], [1, 2], [2, 0], [0, -1], [1, 1], [2, 2], [0, 2], [1, 0]], np.int32)
     cases = {
         "swiglu on column shards": (lambda x, a, b: gj.grouped_mlp(x, a, b, sizes),
-                                    (x, put(mesh, w_in, None, None, "x"), put(mesh, w_out, None, "x")), (x, w_in, w_out)),
+                                    (x, put(mesh, w_in, None, None, "x"), put(mesh, w_out, None, "x")),
+                                    (x, w_in, w_out)),
         "permute on token shards": (lambda t: gj.permute(t, experts, 3), (put(mesh, tokens, "x"),), (tokens,)),
     }
     for what, (fn, sharded, plain) in cases.items():
