@@ -276,7 +276,10 @@ def _plan(layout, mesh, arg_shapes, result_shapes):
     specs = [_named_spec(getattr(s, "sharding", None), len(s.shape)) for s in shapes]
     if mesh is None or mesh.empty or any(s is None for s in specs[:len(arg_shapes)]):
         return None
-    return _resolve(layout, specs, mesh), _factor_sizes(layout, [s.shape for s in shapes])
+    sizes = _factor_sizes(layout, [s.shape for s in shapes])
+    axes = _resolve(layout, specs, mesh)
+    # A dimension its shards do not divide evenly (XLA would pad one) is gathered instead.
+    return {f: a for f, a in axes.items() if sizes[f] % _shards(mesh, a) == 0}, sizes
 
 
 def _replicated(mesh, n):

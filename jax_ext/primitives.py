@@ -10,6 +10,12 @@ Their tangents and transposes are these same primitives on the same groups (the 
 past every group stay padding throughout), so a gradient of any order keeps the exact
 zeros of the first, and the first-order gradients are the very calls the PyTorch
 frontend makes (same bits). An absent bias or accumulator is a size-0 placeholder.
+
+Each lowers to its raw call, partitioned under jit with sharded operands (partitioning.py).
+The ``batched`` parameter flags the operands that carry a leading vmapped axis: vmap binds
+the primitive once for the whole batch (the raw call maps over it on each device, so a
+sharded batch axis stays where it is), and a transpose sums the cotangent of an operand
+without that axis over it.
 """
 
 import functools
@@ -38,12 +44,6 @@ def _is_zero(t):
 def _sum(terms, aval):
     terms = [typed_like(t, aval) for t in terms if t is not None]
     return functools.reduce(jnp.add, terms) if terms else ad.Zero(aval.to_tangent_aval())
-
-
-def _flags(*operands):
-    """Which operands carry a leading vmapped axis: from the primitive's ``batched``
-    parameter for its own operands, False for a fresh placeholder or zeros."""
-    return tuple(bool(b) for b in operands)
 
 
 def _cotangent(x, operand, operand_batched, result_batched):
@@ -107,7 +107,7 @@ def bias_rows(bias, sizes, offset, *, num_rows, transpose_rhs, out_dtype, batche
     rhs = jnp.zeros((g, n, 0) if transpose_rhs else (g, 0, n), bias.dtype)
     bias_b, sizes_b, offset_b = batched
     return matmul_p.bind(jnp.zeros((num_rows, 0), bias.dtype), rhs, sizes, offset, bias, transpose_rhs=transpose_rhs,
-                         out_dtype=out_dtype, has_bias=True, batched=_flags(False, False, sizes_b, offset_b, bias_b))
+                         out_dtype=out_dtype, has_bias=True, batched=(False, False, sizes_b, offset_b, bias_b))
 
 
 def _matmul_jvp(primals, tangents, *, batched, **params):
@@ -137,7 +137,7 @@ def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_d
     if ad.is_undefined_primal(lhs):
         dtype = lhs.aval.dtype
         # The core multiplies operands of one dtype: a wider cotangent is rounded once.
-        flags = _flags(out_b, rhs_b, sizes_b, offset_b, False)
+        flags = (out_b, rhs_b, sizes_b, offset_b, False)
         dlhs = matmul_p.bind(ct.astype(dtype), rhs, sizes, offset, placeholder(dtype),
                              transpose_rhs=not transpose_rhs, out_dtype=dtype, has_bias=False, batched=flags)
         results[0] = _cotangent(dlhs, lhs, lhs_b, any(flags))
@@ -145,13 +145,13 @@ def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_d
         dtype = rhs.aval.dtype
         a, b = (ct.astype(dtype), lhs) if transpose_rhs else (lhs, ct.astype(dtype))  # rhs [G,N,K] or [G,K,N]
         a_b, b_b = (out_b, lhs_b) if transpose_rhs else (lhs_b, out_b)
-        flags = _flags(a_b, b_b, sizes_b, offset_b, False)
+        flags = (a_b, b_b, sizes_b, offset_b, False)
         drhs = wgrad_p.bind(a, b, sizes, offset, placeholder(dtype), num_groups=g, out_dtype=dtype,
                             accumulate=False, batched=flags)
         results[1] = _cotangent(drhs, rhs, rhs_b, any(flags))
     if has_bias and ad.is_undefined_primal(bias):
         dtype = bias.aval.dtype
-        flags = _flags(out_b, sizes_b, offset_b)
+        flags = (out_b, sizes_b, offset_b)
         dbias = bias_grad_p.bind(ct.astype(dtype), sizes, offset, num_groups=g, out_dtype=dtype, batched=flags)
         results[4] = _cotangent(dbias, bias, bias_b, any(flags))
     return results
@@ -190,13 +190,13 @@ def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype
     out_b = any(batched)
     if ad.is_undefined_primal(lhs):  # d lhs[r] = grad[r] @ ct[g]^T
         dtype = lhs.aval.dtype
-        flags = _flags(grad_b, out_b, sizes_b, offset_b, False)
+        flags = (grad_b, out_b, sizes_b, offset_b, False)
         dlhs = matmul_p.bind(grad, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=True,
                              out_dtype=dtype, has_bias=False, batched=flags)
         results[0] = _cotangent(dlhs, lhs, lhs_b, any(flags))
     if ad.is_undefined_primal(grad):  # d grad[r] = lhs[r] @ ct[g]
         dtype = grad.aval.dtype
-        flags = _flags(lhs_b, out_b, sizes_b, offset_b, False)
+        flags = (lhs_b, out_b, sizes_b, offset_b, False)
         dgrad = matmul_p.bind(lhs, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=False,
                               out_dtype=dtype, has_bias=False, batched=flags)
         results[1] = _cotangent(dgrad, grad, grad_b, any(flags))
