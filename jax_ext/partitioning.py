@@ -427,7 +427,9 @@ class Partitioned:
 
     def _lowering(self, ctx, *values, batched, **static):
         layout = self._layout_of(len(values), static)
-        if custom_partitioning is None:
+        # jax.export cannot serialise a partitioning callback: an exported program gathers.
+        exporting = getattr(getattr(ctx.module_context, "lowering_parameters", None), "for_export", False)
+        if custom_partitioning is None or exporting:
             call = functools.partial(self._unpartitioned, batched=batched, **static)
         else:
             call = _custom_partitioned(self.fn, layout, tuple(sorted(static.items())), batched)

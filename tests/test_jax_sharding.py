@@ -499,3 +499,21 @@ def test_gspmd_partitions_rows_and_experts_too():
             assert [ops[:2] for ops in operands_of(text, MATMUL)] == [call_shapes]
     finally:
         jax.config.update("jax_use_shardy_partitioner", True)
+
+
+def test_jax_export_of_a_sharded_program_exports_the_unpartitioned_calls():
+    """A partitioning callback cannot be serialised: exported, the calls gather, as before."""
+    from jax import export
+
+    from groupgemm import _core
+
+    mesh, d = mesh_1d(), data()
+    sizes = np.asarray(SIZES, np.int32)
+    shardings = (NamedSharding(mesh, P("x")), NamedSharding(mesh, P()))
+    forward = jax.jit(lambda lhs, rhs: gj.grouped_matmul(lhs, rhs, sizes), in_shardings=shardings)
+    checks = [export.DisabledSafetyCheck.custom_call(name) for name in _core.ffi_handlers()["cpu"]]
+    exported = export.export(forward, disabled_checks=checks)(
+        jax.ShapeDtypeStruct((M, K), jnp.float32), jax.ShapeDtypeStruct((4, K, N), jnp.float32))
+    assert "CustomSPMDPartitioning" not in exported.mlir_module()
+    out = jax.jit(exported.call, in_shardings=shardings)(d["lhs"], d["rhs"])
+    ref.assert_close(out, ref.grouped_matmul(d["lhs"], d["rhs"], sizes), "float32", "exported")
