@@ -147,7 +147,7 @@ def test_grouped_matmul_gradients_are_computed_where_their_shards_live(name):
 @pytest.mark.parametrize("name, specs, out_spec, call_shapes, reduces", [
     ("rows", (P("x"), P("x")), P(), ((4, K), (4, N)), [(4, K, N)]),  # data parallel: one all-reduce
     ("experts", (P(), P()), P("x"), ((M, K), (M, N)), []),  # each device its experts, no collective
-    ("k_and_n", (P(None, "x"), P()), P(None, "x"), ((M, 2), (M, N)), []),
+    ("k", (P(None, "x"), P()), P(None, "x"), ((M, 2), (M, N)), []),  # each device its rows of every expert
 ])
 @pytest.mark.parametrize("accumulate", [False, True], ids=["fresh", "accumulate"])
 def test_wgrad_partitions_and_counts_the_accumulator_once(name, specs, out_spec, call_shapes, reduces, accumulate):
