@@ -294,6 +294,35 @@ def test_grouped_mlp_on_data_by_tensor_mesh_splits_columns_then_rows():
     assert sorted(results_of(text, WGRAD)) == [(4, 4, 8), (4, 8, 4)]  # each device its F columns of w_in, w_out
 
 
+def test_grouped_mlp_on_data_by_expert_mesh_runs_each_devices_tokens_through_its_experts():
+    """Tokens over data, experts over expert: each device multiplies its tokens by its
+    experts (group sizes of its rows, its window of experts); the partial outputs meet in
+    all-reduces over expert, the weight gradients, computed where their experts live, in
+    all-reduces over data."""
+    mesh = mesh_2d(("data", "expert"))
+    x, w_in, w_out, dout = mlp_inputs(7, gated=True)
+    sizes = np.asarray(SIZES, np.int32)
+    loss = lambda x, w_in, w_out: jnp.sum(gj.grouped_mlp(x, w_in, w_out, sizes) * dout)  # noqa: E731
+    args = (put(mesh, x, "data"), put(mesh, w_in, "expert"), put(mesh, w_out, "expert"))
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), out_shardings=(None, tuple(a.sharding for a in args)))
+    value, grads = grad(*args)
+
+    y, (dx, dw_in, dw_out, _, _) = expert_ref.grouped_mlp_and_grads(
+        x, w_in.transpose(0, 2, 1), w_out.transpose(0, 2, 1), sizes, "swiglu", None, None, dout)
+    ref.assert_close(value, np.sum(y * dout), "float32", "loss")
+    for got, want, what in zip(grads, (dx, dw_in.transpose(0, 2, 1), dw_out.transpose(0, 2, 1)),
+                               ("dx", "dw_in", "dw_out")):
+        ref.assert_close(got, want, "float32", what)
+
+    text = compiled_text(grad, *args)
+    no_gathers(text)
+    assert all(ops[0][0] == M // 2 and ops[1][0] == 2 for ops in operands_of(text, MATMUL))
+    assert sorted(results_of(text, WGRAD)) == [(2, 8, 8), (2, 8, 16)]
+    expert_groups, data_groups = mesh_axis_groups(mesh, "expert"), mesh_axis_groups(mesh, "data")
+    for shapes, groups in collectives(text, "all-reduce"):
+        assert groups == (data_groups if any(len(s) == 3 for s in shapes) else expert_groups), (shapes, groups)
+
+
 def moe_block(x, router, w_in, w_out):
     """The MoE block of examples/moe_block.py for one routing group ``x [T, H]``."""
     logits = gj.grouped_matmul(x, router[None], jnp.array([x.shape[0]], jnp.int32))
