@@ -44,16 +44,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
-try:
-    from jax.experimental.custom_partitioning import custom_partitioning
-except ImportError:  # a jax without custom partitioning: calls run unpartitioned
-    custom_partitioning = None
-
 
 BATCH = "vmapped"  # the factor of a vmapped axis
 
@@ -320,15 +315,14 @@ def _custom_partitioned(fn, layout, static, batched):
 
     wrapped = custom_partitioning(call)
     rule, special = whole.sharding_rule()
-    if not _SPECIAL_FACTORS:  # jax before 0.6 reads rules without special factors (and uses GSPMD)
+    if not _SPECIAL_FACTORS:  # jax before 0.7 reads rules without special factors (and uses GSPMD)
         special = {}
     wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer_sharding_from_operands,
                           propagate_user_sharding=None, sharding_rule=rule, **special)
     return wrapped
 
 
-_SPECIAL_FACTORS = custom_partitioning is not None and \
-    "reduction_factors" in inspect.signature(custom_partitioning.def_partition).parameters
+_SPECIAL_FACTORS = "reduction_factors" in inspect.signature(custom_partitioning.def_partition).parameters
 
 
 def lowers_to_partitioned_calls(primitive):
@@ -429,7 +423,7 @@ class Partitioned:
         layout = self._layout_of(len(values), static)
         # jax.export cannot serialise a partitioning callback: an exported program gathers.
         exporting = getattr(getattr(ctx.module_context, "lowering_parameters", None), "for_export", False)
-        if custom_partitioning is None or exporting:
+        if exporting:
             call = functools.partial(self._unpartitioned, batched=batched, **static)
         else:
             call = _custom_partitioned(self.fn, layout, tuple(sorted(static.items())), batched)
