@@ -12,6 +12,7 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext.functional import grouped_matmul, grouped_matmul_wgrad
+from groupgemm.jax_ext.partitioning import explicit_types
 
 
 @contextlib.contextmanager
@@ -41,8 +42,14 @@ def _core_output(in_dtype, preferred):
 
 
 def _finish(out, cast, out_sharding):
+    """The result in the requested dtype and sharding: on a mesh with explicit axes its
+    type (as jax.lax gives it), elsewhere a constraint for XLA's partitioner."""
     out = out if cast is None else out.astype(cast)
-    return out if out_sharding is None else jax.lax.with_sharding_constraint(out, out_sharding)
+    if out_sharding is None:
+        return out
+    if explicit_types(getattr(out, "aval", None)):
+        return jax.sharding.reshard(out, out_sharding)
+    return jax.lax.with_sharding_constraint(out, out_sharding)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None,

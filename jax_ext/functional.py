@@ -83,7 +83,7 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
     return primitives.matmul_p.bind(lhs, rhs, group_sizes, group_offset,
                                     primitives.placeholder(lhs.dtype) if bias is None else bias,
                                     transpose_rhs=bool(transpose_rhs), out_dtype=np.dtype(out_dtype),
-                                    has_bias=bias is not None)
+                                    has_bias=bias is not None, batched=primitives.UNBATCHED)
 
 
 def _same_varying_axes(operands, index_operands):
@@ -117,4 +117,5 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
     return primitives.wgrad_p.bind(
         lhs, grad, group_sizes, group_offset,
         primitives.placeholder(np.dtype(out_dtype)) if accumulate_into is None else accumulate_into,
-        num_groups=num_groups, out_dtype=np.dtype(out_dtype), accumulate=accumulate_into is not None)
+        num_groups=num_groups, out_dtype=np.dtype(out_dtype), accumulate=accumulate_into is not None,
+        batched=primitives.UNBATCHED)

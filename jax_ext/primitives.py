@@ -2,7 +2,7 @@
 vmap, forward and reverse mode to any order (jvp, vjp, jacfwd, jacrev, hessian,
 linear_transpose).
 
-The primitives, each lowered to its XLA FFI call (raw.py):
+The primitives, each lowered to its XLA FFI calls (raw.py):
 - ``matmul_p``: ``out[r] = lhs[r] @ rhs[g] (+ bias[g])``, bilinear in (lhs, rhs), affine in bias;
 - ``wgrad_p``: ``out[g] = lhs_g^T @ grad_g (+ acc[g])``, bilinear in (lhs, grad), affine in acc;
 - ``bias_grad_p``: ``out[g] = sum of grad_g's rows``, linear in grad;
@@ -12,32 +12,28 @@ Their tangents and transposes are these same primitives on the same groups (the 
 past every group stay padding throughout), so a gradient of any order keeps the exact
 zeros of the first, and the first-order gradients are the very calls the PyTorch
 frontend makes (same bits). An absent bias or accumulator is a size-0 placeholder.
+
+Each lowers to its raw call, partitioned under jit with sharded operands (partitioning.py).
+The ``batched`` parameter flags the operands that carry a leading vmapped axis: vmap binds
+the primitive once for the whole batch (the raw call maps over it on each device, so a
+sharded batch axis stays where it is), and a transpose sums the cotangent of an operand
+without that axis over it.
 """
 
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from groupgemm.jax_ext import raw
+from groupgemm.jax_ext.partitioning import lowers_to_partitioned_calls, typed_like
 
 
 def placeholder(dtype):
     return jnp.zeros((0,), dtype)
-
-
-def _varying(aval):
-    manual = getattr(aval, "manual_axis_type", None) or getattr(aval, "mat", None)
-    return len(getattr(manual, "varying", ())) if manual is not None else len(getattr(aval, "vma", ()))
-
-
-def _result(shape, dtype, *operands):
-    """The result's abstract value: typed like the operand that varies along the most
-    shard_map axes (the frontends give all differentiable operands the same ones)."""
-    widest = max(operands, key=_varying)
-    return widest.update(shape=shape, dtype=dtype, weak_type=False)
 
 
 def _aval(x):
@@ -49,219 +45,287 @@ def _is_zero(t):
 
 
 def _sum(terms, aval):
-    terms = [t for t in terms if t is not None]
+    terms = [typed_like(t, aval) for t in terms if t is not None]
     return functools.reduce(jnp.add, terms) if terms else ad.Zero(aval.to_tangent_aval())
 
 
-def _sequential(prim):
-    """vmap: one call per batch element (lax.map), unbatched operands shared."""
-
-    def rule(args, dims, **params):
-        mapped = [i for i, d in enumerate(dims) if d is not None]  # None: not batched
-
-        def one(xs):
-            full = list(args)
-            for i, x in zip(mapped, xs):
-                full[i] = x
-            return prim.bind(*full, **params)
-
-        out = jax.lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
-        return out, (0,) * len(out) if prim.multiple_results else 0
-
-    return rule
+def _cotangent(x, operand, operand_batched, result_batched):
+    """The cotangent of an undefined ``operand``: summed over the vmapped axis the operand
+    lacks, typed like the operand on a mesh with explicit axes."""
+    return typed_like(x.sum(0) if result_batched and not operand_batched else x, operand.aval)
 
 
-def _define(name, call, abstract_eval, jvp, transpose=None, multiple_results=False):
+def _define(name, raw_call, present, jvp, transpose=None, multiple_results=False):
+    """A primitive lowered to the partitioned raw call; ``present(*operands, **params)`` picks
+    the operands the raw call takes (an absent bias or accumulator is left out) and its
+    static arguments. It has the raw call's first result, or all of them."""
+    pick = (lambda results: list(results)) if multiple_results else (lambda results: results[0])
+
+    def call(*operands, batched, **params):
+        args, flags, static = present(operands, batched, params)
+        return pick(raw_call(*args, batched=flags, **static))
+
+    def abstract(*avals, batched, **params):
+        args, flags, static = present(avals, batched, params)
+        return pick(raw_call.abstract(*args, batched=flags, **static))
+
+    return _primitive(name, call, abstract, jvp, transpose, multiple_results)
+
+
+def _primitive(name, call, abstract, jvp, transpose, multiple_results):
+    """A primitive computed by ``call`` (raw calls and other primitives), with the batching
+    rule every groupgemm primitive has: one bind for the whole batch, the ``batched``
+    parameter flagging the operands that carry it."""
+
+    def vmapped(args, dims, *, batched, **params):
+        if any(batched):  # vmapped again: one call per entry of the new axis
+            mapped = [i for i, d in enumerate(dims) if d is not None]
+
+            def one(xs):
+                full = list(args)
+                for i, x in zip(mapped, xs):
+                    full[i] = x
+                return prim.bind(*full, batched=batched, **params)
+
+            out = jax.lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
+            return out, [0] * len(out) if multiple_results else 0
+        args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+        out = prim.bind(*args, batched=tuple(d is not None for d in dims), **params)
+        return out, [0] * len(out) if multiple_results else 0
+
     prim = Primitive(name)
     prim.multiple_results = multiple_results
-    prim.def_impl(call)  # eager: the FFI call itself
-    prim.def_abstract_eval(abstract_eval)
+    prim.def_abstract_eval(abstract)
     mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=multiple_results))
+    lowers_to_partitioned_calls(prim)
     ad.primitive_jvps[prim] = jvp
     if transpose is not None:
         ad.primitive_transposes[prim] = transpose
-    batching.primitive_batchers[prim] = _sequential(prim)
+    batching.primitive_batchers[prim] = vmapped
     return prim
+
+
+UNBATCHED = (False,) * 5
 
 
 # ---- matmul ---------------------------------------------------------------------------
 
 
-def _matmul_abstract(lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias):
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    return _result((lhs.shape[0], n), out_dtype, lhs, rhs, bias)
+def _matmul_present(operands, batched, params):
+    n = 5 if params["has_bias"] else 4
+    return operands[:n], batched[:n], dict(transpose_rhs=params["transpose_rhs"], out_dtype=params["out_dtype"])
 
 
-def bias_rows(bias, sizes, offset, *, num_rows, transpose_rhs, out_dtype):
-    """``out[r] = bias[g]`` for the rows of each group, exact zeros elsewhere: a K = 0 matmul."""
-    g, n = bias.shape
+def bias_rows(bias, sizes, offset, *, num_rows, transpose_rhs, out_dtype, batched=(False,) * 3):
+    """``out[r] = bias[g]`` for the rows of each group, exact zeros elsewhere: a K = 0
+    matmul. ``batched`` flags bias, sizes and offset."""
+    g, n = bias.shape[-2:]
     rhs = jnp.zeros((g, n, 0) if transpose_rhs else (g, 0, n), bias.dtype)
+    bias_b, sizes_b, offset_b = batched
     return matmul_p.bind(jnp.zeros((num_rows, 0), bias.dtype), rhs, sizes, offset, bias, transpose_rhs=transpose_rhs,
-                         out_dtype=out_dtype, has_bias=True)
+                         out_dtype=out_dtype, has_bias=True, batched=(False, False, sizes_b, offset_b, bias_b))
 
 
-def _matmul_jvp(primals, tangents, *, transpose_rhs, out_dtype, has_bias):
+def _matmul_jvp(primals, tangents, *, batched, transpose_rhs, out_dtype, has_bias):
     lhs, rhs, sizes, offset, bias = primals
     t_lhs, t_rhs, _, _, t_bias = tangents
-    out = matmul_p.bind(*primals, transpose_rhs=transpose_rhs, out_dtype=out_dtype, has_bias=has_bias)
+    out = matmul_p.bind(*primals, batched=batched, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+                        has_bias=has_bias)
     present = (not _is_zero(t_lhs), not _is_zero(t_rhs), has_bias and not _is_zero(t_bias))
     if not any(present):
         return out, ad.Zero(_aval(out).to_tangent_aval())
     none = placeholder(lhs.dtype)
-    tangent = matmul_tangent_p.bind(*(t if p else none for t, p in zip((t_lhs, t_rhs, t_bias), present)), lhs, rhs,
-                                    sizes, offset, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
-                                    has_t_lhs=present[0], has_t_rhs=present[1], has_t_bias=present[2])
-    return out, tangent
+    tangent = matmul_tangent_p.bind(
+        *(t if p else none for t, p in zip((t_lhs, t_rhs, t_bias), present)), lhs, rhs, sizes, offset,
+        transpose_rhs=transpose_rhs, out_dtype=out_dtype, has_t_lhs=present[0], has_t_rhs=present[1],
+        has_t_bias=present[2], batched=(batched[0] and present[0], batched[1] and present[1],
+                                        batched[4] and present[2], *batched[:4]))
+    return out, typed_like(tangent, _aval(out))
 
 
-def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias):
+def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias, batched):
     results = [None] * 5
     if _is_zero(ct):
         return results
-    g = (rhs.aval if ad.is_undefined_primal(rhs) else rhs).shape[0]
+    lhs_b, rhs_b, sizes_b, offset_b, bias_b = batched
+    out_b = any(batched)
+    g = (rhs.aval if ad.is_undefined_primal(rhs) else rhs).shape[1 if rhs_b else 0]
     if ad.is_undefined_primal(lhs):
         dtype = lhs.aval.dtype
         # The core multiplies operands of one dtype: a wider cotangent is rounded once.
-        results[0] = matmul_p.bind(ct.astype(dtype), rhs, sizes, offset, placeholder(dtype),
-                                   transpose_rhs=not transpose_rhs, out_dtype=dtype, has_bias=False)
+        flags = (out_b, rhs_b, sizes_b, offset_b, False)
+        dlhs = matmul_p.bind(ct.astype(dtype), rhs, sizes, offset, placeholder(dtype),
+                             transpose_rhs=not transpose_rhs, out_dtype=dtype, has_bias=False, batched=flags)
+        results[0] = _cotangent(dlhs, lhs, lhs_b, any(flags))
     if ad.is_undefined_primal(rhs):
         dtype = rhs.aval.dtype
         a, b = (ct.astype(dtype), lhs) if transpose_rhs else (lhs, ct.astype(dtype))  # rhs [G,N,K] or [G,K,N]
-        results[1] = wgrad_p.bind(a, b, sizes, offset, placeholder(dtype), num_groups=g, out_dtype=dtype,
-                                  accumulate=False)
+        a_b, b_b = (out_b, lhs_b) if transpose_rhs else (lhs_b, out_b)
+        flags = (a_b, b_b, sizes_b, offset_b, False)
+        drhs = wgrad_p.bind(a, b, sizes, offset, placeholder(dtype), num_groups=g, out_dtype=dtype,
+                            accumulate=False, batched=flags)
+        results[1] = _cotangent(drhs, rhs, rhs_b, any(flags))
     if has_bias and ad.is_undefined_primal(bias):
         dtype = bias.aval.dtype
-        results[4] = bias_grad_p.bind(ct.astype(dtype), sizes, offset, num_groups=g, out_dtype=dtype)
+        flags = (out_b, sizes_b, offset_b)
+        dbias = bias_grad_p.bind(ct.astype(dtype), sizes, offset, num_groups=g, out_dtype=dtype, batched=flags)
+        results[4] = _cotangent(dbias, bias, bias_b, any(flags))
     return results
 
 
-def _matmul_call(lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias):
-    return raw.matmul(lhs, rhs, sizes, offset, bias if has_bias else None, transpose_rhs=transpose_rhs,
-                      out_dtype=out_dtype)
-
-
-matmul_p = _define("groupgemm_matmul", _matmul_call, _matmul_abstract, _matmul_jvp, _matmul_transpose)
+matmul_p = _define("groupgemm_matmul", raw.matmul, _matmul_present, _matmul_jvp, _matmul_transpose)
 
 
 # ---- the matmul's tangent, whose transpose is the backward ----------------------------------
 # matmul_tangent_p(t_lhs, t_rhs, t_bias; lhs, rhs) = matmul(t_lhs, rhs) + matmul(lhs, t_rhs)
 # + bias_rows(t_bias), jointly linear in its tangents: reverse mode transposes it once, with
 # every cotangent wanted, into backward_p, one core call for dlhs, drhs and dbias (the bits
-# of the three separate calls). Absent tangents are placeholders, flagged.
+# of the three separate calls). Absent tangents are flagged placeholders.
 
 
-def _tangent_abstract(t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_rhs, out_dtype, **_):
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    return _result((lhs.shape[0], n), out_dtype, lhs, rhs, t_lhs, t_rhs, t_bias)
-
-
-def _tangent_call(t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_rhs, out_dtype, has_t_lhs, has_t_rhs,
-                  has_t_bias):
+def _tangent_terms(t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_rhs, out_dtype, has_t_lhs,
+                   has_t_rhs, has_t_bias, batched):
+    """The matmul_p binds the tangent sums, in order, as (operands, params) pairs."""
+    b_tlhs, b_trhs, b_tbias, b_lhs, b_rhs, b_sizes, b_offset = batched
     linear = dict(transpose_rhs=transpose_rhs, out_dtype=out_dtype, has_bias=False)
-    none = placeholder(lhs.dtype)
-    terms = [
-        matmul_p.bind(t_lhs, rhs, sizes, offset, none, **linear) if has_t_lhs else None,
-        matmul_p.bind(lhs, t_rhs, sizes, offset, none, **linear) if has_t_rhs else None,
-        bias_rows(t_bias, sizes, offset, num_rows=lhs.shape[0], transpose_rhs=transpose_rhs, out_dtype=out_dtype)
-        if has_t_bias else None,
-    ]
-    return functools.reduce(jnp.add, [term for term in terms if term is not None])
+    terms = []
+    if has_t_lhs:
+        terms.append(((t_lhs, rhs, sizes, offset, placeholder(lhs.dtype)),
+                      dict(linear, batched=(b_tlhs, b_rhs, b_sizes, b_offset, False))))
+    if has_t_rhs:
+        terms.append(((lhs, t_rhs, sizes, offset, placeholder(lhs.dtype)),
+                      dict(linear, batched=(b_lhs, b_trhs, b_sizes, b_offset, False))))
+    if has_t_bias:  # bias_rows: a K = 0 matmul
+        g, n = t_bias.shape[-2:]
+        x = jax.ShapeDtypeStruct((lhs.shape[1 if b_lhs else 0], 0), t_bias.dtype)
+        w = jax.ShapeDtypeStruct((g, n, 0) if transpose_rhs else (g, 0, n), t_bias.dtype)
+        terms.append(((x, w, sizes, offset, t_bias),
+                      dict(linear, has_bias=True, batched=(False, False, b_sizes, b_offset, b_tbias))))
+    return terms
 
 
-def _tangent_jvp(primals, tangents, **params):
+def _zeros_for(x):
+    return jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
+
+
+def _tangent_call(*operands, **params):
+    terms = [matmul_p.bind(*map(_zeros_for, ops), **p) for ops, p in _tangent_terms(*operands, **params)]
+    return functools.reduce(jnp.add, terms)
+
+
+def _tangent_abstract(*avals, **params):
+    ops, p = _tangent_terms(*avals, **params)[0]
+    shaped = [core_aval(x) for x in ops]
+    args, flags, static = _matmul_present(shaped, p["batched"], p)
+    return raw.matmul.abstract(*args, batched=flags, **static)[0]
+
+
+def core_aval(x):
+    """An abstract value of an abstract value or a shape-and-dtype struct."""
+    return jax.core.ShapedArray(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
+
+
+def _tangent_jvp(primals, tangents, *, batched, **params):
     """Linear in the tangents, bilinear with lhs and rhs: d(t_lhs @ rhs) = dt_lhs @ rhs + t_lhs @ d_rhs."""
     t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset = primals
     dt_lhs, dt_rhs, dt_bias, d_lhs, d_rhs, _, _ = tangents
-    out = matmul_tangent_p.bind(*primals, **params)
+    out = matmul_tangent_p.bind(*primals, batched=batched, **params)
+    b_tlhs, b_trhs, b_tbias, b_lhs, b_rhs, b_sizes, b_offset = batched
     linear = dict(transpose_rhs=params["transpose_rhs"], out_dtype=params["out_dtype"], has_bias=False)
     none = placeholder(lhs.dtype)
     present = (params["has_t_lhs"] and not _is_zero(dt_lhs), params["has_t_rhs"] and not _is_zero(dt_rhs),
                params["has_t_bias"] and not _is_zero(dt_bias))
     terms = [
         matmul_tangent_p.bind(*(d if p else none for d, p in zip((dt_lhs, dt_rhs, dt_bias), present)), lhs, rhs,
-                              sizes, offset, **dict(params, has_t_lhs=present[0], has_t_rhs=present[1],
-                                                    has_t_bias=present[2])) if any(present) else None,
-        matmul_p.bind(t_lhs, d_rhs, sizes, offset, none, **linear)
+                              sizes, offset, batched=(b_tlhs and present[0], b_trhs and present[1],
+                                                      b_tbias and present[2], b_lhs, b_rhs, b_sizes, b_offset),
+                              **dict(params, has_t_lhs=present[0], has_t_rhs=present[1], has_t_bias=present[2]))
+        if any(present) else None,
+        matmul_p.bind(t_lhs, d_rhs, sizes, offset, none, batched=(b_tlhs, b_rhs, b_sizes, b_offset, False), **linear)
         if params["has_t_lhs"] and not _is_zero(d_rhs) else None,
-        matmul_p.bind(d_lhs, t_rhs, sizes, offset, none, **linear)
+        matmul_p.bind(d_lhs, t_rhs, sizes, offset, none, batched=(b_lhs, b_trhs, b_sizes, b_offset, False), **linear)
         if params["has_t_rhs"] and not _is_zero(d_lhs) else None,
     ]
     return out, _sum(terms, _aval(out))
 
 
 def _tangent_transpose(ct, t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_rhs, out_dtype, has_t_lhs,
-                       has_t_rhs, has_t_bias):
+                       has_t_rhs, has_t_bias, batched):
     if ad.is_undefined_primal(lhs) or ad.is_undefined_primal(rhs):
         raise NotImplementedError("groupgemm: the matmul tangent is linear in its tangents only")
     want = (has_t_lhs and ad.is_undefined_primal(t_lhs), has_t_rhs and ad.is_undefined_primal(t_rhs),
             has_t_bias and ad.is_undefined_primal(t_bias))
     if _is_zero(ct) or not any(want):
         return [None] * 7
+    b_tlhs, b_trhs, b_tbias, b_lhs, b_rhs, b_sizes, b_offset = batched
+    ct_b = any(batched)
     # The core multiplies operands of one dtype: a wider cotangent is rounded once.
     grads = backward_p.bind(ct.astype(lhs.dtype), lhs, rhs, sizes, offset, transpose_rhs=transpose_rhs,
                             want_dlhs=want[0], want_drhs=want[1], want_dbias=want[2],
-                            dbias_dtype=t_bias.aval.dtype if want[2] else lhs.dtype)
-    return [g if w else None for g, w in zip(grads, want)] + [None] * 4
+                            dbias_dtype=np.dtype(t_bias.aval.dtype if want[2] else lhs.dtype),
+                            batched=(ct_b, b_lhs, b_rhs, b_sizes, b_offset))
+    out_b = ct_b or b_lhs or b_rhs or b_sizes or b_offset
+    return [_cotangent(g, operand, operand_b, out_b) if w else None
+            for g, w, operand, operand_b in zip(grads, want, (t_lhs, t_rhs, t_bias), (b_tlhs, b_trhs, b_tbias))] \
+        + [None] * 4
 
 
-matmul_tangent_p = _define("groupgemm_matmul_tangent", _tangent_call, _tangent_abstract, _tangent_jvp,
-                           _tangent_transpose)
+matmul_tangent_p = _primitive("groupgemm_matmul_tangent", _tangent_call, _tangent_abstract, _tangent_jvp,
+                              _tangent_transpose, multiple_results=False)
 
 
-def _backward_abstract(grad, lhs, rhs, sizes, offset, *, transpose_rhs, want_dlhs, want_drhs, want_dbias,
-                       dbias_dtype):
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    shaped = lambda wanted, shape, dtype: _result(shape if wanted else (0,), dtype, grad, lhs, rhs)
-    return (shaped(want_dlhs, lhs.shape, lhs.dtype), shaped(want_drhs, rhs.shape, rhs.dtype),
-            shaped(want_dbias, (rhs.shape[0], n), dbias_dtype))
+def _backward_present(operands, batched, params):
+    return operands, batched, params
 
 
-def _backward_call(grad, lhs, rhs, sizes, offset, **params):
-    return raw.matmul_backward(grad, lhs, rhs, sizes, offset, **params)
-
-
-def _backward_jvp(primals, tangents, *, transpose_rhs, want_dlhs, want_drhs, want_dbias, dbias_dtype):
-    """The three gradients are bilinear in (grad, lhs) and (grad, rhs): their tangents are
+def _backward_jvp(primals, tangents, *, batched, transpose_rhs, want_dlhs, want_drhs, want_dbias, dbias_dtype):
+    """The three gradients are bilinear in (grad, rhs) and (grad, lhs): their tangents are
     the separate calls on the tangents."""
     grad, lhs, rhs, sizes, offset = primals
     t_grad, t_lhs, t_rhs, _, _ = tangents
-    outs = backward_p.bind(*primals, transpose_rhs=transpose_rhs, want_dlhs=want_dlhs, want_drhs=want_drhs,
-                           want_dbias=want_dbias, dbias_dtype=dbias_dtype)
+    b_grad, b_lhs, b_rhs, b_sizes, b_offset = batched
+    outs = backward_p.bind(*primals, batched=batched, transpose_rhs=transpose_rhs, want_dlhs=want_dlhs,
+                           want_drhs=want_drhs, want_dbias=want_dbias, dbias_dtype=dbias_dtype)
     none = placeholder(lhs.dtype)
-    g = rhs.shape[0]
+    g = rhs.shape[1 if b_rhs else 0]
     product = dict(transpose_rhs=not transpose_rhs, out_dtype=lhs.dtype, has_bias=False)
-    t_dlhs = [None if _is_zero(t_grad) else matmul_p.bind(t_grad, rhs, sizes, offset, none, **product),
-              None if _is_zero(t_rhs) else matmul_p.bind(grad, t_rhs, sizes, offset, none, **product)]
+    t_dlhs = [None if _is_zero(t_grad) else matmul_p.bind(t_grad, rhs, sizes, offset, none, **product,
+                                                           batched=(b_grad, b_rhs, b_sizes, b_offset, False)),
+              None if _is_zero(t_rhs) else matmul_p.bind(grad, t_rhs, sizes, offset, none, **product,
+                                                          batched=(b_grad, b_rhs, b_sizes, b_offset, False))]
 
-    def wgrad(a, b):  # rhs [G, N, K]: grad^T @ lhs; [G, K, N]: lhs^T @ grad
-        a, b = (b, a) if transpose_rhs else (a, b)
+    def wgrad(a, b, a_b, b_b):  # rhs [G, N, K]: grad^T @ lhs; [G, K, N]: lhs^T @ grad
+        a, b, a_b, b_b = (b, a, b_b, a_b) if transpose_rhs else (a, b, a_b, b_b)
         return wgrad_p.bind(a, b, sizes, offset, placeholder(rhs.dtype), num_groups=g, out_dtype=rhs.dtype,
-                            accumulate=False)
+                            accumulate=False, batched=(a_b, b_b, b_sizes, b_offset, False))
 
-    t_drhs = [None if _is_zero(t_lhs) else wgrad(t_lhs, grad), None if _is_zero(t_grad) else wgrad(lhs, t_grad)]
+    t_drhs = [None if _is_zero(t_lhs) else wgrad(t_lhs, grad, b_lhs, b_grad),
+              None if _is_zero(t_grad) else wgrad(lhs, t_grad, b_lhs, b_grad)]
     t_dbias = [None if _is_zero(t_grad) else bias_grad_p.bind(t_grad.astype(dbias_dtype), sizes, offset,
-                                                                num_groups=g, out_dtype=dbias_dtype)]
+                                                                num_groups=g, out_dtype=dbias_dtype,
+                                                                batched=(b_grad, b_sizes, b_offset))]
     tangents_out = [_sum(terms, _aval(out)) if wanted else ad.Zero(_aval(out).to_tangent_aval())
                     for terms, wanted, out in zip((t_dlhs, t_drhs, t_dbias), (want_dlhs, want_drhs, want_dbias), outs)]
     return outs, tangents_out
 
 
-backward_p = _define("groupgemm_matmul_backward", _backward_call, _backward_abstract, _backward_jvp,
+backward_p = _define("groupgemm_matmul_backward", raw.matmul_backward, _backward_present, _backward_jvp,
                      multiple_results=True)
 
 
 # ---- wgrad ----------------------------------------------------------------------------
 
 
-def _wgrad_abstract(lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumulate):
-    return _result((num_groups, lhs.shape[1], grad.shape[1]), out_dtype, lhs, grad, acc)
+def _wgrad_present(operands, batched, params):
+    n = 5 if params["accumulate"] else 4
+    return operands[:n], batched[:n], dict(num_groups=params["num_groups"], out_dtype=params["out_dtype"])
 
 
-def _wgrad_jvp(primals, tangents, **params):
+def _wgrad_jvp(primals, tangents, *, batched, **params):
     lhs, grad, sizes, offset, acc = primals
     t_lhs, t_grad, _, _, t_acc = tangents
-    out = wgrad_p.bind(*primals, **params)
-    product = dict(params, accumulate=False)
+    out = wgrad_p.bind(*primals, batched=batched, **params)
+    product = dict(params, accumulate=False, batched=batched[:4] + (False,))
     none = placeholder(params["out_dtype"])
     terms = [
         None if _is_zero(t_lhs) else wgrad_p.bind(t_lhs, grad, sizes, offset, none, **product),
@@ -271,57 +335,57 @@ def _wgrad_jvp(primals, tangents, **params):
     return out, _sum(terms, _aval(out))
 
 
-def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumulate):
+def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumulate, batched):
     results = [None] * 5
     if _is_zero(ct):
         return results
+    lhs_b, grad_b, sizes_b, offset_b, acc_b = batched
+    out_b = any(batched)
     if ad.is_undefined_primal(lhs):  # d lhs[r] = grad[r] @ ct[g]^T
         dtype = lhs.aval.dtype
-        results[0] = matmul_p.bind(grad, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=True,
-                                   out_dtype=dtype, has_bias=False)
+        flags = (grad_b, out_b, sizes_b, offset_b, False)
+        dlhs = matmul_p.bind(grad, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=True,
+                             out_dtype=dtype, has_bias=False, batched=flags)
+        results[0] = _cotangent(dlhs, lhs, lhs_b, any(flags))
     if ad.is_undefined_primal(grad):  # d grad[r] = lhs[r] @ ct[g]
         dtype = grad.aval.dtype
-        results[1] = matmul_p.bind(lhs, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=False,
-                                   out_dtype=dtype, has_bias=False)
+        flags = (lhs_b, out_b, sizes_b, offset_b, False)
+        dgrad = matmul_p.bind(lhs, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=False,
+                              out_dtype=dtype, has_bias=False, batched=flags)
+        results[1] = _cotangent(dgrad, grad, grad_b, any(flags))
     if accumulate and ad.is_undefined_primal(acc):
-        results[4] = ct.astype(acc.aval.dtype)
+        results[4] = _cotangent(ct.astype(acc.aval.dtype), acc, acc_b, out_b)
     return results
 
 
-def _wgrad_call(lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumulate):
-    return raw.wgrad(lhs, grad, sizes, offset, acc if accumulate else None, num_groups=num_groups,
-                     out_dtype=out_dtype)
-
-
-wgrad_p = _define("groupgemm_wgrad", _wgrad_call, _wgrad_abstract, _wgrad_jvp, _wgrad_transpose)
+wgrad_p = _define("groupgemm_wgrad", raw.wgrad, _wgrad_present, _wgrad_jvp, _wgrad_transpose)
 
 
 # ---- bias_grad ------------------------------------------------------------------------
 
 
-def _bias_grad_abstract(grad, sizes, offset, *, num_groups, out_dtype):
-    return _result((num_groups, grad.shape[1]), out_dtype, grad)
+def _bias_grad_present(operands, batched, params):
+    return operands, batched, params
 
 
-def _bias_grad_jvp(primals, tangents, **params):
+def _bias_grad_jvp(primals, tangents, *, batched, **params):
     grad, sizes, offset = primals
-    out = bias_grad_p.bind(*primals, **params)
+    out = bias_grad_p.bind(*primals, batched=batched, **params)
     t = tangents[0]
-    return out, _sum([None if _is_zero(t) else bias_grad_p.bind(t, sizes, offset, **params)],
+    return out, _sum([None if _is_zero(t) else bias_grad_p.bind(t, sizes, offset, batched=batched, **params)],
                      _aval(out))
 
 
-def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype):
+def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype, batched):
     if _is_zero(ct) or not ad.is_undefined_primal(grad):
         return [None] * 3
+    grad_b, sizes_b, offset_b = batched
     dtype = grad.aval.dtype
-    return [bias_rows(ct.astype(dtype), sizes, offset, num_rows=grad.aval.shape[0], transpose_rhs=False,
-                      out_dtype=dtype), None, None]
+    num_rows = grad.aval.shape[1 if grad_b else 0]
+    rows = bias_rows(ct.astype(dtype), sizes, offset, num_rows=num_rows, transpose_rhs=False, out_dtype=dtype,
+                     batched=(any(batched), sizes_b, offset_b))
+    return [_cotangent(rows, grad, grad_b, any(batched)), None, None]
 
 
-def _bias_grad_call(grad, sizes, offset, *, num_groups, out_dtype):
-    return raw.bias_grad(grad, sizes, offset, num_groups=num_groups, out_dtype=out_dtype)
-
-
-bias_grad_p = _define("groupgemm_bias_grad", _bias_grad_call, _bias_grad_abstract, _bias_grad_jvp,
+bias_grad_p = _define("groupgemm_bias_grad", raw.bias_grad, _bias_grad_present, _bias_grad_jvp,
                       _bias_grad_transpose)

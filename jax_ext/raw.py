@@ -1,5 +1,6 @@
 """The raw calls of groupgemm for JAX: XLA FFI targets registered at import, and the
-custom calls (primitives.py makes the grouped GEMMs differentiable primitives of them).
+custom calls, each partitioned by its layout (partitioning.py); primitives.py makes the
+grouped GEMMs differentiable primitives of them.
 
 Arguments arrive checked (functional.py); the core re-checks what it can see.
 """
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from groupgemm import _core
+from groupgemm.jax_ext.partitioning import Layout, partitioned
 
 
 def _register_targets():
@@ -63,46 +65,63 @@ def _placeholder(dtype):
     return jnp.zeros((0,), dtype)
 
 
-def matmul(lhs, rhs, group_sizes, group_offset, bias, *, transpose_rhs, out_dtype):
+def _matmul_layout(*, transpose_rhs, **_):
+    # lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes, group_offset, bias [G, N] -> [M, N]
+    return Layout(("m k", "g n k" if transpose_rhs else "g k n", "t", "", "g n"), ("m n",), rows="m",
+                  groups="g", summed=("k", "g"), replicated=("t",), added=(4,), sizes=2, offset=3)
+
+
+@partitioned(_matmul_layout)
+def matmul(lhs, rhs, group_sizes, group_offset, bias=None, *, transpose_rhs, out_dtype):
     m, g = lhs.shape[0], rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    call = jax.ffi.ffi_call(
-        "groupgemm_matmul",
-        (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g)),
-        vmap_method="sequential",
-    )
+    call = jax.ffi.ffi_call("groupgemm_matmul", (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g)))
     out, _ = call(lhs, rhs, group_sizes, group_offset,
                   _placeholder(lhs.dtype) if bias is None else bias,
                   transpose_rhs=np.bool_(transpose_rhs), has_bias=np.bool_(bias is not None))
-    return out
+    return (out,)
 
 
-def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into, *, num_groups, out_dtype):
+# lhs [M, K], grad [M, N], group_sizes, group_offset, accumulate_into [G, K, N] -> [G, K, N]: the rows
+# are contracted.
+@partitioned(Layout(("m k", "m n", "t", "", "g k n"), ("g k n",), rows="m", groups="g", summed=("m",),
+                    replicated=("t",), added=(4,), sizes=2, offset=3, local_sizes=(("num_groups", "g"),)))
+def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_groups, out_dtype):
     shape = (num_groups, lhs.shape[1], grad.shape[1])
     accumulate = accumulate_into is not None
     call = jax.ffi.ffi_call(
         "groupgemm_wgrad",
         (jax.ShapeDtypeStruct(shape, out_dtype), _workspace(num_groups)),
-        vmap_method="sequential",
         # The accumulator is updated in place when the caller donates it.
         input_output_aliases={4: 0} if accumulate else None,
     )
     out, _ = call(lhs, grad, group_sizes, group_offset,
                   accumulate_into if accumulate else _placeholder(out_dtype), accumulate=np.bool_(accumulate))
-    return out
+    return (out,)
 
 
+# grad [M, N], group_sizes, group_offset -> [G, N]
+@partitioned(Layout(("m n", "t", ""), ("g n",), rows="m", groups="g", summed=("m",), replicated=("t",), sizes=1,
+                    offset=2, local_sizes=(("num_groups", "g"),)))
 def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
-    call = jax.ffi.ffi_call(
-        "groupgemm_bias_grad",
-        (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype),
-         _workspace(num_groups)),
-        vmap_method="sequential",
-    )
+    call = jax.ffi.ffi_call("groupgemm_bias_grad",
+                            (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype), _workspace(num_groups)))
     out, _ = call(grad, group_sizes, group_offset)
-    return out
+    return (out,)
 
 
+def _backward_layout(*, transpose_rhs, want_dlhs, want_drhs, want_dbias, **_):
+    # grad [M, N], lhs [M, K], rhs, group_sizes, group_offset -> dlhs [M, K], drhs (rhs's
+    # shape), dbias [G, N]; a gradient not wanted is a size-0 placeholder of a factor of its
+    # own. Each result is a partial sum over the factors it lacks: dlhs over N and the
+    # experts, drhs and dbias over the rows.
+    rhs = "g n k" if transpose_rhs else "g k n"
+    results = ("m k" if want_dlhs else "no_dlhs", rhs if want_drhs else "no_drhs", "g n" if want_dbias else "no_dbias")
+    return Layout(("m n", "m k", rhs, "t", ""), results, rows="m", groups="g", summed=("m", "n", "g"),
+                  replicated=("t",), sizes=3, offset=4)
+
+
+@partitioned(_backward_layout)
 def matmul_backward(grad, lhs, rhs, group_sizes, group_offset, *, transpose_rhs, want_dlhs, want_drhs, want_dbias,
                     dbias_dtype):
     """The gradients of ``matmul(lhs, rhs) + bias`` for its incoming ``grad`` (lhs's dtype),
@@ -113,9 +132,7 @@ def matmul_backward(grad, lhs, rhs, group_sizes, group_offset, *, transpose_rhs,
     call = jax.ffi.ffi_call(
         "groupgemm_matmul_backward",
         (result(want_dlhs, (m, k), lhs.dtype), result(want_drhs, rhs.shape, rhs.dtype),
-         result(want_dbias, (g, n), dbias_dtype), _workspace(g)),
-        vmap_method="sequential",
-    )
+         result(want_dbias, (g, n), dbias_dtype), _workspace(g)))
     dlhs, drhs, dbias, _ = call(lhs, rhs, grad, group_sizes, group_offset, transpose_rhs=np.bool_(transpose_rhs),
                                 want_dlhs=np.bool_(want_dlhs), want_drhs=np.bool_(want_drhs),
                                 want_dbias=np.bool_(want_dbias))
