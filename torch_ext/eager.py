@@ -34,12 +34,18 @@ _MAX_PLANS = 4096  # a bound on the memo; a model has a handful of keys per laye
 _CORE_DTYPES = {getattr(torch, name): getattr(_core.DType, name) for name in contract.FLOAT_DTYPES}
 
 
+_PLAIN = (Tensor, torch.nn.Parameter, type(None))
+
+
 def takes_eager_path(*tensors) -> bool:
     """Whether a call with these tensors (None for an absent one) is a plain eager call."""
-    return (all(t is None or type(t) is Tensor or type(t) is torch.nn.Parameter for t in tensors)
-            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
-            and forward_ad._current_level < 0 and torch._C._len_torch_dispatch_stack() == 0
-            and not torch._C._is_torch_function_mode_enabled())
+    if torch.compiler.is_compiling():  # first: a trace folds it and reads no further
+        return False
+    for t in tensors:
+        if type(t) not in _PLAIN:
+            return False
+    return not (torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack()
+                or forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active())
 
 
 def readable_weight(weight: Tensor, transpose: bool) -> tuple[Tensor, bool]:
@@ -166,7 +172,7 @@ def grouped_mm(plan: _Plan, input, weight, sizes, bias, offset) -> Tensor:
     autograd.Function."""
     if plan.offset is not None:  # made from the call's static offset, part of the key
         offset = plan.offset
-    if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
+    if torch._C.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return _apply(input, weight, sizes, bias, offset, plan)
     return plan.forward(input, weight, sizes, bias, offset)
@@ -182,7 +188,11 @@ class _EagerGroupedMM(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         input, weight, sizes, offset = ctx.saved_tensors
-        grad = grad.to(input.dtype).contiguous()  # wider, stride-0 or strided incoming gradients
+        # A wider, stride-0 (y.sum().backward()) or strided incoming gradient.
+        if grad.dtype != input.dtype:
+            grad = grad.to(input.dtype)
+        if not grad.is_contiguous():
+            grad = grad.contiguous()
         plain = takes_eager_path(grad) and not derivatives.backward_takes_separate_ops(grad)
         run = ctx.plan.backward if plain else ctx.plan.ops_backward
         dinput, dweight, dbias = run(grad, input, weight, sizes, offset, ctx.needs_input_grad)
