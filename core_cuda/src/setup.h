@@ -119,11 +119,17 @@ GG_HD void write_header(const WorkspaceView& ws, const WindowRows& rows) {
 
 // A set without an output (a backward that does not want that gradient) stays unwritten:
 // no GEMM reads it.
+GG_HD void write_set(const GemmSetup& s, const GemmArrays& arrays, const WindowRows& rows, int64_t local) {
+  if (s.operands.d) write_group(arrays, local, gemm_problem(s, rows.group(local), local), s.operands);
+}
+
+// The sets by constant index: indexing the kernel's argument at run time would copy it to
+// local memory.
 GG_HD void write_group_setup(const SetupArgs& a, const WorkspaceView& ws, const WindowRows& rows,
                              int64_t local) {
-  for (int s = 0; s < a.num_gemms; ++s)
-    if (a.gemm[s].operands.d)
-      write_group(ws.gemm[s], local, gemm_problem(a.gemm[s], rows.group(local), local), a.gemm[s].operands);
+  static_assert(kGemmSets == 2, "one line per GEMM set");
+  if (a.num_gemms > 0) write_set(a.gemm[0], ws.gemm[0], rows, local);
+  if (a.num_gemms > 1) write_set(a.gemm[1], ws.gemm[1], rows, local);
 }
 
 // What the setup writes into output row `row` of the row fill: nothing (a GEMM writes it),
@@ -142,9 +148,13 @@ GG_HD RowFillAction row_fill_action(const RowFill& f, const WindowRows& rows, in
   return {true, g - rows.group_offset};
 }
 
-// Whether the group fill zeroes local group `local`'s block.
+// Whether the group fill zeroes local group `local`'s block (its set by constant index, as
+// in write_group_setup).
 GG_HD bool group_fill_zeroes(const SetupArgs& a, const WindowRows& rows, int64_t local) {
-  return gemm_problem(a.gemm[a.groups.set], rows.group(local), local).action == GroupAction::write_zero;
+  const RowRange r = rows.group(local);
+  const GroupAction action =
+      a.groups.set == 0 ? gemm_problem(a.gemm[0], r, local).action : gemm_problem(a.gemm[1], r, local).action;
+  return action == GroupAction::write_zero;
 }
 
 // The fills' work as units a grid strides over: one per output row of the row fill, then
