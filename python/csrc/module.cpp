@@ -34,6 +34,10 @@ NB_MODULE(_core, m) {
         nb::arg("num_slots"), nb::arg("num_experts"),
         "Bytes of workspace permute needs on `device` for num_slots = T * k slots and num_experts experts "
         "(0 on the CPU).");
+  m.def("unpermute_backward_workspace_bytes", &groupgemm::unpermute_backward_workspace_bytes, nb::arg("device"),
+        nb::arg("num_slots"),
+        "Bytes of workspace unpermute_backward needs on `device` to compute dpermuted for num_slots = T * k "
+        "slots (0 on the CPU).");
   // An IntEnum: int(kind) is the value an XLA FFI attribute carries.
   nb::enum_<groupgemm::Activation>(m, "Activation", nb::is_arithmetic(), "The expert MLP's activation.")
       .value("swiglu", groupgemm::Activation::swiglu, "silu(h[:, :F]) * h[:, F:]")
