@@ -1,10 +1,9 @@
 """The raw calls of the expert layer for JAX: token permute / unpermute, the activation
-and the router's softmax top-k, as XLA FFI calls (targets registered by raw.py), with their custom VJPs.
+and the router's softmax top-k, and their derivatives, as XLA FFI calls (targets
+registered by raw.py); expert_primitives.py makes them differentiable primitives.
 
 Arguments arrive checked (expert.py); the core re-checks what it can see.
 """
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,19 +44,33 @@ def unpermute(permuted, row_map, probs):
     return _varying(out, permuted, row_map, probs)
 
 
-def unpermute_backward(dout, permuted, row_map, probs):
-    """(dpermuted, dprobs); dprobs is None without probs."""
-    dprobs_shape = (0,) if probs is None else probs.shape
+def _unpermute_backward_workspace(num_slots, want_dpermuted):
+    """The CUDA row sort's scratch (for dpermuted only), an extra XLA output like permute's."""
+    cuda = _core.cuda_compiled() and want_dpermuted
+    nbytes = _core.unpermute_backward_workspace_bytes(_core.Device.cuda, num_slots) if cuda else 0
+    return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
+
+
+def unpermute_backward(dout, permuted, row_map, probs, *, num_rows, dprobs_dtype=None, want_dpermuted=True):
+    """(dpermuted [R, H] or None, dprobs [T, k] or None): dpermuted when want_dpermuted
+    (weighted by probs, or 1 without), dprobs when dprobs_dtype is given (from permuted,
+    which only dprobs reads: None otherwise)."""
+    t, k = row_map.shape
+    want_dprobs = dprobs_dtype is not None
+    placeholder = jnp.zeros((0,), dout.dtype)
     call = jax.ffi.ffi_call(
         "groupgemm_unpermute_backward",
-        (jax.ShapeDtypeStruct(permuted.shape, permuted.dtype),
-         jax.ShapeDtypeStruct(dprobs_shape, permuted.dtype if probs is None else probs.dtype)),
+        (jax.ShapeDtypeStruct((num_rows, dout.shape[1]) if want_dpermuted else (0,), dout.dtype),
+         jax.ShapeDtypeStruct((t, k) if want_dprobs else (0,), dprobs_dtype or dout.dtype),
+         _unpermute_backward_workspace(t * k, want_dpermuted)),
         vmap_method="sequential",
     )
-    dpermuted, dprobs = call(dout, permuted, row_map, jnp.zeros((0,), permuted.dtype) if probs is None else probs,
-                             has_probs=np.bool_(probs is not None))
+    dpermuted, dprobs, _ = call(dout, placeholder if permuted is None else permuted, row_map,
+                                placeholder if probs is None else probs, has_probs=np.bool_(probs is not None),
+                                has_dpermuted=np.bool_(want_dpermuted), has_dprobs=np.bool_(want_dprobs))
     axes = varying_axes(dout, permuted, row_map, probs)
-    return mark_varying(dpermuted, axes), None if probs is None else mark_varying(dprobs, axes)
+    return (mark_varying(dpermuted, axes) if want_dpermuted else None,
+            mark_varying(dprobs, axes) if want_dprobs else None)
 
 
 def activation(h, *, kind, width):
@@ -87,77 +100,8 @@ def softmax_topk_backward(logits, expert_indices, dprobs, *, renormalize):
     return _varying(call(logits, expert_indices, dprobs, renormalize=np.bool_(renormalize)), logits, dprobs)
 
 
-# ---- custom VJPs: each backward is another core call ---------------------------------
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def differentiable_permute(tokens, expert_indices, num_experts):
-    return permute(tokens, expert_indices, num_experts=num_experts)
-
-
-def _permute_fwd(tokens, expert_indices, num_experts):
-    outs = differentiable_permute(tokens, expert_indices, num_experts)
-    return outs, outs[2]
-
-
-def _permute_bwd(num_experts, row_map, cotangents):
-    # Each token's gradient sums its k rows' gradients in slot order: unpermute without probs.
-    dtokens = unpermute(cotangents[0], row_map, None)
-    return dtokens, None
-
-
-differentiable_permute.defvjp(_permute_fwd, _permute_bwd)
-
-
-@jax.custom_vjp
-def differentiable_unpermute(permuted, row_map, probs):
-    return unpermute(permuted, row_map, probs)
-
-
-def _unpermute_fwd(permuted, row_map, probs):
-    return unpermute(permuted, row_map, probs), (permuted, row_map, probs)
-
-
-def _unpermute_bwd(residuals, dout):
-    permuted, row_map, probs = residuals
-    # The core multiplies operands of one dtype: a wider dout is rounded once.
-    dpermuted, dprobs = unpermute_backward(dout.astype(permuted.dtype), permuted, row_map, probs)
-    return dpermuted, None, dprobs
-
-
-differentiable_unpermute.defvjp(_unpermute_fwd, _unpermute_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def differentiable_activation(h, kind, width):
-    return activation(h, kind=kind, width=width)
-
-
-def _activation_fwd(h, kind, width):
-    return activation(h, kind=kind, width=width), h
-
-
-def _activation_bwd(kind, width, h, dout):
-    return (activation_backward(dout.astype(h.dtype), h, kind=kind),)
-
-
-differentiable_activation.defvjp(_activation_fwd, _activation_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def differentiable_softmax_topk(logits, k, probs_dtype, renormalize):
-    return softmax_topk(logits, k=k, probs_dtype=probs_dtype, renormalize=renormalize)
-
-
-def _softmax_topk_fwd(logits, k, probs_dtype, renormalize):
-    probs, indices = softmax_topk(logits, k=k, probs_dtype=probs_dtype, renormalize=renormalize)
-    return (probs, indices), (logits, indices)
-
-
-def _softmax_topk_bwd(k, probs_dtype, renormalize, residuals, cotangents):
-    logits, indices = residuals
-    dprobs = cotangents[0].astype(probs_dtype)
-    return (softmax_topk_backward(logits, indices, dprobs, renormalize=renormalize),)
-
-
-differentiable_softmax_topk.defvjp(_softmax_topk_fwd, _softmax_topk_bwd)
+def softmax_topk_tangent(logits, expert_indices, tlogits, *, renormalize):
+    probs_dtype = jnp.float64 if logits.dtype == jnp.float64 else jnp.float32
+    call = jax.ffi.ffi_call("groupgemm_softmax_topk_tangent",
+                            jax.ShapeDtypeStruct(expert_indices.shape, probs_dtype), vmap_method="sequential")
+    return _varying(call(logits, expert_indices, tlogits, renormalize=np.bool_(renormalize)), logits, tlogits)

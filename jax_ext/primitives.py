@@ -26,27 +26,27 @@ def placeholder(dtype):
     return jnp.zeros((0,), dtype)
 
 
-def _varying(aval):
+def varying_count(aval):
     manual = getattr(aval, "manual_axis_type", None) or getattr(aval, "mat", None)
     return len(getattr(manual, "varying", ())) if manual is not None else len(getattr(aval, "vma", ()))
 
 
-def _result(shape, dtype, *operands):
+def result(shape, dtype, *operands):
     """The result's abstract value: typed like the operand that varies along the most
     shard_map axes (the frontends give all differentiable operands the same ones)."""
-    widest = max(operands, key=_varying)
+    widest = max(operands, key=varying_count)
     return widest.update(shape=shape, dtype=dtype, weak_type=False)
 
 
-def _aval(x):
+def aval_of(x):
     return jax.typeof(x) if hasattr(jax, "typeof") else jax.core.get_aval(x)
 
 
-def _is_zero(t):
+def is_zero(t):
     return type(t) is ad.Zero
 
 
-def _sum(terms, aval):
+def sum_terms(terms, aval):
     terms = [t for t in terms if t is not None]
     return functools.reduce(jnp.add, terms) if terms else ad.Zero(aval.to_tangent_aval())
 
@@ -63,18 +63,23 @@ def _sequential(prim):
                 full[i] = x
             return prim.bind(*full, **params)
 
-        return jax.lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped]), 0
+        out = jax.lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
+        return out, [0] * len(out) if prim.multiple_results else 0
 
     return rule
 
 
-def _define(name, call, abstract_eval, jvp, transpose):
+def define(name, call, abstract_eval, jvp, transpose=None, *, multiple_results=False):
+    """A primitive lowered to `call` (the FFI calls of raw.py or expert_raw.py), with its
+    JVP rule, its transpose rule (linear primitives) and a sequential batching rule."""
     prim = Primitive(name)
+    prim.multiple_results = multiple_results
     prim.def_impl(call)  # eager: the FFI call itself
     prim.def_abstract_eval(abstract_eval)
-    mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=False))
+    mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=multiple_results))
     ad.primitive_jvps[prim] = jvp
-    ad.primitive_transposes[prim] = transpose
+    if transpose is not None:
+        ad.primitive_transposes[prim] = transpose
     batching.primitive_batchers[prim] = _sequential(prim)
     return prim
 
@@ -84,7 +89,7 @@ def _define(name, call, abstract_eval, jvp, transpose):
 
 def _matmul_abstract(lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias):
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    return _result((lhs.shape[0], n), out_dtype, lhs, rhs, bias)
+    return result((lhs.shape[0], n), out_dtype, lhs, rhs, bias)
 
 
 def bias_rows(bias, sizes, offset, *, num_rows, transpose_rhs, out_dtype):
@@ -102,18 +107,18 @@ def _matmul_jvp(primals, tangents, **params):
     linear = dict(params, has_bias=False)
     none = placeholder(lhs.dtype)
     terms = [
-        None if _is_zero(t_lhs) else matmul_p.bind(t_lhs, rhs, sizes, offset, none, **linear),
-        None if _is_zero(t_rhs) else matmul_p.bind(lhs, t_rhs, sizes, offset, none, **linear),
-        None if not params["has_bias"] or _is_zero(t_bias) else bias_rows(
+        None if is_zero(t_lhs) else matmul_p.bind(t_lhs, rhs, sizes, offset, none, **linear),
+        None if is_zero(t_rhs) else matmul_p.bind(lhs, t_rhs, sizes, offset, none, **linear),
+        None if not params["has_bias"] or is_zero(t_bias) else bias_rows(
             t_bias, sizes, offset, num_rows=lhs.shape[0], transpose_rhs=params["transpose_rhs"],
             out_dtype=params["out_dtype"]),
     ]
-    return out, _sum(terms, _aval(out))
+    return out, sum_terms(terms, aval_of(out))
 
 
 def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias):
     results = [None] * 5
-    if _is_zero(ct):
+    if is_zero(ct):
         return results
     g = (rhs.aval if ad.is_undefined_primal(rhs) else rhs).shape[0]
     if ad.is_undefined_primal(lhs):
@@ -137,14 +142,14 @@ def _matmul_call(lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has
                       out_dtype=out_dtype)
 
 
-matmul_p = _define("groupgemm_matmul", _matmul_call, _matmul_abstract, _matmul_jvp, _matmul_transpose)
+matmul_p = define("groupgemm_matmul", _matmul_call, _matmul_abstract, _matmul_jvp, _matmul_transpose)
 
 
 # ---- wgrad ----------------------------------------------------------------------------
 
 
 def _wgrad_abstract(lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumulate):
-    return _result((num_groups, lhs.shape[1], grad.shape[1]), out_dtype, lhs, grad, acc)
+    return result((num_groups, lhs.shape[1], grad.shape[1]), out_dtype, lhs, grad, acc)
 
 
 def _wgrad_jvp(primals, tangents, **params):
@@ -154,16 +159,16 @@ def _wgrad_jvp(primals, tangents, **params):
     product = dict(params, accumulate=False)
     none = placeholder(params["out_dtype"])
     terms = [
-        None if _is_zero(t_lhs) else wgrad_p.bind(t_lhs, grad, sizes, offset, none, **product),
-        None if _is_zero(t_grad) else wgrad_p.bind(lhs, t_grad, sizes, offset, none, **product),
-        None if not params["accumulate"] or _is_zero(t_acc) else t_acc,
+        None if is_zero(t_lhs) else wgrad_p.bind(t_lhs, grad, sizes, offset, none, **product),
+        None if is_zero(t_grad) else wgrad_p.bind(lhs, t_grad, sizes, offset, none, **product),
+        None if not params["accumulate"] or is_zero(t_acc) else t_acc,
     ]
-    return out, _sum(terms, _aval(out))
+    return out, sum_terms(terms, aval_of(out))
 
 
 def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumulate):
     results = [None] * 5
-    if _is_zero(ct):
+    if is_zero(ct):
         return results
     if ad.is_undefined_primal(lhs):  # d lhs[r] = grad[r] @ ct[g]^T
         dtype = lhs.aval.dtype
@@ -183,26 +188,26 @@ def _wgrad_call(lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumul
                      out_dtype=out_dtype)
 
 
-wgrad_p = _define("groupgemm_wgrad", _wgrad_call, _wgrad_abstract, _wgrad_jvp, _wgrad_transpose)
+wgrad_p = define("groupgemm_wgrad", _wgrad_call, _wgrad_abstract, _wgrad_jvp, _wgrad_transpose)
 
 
 # ---- bias_grad ------------------------------------------------------------------------
 
 
 def _bias_grad_abstract(grad, sizes, offset, *, num_groups, out_dtype):
-    return _result((num_groups, grad.shape[1]), out_dtype, grad)
+    return result((num_groups, grad.shape[1]), out_dtype, grad)
 
 
 def _bias_grad_jvp(primals, tangents, **params):
     grad, sizes, offset = primals
     out = bias_grad_p.bind(*primals, **params)
     t = tangents[0]
-    return out, _sum([None if _is_zero(t) else bias_grad_p.bind(t, sizes, offset, **params)],
-                     _aval(out))
+    return out, sum_terms([None if is_zero(t) else bias_grad_p.bind(t, sizes, offset, **params)],
+                     aval_of(out))
 
 
 def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype):
-    if _is_zero(ct) or not ad.is_undefined_primal(grad):
+    if is_zero(ct) or not ad.is_undefined_primal(grad):
         return [None] * 3
     dtype = grad.aval.dtype
     return [bias_rows(ct.astype(dtype), sizes, offset, num_rows=grad.aval.shape[0], transpose_rhs=False,
@@ -213,5 +218,5 @@ def _bias_grad_call(grad, sizes, offset, *, num_groups, out_dtype):
     return raw.bias_grad(grad, sizes, offset, num_groups=num_groups, out_dtype=out_dtype)
 
 
-bias_grad_p = _define("groupgemm_bias_grad", _bias_grad_call, _bias_grad_abstract, _bias_grad_jvp,
+bias_grad_p = define("groupgemm_bias_grad", _bias_grad_call, _bias_grad_abstract, _bias_grad_jvp,
                       _bias_grad_transpose)

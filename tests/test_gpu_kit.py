@@ -585,16 +585,17 @@ def test_the_quick_expert_cases_reach_every_expert_kernel():
 
     required = driver_calls.required_expert_kernels()
     # permute: 4 kernels, 2 scans over several tiles, capped chunks, 2 fill word sizes;
-    # unpermute and its backward: 5 (values, probs) pairs each; the activations and the
-    # router: 2 x 3 dtypes each.
-    assert len(required) == 9 + 2 * 5 + 2 * 3 + 2 * 3
+    # unpermute's backward: its row sort, in several radix passes; unpermute, the backward's
+    # row kernel and dprobs kernel: 5 (values, probs) pairs each; the activations: 2 x 3
+    # dtypes; the router: 3 x 3.
+    assert len(required) == 9 + 2 + 3 * 5 + 2 * 3 + 3 * 3
     assert required <= reached(expert_driver.QUICK_EXPERT_CASES)
     assert required <= reached(expert_driver.ALL_EXPERT_CASES)
     small = [n for n in expert_driver.QUICK_EXPERT_CASES if not n.startswith("many_")]
     assert {k[1] for k in required - reached(small)} == {driver_calls.SEVERAL_TILES, driver_calls.CAPPED_CHUNKS}
     cases = expert_driver.EXPERT_CASES
     assert {c.top_k for c in cases} >= {1, 2, 3, 4} and max(c.slots for c in cases) >= 70000
-    assert {c.routing for c in cases} >= {"one_expert", "all_dropped"}
+    assert {c.routing for c in cases} >= {"one_expert", "all_dropped"} and any(c.repeat_rows for c in cases)
     assert any(c.tokens == 0 for c in cases) and any(c.experts == 0 and c.tokens for c in cases)
 
 

@@ -115,21 +115,17 @@ GG_HD int64_t slot_bucket(const IndexArray& expert_indices, int64_t slot, int64_
   return e >= 0 && e < num_experts ? e : num_experts;
 }
 
+// permute's buckets, as the counting sort takes them.
 struct ExpertBucket {
   IndexArray expert_indices;
   int64_t num_experts;
   GG_HD int64_t operator()(int64_t slot) const { return slot_bucket(expert_indices, slot, num_experts); }
 };
 
+// permute's counts array and the CUDA backend's chunk count for it.
 GG_HD int64_t count_entries(int64_t num_experts, int64_t chunks) { return (num_experts + 1) * chunks; }
 GG_HD int64_t permute_chunks(int64_t num_slots, int64_t num_experts) {
   return sort_chunks(num_slots, num_experts + 1);
-}
-
-// Step 1 for permute: chunk c's column of counts.
-GG_HD void count_chunk_slots(const IndexArray& expert_indices, int64_t num_slots, int64_t num_experts,
-                             int64_t c, int64_t chunks, int32_t* counts) {
-  count_chunk(ExpertBucket{expert_indices, num_experts}, num_slots, num_experts + 1, c, chunks, counts);
 }
 
 // Step 2b's results, read from bucket_start (E + 1 entries).
@@ -145,13 +141,14 @@ GG_HD int32_t row_map_value(int64_t bucket, int32_t row, int64_t num_experts) {
   return bucket < num_experts ? row : -1;
 }
 
-// Step 3 for permute: each slot's row into row_map.
-GG_HD void assign_chunk_rows(const IndexArray& expert_indices, int64_t num_slots, int64_t num_experts,
-                             int64_t c, int64_t chunks, const int32_t* bucket_start, int32_t* cursors,
-                             int32_t* row_map) {
-  place_chunk(ExpertBucket{expert_indices, num_experts}, num_slots, c, chunks, bucket_start, cursors,
-              [&](int64_t s, int64_t bucket, int32_t row) { row_map[s] = row_map_value(bucket, row, num_experts); });
-}
+// Step 3's record for permute: each slot's row_map entry.
+struct RowMapEntry {
+  int32_t* row_map;
+  int64_t num_experts;
+  GG_HD void operator()(int64_t slot, int64_t bucket, int32_t row) const {
+    row_map[slot] = row_map_value(bucket, row, num_experts);
+  }
+};
 
 // Step 4 for item i in [0, T*k), which is both a slot and a row: slot i's token row goes
 // to row copy_row (when the slot is kept), and row i is zeroed when it lies past the kept
@@ -174,9 +171,7 @@ inline int64_t permute_rows_on_host(const PermuteArgs& a, int64_t chunks, int32_
                                     int32_t* bucket_start) {
   const int64_t slots = a.num_tokens * a.top_k;
   counting_sort_on_host(ExpertBucket{a.expert_indices, a.num_experts}, slots, a.num_experts + 1, chunks, counts,
-                        bucket_start, [&](int64_t s, int64_t bucket, int32_t row) {
-                          a.row_map[s] = row_map_value(bucket, row, a.num_experts);
-                        });
+                        bucket_start, RowMapEntry{a.row_map, a.num_experts});
   for (int64_t e = 0; e < a.num_experts; ++e) a.group_sizes[e] = group_size_from_starts(bucket_start, e);
   return kept_rows_from_starts(bucket_start, a.num_experts);
 }
@@ -259,6 +254,15 @@ struct RowDigit {
   }
 };
 
+// A pass's record: the slot at position i moves to `position`.
+struct NextOrder {
+  const int32_t* order;
+  int32_t* next;
+  GG_HD void operator()(int64_t i, int64_t, int32_t position) const {
+    next[position] = static_cast<int32_t>(slot_at(order, i));
+  }
+};
+
 // The CUDA backend's chunk count of each pass.
 GG_HD int64_t row_sort_chunks(int64_t num_slots) { return sort_chunks(num_slots, kRowDigitBuckets); }
 
@@ -324,9 +328,7 @@ inline const int32_t* sort_slots_by_row_on_host(const int32_t* row_map, int64_t 
   int32_t* next = order_a;
   for (int pass = 0; pass < row_sort_passes(num_rows); ++pass) {
     counting_sort_on_host(RowDigit{row_map, order, num_rows, kRowDigitBits * pass}, num_slots, kRowDigitBuckets,
-                          chunks, counts, bucket_start, [&](int64_t i, int64_t, int32_t position) {
-                            next[position] = static_cast<int32_t>(slot_at(order, i));
-                          });
+                          chunks, counts, bucket_start, NextOrder{order, next});
     order = next;
     next = next == order_a ? order_b : order_a;
   }
