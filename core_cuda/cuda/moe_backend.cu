@@ -81,5 +81,10 @@ Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& a, const ExecContext& 
              [&](cudaStream_t stream) { return launch_softmax_topk_tangent(a, stream); });
 }
 
+CaptureRecord capture_record() {
+  const int first = g_first_under_capture.load();
+  return {g_calls.load(), g_calls_under_capture.load(), first == 1};
+}
+
 }  // namespace cuda
 }  // namespace groupgemm

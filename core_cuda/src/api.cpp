@@ -132,6 +132,8 @@ bool cuda_compiled() {
 #endif
 }
 
+CaptureRecord cuda_capture_record() { return cuda::capture_record(); }
+
 int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int device_index) {
   // The CPU backend needs no workspace; the CUDA one needs the setup kernel's arrays,
   // whose size is known without the CUDA build (so frontends size it identically), and on

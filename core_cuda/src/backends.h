@@ -38,5 +38,6 @@ Status activation_backward(const ActivationBackwardArgs& args, const ExecContext
 Status softmax_topk(const SoftmaxTopkArgs& args, const ExecContext& ctx);
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, const ExecContext& ctx);
 Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& args, const ExecContext& ctx);
+CaptureRecord capture_record();
 }  // namespace cuda
 }  // namespace groupgemm

@@ -20,6 +20,17 @@ NB_MODULE(_core, m) {
   m.doc() = "groupgemm core: grouped GEMM for Mixture-of-Experts layers";
   m.def("cuda_compiled", &groupgemm::cuda_compiled, "True when the CUDA backend was compiled in.");
   m.def(
+      "cuda_capture_record",
+      [] {
+        const groupgemm::CaptureRecord r = groupgemm::cuda_capture_record();
+        nb::dict d;
+        d["calls"] = r.calls, d["calls_under_capture"] = r.calls_under_capture;
+        d["first_under_capture"] = r.first_under_capture;
+        return d;
+      },
+      "The CUDA calls this process made on a stream, how many ran while their stream was capturing (a CUDA "
+      "graph or an XLA command buffer being recorded) and whether the first did: a capture check's evidence.");
+  m.def(
       "cuda_architectures",
       [] { return std::string(groupgemm::cuda_compiled() ? GROUPGEMM_CUDA_ARCHS : ""); },
       "The CUDA architectures compiled for, comma-separated (CMAKE_CUDA_ARCHITECTURES).");

@@ -46,4 +46,7 @@ int64_t unpermute_backward_workspace_bytes(Device device, int64_t num_slots);
 // True when this build contains the CUDA backend.
 bool cuda_compiled();
 
+// The process's CaptureRecord so far.
+CaptureRecord cuda_capture_record();
+
 }  // namespace groupgemm

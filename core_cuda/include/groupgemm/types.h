@@ -135,6 +135,16 @@ struct BiasGradArgs {
 // Slot s = t * k + j is token t's j-th expert choice. Row counts are int32 (row_map and
 // group_sizes are int32 arrays), so T * k must stay below 2^31.
 
+// The CUDA calls this process made on a stream (every entry point's launches), how many
+// of them ran while their stream was capturing (a CUDA graph or an XLA command buffer
+// being recorded) and whether the first one did: a capture check's positive evidence that
+// the calls were recorded, not run beside the graph. All zero without CUDA.
+struct CaptureRecord {
+  int64_t calls = 0;
+  int64_t calls_under_capture = 0;
+  bool first_under_capture = false;
+};
+
 // permute: a stable counting sort of the T*k slots by expert. Rows of `permuted` are
 // grouped by expert in ascending order, ascending slot order within an expert; slots whose
 // expert index is outside [0, E) are dropped: they come last, as exact-zero rows.
