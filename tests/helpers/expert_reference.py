@@ -148,3 +148,19 @@ def softmax_topk_grad(logits, indices, dprobs, renormalize):
         rows = [pool.index(e) for e in chosen]
         dlogits[i, pool] = jacobian[rows].T @ dprobs[i, :len(chosen)]
     return dlogits
+
+
+def softmax_topk_tangent(logits, indices, tlogits, renormalize):
+    """tprobs = J tlogits with the choices held fixed (J as in softmax_topk_grad)."""
+    logits, tlogits = np.asarray(logits, np.float64), np.asarray(tlogits, np.float64)
+    tprobs = np.zeros(indices.shape)
+    for i, row in enumerate(logits):
+        chosen = [int(e) for e in indices[i] if e >= 0]
+        if not chosen:
+            continue
+        pool = chosen if renormalize else [e for e in range(len(row)) if row[e] > -np.inf]
+        p = np.exp(row[pool] - row[chosen[0]])
+        p /= p.sum()
+        jacobian = np.diag(p) - np.outer(p, p)
+        tprobs[i, :len(chosen)] = jacobian[[pool.index(e) for e in chosen]] @ tlogits[i, pool]
+    return tprobs

@@ -142,6 +142,18 @@ def softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype, device=None):
         return probs, indices, dlogits
 
 
+def softmax_topk_tangent(logits, k, renormalize, tlogits, dtype, device=None):
+    """The forward-mode tangent of softmax_topk's probs (jax.jvp), from NumPy inputs."""
+    with precision(dtype), _on(device):
+        probs = lambda x: gj.softmax_topk(x, k, renormalize=renormalize)[0]  # noqa: E731
+        return jax.jvp(probs, (jnp.asarray(logits, dtype),), (jnp.asarray(tlogits, dtype),))[1]
+
+
+def shape_only(fn, *specs):
+    """fn traced on arrays that have only a shape and a dtype (nothing is allocated)."""
+    return jax.eval_shape(fn, *(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs))
+
+
 permute, unpermute, softmax_topk = gj.permute, gj.unpermute, gj.softmax_topk
 
 

@@ -137,6 +137,17 @@ def softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype, device="cpu"):
     return probs, indices, logits_t.grad
 
 
+def softmax_topk_tangent(logits, k, renormalize, tlogits, dtype, device="cpu"):
+    """The forward-mode tangent of softmax_topk's probs (torch.func.jvp), from NumPy inputs."""
+    probs = lambda x: gt.softmax_topk(x, k, renormalize=renormalize)[0]  # noqa: E731
+    return torch.func.jvp(probs, (array(logits, dtype, device),), (array(tlogits, dtype, device),))[1]
+
+
+def shape_only(fn, *specs):
+    """fn called on meta tensors: a shape and a dtype, no memory."""
+    return fn(*(torch.empty(shape, dtype=getattr(torch, dtype), device="meta") for shape, dtype in specs))
+
+
 permute, unpermute, softmax_topk = gt.permute, gt.unpermute, gt.softmax_topk
 
 
