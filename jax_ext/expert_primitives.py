@@ -60,11 +60,23 @@ def _permute_jvp(primals, tangents, *, num_experts):
     return outs, [t_permuted, _zero_like(aval_of(group_sizes)), _zero_like(aval_of(row_map))]
 
 
+def _permute_transpose(cts, tokens, expert_indices, *, num_experts):
+    """permuted is linear in tokens (linear_transpose): each token gets its rows' sum, the
+    row_map re-derived from the indices by a permute of zero columns (no rows to copy)."""
+    ct = cts[0]
+    if is_zero(ct) or not ad.is_undefined_primal(tokens):
+        return [None, None]
+    num_tokens, dtype = tokens.aval.shape[0], tokens.aval.dtype
+    row_map = permute_p.bind(jnp.zeros((num_tokens, 0), dtype), expert_indices, num_experts=num_experts)[2]
+    return [unpermute_p.bind(ct.astype(dtype), row_map, placeholder(dtype), has_weights=False), None]
+
+
 def _permute_call(tokens, expert_indices, *, num_experts):
     return list(expert_raw.permute(tokens, expert_indices, num_experts=num_experts))
 
 
-permute_p = define("groupgemm_permute", _permute_call, _permute_abstract, _permute_jvp, multiple_results=True)
+permute_p = define("groupgemm_permute", _permute_call, _permute_abstract, _permute_jvp, _permute_transpose,
+                   multiple_results=True)
 
 
 def _unpermute_abstract(values, row_map, weights, *, has_weights):

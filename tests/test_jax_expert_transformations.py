@@ -76,6 +76,17 @@ def test_jacfwd_of_the_moe_block_matches_jacrev_with_exact_zeros_for_the_masked_
     assert not dparams["router"][..., 1].any() and dparams["router"].any()
 
 
+def test_linear_transpose_of_permute_and_unpermute_is_the_adjoint():
+    # <f(x), y> == <x, f^T(y)> for the linear maps tokens -> permuted and permuted -> out.
+    with x64():
+        tokens, permuted, probs = rng_arrays((5, 4), (5, 3), (4, 2), seed=5)
+        for fn, x in ((lambda t: gj.permute(t, EXPERT_INDICES, 3)[0], tokens),
+                      (lambda p: gj.unpermute(p, ROW_MAP, probs), permuted)):
+            y = jnp.asarray(np.random.default_rng(6).standard_normal(fn(x).shape))
+            (transposed,) = jax.linear_transpose(fn, x)(y)
+            np.testing.assert_allclose(jnp.vdot(fn(x), y), jnp.vdot(x, transposed), rtol=1e-12)
+
+
 def per_example(fn, *batched):
     return [fn(*xs) for xs in zip(*batched)]
 
