@@ -117,10 +117,11 @@ def _sizes():
 # and its optional arguments' defaults in schema order.
 _ROW_MAP = [[0, 5], [1, -1]]
 REQUIRED_ONLY = {
-    "grouped_mm": (lambda x, w, d, acc: (x, w, _sizes()), (None, None, False, None)),
-    "grouped_mm_wgrad": (lambda x, w, d, acc: (x, d, _sizes(), 3), (None, None)),
-    "grouped_mm_wgrad_accumulate": (lambda x, w, d, acc: (x, d, _sizes(), acc), (None,)),
-    "grouped_bias_grad": (lambda x, w, d, acc: (d, _sizes(), 3), (None, None)),
+    "grouped_mm": (lambda x, w, d, acc: (x, w, _sizes()), (None, None, False, None, False)),
+    "grouped_mm_wgrad": (lambda x, w, d, acc: (x, d, _sizes(), 3), (None, None, False)),
+    "grouped_mm_wgrad_accumulate": (lambda x, w, d, acc: (x, d, _sizes(), acc), (None, False)),
+    "grouped_bias_grad": (lambda x, w, d, acc: (d, _sizes(), 3), (None, None, False)),
+    "grouped_mm_backward": (lambda x, w, d, acc: (x, w, d, _sizes()), (None, False, False, True, True, None, None)),
     "permute": (lambda x, w, d, acc: (x, torch.tensor([[0], [2], [2], [1], [0], [2]]), 3), ()),
     "unpermute": (lambda x, w, d, acc: (x, torch.tensor(_ROW_MAP, dtype=torch.int32)), (None,)),
     "unpermute_backward": (lambda x, w, d, acc: (x[:2], x, torch.tensor(_ROW_MAP, dtype=torch.int32)), (None,)),

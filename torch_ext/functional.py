@@ -5,7 +5,7 @@ then the raw ops (importing this module registers their derivatives)."""
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import derivatives, raw  # noqa: F401 - derivatives registers the ops' autograd
+from groupgemm.torch_ext import derivatives, eager, raw  # noqa: F401 - derivatives registers the ops' autograd
 from groupgemm.torch_ext import offs as offs_convention
 from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_operands, same_device, shape_and_dtype
 
@@ -31,7 +31,8 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor | None = None,
     """``out[r] = input[r] @ weight[g] (+ bias[g])`` for the rows r of each group g.
 
     ``weight`` is ``[G, K, N]``, or ``[G, N, K]`` with ``transpose_weight=True`` (the
-    ``nn.Linear`` layout). ``group_sizes`` is a 1-D integer tensor on input's device
+    ``nn.Linear`` layout); a transposed view of either (``w.transpose(-2, -1)``) is read in
+    place, with no copy. ``group_sizes`` is a 1-D integer tensor on input's device
     (``[G_total]`` with ``group_offset``, an int or one-element tensor selecting the
     window of global groups that ``weight`` holds). Negative sizes count as 0, rows past
     ``M`` are clipped, rows owned by no local group are exactly 0. Differentiable in
@@ -45,16 +46,25 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor | None = None,
     """
     fn = "grouped_mm"
     contract.sizes_or_ends(fn, group_sizes is not None, offs is not None)
-    if offs is not None:
-        if isinstance(weight, Tensor) and weight.dim() == 2:
-            return offs_convention.ragged_contraction(input, weight, offs, bias=bias, transpose_weight=transpose_weight,
-                                                      group_offset=group_offset, out_dtype=out_dtype, fn=fn)
-        group_sizes = offs_convention.row_group_sizes(input, weight, offs, group_offset is not None, fn)
-    group_sizes, group_offset, out_dtype = check_grouped_mm(
-        input, weight, group_sizes, bias, transpose_weight, group_offset, out_dtype)
-    return raw.grouped_mm_op(input.contiguous(), weight.contiguous(), group_sizes,
-                             None if bias is None else bias.contiguous(), group_offset,
-                             bool(transpose_weight), out_dtype)
+    ends = offs is not None
+    if ends and isinstance(weight, Tensor) and weight.dim() == 2:
+        return offs_convention.ragged_contraction(input, weight, offs, bias=bias, transpose_weight=transpose_weight,
+                                                  group_offset=group_offset, out_dtype=out_dtype, fn=fn)
+    sizes = offs if ends else group_sizes
+    transpose = bool(transpose_weight)
+
+    def checked():
+        checked_sizes = offs_convention.row_ends(input, weight, offs, group_offset is not None, fn) if ends else sizes
+        return check_grouped_mm(input, weight, checked_sizes, bias, transpose, group_offset, out_dtype)
+
+    if eager.takes_eager_path(input, weight, sizes, bias, group_offset if isinstance(group_offset, Tensor) else None):
+        plan = eager.plan_for(input, weight, sizes, bias, group_offset, transpose, out_dtype, ends, checked)
+        if plan is not None:
+            return eager.grouped_mm(plan, input, weight, sizes, bias, group_offset)
+    group_sizes, group_offset, out_dtype = checked()
+    weight, transpose = eager.readable_weight(weight, transpose)
+    return raw.grouped_mm_op(input.contiguous(), weight, group_sizes, None if bias is None else bias.contiguous(),
+                             group_offset, transpose, out_dtype, ends)
 
 
 def _shares_memory(a: Tensor, b: Tensor) -> bool:

@@ -106,16 +106,16 @@ class _MainGradGroupedMM(torch.autograd.Function):
         # between this forward and this backward.
         ctx.main_grad = main_grad
         ctx.returns_placeholder = returns_placeholder
-        ctx.transpose_weight = True
+        ctx.transpose_weight, ctx.group_ends = True, False
         ctx.bias_dtype = None if bias is None else bias.dtype
 
     @staticmethod
     def backward(ctx, grad):
         input, weight, group_sizes = ctx.saved_tensors
         grad = raw.incoming_grad(grad, input.dtype)
-        dinput, dbias = derivatives.input_and_bias_grads(ctx, grad, weight.contiguous(), group_sizes, None, input.dtype)
-        # weight is [G, N, K]: dW[g] = grad_g^T @ input_g
-        raw.grouped_mm_wgrad_accumulate_op(grad, input, group_sizes, ctx.main_grad, None)
+        # weight is [G, N, K]: main_grad[g] += grad_g^T @ input_g, beside dinput and dbias.
+        dinput, _, dbias = derivatives.grouped_mm_grads(ctx, grad, input, weight.contiguous(), group_sizes, None,
+                                                        accumulate_into=ctx.main_grad)
         placeholder = weight.new_zeros(()).expand(weight.shape) if ctx.returns_placeholder else None
         return dinput, placeholder, None, dbias, None, None
 

@@ -10,8 +10,9 @@ as 0 for g = 0).
   ``A^T`` and ``B``; the contraction past ``offs[-1]`` adds nothing and its gradients are
   exact zeros.
 
-The sizes are computed from offs on its device, with no host read. A decreasing offs gives
-negative differences, which count as 0 like any negative group size.
+The core reads offs itself, as cumulative ends (size g = offs[g] - offs[g-1]), on its
+device, with no host read and no extra op. A decreasing offs gives negative differences,
+which count as 0 like any negative group size.
 """
 
 import torch
@@ -23,21 +24,20 @@ from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_tensor, same_
 Tensor = torch.Tensor
 
 
-def group_sizes(offs, num_groups, has_offset: bool, device, fn: str) -> Tensor:
-    """The group sizes ``diff([0, *offs])`` of checked cumulative ends, on offs's device."""
+def checked_ends(offs, num_groups, has_offset: bool, device, fn: str) -> Tensor:
+    """Checked cumulative ends as the core reads them (int32 or int64), on offs's device."""
     if not isinstance(offs, Tensor):
         raise TypeError(f"{fn}: offs must be a 1-D integer tensor, got {type(offs).__name__}")
     contract.group_ends(fn, tuple(offs.shape), dtype_name(offs.dtype), num_groups, has_offset)
     same_device(offs, "offs", device, fn)
-    ends = index_tensor(offs)
-    return torch.diff(ends, prepend=ends.new_zeros(1))
+    return index_tensor(offs)
 
 
-def row_group_sizes(input: Tensor, weight, offs, has_offset: bool, fn: str) -> Tensor:
-    """The 2d x 3d form: the sizes of the row groups, one per expert of ``weight``."""
+def row_ends(input: Tensor, weight, offs, has_offset: bool, fn: str) -> Tensor:
+    """The 2d x 3d form: the checked ends of the row groups, one per expert of ``weight``."""
     shape_and_dtype(input, NAMES["lhs"], fn)  # a tensor, whose device offs must share
     num_groups = weight.shape[0] if isinstance(weight, Tensor) and weight.dim() == 3 else None
-    return group_sizes(offs, num_groups, has_offset, input.device, fn)
+    return checked_ends(offs, num_groups, has_offset, input.device, fn)
 
 
 def ragged_contraction(input: Tensor, weight: Tensor, offs, *, bias, transpose_weight, group_offset, out_dtype,
@@ -48,6 +48,6 @@ def ragged_contraction(input: Tensor, weight: Tensor, offs, *, bias, transpose_w
         None if out_dtype is None else dtype_name(out_dtype), bias=bias is not None, transpose=bool(transpose_weight),
         has_offset=group_offset is not None)
     same_device(weight, NAMES["rhs"], input.device, fn)
-    sizes = group_sizes(offs, None, False, input.device, fn)
-    return raw.grouped_mm_wgrad_op(input.t().contiguous(), weight.contiguous(), sizes, sizes.shape[0], None,
-                                   getattr(torch, out))
+    ends = checked_ends(offs, None, False, input.device, fn)
+    return raw.grouped_mm_wgrad_op(input.t().contiguous(), weight.contiguous(), ends, ends.shape[0], None,
+                                   getattr(torch, out), True)

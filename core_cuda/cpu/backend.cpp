@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends.h"
+#include "backward_parts.h"
 #include "convert.h"
 #include "gemm.h"
 #include "groupgemm/problem.h"
@@ -26,7 +27,7 @@ class RowPlan {
       : offset_(read_group_offset(offset)),
         window_(group_window(offset_, num_local, sizes.count)),
         boundary_(window_.last - window_.first + 1) {
-    window_row_boundaries(sizes.data, sizes.type, window_, m, boundary_.data());
+    window_row_boundaries(sizes, window_, m, boundary_.data());
   }
   RowRange group(int64_t local) const { return local_group_rows(boundary_.data(), window_, offset_, local); }
   RowRange owned() const { return owned_rows(boundary_.data(), window_); }
@@ -226,6 +227,14 @@ Status grouped_bias_grad(const BiasGradArgs& a) {
     }
     return Status::Ok();
   });
+}
+
+// The three separate calls (backward_parts.h), so the bits are theirs.
+Status grouped_matmul_backward(const BackwardArgs& a) {
+  if (a.dlhs) GG_RETURN_IF_ERROR(grouped_matmul(dgrad_part(a)));
+  if (a.drhs) GG_RETURN_IF_ERROR(grouped_matmul_wgrad(wgrad_part(a)));
+  if (a.dbias) GG_RETURN_IF_ERROR(grouped_bias_grad(bias_grad_part(a)));
+  return Status::Ok();
 }
 
 }  // namespace cpu

@@ -1,9 +1,10 @@
 // CUDA backend entry points. Each call checks what only the CUDA backend needs (int32
 // problem sizes, the workspace, a usable device), then enqueues the call sequence of
 // call_sequence.h on the caller's stream without any host synchronisation: the setup
-// kernel (device group sizes -> workspace), the kernels for rows and groups no GEMM
-// writes, and one grouped GEMM. Nothing is allocated and nothing is copied to the host,
-// so the sequence can be captured in a CUDA graph.
+// kernel (device group sizes -> workspace, and the rows and groups no GEMM writes), then
+// the grouped GEMMs. Nothing is allocated and nothing is copied to the host, so the
+// sequence can be captured in a CUDA graph. The device's facts come from a per-device
+// cache (device_info.h), so a call makes no device query after the first.
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -46,14 +47,14 @@ Status check_call(const ExecContext& ctx, int64_t m, int64_t k, int64_t n, int64
   return s;
 }
 
-GroupedGemmLaunch gemm_launch(const GroupedGemmCall& call, cudaStream_t stream) {
-  const WorkspaceView ws = workspace_view(const_cast<void*>(call.workspace), call.num_groups);
+GroupedGemmLaunch gemm_launch(const GroupedGemmCall& call, const DeviceInfo& device, cudaStream_t stream) {
+  const GemmArrays ws = workspace_view(const_cast<void*>(call.workspace), call.num_groups).gemm[call.set];
   GroupedGemmLaunch l{};
   l.in_dtype = call.in_dtype, l.out_dtype = call.out_dtype, l.layout = call.layout;
   l.problems = ws.problem, l.num_groups = static_cast<int>(call.num_groups);
   for (int i = 0; i < 4; ++i) l.ptr[i] = ws.ptr[i], l.ld[i] = ws.ld[i];
-  l.beta = call.beta, l.max_m = static_cast<int>(call.max_m), l.n = static_cast<int>(call.n);
-  l.stream = stream;
+  l.c = call.c, l.max_m = static_cast<int>(call.max_m), l.n = static_cast<int>(call.n);
+  l.device = device, l.stream = stream;
   return l;
 }
 
@@ -65,28 +66,18 @@ class CudaLauncher {
   Status start() {
     device_.emplace(ctx_);  // held until the launcher goes: every launch runs on that device
     GG_RETURN_IF_ERROR(device_->status());
-    return choose_kernel(&device_info_, &choice_);  // kernel_choice.h: sm80 unless chosen
+    GG_RETURN_IF_ERROR(current_device_info(&device_info_));
+    choice_ = choose_kernel(device_info_);  // kernel_choice.h: sm80 unless chosen
+    return choice_.status;
   }
   Status setup(const SetupArgs& args) { return launch_setup(args, stream_); }
-  Status fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m, int64_t n,
-                   bool k_is_zero, int64_t num_groups, const void* workspace) {
-    return launch_fill_rows(in, out_dtype, out, bias, m, n, k_is_zero, num_groups, workspace, stream_);
-  }
   Status grouped_gemm(const GroupedGemmCall& call, bool aligned) {
+    const GroupedGemmLaunch launch = gemm_launch(call, device_info_, stream_);
     if (choice_.kernel == GemmKernel::sm90 && sm90_runs(call, aligned)) {
       const Sm90Tile tile = choice_.tile == Sm90Tile::by_shape ? sm90_tile_for(call) : choice_.tile;
-      return grouped_gemm_sm90(gemm_launch(call, stream_), tile, device_info_, ctx_.workspace,
-                               ctx_.workspace_bytes);
+      return grouped_gemm_sm90(launch, tile, ctx_.workspace, ctx_.workspace_bytes);
     }
-    return cuda::grouped_gemm(gemm_launch(call, stream_), aligned);
-  }
-  Status add_bias_rows(DType in, float* out, const void* bias, int64_t m, int64_t n, int64_t num_groups,
-                       const void* workspace) {
-    return launch_add_bias_rows(in, out, bias, m, n, num_groups, workspace, stream_);
-  }
-  Status zero_empty_groups(DType out_dtype, void* out, int64_t block_elements, int64_t num_groups,
-                           const void* workspace) {
-    return launch_zero_empty_groups(out_dtype, out, block_elements, num_groups, workspace, stream_);
+    return cuda::grouped_gemm(launch, aligned);
   }
   Status bias_grad(DType in, DType out_dtype, const void* grad, void* out, int64_t n, int64_t num_groups,
                    const void* workspace) {
@@ -132,6 +123,12 @@ Status grouped_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_call(ctx, a.m, 0, a.n, a.num_groups));
   CudaLauncher launch(ctx);
   return enqueue_grouped_bias_grad(a, ctx.workspace, launch);
+}
+
+Status grouped_matmul_backward(const BackwardArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_call(ctx, a.m, a.k, a.n, a.num_groups));
+  CudaLauncher launch(ctx);
+  return enqueue_grouped_matmul_backward(a, ctx.workspace, launch);
 }
 
 }  // namespace cuda

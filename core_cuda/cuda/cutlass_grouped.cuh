@@ -13,6 +13,7 @@
 #include "cutlass/gemm/kernel/default_gemm_grouped.h"
 #include "cutlass_layouts.h"
 #include "grouped_gemm.h"
+#include "kernel_attributes.h"
 
 namespace groupgemm {
 namespace cuda {
@@ -60,13 +61,9 @@ Status run_cutlass_grouped(const GroupedGemmLaunch& l) {
   using Gemm = cutlass::gemm::device::GemmGrouped<Kernel>;
 
   // One full wave of persistent thread blocks; each finds its tiles on the device.
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return Status::Internal("cannot query the CUDA device");
   // Blocks per SM is a property of the kernel: query the occupancy API once, not on
   // every call (the grid size only affects speed; device-only scheduling is correct
-  // for any). initialize() below still sets the kernel's shared-memory limit per call.
+  // for any).
   static std::atomic<int> cached_per_sm{0};
   int per_sm = cached_per_sm.load(std::memory_order_relaxed);
   if (per_sm <= 0) {
@@ -76,13 +73,18 @@ Status run_cutlass_grouped(const GroupedGemmLaunch& l) {
   }
 
   typename Gemm::Arguments args(reinterpret_cast<cutlass::gemm::GemmCoord*>(const_cast<int32_t*>(l.problems)),
-                                l.num_groups, sms * per_sm, typename Epilogue::Params(1.0f, l.beta),
+                                l.num_groups, l.device.sm_count * per_sm, typename Epilogue::Params(1.0f, l.beta()),
                                 reinterpret_cast<In**>(l.ptr[0]), reinterpret_cast<In**>(l.ptr[1]),
                                 reinterpret_cast<Out**>(l.ptr[2]), reinterpret_cast<Out**>(l.ptr[3]), l.ld[0],
                                 l.ld[1], l.ld[2], l.ld[3]);
   Gemm gemm;
-  cutlass::Status s = gemm.initialize(args, nullptr, l.stream);
-  if (s == cutlass::Status::kSuccess) s = gemm.run(l.stream);
+  static KernelAttributesOnce attributes;
+  cutlass::Status s = attributes.needed(l.device.device) ? gemm.initialize(args, nullptr, l.stream)
+                                                         : gemm.update(args, nullptr, l.stream);
+  if (s == cutlass::Status::kSuccess) {
+    attributes.done(l.device.device);
+    s = gemm.run(l.stream);
+  }
   if (s != cutlass::Status::kSuccess)
     return Status::Internal(std::string("CUTLASS grouped GEMM failed: ") +
                             cutlass::cutlassGetStatusString(s));

@@ -14,6 +14,7 @@
 // Only compiled for sm_90a (a separate object library in CMakeLists.txt).
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "cute/tensor.hpp"
@@ -29,6 +30,7 @@
 #include "cutlass/half.h"
 #include "cutlass_layouts.h"
 #include "gemm_sm90.h"
+#include "kernel_attributes.h"
 #include "sm90_strides.h"
 
 namespace groupgemm {
@@ -75,6 +77,14 @@ struct Sm90TileConfig<Sm90Tile::cooperative_128x256> {
 };
 
 template <>
+struct Sm90TileConfig<Sm90Tile::cooperative_256x128> {
+  using TileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+template <>
 struct Sm90TileConfig<Sm90Tile::pingpong_64x128> {
   using TileShape = cute::Shape<cute::_64, cute::_128, cute::_128>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
@@ -94,7 +104,30 @@ struct Sm90Element<DType::f16> {
   using type = cutlass::half_t;
 };
 
-template <typename In, typename Out, GemmLayout L, Sm90Tile Tile>
+// What the epilogue adds to the accumulator: beta * C with C of the output type
+// (linear: C = D when accumulating or onto pre-written bias rows), or each group's bias row
+// broadcast over its rows (bias_row: read through the workspace's C pointers, one row per
+// group, in the input type). The bias never goes through C itself: C is loaded with TMA,
+// whose descriptors cannot have the zero row stride of a broadcast.
+enum class Sm90Epilogue : int { linear = 0, bias_row = 1 };
+
+template <typename In, typename Out, typename TileShape, Sm90Epilogue E>
+struct Sm90EpilogueOp {
+  using type = cutlass::epilogue::fusion::LinearCombination<Out, float, Out, float>;
+};
+
+template <typename In, typename Out, typename TileShape>
+struct Sm90EpilogueOp<In, Out, TileShape, Sm90Epilogue::bias_row> {
+  // D = acc + bias[g] in float32, rounded once to Out; the row pointer comes from the
+  // group's entry of a pointer array (batch stride 0).
+  using type = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, Out, float, cutlass::FloatRoundStyle::round_to_nearest>,
+      cutlass::epilogue::fusion::Sm90AccFetch,
+      cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, In*, float, cute::Stride<cute::_0, cute::_1, int64_t>,
+                                                  128 / cutlass::sizeof_bits<In>::value>>;
+};
+
+template <typename In, typename Out, GemmLayout L, Sm90Tile Tile, Sm90Epilogue E = Sm90Epilogue::linear>
 struct Sm90Gemm {
   using Layouts = OperandLayouts<L>;
   using Config = Sm90TileConfig<Tile>;
@@ -105,12 +138,11 @@ struct Sm90Gemm {
   using KernelSchedule = typename Config::KernelSchedule;
   using EpilogueSchedule = typename Config::EpilogueSchedule;
 
-  // D = alpha * acc + beta * C with C of the output type (C = D when accumulating).
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, Out, cutlass::layout::RowMajor*,
       kOutAlignment, Out, cutlass::layout::RowMajor*, kOutAlignment, EpilogueSchedule,
-      cutlass::epilogue::fusion::LinearCombination<Out, float, Out, float>>::CollectiveOp;
+      typename Sm90EpilogueOp<In, Out, TileShape, E>::type>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, typename Layouts::A*, kInAlignment, In,
@@ -142,7 +174,10 @@ struct Sm90Gemm {
     // 18-SM GPCs unless told the active cluster count); a count that is not a multiple of
     // the cluster size, as on a partitioned GPU, could give a grid the cluster launch refuses.
     constexpr int cluster_size = cute::size(ClusterShape{});
-    cutlass::KernelHardwareInfo hw{s.device, s.sm_count / cluster_size * cluster_size};
+    cutlass::KernelHardwareInfo hw{l.device.device, l.device.sm_count / cluster_size * cluster_size};
+    // With the bias in the epilogue, C is D (same pointers and strides, never loaded: the
+    // epilogue has no C term) and the C pointer array holds the bias rows.
+    constexpr bool bias = E == Sm90Epilogue::bias_row;
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
                                   {l.num_groups,
                                    reinterpret_cast<typename Sm90ProblemShape::UnderlyingProblemShape*>(
@@ -151,19 +186,23 @@ struct Sm90Gemm {
                                   {device_array<const In*>(l.ptr[0]), reinterpret_cast<StrideA*>(l.ld[0]),
                                    device_array<const In*>(l.ptr[1]), reinterpret_cast<StrideB*>(l.ld[1])},
                                   {{},
-                                   device_array<const Out*>(l.ptr[2]),
-                                   reinterpret_cast<StrideC*>(l.ld[2]),
+                                   device_array<const Out*>(l.ptr[bias ? 3 : 2]),
+                                   reinterpret_cast<StrideC*>(l.ld[bias ? 3 : 2]),
                                    device_array<Out*>(l.ptr[3]),
                                    reinterpret_cast<StrideD*>(l.ld[3])},
                                   hw};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = l.beta;
+    if constexpr (bias) {
+      args.epilogue.thread = {{}, {device_array<const In*>(l.ptr[2]), In(0), {}}, {}};
+    } else {
+      args.epilogue.thread.alpha = 1.0f;
+      args.epilogue.thread.beta = l.beta();
+    }
     return args;
   }
 
   static size_t workspace_bytes(int sm_count) {
     Sm90Launch s{};
-    s.sm_count = sm_count;
+    s.gemm.device.sm_count = sm_count;
     s.gemm.num_groups = 1;
     return Gemm::get_workspace_size(arguments(s));
   }
@@ -173,9 +212,21 @@ struct Sm90Gemm {
     if (Gemm::get_workspace_size(args) > s.kernel_workspace_bytes)
       return Status::Internal("the sm90 grouped GEMM needs more workspace than workspace_bytes gave");
     Gemm gemm;
+    static KernelAttributesOnce attributes;
+    const int device = s.gemm.device.device;
     cutlass::Status st = Gemm::can_implement(args);
-    if (st == cutlass::Status::kSuccess) st = gemm.initialize(args, s.kernel_workspace, s.gemm.stream);
-    if (st == cutlass::Status::kSuccess) st = gemm.run(s.gemm.stream);
+    if (st == cutlass::Status::kSuccess) {
+      if (attributes.needed(device)) {
+        st = gemm.initialize(args, s.kernel_workspace, s.gemm.stream);
+      } else {
+        st = Kernel::initialize_workspace(args, s.kernel_workspace, s.gemm.stream);
+        if (st == cutlass::Status::kSuccess) st = gemm.update(args, s.kernel_workspace);
+      }
+    }
+    if (st == cutlass::Status::kSuccess) {
+      attributes.done(device);
+      st = gemm.run(s.gemm.stream);
+    }
     if (st != cutlass::Status::kSuccess)
       return Status::Internal(std::string("CUTLASS sm90 grouped GEMM failed: ") +
                               cutlass::cutlassGetStatusString(st));
@@ -187,15 +238,19 @@ template <DType InType, Sm90Tile Tile, GemmLayout L>
 Status grouped_gemm_sm90_for(const Sm90Launch& s) {
   using In = typename Sm90Element<InType>::type;
   if (s.gemm.out_dtype == DType::f32) return Sm90Gemm<In, float, L, Tile>::run(s);
+  if constexpr (L != GemmLayout::col_row)  // a forward's bias; a weight gradient has none
+    if (s.gemm.c == GemmC::bias_row) return Sm90Gemm<In, In, L, Tile, Sm90Epilogue::bias_row>::run(s);
   return Sm90Gemm<In, In, L, Tile>::run(s);
 }
 
 template <DType InType, Sm90Tile Tile, GemmLayout L>
 size_t sm90_workspace_bytes_for(int sm_count) {
   using In = typename Sm90Element<InType>::type;
-  const size_t same = Sm90Gemm<In, In, L, Tile>::workspace_bytes(sm_count);
-  const size_t f32 = Sm90Gemm<In, float, L, Tile>::workspace_bytes(sm_count);
-  return same > f32 ? same : f32;
+  size_t most = std::max(Sm90Gemm<In, In, L, Tile>::workspace_bytes(sm_count),
+                         Sm90Gemm<In, float, L, Tile>::workspace_bytes(sm_count));
+  if constexpr (L != GemmLayout::col_row)
+    most = std::max(most, Sm90Gemm<In, In, L, Tile, Sm90Epilogue::bias_row>::workspace_bytes(sm_count));
+  return most;
 }
 
 }  // namespace cuda

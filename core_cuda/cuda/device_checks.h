@@ -1,5 +1,6 @@
-// What every CUDA entry point checks before it launches (a usable device, no earlier
-// error pending), and the guard that makes the operands' device current for its launches.
+// What every CUDA entry point checks before it launches (a usable device: device_info.h's
+// check_device; no earlier error pending), and the guard that makes the operands' device
+// current for its launches.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <atomic>
 #include <string>
 
+#include "device_info.h"
 #include "groupgemm/types.h"
 
 namespace groupgemm {
@@ -72,17 +74,6 @@ class DeviceGuard {
   int previous_ = -1;
   bool switched_ = false;
 };
-
-// Without a driver or a device, say so before any launch (the runtime's own message is
-// "driver version is insufficient").
-inline Status check_device() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e == cudaSuccess && count > 0) return Status::Ok();
-  cudaGetLastError();  // clear the sticky error so later calls are not affected
-  return Status::Internal(std::string("no usable CUDA device (") +
-                          (e == cudaSuccess ? "none found" : cudaGetErrorString(e)) + ")");
-}
 
 // An error left pending by someone else's earlier launch would otherwise be reported
 // (and cleared) as ours.

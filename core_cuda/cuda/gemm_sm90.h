@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "device_info.h"
 #include "grouped_gemm.h"
 #include "kernel_choice.h"
 
@@ -11,27 +12,15 @@ namespace groupgemm {
 namespace cuda {
 
 struct Sm90Launch {
-  GroupedGemmLaunch gemm;
+  GroupedGemmLaunch gemm;         // its device's SM count sizes the persistent grid
   Sm90Tile tile;                  // not by_shape: the launch runs the chosen tile
-  int device;                     // the operands' device
-  int sm_count;                   // its SMs: the persistent grid, and the kernel workspace size
   void* kernel_workspace;         // CUTLASS's own workspace (TMA descriptors), 128-byte aligned
   size_t kernel_workspace_bytes;  // what the caller's workspace holds for it
 };
 
-// What the choice and the sm90 launch need to know about the operands' device.
-struct DeviceInfo {
-  int device;
-  int cc_major, cc_minor;
-  int sm_count;
-};
-
-// Queries `device`.
-Status query_device(int device, DeviceInfo* info);
-
-// The kernel family (and sm90 tile) for the current device: kernel_choice.h's
-// choose_gemm_kernel with GROUPGEMM_CUDA_KERNEL; fills `info` for the launch.
-Status choose_kernel(DeviceInfo* info, KernelChoice* choice);
+// The kernel family (and sm90 tile) for a device: kernel_choice.h's choose_gemm_kernel
+// with GROUPGEMM_CUDA_KERNEL (read per call: benchmarks switch it within a process).
+KernelChoice choose_kernel(const DeviceInfo& info);
 
 // The sm90 kernels' own workspace on `device_index` (-1: the current device): 0 when
 // that device cannot run sm_90a code, when no device is usable, or in builds without 90a.
@@ -40,19 +29,18 @@ int64_t sm90_kernel_workspace_bytes(int device_index);
 // Runs the sm90 grouped GEMM with `tile` (not by_shape) and its own workspace in the
 // call's workspace (the region workspace.h's kernel_workspace finds); an error when that
 // region is too small.
-Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, const DeviceInfo& info,
-                         void* workspace, int64_t workspace_bytes);
+Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, void* workspace, int64_t workspace_bytes);
 
 // One TMA + WGMMA grouped GEMM of 16-bit inputs `In` (bf16 or f16) with `Tile` and one
-// operand layout, either output dtype: 16-byte aligned operands, no broadcast C row
-// (kernel_choice.h's sm90_runs). Each (In, Tile, Layout) is a translation unit of its own,
+// operand layout, either output dtype, and for a forward layout the bias epilogue too:
+// 16-byte aligned operands (kernel_choice.h's sm90_runs). Each (In, Tile, Layout) is a translation unit of its own,
 // made by CMakeLists.txt from gemm_sm90_instance.cu.in, so nvcc builds them in parallel
 // (about a minute each on one core, against two for one unit per input type and tile).
 template <DType In, Sm90Tile Tile, GemmLayout Layout>
 Status grouped_gemm_sm90_for(const Sm90Launch& launch);
 
-// CUTLASS's own workspace for the larger of those two instantiations (output dtype), on
-// a device with `sm_count` SMs (one set of TMA descriptors per SM).
+// CUTLASS's own workspace for the largest of those instantiations, on a device with
+// `sm_count` SMs (one set of TMA descriptors per SM).
 template <DType In, Sm90Tile Tile, GemmLayout Layout>
 size_t sm90_workspace_bytes_for(int sm_count);
 

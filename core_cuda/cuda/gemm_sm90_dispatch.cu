@@ -4,6 +4,7 @@
 // Compiled for every target; the kernels themselves (gemm_sm90_instance.cu.in) only for
 // sm_90a, and only when the build's architectures include 90a (GROUPGEMM_WITH_SM90).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "device_checks.h"
@@ -20,27 +21,8 @@ constexpr bool kSm90Built = true;
 constexpr bool kSm90Built = false;
 #endif
 
-Status query_device(int device, DeviceInfo* info) {
-  info->device = device;
-  if (cudaDeviceGetAttribute(&info->cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&info->cc_minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&info->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return Status::Internal("cannot query the CUDA device");
-  }
-  return Status::Ok();
-}
-
-Status choose_kernel(DeviceInfo* info, KernelChoice* choice) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return Status::Internal("cannot query the CUDA device");
-  }
-  GG_RETURN_IF_ERROR(query_device(device, info));
-  *choice =
-      choose_gemm_kernel(info->cc_major, info->cc_minor, std::getenv("GROUPGEMM_CUDA_KERNEL"), kSm90Built);
-  return choice->status;
+KernelChoice choose_kernel(const DeviceInfo& info) {
+  return choose_gemm_kernel(info.cc_major, info.cc_minor, std::getenv("GROUPGEMM_CUDA_KERNEL"), kSm90Built);
 }
 
 #ifdef GROUPGEMM_WITH_SM90
@@ -61,6 +43,7 @@ Status run_sm90_tile(const Sm90Launch& s) {
   switch (s.tile) {
     case Sm90Tile::cooperative_128x256: return run_sm90_layout<In, Sm90Tile::cooperative_128x256>(s);
     case Sm90Tile::pingpong_64x128: return run_sm90_layout<In, Sm90Tile::pingpong_64x128>(s);
+    case Sm90Tile::cooperative_256x128: return run_sm90_layout<In, Sm90Tile::cooperative_256x128>(s);
     case Sm90Tile::by_shape: break;
   }
   return Status::Internal("the sm90 grouped GEMM was launched without a tile");
@@ -73,46 +56,58 @@ size_t most_workspace_of(int sm_count) {
                    sm90_workspace_bytes_for<In, Tile, GemmLayout::col_row>(sm_count)});
 }
 
+// Every instantiation's: the tile is chosen per call, after the workspace was sized.
+template <DType In>
+size_t most_workspace_of_dtype(int sm_count) {
+  return std::max({most_workspace_of<In, Sm90Tile::cooperative_128x256>(sm_count),
+                   most_workspace_of<In, Sm90Tile::pingpong_64x128>(sm_count),
+                   most_workspace_of<In, Sm90Tile::cooperative_256x128>(sm_count)});
+}
+
 }  // namespace
 #endif
 
+// Per device, sized once (it depends on the device's SM count only).
 int64_t sm90_kernel_workspace_bytes(int device_index) {
   if (!kSm90Built) return 0;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  int device = device_index;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // no driver or no device: no call can run, nothing to size
     return 0;
   }
-  int device = device_index;
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int64_t> cached[kMaxDevices] = {};  // 0: not yet sized, -1: no sm_90a there
+  if (device >= 0 && device < kMaxDevices) {
+    const int64_t bytes = cached[device].load(std::memory_order_relaxed);
+    if (bytes != 0) return bytes > 0 ? bytes : 0;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
     return 0;
   }
   DeviceInfo info{};
-  if (device >= count || !query_device(device, &info).ok() || !runs_sm90a(info.cc_major, info.cc_minor))
-    return 0;
+  if (device >= count || !device_info(device, &info).ok()) return 0;
+  int64_t bytes = -1;  // cannot run sm_90a code
 #ifdef GROUPGEMM_WITH_SM90
-  // Every instantiation's: the tile is chosen per call, after the workspace was sized.
-  return static_cast<int64_t>(
-      std::max({most_workspace_of<DType::bf16, Sm90Tile::cooperative_128x256>(info.sm_count),
-                most_workspace_of<DType::bf16, Sm90Tile::pingpong_64x128>(info.sm_count),
-                most_workspace_of<DType::f16, Sm90Tile::cooperative_128x256>(info.sm_count),
-                most_workspace_of<DType::f16, Sm90Tile::pingpong_64x128>(info.sm_count)}));
-#else
-  return 0;
+  if (runs_sm90a(info.cc_major, info.cc_minor))
+    bytes = static_cast<int64_t>(std::max(most_workspace_of_dtype<DType::bf16>(info.sm_count),
+                                          most_workspace_of_dtype<DType::f16>(info.sm_count)));
 #endif
+  if (device >= 0 && device < kMaxDevices) cached[device].store(bytes, std::memory_order_relaxed);
+  return bytes > 0 ? bytes : 0;
 }
 
-Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, const DeviceInfo& info,
-                         void* workspace, int64_t workspace_bytes) {
+Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, void* workspace,
+                         int64_t workspace_bytes) {
 #ifdef GROUPGEMM_WITH_SM90
   const KernelWorkspace kw = kernel_workspace(workspace, workspace_bytes, launch.num_groups);
-  const Sm90Launch s{launch, tile, info.device, info.sm_count, kw.data, static_cast<size_t>(kw.bytes)};
+  const Sm90Launch s{launch, tile, kw.data, static_cast<size_t>(kw.bytes)};
   if (launch.in_dtype == DType::bf16) return run_sm90_tile<DType::bf16>(s);
   if (launch.in_dtype == DType::f16) return run_sm90_tile<DType::f16>(s);
   return Status::Internal("the sm90 grouped GEMM takes bfloat16 or float16 inputs");
 #else
-  (void)launch, (void)tile, (void)info, (void)workspace, (void)workspace_bytes;
+  (void)launch, (void)tile, (void)workspace, (void)workspace_bytes;
   return Status::Internal("this build has no sm_90a grouped GEMM");
 #endif
 }

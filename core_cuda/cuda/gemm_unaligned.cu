@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kTile* kTile)
         __syncthreads();
       }
       if (row < m && col < n) {
-        const float source = l.beta != 0.0f ? l.beta * float(c[row * ldc + col]) : 0.0f;
+        const float source = l.c != GemmC::none ? float(c[row * ldc + col]) : 0.0f;
         d[row * ldd + col] = Out(acc + source);
       }
     }

@@ -6,24 +6,29 @@
 #include <cuda_runtime.h>
 
 #include "call_sequence.h"
+#include "device_info.h"
 #include "groupgemm/types.h"
 
 namespace groupgemm {
 namespace cuda {
 
-// A GroupedGemmCall (call_sequence.h) with the workspace's device arrays and the stream.
+// A GroupedGemmCall (call_sequence.h) with its GEMM set's device arrays, the device and
+// the stream.
 struct GroupedGemmLaunch {
   DType in_dtype;
-  DType out_dtype;  // D, and C when beta != 0
+  DType out_dtype;  // D, and C unless c == none
   GemmLayout layout;
   const int32_t* problems;  // device GemmCoord[num_groups]; 0 x 0 x 0 for skipped groups
   int num_groups;
   void** ptr[4];   // device arrays: A, B, C, D per group
   int64_t* ld[4];  // device arrays: lda, ldb, ldc, ldd per group
-  float beta;      // 0: D = A B;  1: D = A B + C (bias row, or D when accumulating)
+  GemmC c;         // none: D = A B;  otherwise D = A B + C (bias row, or D itself)
   int max_m;       // bound on any group's m (grid size of the fallback kernel)
   int n;           // every group's n
+  DeviceInfo device;
   cudaStream_t stream;
+
+  float beta() const { return c == GemmC::none ? 0.0f : 1.0f; }
 };
 
 // 16-bit inputs run on tensor cores when every group's operands are 16-byte aligned

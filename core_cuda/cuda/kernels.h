@@ -1,6 +1,6 @@
 // The CUDA backend's small kernels around the grouped GEMM: the setup kernel that turns
-// device-resident group sizes into the workspace, and the kernels that write what no GEMM
-// writes (padding rows, K = 0 rows, empty groups' zeros, late bias, bias gradients).
+// device-resident group sizes into the workspace and writes what no GEMM writes (padding
+// rows, K = 0 rows, bias rows, empty groups' zeros), and the bias gradient.
 // Each launcher enqueues on `stream` and returns without waiting.
 #pragma once
 
@@ -20,25 +20,13 @@ inline unsigned grid_dim(int64_t count, int64_t limit) {
   return static_cast<unsigned>(count < 1 ? 1 : (count < limit ? count : limit));
 }
 
-// One thread block: the window's row boundaries by a saturating block scan of the sizes,
-// then each group's problem, pointers and leading dimensions (src/setup.h).
+// The setup (src/setup.h): the window's row boundaries by a saturating block scan of the
+// sizes, each GEMM set's problems, pointers and leading dimensions, and the row and group
+// fills, in one launch (two when the window has more groups than shared memory holds).
 Status launch_setup(const SetupArgs& args, cudaStream_t stream);
 
-// Forward output rows that no GEMM writes (setup.h's forward_row_fill): padding rows
-// become 0; when K = 0 the owned rows become their group's bias (or 0).
-Status launch_fill_rows(DType in, DType out_dtype, void* out, const void* bias, int64_t m, int64_t n,
-                        bool k_is_zero, int64_t num_groups, const void* workspace, cudaStream_t stream);
-
-// out[r] += bias[group of r] for owned rows of a float32 output (the GEMM epilogue can
-// only add a C of the output's dtype).
-Status launch_add_bias_rows(DType in, float* out, const void* bias, int64_t m, int64_t n, int64_t num_groups,
-                            const void* workspace, cudaStream_t stream);
-
-// wgrad: out[g] = 0 for every group whose action is write_zero.
-Status launch_zero_empty_groups(DType out_dtype, void* out, int64_t block_elements, int64_t num_groups,
-                                const void* workspace, cudaStream_t stream);
-
-// dbias: out[g, j] = sum of grad[r, j] over group g's rows, in row order (float32).
+// dbias: out[g, j] = sum of grad[r, j] over group g's rows, in float32, rows split over
+// setup.h's kBiasGradLanes lanes and the lanes added in order.
 Status launch_bias_grad(DType in, DType out_dtype, const void* grad, void* out, int64_t n, int64_t num_groups,
                         const void* workspace, cudaStream_t stream);
 

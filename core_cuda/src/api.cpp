@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "backends.h"
+#include "backward_parts.h"
 #include "groupgemm/activation.h"
 #include "groupgemm/groupgemm.h"
 #include "permute_workspace.h"
@@ -154,33 +155,63 @@ int64_t unpermute_backward_workspace_bytes(Device device, int64_t num_slots) {
   return row_sort_workspace_layout(num_slots < 0 ? 0 : num_slots).bytes;
 }
 
-Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {
+namespace {
+
+// The checks of each entry point, before any backend runs.
+Status check_matmul(const MatmulArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_dims(a.m, a.k, a.n, a.num_groups));
   GG_RETURN_IF_ERROR(check_dtypes(a.in_dtype, a.out_dtype, ctx.device, false));
   GG_RETURN_IF_ERROR(check_groups(a.group_sizes, a.group_offset, a.num_groups));
   GG_RETURN_IF_ERROR(check_ptr(a.lhs, a.m * a.k, "lhs"));
   GG_RETURN_IF_ERROR(check_ptr(a.rhs, a.num_groups * a.k * a.n, "rhs"));
-  GG_RETURN_IF_ERROR(check_ptr(a.out, a.m * a.n, "out"));
-  return dispatch(a, ctx, cpu::grouped_matmul, cuda::grouped_matmul);
+  return check_ptr(a.out, a.m * a.n, "out");
 }
 
-Status grouped_matmul_wgrad(const WgradArgs& a, const ExecContext& ctx) {
+Status check_wgrad(const WgradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_dims(a.m, a.k, a.n, a.num_groups));
   GG_RETURN_IF_ERROR(check_dtypes(a.in_dtype, a.out_dtype, ctx.device, a.accumulate));
   GG_RETURN_IF_ERROR(check_groups(a.group_sizes, a.group_offset, a.num_groups));
   GG_RETURN_IF_ERROR(check_ptr(a.lhs, a.m * a.k, "lhs"));
   GG_RETURN_IF_ERROR(check_ptr(a.grad, a.m * a.n, "grad"));
-  GG_RETURN_IF_ERROR(check_ptr(a.out, a.num_groups * a.k * a.n, "out"));
-  return dispatch(a, ctx, cpu::grouped_matmul_wgrad, cuda::grouped_matmul_wgrad);
+  return check_ptr(a.out, a.num_groups * a.k * a.n, "out");
 }
 
-Status grouped_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
+Status check_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_dims(a.m, 0, a.n, a.num_groups));
   GG_RETURN_IF_ERROR(check_dtypes(a.in_dtype, a.out_dtype, ctx.device, false));
   GG_RETURN_IF_ERROR(check_groups(a.group_sizes, a.group_offset, a.num_groups));
   GG_RETURN_IF_ERROR(check_ptr(a.grad, a.m * a.n, "grad"));
-  GG_RETURN_IF_ERROR(check_ptr(a.out, a.num_groups * a.n, "out"));
+  return check_ptr(a.out, a.num_groups * a.n, "out");
+}
+
+// A backward is valid when each requested gradient is valid as its separate call.
+Status check_backward(const BackwardArgs& a, const ExecContext& ctx) {
+  if (a.dlhs) GG_RETURN_IF_ERROR(check_matmul(dgrad_part(a), ctx));
+  if (a.drhs) GG_RETURN_IF_ERROR(check_wgrad(wgrad_part(a), ctx));
+  if (a.dbias) GG_RETURN_IF_ERROR(check_bias_grad(bias_grad_part(a), ctx));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status grouped_matmul(const MatmulArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_matmul(a, ctx));
+  return dispatch(a, ctx, cpu::grouped_matmul, cuda::grouped_matmul);
+}
+
+Status grouped_matmul_wgrad(const WgradArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_wgrad(a, ctx));
+  return dispatch(a, ctx, cpu::grouped_matmul_wgrad, cuda::grouped_matmul_wgrad);
+}
+
+Status grouped_bias_grad(const BiasGradArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_bias_grad(a, ctx));
   return dispatch(a, ctx, cpu::grouped_bias_grad, cuda::grouped_bias_grad);
+}
+
+Status grouped_matmul_backward(const BackwardArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_backward(a, ctx));
+  return dispatch(a, ctx, cpu::grouped_matmul_backward, cuda::grouped_matmul_backward);
 }
 
 Status permute(const PermuteArgs& a, const ExecContext& ctx) {

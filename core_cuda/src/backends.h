@@ -8,6 +8,7 @@ namespace cpu {
 Status grouped_matmul(const MatmulArgs& args);
 Status grouped_matmul_wgrad(const WgradArgs& args);
 Status grouped_bias_grad(const BiasGradArgs& args);
+Status grouped_matmul_backward(const BackwardArgs& args);
 Status permute(const PermuteArgs& args);
 Status unpermute(const UnpermuteArgs& args);
 Status unpermute_backward(const UnpermuteBackwardArgs& args);
@@ -26,6 +27,7 @@ namespace cuda {
 Status grouped_matmul(const MatmulArgs& args, const ExecContext& ctx);
 Status grouped_matmul_wgrad(const WgradArgs& args, const ExecContext& ctx);
 Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
+Status grouped_matmul_backward(const BackwardArgs& args, const ExecContext& ctx);
 // The GEMM kernel's own workspace on a device (-1: the current one), beyond the setup
 // kernel's arrays: the sm_90a kernels' TMA descriptors, one set per SM; 0 where they
 // cannot run (other devices, no device, a build without 90a or without CUDA).

@@ -14,15 +14,18 @@ namespace groupgemm {
 
 enum class GemmKernel : int { sm80 = 0, sm90 = 1 };
 
-// The sm90 family's CTA tiles, both with 2 x 1 clusters (two CTAs along M share each
-// weight tile through TMA multicast):
+// The sm90 family's CTA tiles:
 // - cooperative_128x256: 128 x 256 output tiles, 64-deep K steps, two consumer warp groups
-//   on one tile; for groups with many rows and columns;
+//   on one tile, 2 x 1 clusters (two CTAs along M share each weight tile through TMA
+//   multicast); for groups with many rows and columns;
 // - pingpong_64x128: 64 x 128 tiles, 128-deep K steps, two consumer warp groups on
-//   alternate tiles (one's epilogue overlaps the other's mainloop); for groups with few
-//   rows or columns, where a large tile would be mostly padding.
+//   alternate tiles (one's epilogue overlaps the other's mainloop), 2 x 1 clusters; for
+//   groups with few rows or columns, where a large tile would be mostly padding;
+// - cooperative_256x128: 256 x 128 x 64 with 1 x 2 clusters (two CTAs along N share each
+//   token tile), the shape of cuBLAS's fastest dense kernels on Hopper; a candidate for
+//   large groups that the shape rule does not choose until a GPU run shows it faster.
 // by_shape: the call's shape chooses (sm90_tile_for).
-enum class Sm90Tile : int { by_shape = 0, cooperative_128x256 = 1, pingpong_64x128 = 2 };
+enum class Sm90Tile : int { by_shape = 0, cooperative_128x256 = 1, pingpong_64x128 = 2, cooperative_256x128 = 3 };
 
 // The kernel family when GROUPGEMM_CUDA_KERNEL is unset. It stays sm80 on Hopper too
 // until the sm90 kernels are faster there: at an earlier 128 x 128 tile they passed
@@ -54,8 +57,11 @@ inline KernelChoice choose_gemm_kernel(int cc_major, int cc_minor, const char* e
     tile = Sm90Tile::cooperative_128x256;
   else if (want == "sm90_64x128")
     tile = Sm90Tile::pingpong_64x128;
+  else if (want == "sm90_256x128")
+    tile = Sm90Tile::cooperative_256x128;
   else if (want != "sm90")
-    return {Status::Invalid("GROUPGEMM_CUDA_KERNEL must be sm80, sm90, sm90_128x256 or sm90_64x128, not '" +
+    return {Status::Invalid("GROUPGEMM_CUDA_KERNEL must be sm80, sm90, sm90_128x256, sm90_64x128 or "
+                            "sm90_256x128, not '" +
                             want + "'"),
             GemmKernel::sm80, Sm90Tile::by_shape};
   if (sm90_here) return {Status::Ok(), GemmKernel::sm90, tile};
@@ -81,15 +87,10 @@ inline Sm90Tile sm90_tile_for(const GroupedGemmCall& call) {
 
 // Whether the sm90 kernels run a call that the choice sent to them. They take 16-bit
 // inputs whose operands are 16-byte aligned (TMA's rule, the same as the 2.x tensor-core
-// kernel's), and a C that is a real matrix: D itself when accumulating. A forward call
-// with bias in the epilogue reads C as one broadcast row (ldc = 0); CUTLASS 3.x loads C
-// with TMA, whose descriptors cannot have a zero stride, so such calls keep the 2.x
-// kernel. (A float32 output of 16-bit inputs gets its bias afterwards from the late-bias
-// kernel, so its GEMM has beta = 0 and runs here.)
+// kernel's), with any C: none, the bias row (an epilogue that broadcasts each group's
+// row) or the output itself.
 inline bool sm90_runs(const GroupedGemmCall& call, bool aligned) {
-  const bool sixteen_bit = call.in_dtype == DType::bf16 || call.in_dtype == DType::f16;
-  const bool broadcast_c = call.layout != GemmLayout::col_row && call.beta != 0.0f;
-  return sixteen_bit && aligned && !broadcast_c;
+  return (call.in_dtype == DType::bf16 || call.in_dtype == DType::f16) && aligned;
 }
 
 }  // namespace groupgemm

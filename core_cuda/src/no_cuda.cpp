@@ -12,6 +12,7 @@ Status not_built() {
 Status grouped_matmul(const MatmulArgs&, const ExecContext&) { return not_built(); }
 Status grouped_matmul_wgrad(const WgradArgs&, const ExecContext&) { return not_built(); }
 Status grouped_bias_grad(const BiasGradArgs&, const ExecContext&) { return not_built(); }
+Status grouped_matmul_backward(const BackwardArgs&, const ExecContext&) { return not_built(); }
 int64_t grouped_matmul_kernel_workspace_bytes(int) { return 0; }
 Status permute(const PermuteArgs&, const ExecContext&) { return not_built(); }
 Status unpermute(const UnpermuteArgs&, const ExecContext&) { return not_built(); }

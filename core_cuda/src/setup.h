@@ -1,8 +1,12 @@
-// The CUDA setup kernel's work, and the per-row rules of the fill kernels, as
-// __host__ __device__ steps. The kernels (cuda/setup.cu, cuda/fill.cu) run them on the
-// device; the CPU tests run the same steps with a sequential scan and execute the
-// resulting workspace on the host, which checks the problem sizes, pointers, leading
-// dimensions and empty-group policy the GPU kernels rely on.
+// The CUDA setup kernel's work as __host__ __device__ steps: from the device-resident
+// group sizes, the window's row boundaries (a block scan), each local group's GEMM
+// problems for up to two grouped GEMMs, and the output rows and blocks that no GEMM
+// writes (padding rows, K = 0 rows, bias rows a float32 output accumulates onto, empty
+// groups' weight gradients). The kernel (cuda/setup.cu) runs them on the device, every
+// block with its own copy of the boundaries, so one launch both sets up and fills; the
+// CPU tests run the same steps with a sequential scan and execute the resulting workspace
+// on the host, which checks the problem sizes, pointers, leading dimensions, fills and
+// empty-group policy the GPU kernels rely on.
 #pragma once
 
 #include <cstdint>
@@ -11,16 +15,49 @@
 
 namespace groupgemm {
 
-enum class SetupKind : int { forward = 0, wgrad = 1, rows_only = 2 };
+enum class SetupKind : int { forward = 0, wgrad = 1 };
+
+// One grouped GEMM the setup describes: a forward / dgrad problem or a weight-gradient
+// problem for every local group, written into the workspace's GEMM set of its index.
+struct GemmSetup {
+  SetupKind kind;
+  int64_t k, n;
+  bool transpose_rhs;  // forward: rhs[g] stored [N, K]
+  bool c_is_output;    // forward: C is the output, whose rows the setup fills with the bias
+  bool accumulate;     // wgrad: add into the output; empty groups leave it untouched
+  GemmOperands operands;
+};
+
+// The [m, n] output whose rows the setup writes when no GEMM does: padding rows become 0;
+// with owned_rows, every owned row becomes its group's bias row, or 0 without bias (K = 0,
+// or a float32 output whose GEMM then adds onto it). out null: nothing to fill.
+struct RowFill {
+  void* out = nullptr;
+  DType out_dtype = DType::f32;
+  int64_t out_bytes = 4;  // per element
+  int64_t n = 0;
+  const void* bias = nullptr;  // [G, n] in bias_dtype, or null
+  DType bias_dtype = DType::f32;
+  bool owned_rows = false;
+};
+
+// The output of G blocks of block_bytes each whose blocks the setup zeroes (all-zero
+// bytes: the zero of every float dtype) for every local group that GEMM set `set` gives
+// the write_zero action (a weight gradient's empty groups). out null: nothing to fill.
+struct GroupFill {
+  void* out = nullptr;
+  int64_t block_bytes = 0;
+  int set = 0;
+};
 
 struct SetupArgs {
-  SetupKind kind;
   IndexArray group_sizes;
   IndexArray group_offset;
-  int64_t num_groups, m, k, n;
-  bool transpose_rhs;  // forward
-  bool accumulate;     // wgrad
-  GemmOperands operands;
+  int64_t num_groups, m;
+  int num_gemms;  // GEMM sets to write, 0 to kGemmSets
+  GemmSetup gemm[kGemmSets];
+  RowFill rows;
+  GroupFill groups;
   void* workspace;
 };
 
@@ -34,58 +71,111 @@ GG_HD RowRange setup_chunk(int64_t t, int64_t threads, GroupWindow w) {
 // Rows of the chunk's groups: what the block scan combines with the saturating sum
 // next_row_boundary(a, b, m) = min(a + b, m) (associative on [0, m], identity 0).
 GG_HD int64_t chunk_rows(const SetupArgs& a, RowRange chunk) {
-  return fold_row_boundary(a.group_sizes.data, a.group_sizes.type, chunk.begin, chunk.end, 0, a.m);
+  return fold_row_boundary(a.group_sizes, chunk.begin, chunk.end, 0, a.m);
 }
 
 // Given the row where the chunk starts (the scan's result), writes the window's
-// boundaries that fall in the chunk.
-GG_HD void write_chunk_boundaries(const SetupArgs& a, const WorkspaceView& ws, GroupWindow w, RowRange chunk,
+// boundaries that fall in the chunk into `boundary` (w.last - w.first + 1 entries).
+GG_HD void write_chunk_boundaries(const SetupArgs& a, int64_t* boundary, GroupWindow w, RowRange chunk,
                                   int64_t row) {
   for (int64_t g = chunk.begin; g < chunk.end; ++g) {
-    if (g == w.first) ws.boundary[0] = row;
-    row = next_row_boundary(row, load_index(a.group_sizes.data, a.group_sizes.type, g), a.m);
-    if (g >= w.first) ws.boundary[g - w.first + 1] = row;
+    if (g == w.first) boundary[0] = row;
+    row = next_row_boundary(row, load_group_size(a.group_sizes, g), a.m);
+    if (g >= w.first) boundary[g - w.first + 1] = row;
   }
 }
 
-// Written once (thread 0): the window, and boundary[0] when no chunk holds w.first.
-GG_HD void write_window(const WorkspaceView& ws, GroupWindow w, int64_t group_offset) {
-  *ws.window = WindowHeader{w, group_offset, 0};
-  if (w.first == w.last) ws.boundary[0] = 0;  // no group in the window: every row is padding
+// Written once (thread 0), after the chunks: boundary[0] when no chunk holds w.first (no
+// group in the window: every row is padding).
+GG_HD void write_empty_window_boundary(int64_t* boundary, GroupWindow w) {
+  if (w.first == w.last) boundary[0] = 0;
 }
 
-// Rows of local group `local`, from the written boundaries.
-GG_HD RowRange workspace_group_rows(const WorkspaceView& ws, int64_t local) {
-  return local_group_rows(ws.boundary, ws.window->window, ws.window->group_offset, local);
-}
-
-// After all boundaries are written: local group `local`'s problem, pointers and lds.
-GG_HD void write_group_setup(const SetupArgs& a, const WorkspaceView& ws, int64_t local) {
-  const RowRange rows = workspace_group_rows(ws, local);
-  const GroupProblem p = a.kind == SetupKind::wgrad ? wgrad_problem(rows, local, a.k, a.n, a.accumulate)
-                                                    : forward_problem(rows, local, a.k, a.n, a.transpose_rhs);
-  write_group(ws, local, p, a.operands);
-}
-
-// What the forward fill kernel writes into output row `row`, which no GEMM writes when
-// it is padding (zeros) or when K = 0 (its group's bias row, or zeros).
-struct RowFill {
-  bool write;     // false: a GEMM writes this row
-  int64_t local;  // local group whose bias row to copy, or -1 for zeros
+// The whole window: where the scan's result lives, and how to read a group's rows.
+struct WindowRows {
+  const int64_t* boundary;
+  GroupWindow window;
+  int64_t group_offset;
+  GG_HD RowRange group(int64_t local) const { return local_group_rows(boundary, window, group_offset, local); }
+  GG_HD RowRange owned() const { return owned_rows(boundary, window); }
 };
 
-GG_HD RowFill forward_row_fill(const WorkspaceView& ws, int64_t row, bool k_is_zero, bool has_bias) {
-  const RowRange owned = owned_rows(ws.boundary, ws.window->window);
-  if (row < owned.begin || row >= owned.end) return {true, -1};
-  if (!k_is_zero) return {false, -1};
-  const int64_t g = group_of_row(ws.boundary, ws.window->window, row);  // owned: g >= 0
-  return {true, has_bias ? g - ws.window->group_offset : -1};
+// The window as the setup wrote it into the workspace, for the steps after it.
+GG_HD WindowRows workspace_rows(const WorkspaceView& ws) {
+  return {ws.boundary, ws.window->window, ws.window->group_offset};
 }
 
-// For the float32 late-bias kernel: the local group that owns `row`, or -1 for padding.
-GG_HD int64_t local_group_of_row(const WorkspaceView& ws, int64_t row) {
-  const int64_t g = group_of_row(ws.boundary, ws.window->window, row);
-  return g < 0 ? -1 : g - ws.window->group_offset;
+// Local group `local`'s problem in GEMM set `s`.
+GG_HD GroupProblem gemm_problem(const GemmSetup& s, RowRange rows, int64_t local) {
+  return s.kind == SetupKind::wgrad ? wgrad_problem(rows, local, s.k, s.n, s.accumulate)
+                                    : forward_problem(rows, local, s.k, s.n, s.transpose_rhs, s.c_is_output);
 }
+
+// Written by one block after the scan: the header, the boundaries (when the scan wrote
+// them elsewhere) and every GEMM set's entry of local group `local`.
+GG_HD void write_header(const WorkspaceView& ws, const WindowRows& rows) {
+  *ws.window = WindowHeader{rows.window, rows.group_offset, 0};
+}
+
+// A set without an output (a backward that does not want that gradient) stays unwritten:
+// no GEMM reads it.
+GG_HD void write_group_setup(const SetupArgs& a, const WorkspaceView& ws, const WindowRows& rows,
+                             int64_t local) {
+  for (int s = 0; s < a.num_gemms; ++s)
+    if (a.gemm[s].operands.d)
+      write_group(ws.gemm[s], local, gemm_problem(a.gemm[s], rows.group(local), local), a.gemm[s].operands);
+}
+
+// What the setup writes into output row `row` of the row fill: nothing (a GEMM writes it),
+// zeros, or the bias row of a local group.
+struct RowFillAction {
+  bool write;
+  int64_t bias_local;  // local group whose bias row to copy, or -1 for zeros
+};
+
+GG_HD RowFillAction row_fill_action(const RowFill& f, const WindowRows& rows, int64_t row) {
+  const RowRange owned = rows.owned();
+  if (row < owned.begin || row >= owned.end) return {true, -1};  // padding
+  if (!f.owned_rows) return {false, -1};
+  if (f.bias == nullptr) return {true, -1};
+  const int64_t g = group_of_row(rows.boundary, rows.window, row);  // owned: g >= 0
+  return {true, g - rows.group_offset};
+}
+
+// Whether the group fill zeroes local group `local`'s block.
+GG_HD bool group_fill_zeroes(const SetupArgs& a, const WindowRows& rows, int64_t local) {
+  return gemm_problem(a.gemm[a.groups.set], rows.group(local), local).action == GroupAction::write_zero;
+}
+
+// The fills' work as units a grid strides over: one per output row of the row fill, then
+// each group block of the group fill in chunks of up to kGroupFillChunkBytes.
+constexpr int64_t kGroupFillChunkBytes = int64_t(64) << 10;
+
+GG_HD int64_t group_fill_chunks(const SetupArgs& a) {
+  return a.groups.out ? ceil_div(a.groups.block_bytes, kGroupFillChunkBytes) : 0;
+}
+
+GG_HD int64_t fill_units(const SetupArgs& a) {
+  return (a.rows.out ? a.m : 0) + a.num_groups * group_fill_chunks(a);
+}
+
+// A unit of the group fill: local group `local`'s bytes [begin, end) of its block.
+struct GroupFillUnit {
+  int64_t local;
+  int64_t begin, end;  // bytes
+};
+
+GG_HD GroupFillUnit group_fill_unit(const SetupArgs& a, int64_t unit) {
+  const int64_t chunks = group_fill_chunks(a);
+  const int64_t index = unit - (a.rows.out ? a.m : 0);
+  const int64_t begin = (index % chunks) * kGroupFillChunkBytes;
+  const int64_t end = begin + kGroupFillChunkBytes;
+  return {index / chunks, begin, end < a.groups.block_bytes ? end : a.groups.block_bytes};
+}
+
+// Bias gradient order: lane l of kBiasGradLanes sums rows begin + l, begin + l + lanes, ...
+// of a column in row order; the lanes' partial sums are then added in lane order. Fixed by
+// the constant alone, so every call sums in the same order: deterministic, no atomics.
+constexpr int kBiasGradLanes = 16;
 
 }  // namespace groupgemm

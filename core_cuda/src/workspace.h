@@ -27,16 +27,25 @@ struct WindowHeader {
   int64_t reserved;  // keeps the header 32 bytes
 };
 
+// A backward runs two grouped GEMMs (the input gradient and the weight gradient) from one
+// setup, so the workspace holds two sets of per-group GEMM arrays; a forward uses the first.
+constexpr int kGemmSets = 2;
+
+// Byte offsets of one set's arrays.
+struct GemmArraysLayout {
+  int64_t action;   // int32[G]: GroupAction of each local group
+  int64_t problem;  // int32[3 G]: (m, n, k) per group, CUTLASS's GemmCoord; 0s unless gemm
+  int64_t ptr[4];   // void*[G] each: A, B, C, D of each group
+  int64_t ld[4];    // int64[G] each: lda, ldb, ldc, ldd
+};
+
 // Byte offsets of the workspace arrays for G local groups, each 16-byte aligned.
 struct WorkspaceLayout {
   int64_t window;    // WindowHeader: the group window and group_offset
   int64_t boundary;  // int64[G + 1]: the window's row boundaries
-  int64_t action;    // int32[G]: GroupAction of each local group
-  int64_t problem;   // int32[3 G]: (m, n, k) per group, CUTLASS's GemmCoord; 0s unless gemm
-  int64_t ptr[4];    // void*[G] each: A, B, C, D of each group
-  int64_t ld[4];     // int64[G] each: lda, ldb, ldc, ldd
-  int64_t kernel;    // the sm_90a kernel's own workspace, kernel_bytes plus alignment slack
-  int64_t bytes;     // total size
+  GemmArraysLayout gemm[kGemmSets];
+  int64_t kernel;  // the sm_90a kernel's own workspace, kernel_bytes plus alignment slack
+  int64_t bytes;   // total size
 };
 
 // The sm_90a kernel's TMA descriptors need 64-byte alignment; the caller's workspace is
@@ -45,7 +54,8 @@ constexpr int64_t kKernelWorkspaceAlignment = 128;
 
 GG_HD int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// kernel_bytes: the sm_90a kernel's own workspace on the call's device (0 elsewhere).
+// kernel_bytes: the sm_90a kernel's own workspace on the call's device (0 elsewhere). The
+// two GEMMs of a backward run one after the other on one stream, so they share it.
 GG_HD WorkspaceLayout workspace_layout(int64_t num_groups, int64_t kernel_bytes = 0) {
   const int64_t g = num_groups;
   WorkspaceLayout l{};
@@ -57,10 +67,12 @@ GG_HD WorkspaceLayout workspace_layout(int64_t num_groups, int64_t kernel_bytes 
   };
   l.window = take(sizeof(WindowHeader));
   l.boundary = take((g + 1) * 8);
-  l.action = take(g * 4);
-  l.problem = take(g * 3 * 4);
-  for (int i = 0; i < 4; ++i) l.ptr[i] = take(g * 8);
-  for (int i = 0; i < 4; ++i) l.ld[i] = take(g * 8);
+  for (GemmArraysLayout& set : l.gemm) {
+    set.action = take(g * 4);
+    set.problem = take(g * 3 * 4);
+    for (int i = 0; i < 4; ++i) set.ptr[i] = take(g * 8);
+    for (int i = 0; i < 4; ++i) set.ld[i] = take(g * 8);
+  }
   l.kernel = take(kernel_bytes > 0 ? kernel_bytes + kKernelWorkspaceAlignment - 16 : 0);
   l.bytes = at;
   return l;
@@ -82,14 +94,18 @@ GG_HD KernelWorkspace kernel_workspace(void* base, int64_t total_bytes, int64_t 
   return {reinterpret_cast<void*>(aligned), total_bytes > used ? total_bytes - used : 0};
 }
 
-// Typed views of the workspace arrays.
-struct WorkspaceView {
-  WindowHeader* window;
-  int64_t* boundary;
+// Typed views of one set's arrays, and of the whole workspace.
+struct GemmArrays {
   int32_t* action;
   int32_t* problem;
   void** ptr[4];
   int64_t* ld[4];
+};
+
+struct WorkspaceView {
+  WindowHeader* window;
+  int64_t* boundary;
+  GemmArrays gemm[kGemmSets];
 };
 
 GG_HD WorkspaceView workspace_view(void* base, int64_t num_groups) {
@@ -98,11 +114,13 @@ GG_HD WorkspaceView workspace_view(void* base, int64_t num_groups) {
   WorkspaceView v{};
   v.window = reinterpret_cast<WindowHeader*>(b + l.window);
   v.boundary = reinterpret_cast<int64_t*>(b + l.boundary);
-  v.action = reinterpret_cast<int32_t*>(b + l.action);
-  v.problem = reinterpret_cast<int32_t*>(b + l.problem);
-  for (int i = 0; i < 4; ++i) {
-    v.ptr[i] = reinterpret_cast<void**>(b + l.ptr[i]);
-    v.ld[i] = reinterpret_cast<int64_t*>(b + l.ld[i]);
+  for (int s = 0; s < kGemmSets; ++s) {
+    v.gemm[s].action = reinterpret_cast<int32_t*>(b + l.gemm[s].action);
+    v.gemm[s].problem = reinterpret_cast<int32_t*>(b + l.gemm[s].problem);
+    for (int i = 0; i < 4; ++i) {
+      v.gemm[s].ptr[i] = reinterpret_cast<void**>(b + l.gemm[s].ptr[i]);
+      v.gemm[s].ld[i] = reinterpret_cast<int64_t*>(b + l.gemm[s].ld[i]);
+    }
   }
   return v;
 }
@@ -120,8 +138,7 @@ struct GemmOperands {
 // Writes local group `local`'s entry. A group that is not a GEMM gets problem (0, 0, 0):
 // the grouped GEMM gives it no tiles, so no k = 0 problem ever reaches it, and the fill
 // kernels act on `action` instead.
-GG_HD void write_group(const WorkspaceView& ws, int64_t local, const GroupProblem& p,
-                       const GemmOperands& ops) {
+GG_HD void write_group(const GemmArrays& ws, int64_t local, const GroupProblem& p, const GemmOperands& ops) {
   const bool gemm = p.action == GroupAction::gemm;
   ws.action[local] = static_cast<int32_t>(p.action);
   ws.problem[3 * local + 0] = gemm ? static_cast<int32_t>(p.m) : 0;

@@ -86,14 +86,29 @@ void test_schedule() {
   const int32_t sizes[] = {3, 0, 4, -2, 5, 1};
   int64_t boundary[7];
   const GroupWindow all = group_window(0, 6, 6);
-  window_row_boundaries(sizes, IndexType::i32, all, 10, boundary);
+  const IndexArray size_array{sizes, IndexType::i32, 6};
+  window_row_boundaries(size_array, all, 10, boundary);
   const int64_t want[] = {0, 3, 3, 7, 7, 10, 10};  // 3+0+4+0+5 > 10: clipped
   CHECK(std::memcmp(boundary, want, sizeof want) == 0);
-  CHECK(fold_row_boundary(sizes, IndexType::i32, 2, 5, 3, 10) == 10);  // one chunk of the scan
-  CHECK(fold_row_boundary(sizes, IndexType::i32, 1, 4, 3, 10) == 7);
+  CHECK(fold_row_boundary(size_array, 2, 5, 3, 10) == 10);  // one chunk of the scan
+  CHECK(fold_row_boundary(size_array, 1, 4, 3, 10) == 7);
+  // The same groups as cumulative ends (torch's offs): a decrease is an empty group.
+  const int64_t ends[] = {3, 3, 7, 5, 10, 11};
+  IndexArray end_array{ends, IndexType::i64, 6};
+  end_array.cumulative = true;
+  int64_t end_boundary[7];
+  window_row_boundaries(end_array, all, 10, end_boundary);
+  CHECK(std::memcmp(end_boundary, want, sizeof want) == 0);
+  for (int64_t g = 0; g < 6; ++g) CHECK(load_group_size(end_array, g) == std::max<int64_t>(sizes[g], 0));
+  const int64_t extreme[] = {std::numeric_limits<int64_t>::min(), big, -1};
+  IndexArray extreme_ends{extreme, IndexType::i64, 3};
+  extreme_ends.cumulative = true;
+  CHECK(load_group_size(extreme_ends, 0) == 0);    // a negative first end: empty
+  CHECK(load_group_size(extreme_ends, 1) == big);  // 2^64 - 1 apart: saturates, no overflow
+  CHECK(load_group_size(extreme_ends, 2) == 0);
   w = group_window(2, 2, 6);
   int64_t window_boundary[3];
-  window_row_boundaries(sizes, IndexType::i32, w, 10, window_boundary);
+  window_row_boundaries(size_array, w, 10, window_boundary);
   CHECK(window_boundary[0] == 3 && window_boundary[1] == 7 && window_boundary[2] == 7);
   RowRange r = local_group_rows(window_boundary, w, 2, 0);
   CHECK(r.begin == 3 && r.end == 7);
@@ -110,7 +125,7 @@ void test_schedule() {
   CHECK(group_of_row(window_boundary, w, 7) == -1);  // after the window
   const GroupWindow none = group_window(9, 2, 6);
   int64_t none_boundary[1];
-  window_row_boundaries(sizes, IndexType::i32, none, 10, none_boundary);
+  window_row_boundaries(size_array, none, 10, none_boundary);
   CHECK(owned_rows(none_boundary, none).rows() == 0 && group_of_row(none_boundary, none, 0) == -1);
 
   CHECK(ceil_div(0, 128) == 0 && ceil_div(129, 128) == 2);
@@ -248,15 +263,16 @@ struct PathsSeen {
   int aligned = 0, unaligned = 0;
 };
 PathsSeen g_forward_paths[kNumDTypes], g_wgrad_paths[kNumDTypes];
-int g_late_bias_runs = 0;
+int g_prefilled_bias_runs = 0;
 
-// Runs the three entry points: the CPU backend through the public API, or the CUDA
+// Runs the four entry points: the CPU backend through the public API, or the CUDA
 // backend's call sequence on the host launcher, whose record the case then checks.
 struct Runner {
   const char* name;
   std::function<Status(const MatmulArgs&)> matmul;
   std::function<Status(const WgradArgs&)> wgrad;
   std::function<Status(const BiasGradArgs&)> bias_grad;
+  std::function<Status(const BackwardArgs&)> backward;
   std::shared_ptr<emulated::LaunchRecord> record;  // the last call's; null for the CPU backend
   int64_t scan_chunks;
 };
@@ -266,6 +282,7 @@ Runner cpu_backend() {
           [](const MatmulArgs& a) { return grouped_matmul(a, ExecContext{}); },
           [](const WgradArgs& a) { return grouped_matmul_wgrad(a, ExecContext{}); },
           [](const BiasGradArgs& a) { return grouped_bias_grad(a, ExecContext{}); },
+          [](const BackwardArgs& a) { return grouped_matmul_backward(a, ExecContext{}); },
           nullptr,
           0};
 }
@@ -290,6 +307,9 @@ Runner emulated_cuda(int64_t scan_chunks) {
           [run](const BiasGradArgs& a) {
             return run(a, a.num_groups, enqueue_grouped_bias_grad<emulated::HostLauncher>);
           },
+          [run](const BackwardArgs& a) {
+            return run(a, a.num_groups, enqueue_grouped_matmul_backward<emulated::HostLauncher>);
+          },
           record,
           scan_chunks};
 }
@@ -298,6 +318,65 @@ Runner emulated_cuda(int64_t scan_chunks) {
 struct Shifts {
   int64_t lhs = 0, rhs = 0, bias = 0, grad = 0, out = 0;
 };
+
+template <typename T>
+bool same_bits(const T* a, const T* b, int64_t count) {
+  return count == 0 || std::memcmp(a, b, count * sizeof(T)) == 0;
+}
+
+// The backward entry point: with every subset of its outputs, each gradient has the bits
+// of its separate call (the dgrad grouped_matmul, the wgrad, the bias gradient); on the
+// host launcher, one setup and one launch per requested GEMM and bias gradient.
+template <typename In, typename Out, typename B>
+void check_backward_case(const Case& c, const Runner& run, B& lhs, B& rhs, B& dout,
+                         IndexArray sizes, IndexArray offset, int64_t G, const std::string& label) {
+  using Wide = emulated::Accumulator<In>;
+  std::mt19937 rng(43);
+  const std::vector<Wide> acc_init = random_vec<Wide>(G * c.k * c.n, rng);
+  for (int transpose = 0; transpose < 2; ++transpose)
+    for (int accumulate = 0; accumulate < 2; ++accumulate)
+      for (int wanted = 1; wanted < 8; ++wanted) {  // bit 0: dlhs, 1: drhs, 2: dbias
+        g_case = label + " backward T=" + std::to_string(transpose) + " acc=" + std::to_string(accumulate) +
+                 " wanted=" + std::to_string(wanted);
+        const bool want_dlhs = wanted & 1, want_drhs = wanted & 2, want_dbias = wanted & 4;
+        const DType drhs_dtype = accumulate ? dtype_of<Wide>() : dtype_of<Out>();
+        std::vector<In> dlhs = nan_vec<In>(c.m * c.k), dlhs_sep = dlhs;
+        std::vector<Wide> drhs_acc = acc_init, drhs_acc_sep = acc_init;
+        std::vector<Out> drhs_out = nan_vec<Out>(G * c.k * c.n), drhs_out_sep = drhs_out;
+        std::vector<Out> dbias = nan_vec<Out>(G * c.n), dbias_sep = dbias;
+        void* drhs = accumulate ? static_cast<void*>(drhs_acc.data()) : static_cast<void*>(drhs_out.data());
+        void* drhs_sep =
+            accumulate ? static_cast<void*>(drhs_acc_sep.data()) : static_cast<void*>(drhs_out_sep.data());
+        BackwardArgs b;
+        b.in_dtype = dtype_of<In>();
+        b.lhs = lhs.data(), b.rhs = rhs.data(), b.grad = dout.data();
+        b.dlhs = want_dlhs ? dlhs.data() : nullptr;
+        b.drhs = want_drhs ? drhs : nullptr, b.drhs_dtype = drhs_dtype, b.accumulate = accumulate;
+        b.dbias = want_dbias ? dbias.data() : nullptr, b.dbias_dtype = dtype_of<Out>();
+        b.m = c.m, b.k = c.k, b.n = c.n, b.num_groups = G, b.transpose_rhs = transpose;
+        b.group_sizes = sizes, b.group_offset = offset;
+        CHECK(run.backward(b).ok());
+        if (run.record) {
+          const emulated::LaunchRecord& rec = *run.record;
+          const int gemms = (want_dlhs && c.m > 0 && c.k > 0 && c.n > 0 && G > 0) +
+                            (want_drhs && G > 0 && c.k > 0 && c.n > 0 && c.m > 0);
+          const bool dbias_runs = want_dbias && G > 0 && c.n > 0;
+          const bool any = (want_dlhs && c.m > 0 && c.k > 0) || (want_drhs && G > 0 && c.k > 0 && c.n > 0) ||
+                           dbias_runs;
+          CHECK(rec.gemms == gemms && rec.launches == (any ? 1 + gemms + dbias_runs : 0));
+        }
+        BackwardArgs sep = b;
+        sep.dlhs = dlhs_sep.data(), sep.drhs = drhs_sep, sep.dbias = dbias_sep.data();
+        if (want_dlhs) CHECK(run.matmul(dgrad_part(sep)).ok());
+        if (want_drhs) CHECK(run.wgrad(wgrad_part(sep)).ok());
+        if (want_dbias) CHECK(run.bias_grad(bias_grad_part(sep)).ok());
+        if (want_dlhs) CHECK(same_bits(dlhs.data(), dlhs_sep.data(), c.m * c.k));
+        if (want_drhs)
+          CHECK(accumulate ? same_bits(drhs_acc.data(), drhs_acc_sep.data(), G * c.k * c.n)
+                           : same_bits(drhs_out.data(), drhs_out_sep.data(), G * c.k * c.n));
+        if (want_dbias) CHECK(same_bits(dbias.data(), dbias_sep.data(), G * c.n));
+      }
+}
 
 // In: lhs, rhs, bias and grad; Out: the output of forward, wgrad (unless accumulating,
 // which is float32, or float64 for float64 inputs) and dbias.
@@ -344,17 +423,20 @@ void run_case(const Case& c, const Runner& run, Shifts shift = {}) {
     if (run.record) {
       const emulated::LaunchRecord& rec = *run.record;
       const bool gemm = c.m > 0 && c.n > 0 && c.k > 0 && G > 0;
-      const bool late_bias = gemm && out_dtype != in;  // every case has a bias
+      // Every case has a bias: in the epilogue, or (a float32 output of 16-bit inputs)
+      // written into the output rows by the setup and added onto by the GEMM.
+      const bool prefilled_bias = out_dtype != in;
+      CHECK(rec.launches == (c.m > 0 && c.n > 0 ? (gemm ? 2 : 1) : 0));  // setup, GEMM
       CHECK(rec.gemms == (gemm ? 1 : 0));
-      CHECK(rec.late_bias == (late_bias ? 1 : 0));
       CHECK(rec.zero_k_problems == 0);  // no k = 0 problem reaches the GEMM
+      if (gemm) CHECK(rec.gemm_c == (prefilled_bias ? GemmC::output : GemmC::bias_row));
       if (gemm && cuda_dtype) {
         const bool want =
-            expect_aligned_kernel(in, c.k, c.n, {a.lhs, a.rhs, a.out, late_bias ? nullptr : a.bias});
+            expect_aligned_kernel(in, c.k, c.n, {a.lhs, a.rhs, a.out, prefilled_bias ? nullptr : a.bias});
         CHECK(rec.gemm_aligned == want);
         PathsSeen& seen = g_forward_paths[int(in)];
         ++(rec.gemm_aligned ? seen.aligned : seen.unaligned);
-        g_late_bias_runs += rec.late_bias;
+        g_prefilled_bias_runs += prefilled_bias;
       }
     }
   }
@@ -391,6 +473,7 @@ void run_case(const Case& c, const Runner& run, Shifts shift = {}) {
     if (run.record) {
       const emulated::LaunchRecord& rec = *run.record;
       const bool gemm = G > 0 && c.k > 0 && c.n > 0 && c.m > 0;
+      CHECK(rec.launches == (G > 0 && c.k > 0 && c.n > 0 ? (gemm ? 2 : 1) : 0));
       CHECK(rec.gemms == (gemm ? 1 : 0));
       CHECK(rec.zero_k_problems == 0);
       if (gemm && cuda_dtype) {
@@ -416,6 +499,8 @@ void run_case(const Case& c, const Runner& run, Shifts shift = {}) {
       else
         CHECK(close(dbias[g * c.n + j], want));
     }
+  if (run.record) CHECK(run.record->launches == (G > 0 && c.n > 0 ? 2 : 0));
+  check_backward_case<In, Out>(c, run, lhs, rhs, dout, sizes, offset, G, label);
 }
 
 // Every dtype pair the core accepts (output in the input dtype, or float32 for 16-bit
@@ -609,13 +694,17 @@ void test_workspace() {
   g_case = "workspace";
   for (int64_t g : {0, 1, 3, 64, 1000}) {
     const WorkspaceLayout l = workspace_layout(g);
-    const int64_t starts[] = {l.window, l.boundary, l.action, l.problem, l.ptr[0], l.ptr[1], l.ptr[2],
-                              l.ptr[3], l.ld[0],    l.ld[1],  l.ld[2],   l.ld[3],  l.bytes};
-    const int64_t sizes[] = {32,    (g + 1) * 8, g * 4, g * 12, g * 8, g * 8,
-                             g * 8, g * 8,       g * 8, g * 8,  g * 8, g * 8};
-    for (int i = 0; i < 12; ++i) {
-      CHECK(starts[i] % 16 == 0);
-      CHECK(starts[i] + sizes[i] <= starts[i + 1]);  // in order, no overlap
+    std::vector<std::pair<int64_t, int64_t>> arrays = {{l.window, 32}, {l.boundary, (g + 1) * 8}};
+    for (const GemmArraysLayout& set : l.gemm) {
+      arrays.push_back({set.action, g * 4});
+      arrays.push_back({set.problem, g * 12});
+      for (int i = 0; i < 4; ++i) arrays.push_back({set.ptr[i], g * 8});
+      for (int i = 0; i < 4; ++i) arrays.push_back({set.ld[i], g * 8});
+    }
+    arrays.push_back({l.bytes, 0});
+    for (size_t i = 0; i + 1 < arrays.size(); ++i) {
+      CHECK(arrays[i].first % 16 == 0);
+      CHECK(arrays[i].first + arrays[i].second <= arrays[i + 1].first);  // in order, no overlap
     }
     CHECK(grouped_matmul_workspace_bytes(Device::cuda, g) == l.bytes);
     CHECK(grouped_matmul_workspace_bytes(Device::cpu, g) == 0);
@@ -623,7 +712,7 @@ void test_workspace() {
 
   // Pointer and leading-dimension arithmetic of one group, in int64 past 2^31 elements.
   std::vector<int64_t> storage(workspace_layout(2).bytes / 8);
-  const WorkspaceView ws = workspace_view(storage.data(), 2);
+  const GemmArrays ws = workspace_view(storage.data(), 2).gemm[1];
   const int64_t begin = int64_t(3) << 31, k = 1024, n = 96;
   alignas(16) static const char base[16] = {};
   const GemmOperands ops{base, base + 1, base + 2, const_cast<char*>(base + 3), 2, 2, 2, 4};
@@ -635,6 +724,10 @@ void test_workspace() {
   CHECK(static_cast<const char*>(ws.ptr[2][1]) == base + 2 + n * 2);  // bias row of group 1
   CHECK(static_cast<const char*>(ws.ptr[3][1]) == base + 3 + begin * n * 4);
   CHECK(ws.ld[0][1] == k && ws.ld[1][1] == k && ws.ld[2][1] == 0 && ws.ld[3][1] == n);
+  // A float32 output whose rows hold the bias: C is D.
+  const GemmOperands prefilled{base, base + 1, base + 3, const_cast<char*>(base + 3), 2, 2, 4, 4};
+  write_group(ws, 1, forward_problem({begin, begin + 5}, 1, k, n, true, true), prefilled);
+  CHECK(ws.ptr[2][1] == ws.ptr[3][1] && ws.ld[2][1] == n);
   write_group(ws, 0, forward_problem({0, 5}, 0, k, n, false), ops);
   CHECK(ws.ld[1][0] == n);                                           // [K, N] weight
   write_group(ws, 0, forward_problem({7, 7}, 0, k, n, false), ops);  // empty: no GEMM problem
@@ -665,8 +758,10 @@ void test_kernel_workspace() {
     CHECK(plain.kernel == plain.bytes);  // no kernel workspace: nothing added
     for (int64_t kernel_bytes : {int64_t(1), int64_t(4096), int64_t(132) * 512}) {
       const WorkspaceLayout l = workspace_layout(g, kernel_bytes);
-      CHECK(l.window == plain.window && l.problem == plain.problem && l.ld[3] == plain.ld[3]);
-      CHECK(l.kernel == plain.kernel && l.kernel >= l.ld[3] + g * 8 && l.kernel % 16 == 0);
+      const GemmArraysLayout& last = l.gemm[kGemmSets - 1];
+      CHECK(l.window == plain.window && l.gemm[0].problem == plain.gemm[0].problem &&
+            last.ld[3] == plain.gemm[kGemmSets - 1].ld[3]);
+      CHECK(l.kernel == plain.kernel && l.kernel >= last.ld[3] + g * 8 && l.kernel % 16 == 0);
       CHECK(l.bytes >= l.kernel + kernel_bytes + kKernelWorkspaceAlignment - 16);
       std::vector<char> storage(l.bytes + 2 * kKernelWorkspaceAlignment);
       const uintptr_t a = kKernelWorkspaceAlignment, start = reinterpret_cast<uintptr_t>(storage.data());
@@ -703,7 +798,8 @@ void test_kernel_choice() {
   CHECK(chose(9, 0, "sm90", true, GemmKernel::sm90));
   CHECK(chose(9, 0, "sm90_128x256", true, GemmKernel::sm90, Sm90Tile::cooperative_128x256));
   CHECK(chose(9, 0, "sm90_64x128", true, GemmKernel::sm90, Sm90Tile::pingpong_64x128));
-  for (const char* sm90 : {"sm90", "sm90_128x256", "sm90_64x128"}) {
+  CHECK(chose(9, 0, "sm90_256x128", true, GemmKernel::sm90, Sm90Tile::cooperative_256x128));
+  for (const char* sm90 : {"sm90", "sm90_128x256", "sm90_64x128", "sm90_256x128"}) {
     for (auto [major, minor, built] : {std::tuple{9, 0, false}, std::tuple{8, 0, true},
                                        std::tuple{10, 0, true}, std::tuple{12, 0, true}}) {
       const KernelChoice c = choose_gemm_kernel(major, minor, sm90, built);
@@ -715,13 +811,13 @@ void test_kernel_choice() {
   for (const char* bad : {"hopper", "sm90_128x128", "SM90"}) {
     const KernelChoice c = choose_gemm_kernel(9, 0, bad, true);
     CHECK(!c.status.ok() &&
-          c.status.message.find(std::string("sm90_64x128, not '") + bad + "'") != std::string::npos);
+          c.status.message.find(std::string("sm90_256x128, not '") + bad + "'") != std::string::npos);
   }
 
   // The tile by shape: a group's mean rows (M / G forward and dgrad, K for the weight
   // gradient) or its columns at most 128 take the 64 x 128 tile.
   auto tile = [](GemmLayout layout, int64_t groups, int64_t max_m, int64_t n) {
-    return sm90_tile_for(GroupedGemmCall{DType::bf16, DType::bf16, layout, groups, 0.0f, max_m, n, nullptr});
+    return sm90_tile_for(GroupedGemmCall{DType::bf16, DType::bf16, layout, groups, GemmC::none, max_m, n, 0, nullptr});
   };
   const Sm90Tile large = Sm90Tile::cooperative_128x256, small = Sm90Tile::pingpong_64x128;
   CHECK(tile(GemmLayout::row_row, 8, 16384, 14336) == large);   // 2048 rows per group
@@ -734,19 +830,16 @@ void test_kernel_choice() {
   CHECK(tile(GemmLayout::col_row, 8, 128, 1408) == small);
   CHECK(tile(GemmLayout::row_row, 0, 16384, 1408) == large);  // no groups: no division by 0
 
-  auto call = [](DType in, GemmLayout layout, float beta) {
-    return GroupedGemmCall{in, DType::f32, layout, 4, beta, 64, 64, nullptr};
+  auto call = [](DType in, GemmLayout layout, GemmC c) {
+    return GroupedGemmCall{in, DType::f32, layout, 4, c, 64, 64, 0, nullptr};
   };
-  for (DType in : {DType::bf16, DType::f16}) {
-    CHECK(sm90_runs(call(in, GemmLayout::row_row, 0), true));
-    CHECK(sm90_runs(call(in, GemmLayout::row_col, 0), true));
-    CHECK(sm90_runs(call(in, GemmLayout::col_row, 0), true));
-    CHECK(sm90_runs(call(in, GemmLayout::col_row, 1), true));   // accumulate: C = D
-    CHECK(!sm90_runs(call(in, GemmLayout::row_row, 1), true));  // a broadcast bias row
-    CHECK(!sm90_runs(call(in, GemmLayout::row_col, 1), true));
-    CHECK(!sm90_runs(call(in, GemmLayout::row_row, 0), false));  // TMA needs 16-byte alignment
-  }
-  CHECK(!sm90_runs(call(DType::f32, GemmLayout::row_row, 0), true));  // exact fp32 stays on CUDA cores
+  for (DType in : {DType::bf16, DType::f16})
+    for (GemmLayout layout : {GemmLayout::row_row, GemmLayout::row_col, GemmLayout::col_row}) {
+      // Any C: none, the bias row (a broadcast epilogue), the output (accumulating, pre-filled bias).
+      for (GemmC c : {GemmC::none, GemmC::bias_row, GemmC::output}) CHECK(sm90_runs(call(in, layout, c), true));
+      CHECK(!sm90_runs(call(in, layout, GemmC::none), false));  // TMA needs 16-byte alignment
+    }
+  CHECK(!sm90_runs(call(DType::f32, GemmLayout::row_row, GemmC::none), true));  // exact fp32 stays on CUDA cores
 }
 
 // The sm90 kernel reads each operand through its 3.x stride (sm90_strides.h): one GEMM per
@@ -762,7 +855,7 @@ void test_sm90_strides() {
     const bool wgrad = layout == GemmLayout::col_row;
     std::vector<double> out(wgrad ? 2 * k * n : 16 * n, 0.0);
     std::vector<int64_t> storage(workspace_layout(2).bytes / 8);
-    const WorkspaceView ws = workspace_view(storage.data(), 2);
+    const GemmArrays ws = workspace_view(storage.data(), 2).gemm[0];
     const GemmOperands ops{lhs.data(), wgrad ? grad.data() : rhs.data(), nullptr, out.data(), 8, 8, 8, 8};
     const RowRange r{begin, begin + rows};
     write_group(ws, local,
@@ -826,8 +919,34 @@ void test_errors() {
   CHECK(!s.ok() && s.message.find("CUDA") != std::string::npos);
 }
 
+// A training step's launches on the CUDA path: a forward is 2 (setup, GEMM); a forward
+// and its backward with every gradient 5, and 6 with a bias gradient.
+void test_launch_counts() {
+  g_case = "launch_counts";
+  const int64_t m = 64, k = 16, n = 24, G = 4;
+  std::vector<float> lhs(m * k, 1.0f), rhs(G * k * n, 1.0f), bias(G * n, 1.0f), out(m * n), dout(m * n, 1.0f);
+  std::vector<float> dlhs(m * k), drhs(G * k * n), dbias(G * n);
+  const int64_t sizes[] = {10, 0, 30, 20};
+  for (bool with_bias : {false, true}) {
+    emulated::Workspace workspace(G);
+    emulated::HostLauncher forward(256);
+    MatmulArgs a;
+    a.lhs = lhs.data(), a.rhs = rhs.data(), a.bias = with_bias ? bias.data() : nullptr, a.out = out.data();
+    a.m = m, a.k = k, a.n = n, a.num_groups = G, a.group_sizes = {sizes, IndexType::i64, G};
+    CHECK(enqueue_grouped_matmul(a, workspace.data(), forward).ok());
+    CHECK(forward.record().launches == 2);
+    emulated::HostLauncher backward(256);
+    BackwardArgs b;
+    b.lhs = lhs.data(), b.rhs = rhs.data(), b.grad = dout.data();
+    b.dlhs = dlhs.data(), b.drhs = drhs.data(), b.dbias = with_bias ? dbias.data() : nullptr;
+    b.m = m, b.k = k, b.n = n, b.num_groups = G, b.group_sizes = a.group_sizes;
+    CHECK(enqueue_grouped_matmul_backward(b, workspace.data(), backward).ok());
+    CHECK(forward.record().launches + backward.record().launches == (with_bias ? 6 : 5));
+  }
+}
+
 // Over all the runs: both GEMM kernels ran for each 16-bit dtype, forward and wgrad;
-// float32 only ever ran its main one; the late bias ran.
+// float32 only ever ran its main one; a bias was pre-filled for a float32 output.
 void check_gemm_paths_seen() {
   g_case = "gemm_paths_seen";
   for (DType t : {DType::bf16, DType::f16}) {
@@ -837,7 +956,7 @@ void check_gemm_paths_seen() {
   const int f32 = int(DType::f32);
   CHECK(g_forward_paths[f32].aligned > 0 && g_forward_paths[f32].unaligned == 0);
   CHECK(g_wgrad_paths[f32].aligned > 0 && g_wgrad_paths[f32].unaligned == 0);
-  CHECK(g_late_bias_runs > 0);
+  CHECK(g_prefilled_bias_runs > 0);
 }
 
 // ---- the expert layer: permute, unpermute, activation -----------------------------
@@ -1397,7 +1516,8 @@ int main() {
     for (const Runner& run : cuda) run_all_dtypes(c, run);
   }
   // One operand an element past a 16-byte boundary (a view at an odd offset): a 16-bit
-  // GEMM that reads or writes it runs the unaligned kernel; a late bias is not the GEMM's.
+  // GEMM that reads or writes it runs the unaligned kernel; a bias the setup wrote into a
+  // float32 output is not the GEMM's operand.
   for (int64_t Shifts::* operand : {&Shifts::lhs, &Shifts::rhs, &Shifts::bias, &Shifts::grad, &Shifts::out}) {
     Shifts shift;
     shift.*operand = 1;
@@ -1415,6 +1535,7 @@ int main() {
   test_onednn_cache_bound();
   test_workspace();
   test_errors();
+  test_launch_counts();
   test_permute_steps();
   test_dot_order();
   test_permute_cases();

@@ -79,6 +79,30 @@ ffi::Error bias_grad(Device device, void* stream, ffi::AnyBuffer grad, ffi::AnyB
   return to_ffi(grouped_bias_grad(a, context(device, stream, &*workspace)));
 }
 
+// The gradients of a matmul from one core call. An unwanted gradient's result is a size-0
+// placeholder and reaches the core as null.
+ffi::Error matmul_backward(Device device, void* stream, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
+                           ffi::AnyBuffer grad, ffi::AnyBuffer group_sizes, ffi::AnyBuffer group_offset,
+                           ffi::Result<ffi::AnyBuffer> dlhs, ffi::Result<ffi::AnyBuffer> drhs,
+                           ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> workspace,
+                           bool transpose_rhs, bool want_dlhs, bool want_drhs, bool want_dbias) {
+  BackwardArgs a;
+  if (!float_dtype(lhs.element_type(), &a.in_dtype) || !float_dtype(drhs->element_type(), &a.drhs_dtype) ||
+      !float_dtype(dbias->element_type(), &a.dbias_dtype))
+    return dtype_error("grouped_matmul_backward");
+  if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
+    return dtype_error("group_sizes/group_offset");
+  const auto ld = lhs.dimensions(), rd = rhs.dimensions();
+  if (ld.size() != 2 || rd.size() != 3) return ffi::Error::InvalidArgument("groupgemm: bad operand rank");
+  a.m = ld[0], a.k = ld[1], a.num_groups = rd[0], a.n = transpose_rhs ? rd[1] : rd[2];
+  a.lhs = lhs.untyped_data(), a.rhs = rhs.untyped_data(), a.grad = grad.untyped_data();
+  a.dlhs = want_dlhs ? dlhs->untyped_data() : nullptr;
+  a.drhs = want_drhs ? drhs->untyped_data() : nullptr;
+  a.dbias = want_dbias ? dbias->untyped_data() : nullptr;
+  a.transpose_rhs = transpose_rhs;
+  return to_ffi(grouped_matmul_backward(a, context(device, stream, &*workspace)));
+}
+
 // Bindings: operands, results, attributes. The CUDA variants add the stream context.
 auto matmul_binding() {
   return ffi::Ffi::Bind()
@@ -112,6 +136,23 @@ auto bias_grad_binding() {
       .Ret<ffi::AnyBuffer>();
 }
 
+auto matmul_backward_binding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<bool>("transpose_rhs")
+      .Attr<bool>("want_dlhs")
+      .Attr<bool>("want_drhs")
+      .Attr<bool>("want_dbias");
+}
+
 template <typename... Rest>
 ffi::Error matmul_cpu(Rest... rest) {
   return matmul(Device::cpu, nullptr, rest...);
@@ -135,6 +176,15 @@ ffi::Error bias_grad_cpu(Rest... rest) {
 template <typename... Rest>
 ffi::Error bias_grad_cuda(void* stream, Rest... rest) {
   return bias_grad(Device::cuda, stream, rest...);
+}
+
+template <typename... Rest>
+ffi::Error matmul_backward_cpu(Rest... rest) {
+  return matmul_backward(Device::cpu, nullptr, rest...);
+}
+template <typename... Rest>
+ffi::Error matmul_backward_cuda(void* stream, Rest... rest) {
+  return matmul_backward(Device::cuda, stream, rest...);
 }
 
 using Buf = ffi::AnyBuffer;
@@ -174,6 +224,28 @@ XLA_FFI_DEFINE_HANDLER(
     ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Arg<Buf>().Arg<Buf>().Arg<Buf>().Ret<Buf>().Ret<Buf>(),
     {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_DEFINE_HANDLER(kMatmulBackwardCpu,
+                       (matmul_backward_cpu<Buf, Buf, Buf, Buf, Buf, Out, Out, Out, Out, bool, bool, bool, bool>),
+                       matmul_backward_binding());
+XLA_FFI_DEFINE_HANDLER(kMatmulBackwardCuda,
+                       (matmul_backward_cuda<Buf, Buf, Buf, Buf, Buf, Out, Out, Out, Out, bool, bool, bool, bool>),
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<void*>>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Arg<Buf>()
+                           .Ret<Buf>()
+                           .Ret<Buf>()
+                           .Ret<Buf>()
+                           .Ret<Buf>()
+                           .Attr<bool>("transpose_rhs")
+                           .Attr<bool>("want_dlhs")
+                           .Attr<bool>("want_drhs")
+                           .Attr<bool>("want_dbias"),
+                       {ffi::Traits::kCmdBufferCompatible});
+
 nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
 
 }  // namespace
@@ -186,9 +258,11 @@ void bind_ffi_handlers(nb::module_& m) {
         cpu["groupgemm_matmul"] = capsule(kMatmulCpu);
         cpu["groupgemm_wgrad"] = capsule(kWgradCpu);
         cpu["groupgemm_bias_grad"] = capsule(kBiasGradCpu);
+        cpu["groupgemm_matmul_backward"] = capsule(kMatmulBackwardCpu);
         cuda["groupgemm_matmul"] = capsule(kMatmulCuda);
         cuda["groupgemm_wgrad"] = capsule(kWgradCuda);
         cuda["groupgemm_bias_grad"] = capsule(kBiasGradCuda);
+        cuda["groupgemm_matmul_backward"] = capsule(kMatmulBackwardCuda);
         add_moe_ffi_handlers(cpu, cuda);
         nb::dict out;
         out["cpu"] = cpu;

@@ -1,6 +1,7 @@
 // groupgemm._core: what both frontends share (the build's CUDA facts, the Device enum,
-// workspace sizes, the Activation enum), the core's array entry points (used by the PyTorch frontend and the
-// tests) and, once registered by groupgemm.jax, its XLA FFI handlers.
+// workspace sizes, the Activation enum), the core's array entry points (used by the PyTorch
+// frontend's ops and the tests), the call plans of its eager path and, once registered by
+// groupgemm.jax, its XLA FFI handlers.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -12,6 +13,7 @@ namespace nb = nanobind;
 
 namespace groupgemm {
 void bind_array_entry_points(nb::module_& m);
+void bind_call_plans(nb::module_& m);
 void bind_moe_array_entry_points(nb::module_& m);
 void bind_ffi_handlers(nb::module_& m);
 }  // namespace groupgemm
@@ -56,6 +58,7 @@ NB_MODULE(_core, m) {
       .value("relu", groupgemm::Activation::relu)
       .value("silu", groupgemm::Activation::silu, "x * sigmoid(x)");
   groupgemm::bind_array_entry_points(m);
+  groupgemm::bind_call_plans(m);
   groupgemm::bind_moe_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
 }

@@ -27,12 +27,13 @@ inline DType float_dtype(const Array& a, const char* name) {
   throw nb::type_error((std::string(name) + " must be " + accepted_dtype_names()).c_str());
 }
 
-inline IndexArray index_array(const Array& a, const char* name) {
+// cumulative: the array holds cumulative group ends rather than sizes (IndexArray).
+inline IndexArray index_array(const Array& a, const char* name, bool cumulative = false) {
   const nb::dlpack::dtype t = a.dtype();
   if (t.lanes != 1 || t.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ||
       (t.bits != 32 && t.bits != 64))
     throw nb::type_error((std::string(name) + " must be int32 or int64").c_str());
-  return {a.data(), t.bits == 32 ? IndexType::i32 : IndexType::i64, static_cast<int64_t>(a.size())};
+  return {a.data(), t.bits == 32 ? IndexType::i32 : IndexType::i64, static_cast<int64_t>(a.size()), cumulative};
 }
 
 inline void expect_rank(const Array& a, size_t rank, const char* name) {

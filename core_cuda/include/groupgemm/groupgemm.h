@@ -17,7 +17,10 @@ Status grouped_matmul_wgrad(const WgradArgs& args, const ExecContext& ctx);
 // Bias gradient: see BiasGradArgs.
 Status grouped_bias_grad(const BiasGradArgs& args, const ExecContext& ctx);
 
-// Bytes of workspace each entry point needs on `device` for num_groups local groups
+// The input, weight and bias gradients of a grouped_matmul at once: see BackwardArgs.
+Status grouped_matmul_backward(const BackwardArgs& args, const ExecContext& ctx);
+
+// Bytes of workspace each GEMM entry point needs on `device` for num_groups local groups
 // (0 on CPU). On CUDA it also depends on the GPU (device_index, -1: the current device):
 // a compute capability 9.0 device adds the sm_90a kernels' workspace, which grows with
 // its SM count.

@@ -5,7 +5,8 @@
 //
 // Storage: D is row-major with ldd. A is row-major [m, k] (lda = row stride) or, when
 // a_transposed, stored as [k, m] (lda = stride between its k rows); B likewise [k, n] or
-// [n, k]. C is the bias row broadcast with ldc = 0, or D itself when accumulating.
+// [n, k]. C is the bias row broadcast with ldc = 0, or D itself (accumulating, or a
+// forward output pre-filled with its bias rows).
 #pragma once
 
 #include <cstdint>
@@ -23,16 +24,20 @@ struct GroupProblem {
 };
 
 // Forward / dgrad: out[rows] = lhs[rows] @ rhs[local] (+ bias[local]).
-// rhs[local] is [K, N], or [N, K] when transpose_rhs; bias[local] is a row of N.
-GG_HD GroupProblem forward_problem(RowRange rows, int64_t local, int64_t k, int64_t n, bool transpose_rhs) {
+// rhs[local] is [K, N], or [N, K] when transpose_rhs; bias[local] is a row of N, read as
+// C with ldc = 0 unless c_is_output: then C is the output itself, whose rows already hold
+// the bias (a float32 output of 16-bit inputs, which the setup fills with its bias rows).
+GG_HD GroupProblem forward_problem(RowRange rows, int64_t local, int64_t k, int64_t n, bool transpose_rhs,
+                                   bool c_is_output = false) {
   GroupProblem p{};
   p.action = forward_action(rows.rows(), k);
   p.m = rows.rows(), p.n = n, p.k = k;
   p.a_transposed = false, p.b_transposed = transpose_rhs;
   p.a_offset = rows.begin * k, p.lda = k;
   p.b_offset = local * k * n, p.ldb = transpose_rhs ? k : n;
-  p.c_offset = local * n, p.ldc = 0;  // one bias row for every output row
   p.d_offset = rows.begin * n, p.ldd = n;
+  p.c_offset = c_is_output ? p.d_offset : local * n;  // one bias row for every output row
+  p.ldc = c_is_output ? n : 0;
   return p;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <climits>
 
 #include "groupgemm/types.h"
 
@@ -32,6 +33,18 @@ GG_HD int64_t read_group_offset(const IndexArray& offset) {
 
 // A negative group size counts as 0.
 GG_HD int64_t clamp_group_size(int64_t raw) { return raw > 0 ? raw : 0; }
+
+// Group g's raw size: the entry itself, or for cumulative ends the difference of two,
+// where a decrease counts as 0 and a difference past int64 saturates (both are clamped to
+// the row count later anyway).
+GG_HD int64_t load_group_size(const IndexArray& sizes, int64_t g) {
+  const int64_t raw = load_index(sizes.data, sizes.type, g);
+  if (!sizes.cumulative) return raw;
+  const int64_t previous = g > 0 ? load_index(sizes.data, sizes.type, g - 1) : 0;
+  if (raw <= previous) return 0;
+  const uint64_t diff = static_cast<uint64_t>(raw) - static_cast<uint64_t>(previous);
+  return diff > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(diff);
+}
 
 // Row where the next group starts, given where this one starts. Clipped to m, so rows
 // past sum(sizes) > m are simply not owned; written so that begin + size cannot overflow.
@@ -71,21 +84,19 @@ struct RowRange {
 // Folds groups [begin, end) onto the row where group `begin` starts: the row where
 // group `end` starts. The CPU walks the whole window with it; each CUDA setup thread
 // folds one chunk of groups before a block scan joins the chunks.
-GG_HD int64_t fold_row_boundary(const void* sizes, IndexType type, int64_t begin, int64_t end, int64_t row,
-                                int64_t m) {
-  for (int64_t g = begin; g < end; ++g) row = next_row_boundary(row, load_index(sizes, type, g), m);
+GG_HD int64_t fold_row_boundary(const IndexArray& sizes, int64_t begin, int64_t end, int64_t row, int64_t m) {
+  for (int64_t g = begin; g < end; ++g) row = next_row_boundary(row, load_group_size(sizes, g), m);
   return row;
 }
 
 // Row boundaries of the window's groups: boundary[i] = min(sum(sizes[:w.first + i]), m)
 // for i in [0, w.last - w.first], so group w.first + i owns [boundary[i], boundary[i + 1]).
 // `boundary` has w.last - w.first + 1 entries.
-GG_HD void window_row_boundaries(const void* sizes, IndexType type, GroupWindow w, int64_t m,
-                                 int64_t* boundary) {
-  int64_t row = fold_row_boundary(sizes, type, 0, w.first, 0, m);
+GG_HD void window_row_boundaries(const IndexArray& sizes, GroupWindow w, int64_t m, int64_t* boundary) {
+  int64_t row = fold_row_boundary(sizes, 0, w.first, 0, m);
   boundary[0] = row;
   for (int64_t g = w.first; g < w.last; ++g) {
-    row = next_row_boundary(row, load_index(sizes, type, g), m);
+    row = next_row_boundary(row, load_group_size(sizes, g), m);
     boundary[g - w.first + 1] = row;
   }
 }

@@ -73,6 +73,9 @@ struct IndexArray {
   const void* data = nullptr;  // nullptr means "absent" (group_offset defaults to 0)
   IndexType type = IndexType::i32;
   int64_t count = 0;
+  // Group sizes only: the array holds cumulative group ends (torch._grouped_mm's offs),
+  // size g = ends[g] - ends[g - 1] with ends[-1] = 0, read on the device like sizes.
+  bool cumulative = false;
 };
 
 // Where and how to run: device, its stream (cudaStream_t on CUDA, ignored on CPU),
@@ -119,7 +122,31 @@ struct WgradArgs {
   IndexArray group_offset;
 };
 
-// out[g] = sum of grad rows of local group g (float32 accumulation, fixed row order).
+// The backward of out = lhs @ rhs[g] (+ bias[g]) (MatmulArgs) from its incoming gradient,
+// every requested gradient from one setup: dlhs = grad @ rhs[g]^T (padding rows 0),
+// drhs[g] = the weight gradient in rhs's layout (empty groups 0, or untouched when
+// accumulating), dbias[g] = the sum of grad's rows of group g. Each is the same
+// computation, to the bit, as the corresponding separate entry point (grouped_matmul
+// with the transpose flipped, grouped_matmul_wgrad, grouped_bias_grad).
+struct BackwardArgs {
+  DType in_dtype = DType::f32;  // lhs, rhs, grad and dlhs
+  const void* lhs = nullptr;    // [M, K]
+  const void* rhs = nullptr;    // [G, K, N], or [G, N, K] when transpose_rhs
+  const void* grad = nullptr;   // [M, N]
+  void* dlhs = nullptr;         // [M, K], or null: not wanted
+  void* drhs = nullptr;         // rhs's shape, or null: not wanted
+  DType drhs_dtype = DType::f32;
+  bool accumulate = false;  // drhs is a float32 (float64) buffer added into in place
+  void* dbias = nullptr;    // [G, N], or null: not wanted
+  DType dbias_dtype = DType::f32;
+  int64_t m = 0, k = 0, n = 0;
+  int64_t num_groups = 0;
+  bool transpose_rhs = false;
+  IndexArray group_sizes;
+  IndexArray group_offset;
+};
+
+// out[g] = sum of grad rows of local group g (float32 accumulation, fixed order).
 struct BiasGradArgs {
   DType in_dtype = DType::f32;
   DType out_dtype = DType::f32;
