@@ -25,8 +25,7 @@ def softmax_topk(logits, k, *, renormalize=True):
     fn = "softmax_topk"
     logits = jnp.asarray(logits)
     k, probs_dtype = contract.softmax_topk(fn, shape_and_dtype(logits), k, renormalize)
-    probs, indices = router_p.bind(logits, k=k, renormalize=renormalize, probs_dtype=jnp.dtype(probs_dtype))
-    return probs, indices
+    return tuple(router_p.bind(logits, k=k, renormalize=renormalize, probs_dtype=jnp.dtype(probs_dtype)))
 
 
 def permute(tokens, expert_indices, num_experts):

@@ -90,46 +90,50 @@ Status unpermute(const UnpermuteArgs& a) {
 }
 
 Status unpermute_backward_in_chunks(const UnpermuteBackwardArgs& a, int64_t chunks) {
-  return visit_values_and_probs(a.dtype, a.probs || a.dprobs ? a.probs_dtype : a.dtype, [&](auto v_tag, auto p_tag) {
-    using T = decltype(v_tag);
-    using P = decltype(p_tag);
-    using A = Acc<T>;
-    const int64_t slots = a.num_tokens * a.top_k;
-    const T* dout = static_cast<const T*>(a.dout);
-    const T* permuted = static_cast<const T*>(a.permuted);
-    const P* probs = static_cast<const P*>(a.probs);
-    if (a.dpermuted && a.num_rows * a.hidden > 0) {
-      std::vector<int32_t> counts(kRowDigitBuckets * chunks), bucket_start(kRowDigitBuckets), order(2 * slots);
-      const int32_t* sorted = sort_slots_by_row_on_host(a.row_map, slots, a.num_rows, chunks, counts.data(),
-                                                        bucket_start.data(), order.data(), order.data() + slots);
-      T* dpermuted = static_cast<T*>(a.dpermuted);
+  return visit_values_and_probs(
+      a.dtype, a.probs || a.dprobs ? a.probs_dtype : a.dtype, [&](auto v_tag, auto p_tag) {
+        using T = decltype(v_tag);
+        using P = decltype(p_tag);
+        using A = Acc<T>;
+        const int64_t slots = a.num_tokens * a.top_k;
+        const T* dout = static_cast<const T*>(a.dout);
+        const T* permuted = static_cast<const T*>(a.permuted);
+        const P* probs = static_cast<const P*>(a.probs);
+        if (a.dpermuted && a.num_rows * a.hidden > 0) {
+          std::vector<int32_t> counts(kRowDigitBuckets * chunks), bucket_start(kRowDigitBuckets),
+              order(2 * slots);
+          const int32_t* sorted =
+              sort_slots_by_row_on_host(a.row_map, slots, a.num_rows, chunks, counts.data(),
+                                        bucket_start.data(), order.data(), order.data() + slots);
+          T* dpermuted = static_cast<T*>(a.dpermuted);
 #pragma omp parallel for schedule(static) if (parallel_rows(a.num_rows, a.hidden))
-      for (int64_t r = 0; r < a.num_rows; ++r) {
-        const RowRange row = row_slots(a.row_map, sorted, slots, a.num_rows, r);
-        auto prob = [&](int64_t s) { return probs ? load<A>(probs, s) : A(1); };
-        for (int64_t h = 0; h < a.hidden; ++h) {
-          auto grad = [&](int64_t t) { return load<A>(dout, t * a.hidden + h); };
-          dpermuted[r * a.hidden + h] = store<T>(row_gradient<A>(sorted, row, a.top_k, grad, prob));
+          for (int64_t r = 0; r < a.num_rows; ++r) {
+            const RowRange row = row_slots(a.row_map, sorted, slots, a.num_rows, r);
+            auto prob = [&](int64_t s) { return probs ? load<A>(probs, s) : A(1); };
+            for (int64_t h = 0; h < a.hidden; ++h) {
+              auto grad = [&](int64_t t) { return load<A>(dout, t * a.hidden + h); };
+              dpermuted[r * a.hidden + h] = store<T>(row_gradient<A>(sorted, row, a.top_k, grad, prob));
+            }
+          }
         }
-      }
-    }
-    if (!a.dprobs) return Status::Ok();
-    P* dprobs = static_cast<P*>(a.dprobs);
+        if (!a.dprobs) return Status::Ok();
+        P* dprobs = static_cast<P*>(a.dprobs);
 #pragma omp parallel for schedule(static) if (parallel_rows(slots, a.hidden))
-    for (int64_t slot = 0; slot < slots; ++slot) {
-      const int64_t t = slot / a.top_k, row = a.row_map[slot];
-      A dot = 0;
-      if (maps_to_row(row, a.num_rows)) {
-        A partial[kDotLanes];
-        auto x = [&](int64_t h) { return load<A>(permuted, row * a.hidden + h); };
-        auto y = [&](int64_t h) { return load<A>(dout, t * a.hidden + h); };
-        for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] = dot_lane_partial<A>(lane, a.hidden, x, y);
-        dot = fold_dot_lanes(partial);
-      }
-      dprobs[slot] = store<P>(dot);
-    }
-    return Status::Ok();
-  });
+        for (int64_t slot = 0; slot < slots; ++slot) {
+          const int64_t t = slot / a.top_k, row = a.row_map[slot];
+          A dot = 0;
+          if (maps_to_row(row, a.num_rows)) {
+            A partial[kDotLanes];
+            auto x = [&](int64_t h) { return load<A>(permuted, row * a.hidden + h); };
+            auto y = [&](int64_t h) { return load<A>(dout, t * a.hidden + h); };
+            for (int lane = 0; lane < kDotLanes; ++lane)
+              partial[lane] = dot_lane_partial<A>(lane, a.hidden, x, y);
+            dot = fold_dot_lanes(partial);
+          }
+          dprobs[slot] = store<P>(dot);
+        }
+        return Status::Ok();
+      });
 }
 
 Status unpermute_backward(const UnpermuteBackwardArgs& a) { return unpermute_backward_in_chunks(a, 1); }

@@ -87,9 +87,9 @@ __global__ void place_kernel(Bucket bucket, int64_t items, int64_t chunks, const
 // Steps 1-3 on `stream`: `counts` holds buckets * chunks entries, `bucket_start` buckets.
 // group_sizes and kept_rows (permute's, or null) are written after the scan.
 template <typename Bucket, typename Place>
-Status launch_counting_sort(const Bucket& bucket, int64_t items, int64_t buckets, int64_t chunks, int32_t* counts,
-                            int32_t* bucket_start, const Place& place, int32_t* group_sizes, int32_t* kept_rows,
-                            cudaStream_t stream) {
+Status launch_counting_sort(const Bucket& bucket, int64_t items, int64_t buckets, int64_t chunks,
+                            int32_t* counts, int32_t* bucket_start, const Place& place, int32_t* group_sizes,
+                            int32_t* kept_rows, cudaStream_t stream) {
   const unsigned chunk_blocks = grid_dim(ceil_div(chunks, kThreads), kMaxGridX);
   count_kernel<<<chunk_blocks, kThreads, 0, stream>>>(bucket, items, buckets, chunks, counts);
   GG_RETURN_IF_ERROR(last_launch("the counting sort's count kernel"));

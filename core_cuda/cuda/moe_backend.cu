@@ -15,8 +15,8 @@ namespace {
 
 Status check_workspace(const ExecContext& ctx, int64_t need, const char* op) {
   if (ctx.workspace == nullptr || ctx.workspace_bytes < need)
-    return Status::Invalid("workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, " + op + " needs " +
-                           std::to_string(need) + " (see " + op + "_workspace_bytes)");
+    return Status::Invalid("workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, " + op +
+                           " needs " + std::to_string(need) + " (see " + op + "_workspace_bytes)");
   if (reinterpret_cast<uintptr_t>(ctx.workspace) % 16 != 0)
     return Status::Invalid("workspace must be 16-byte aligned");
   return Status::Ok();
@@ -49,7 +49,8 @@ Status unpermute(const UnpermuteArgs& a, const ExecContext& ctx) {
 
 Status unpermute_backward(const UnpermuteBackwardArgs& a, const ExecContext& ctx) {
   const int64_t slots = a.num_tokens * a.top_k;
-  const bool rows = a.dpermuted != nullptr && a.num_rows * a.hidden > 0, dots = a.dprobs != nullptr && slots > 0;
+  const bool rows = a.dpermuted != nullptr && a.num_rows * a.hidden > 0,
+             dots = a.dprobs != nullptr && slots > 0;
   if (rows && slots > 0)
     GG_RETURN_IF_ERROR(check_workspace(ctx, row_sort_workspace_layout(slots).bytes, "unpermute_backward"));
   return run(ctx, !rows && !dots,

@@ -51,9 +51,9 @@ Status launch_permute(const PermuteArgs& a, void* workspace, cudaStream_t stream
   const int64_t slots = a.num_tokens * a.top_k;
   const PermuteWorkspaceLayout layout = permute_workspace_layout(slots, a.num_experts);
   const PermuteWorkspace ws = permute_workspace(workspace, layout);
-  GG_RETURN_IF_ERROR(launch_counting_sort(ExpertBucket{a.expert_indices, a.num_experts}, slots, a.num_experts + 1,
-                                          layout.chunks, ws.counts, ws.bucket_start,
-                                          RowMapEntry{a.row_map, a.num_experts}, a.group_sizes, ws.kept_rows, stream));
+  GG_RETURN_IF_ERROR(launch_counting_sort(
+      ExpertBucket{a.expert_indices, a.num_experts}, slots, a.num_experts + 1, layout.chunks, ws.counts,
+      ws.bucket_start, RowMapEntry{a.row_map, a.num_experts}, a.group_sizes, ws.kept_rows, stream));
   if (slots == 0) return Status::Ok();  // group_sizes (all 0) was the only output
   if (a.hidden == 0) return Status::Ok();
   switch (dtype_size(a.dtype)) {

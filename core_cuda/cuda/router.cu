@@ -37,14 +37,16 @@ __global__ void softmax_topk_backward_kernel(const T* logits, const int32_t* ind
 }
 
 template <typename T>
-__global__ void softmax_topk_tangent_kernel(const T* logits, const int32_t* indices, const T* tlogits, float* tprobs,
-                                            int64_t tokens, int64_t experts, int64_t k, bool renormalize) {
+__global__ void softmax_topk_tangent_kernel(const T* logits, const int32_t* indices, const T* tlogits,
+                                            float* tprobs, int64_t tokens, int64_t experts, int64_t k,
+                                            bool renormalize) {
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens;
        t += int64_t(gridDim.x) * blockDim.x) {
     const T* row = logits + t * experts;
     const T* trow = tlogits + t * experts;
     softmax_topk_tangent_row<float>([&](int64_t e) { return float(row[e]); }, experts, k, renormalize,
-                                    indices + t * k, [&](int64_t e) { return float(trow[e]); }, tprobs + t * k);
+                                    indices + t * k, [&](int64_t e) { return float(trow[e]); },
+                                    tprobs + t * k);
   }
 }
 

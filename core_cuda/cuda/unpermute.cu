@@ -39,8 +39,9 @@ __global__ void unpermute_kernel(const T* permuted, const int32_t* row_map, cons
 // slots by binary search in the sorted slots (every thread alike), then their sum in
 // order; a row with no slot gets exact zeros. `sorted` may be null when there is no slot.
 template <typename T, typename P>
-__global__ void row_gradient_kernel(const T* dout, const int32_t* row_map, const int32_t* sorted, const P* probs,
-                                    T* dpermuted, int64_t num_rows, int64_t slots, int64_t top_k, int64_t hidden) {
+__global__ void row_gradient_kernel(const T* dout, const int32_t* row_map, const int32_t* sorted,
+                                    const P* probs, T* dpermuted, int64_t num_rows, int64_t slots,
+                                    int64_t top_k, int64_t hidden) {
   for (int64_t r = blockIdx.x; r < num_rows; r += gridDim.x) {
     const RowRange row = row_slots(row_map, sorted, slots, num_rows, r);
     auto prob = [&](int64_t s) { return probs ? float(probs[s]) : 1.0f; };
@@ -79,13 +80,14 @@ Status sort_slots_by_row(const UnpermuteBackwardArgs& a, void* workspace, const 
   char* base = static_cast<char*>(workspace);
   int32_t* bucket_start = reinterpret_cast<int32_t*>(base + l.bucket_start);
   int32_t* counts = reinterpret_cast<int32_t*>(base + l.counts);
-  int32_t* orders[2] = {reinterpret_cast<int32_t*>(base + l.order[0]), reinterpret_cast<int32_t*>(base + l.order[1])};
+  int32_t* orders[2] = {reinterpret_cast<int32_t*>(base + l.order[0]),
+                        reinterpret_cast<int32_t*>(base + l.order[1])};
   const int32_t* order = nullptr;
   for (int pass = 0; pass < row_sort_passes(a.num_rows); ++pass) {
     int32_t* next = orders[pass % 2];
-    GG_RETURN_IF_ERROR(launch_counting_sort(RowDigit{a.row_map, order, a.num_rows, kRowDigitBits * pass}, slots,
-                                            kRowDigitBuckets, l.chunks, counts, bucket_start, NextOrder{order, next},
-                                            nullptr, nullptr, stream));
+    GG_RETURN_IF_ERROR(launch_counting_sort(RowDigit{a.row_map, order, a.num_rows, kRowDigitBits * pass},
+                                            slots, kRowDigitBuckets, l.chunks, counts, bucket_start,
+                                            NextOrder{order, next}, nullptr, nullptr, stream));
     order = next;
   }
   *sorted = order;
@@ -122,8 +124,8 @@ Status launch_unpermute_backward(const UnpermuteBackwardArgs& a, void* workspace
     }
     if (!a.dprobs || slots == 0) return Status::Ok();
     slot_dot_kernel<T, P><<<row_blocks(slots), kDotLanes, 0, stream>>>(
-        static_cast<const T*>(a.dout), static_cast<const T*>(a.permuted), a.row_map, static_cast<P*>(a.dprobs),
-        a.num_rows, slots, a.top_k, a.hidden);
+        static_cast<const T*>(a.dout), static_cast<const T*>(a.permuted), a.row_map,
+        static_cast<P*>(a.dprobs), a.num_rows, slots, a.top_k, a.hidden);
     return last_launch("the unpermute backward dprobs kernel");
   });
 }

@@ -1105,7 +1105,8 @@ void run_unpermute_case(const RouteCase& c, bool with_probs) {
     const int64_t t = s / c.k;
     if (mapped(s)) {
       referenced[row_map[s]] = true;
-      for (int64_t j = 0; j < h; ++j) want_dpermuted[row_map[s] * h + j] += prob(s) * to_double(dout[t * h + j]);
+      for (int64_t j = 0; j < h; ++j)
+        want_dpermuted[row_map[s] * h + j] += prob(s) * to_double(dout[t * h + j]);
     }
     if (!with_probs) continue;
     if (!mapped(s)) {
@@ -1123,7 +1124,8 @@ void run_unpermute_case(const RouteCase& c, bool with_probs) {
   }
 
   auto same_bits = [](const auto& a, const auto& b) {
-    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
   };
   for (int64_t chunks : {int64_t(3), int64_t(256), row_sort_chunks(slots)}) {
     std::vector<T> again = nan_vec<T>(rows * h);
@@ -1262,9 +1264,11 @@ void test_router_nan_is_masked() {
     auto run = [&](const float* l, int32_t* idx, float* probs, float* dl, float* tp) {
       auto logit = [&](int64_t e) { return l[e]; };
       softmax_topk_row<float>(logit, 5, 3, renormalize, idx, probs);
-      softmax_topk_backward_row<float>(logit, 5, 3, renormalize, idx, [&](int64_t j) { return dprobs[j]; },
-                                       [&](int64_t e, float v) { dl[e] = v; });
-      softmax_topk_tangent_row<float>(logit, 5, 3, renormalize, idx, [&](int64_t e) { return tlogits[e]; }, tp);
+      softmax_topk_backward_row<float>(
+          logit, 5, 3, renormalize, idx, [&](int64_t j) { return dprobs[j]; },
+          [&](int64_t e, float v) { dl[e] = v; });
+      softmax_topk_tangent_row<float>(
+          logit, 5, 3, renormalize, idx, [&](int64_t e) { return tlogits[e]; }, tp);
     };
     run(with_nan, idx_a, probs_a, dl_a, tp_a);
     run(masked, idx_b, probs_b, dl_b, tp_b);

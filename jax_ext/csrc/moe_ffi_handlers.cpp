@@ -113,14 +113,16 @@ ffi::Error unpermute_backward_op(Device device, void* stream, Buf dout, Buf perm
     a.num_rows = rows[0];
   }
   if (has_dpermuted) {
-    if (dpermuted->element_type() != dout.element_type()) return dtype_error("unpermute_backward's dpermuted");
+    if (dpermuted->element_type() != dout.element_type())
+      return dtype_error("unpermute_backward's dpermuted");
     if (!shape_is(*dpermuted, {a.num_rows, a.hidden})) return shape_error("dpermuted");
     a.dpermuted = dpermuted->untyped_data();
   }
   if (has_dprobs) {
     if (permuted.element_type() != dout.element_type()) return dtype_error("unpermute_backward's permuted");
     if (!shape_is(permuted, {a.num_rows, a.hidden})) return shape_error("permuted");
-    if (!float_dtype(dprobs->element_type(), &a.probs_dtype)) return dtype_error("unpermute_backward's dprobs");
+    if (!float_dtype(dprobs->element_type(), &a.probs_dtype))
+      return dtype_error("unpermute_backward's dprobs");
     if (!shape_is(*dprobs, {a.num_tokens, a.top_k})) return shape_error("dprobs");
     a.permuted = permuted.untyped_data(), a.dprobs = dprobs->untyped_data();
   }

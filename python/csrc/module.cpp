@@ -31,7 +31,8 @@ NB_MODULE(_core, m) {
         return d;
       },
       "The CUDA calls this process made on a stream, how many ran while their stream was capturing (a CUDA "
-      "graph or an XLA command buffer being recorded) and whether the first did: a capture check's evidence.");
+      "graph or an XLA command buffer being recorded) and whether the first did: a capture check's "
+      "evidence.");
   m.def(
       "cuda_architectures",
       [] { return std::string(groupgemm::cuda_compiled() ? GROUPGEMM_CUDA_ARCHS : ""); },
@@ -47,8 +48,8 @@ NB_MODULE(_core, m) {
         nb::arg("num_slots"), nb::arg("num_experts"),
         "Bytes of workspace permute needs on `device` for num_slots = T * k slots and num_experts experts "
         "(0 on the CPU).");
-  m.def("unpermute_backward_workspace_bytes", &groupgemm::unpermute_backward_workspace_bytes, nb::arg("device"),
-        nb::arg("num_slots"),
+  m.def("unpermute_backward_workspace_bytes", &groupgemm::unpermute_backward_workspace_bytes,
+        nb::arg("device"), nb::arg("num_slots"),
         "Bytes of workspace unpermute_backward needs on `device` to compute dpermuted for num_slots = T * k "
         "slots (0 on the CPU).");
   // An IntEnum: int(kind) is the value an XLA FFI attribute carries.

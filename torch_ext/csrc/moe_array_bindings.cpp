@@ -217,8 +217,8 @@ void softmax_topk_backward_array(Array logits, Array expert_indices, Array dprob
   run_core(groupgemm::softmax_topk_backward, a, devices.context());
 }
 
-void softmax_topk_tangent_array(Array logits, Array expert_indices, Array tlogits, Array tprobs, bool renormalize,
-                                uintptr_t stream) {
+void softmax_topk_tangent_array(Array logits, Array expert_indices, Array tlogits, Array tprobs,
+                                bool renormalize, uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&logits, "logits"},
                          {&expert_indices, "expert_indices"},
@@ -272,10 +272,11 @@ void bind_moe_array_entry_points(nb::module_& m) {
         nb::arg("expert_indices").noconvert(), nb::arg("dprobs").noconvert(), nb::arg("dlogits").noconvert(),
         nb::arg("renormalize"), nb::arg("stream") = 0,
         "dlogits from dprobs, through softmax_topk's choices.");
-  m.def("softmax_topk_tangent", &softmax_topk_tangent_array, nb::arg("logits").noconvert(),
-        nb::arg("expert_indices").noconvert(), nb::arg("tlogits").noconvert(), nb::arg("tprobs").noconvert(),
-        nb::arg("renormalize"), nb::arg("stream") = 0,
-        "tprobs, the tangent of softmax_topk's probabilities for the logits' tangent tlogits (forward mode).");
+  m.def(
+      "softmax_topk_tangent", &softmax_topk_tangent_array, nb::arg("logits").noconvert(),
+      nb::arg("expert_indices").noconvert(), nb::arg("tlogits").noconvert(), nb::arg("tprobs").noconvert(),
+      nb::arg("renormalize"), nb::arg("stream") = 0,
+      "tprobs, the tangent of softmax_topk's probabilities for the logits' tangent tlogits (forward mode).");
 }
 
 }  // namespace groupgemm

@@ -170,8 +170,8 @@ GG_HD PermuteFill permute_fill(const int32_t* row_map, int64_t i, int64_t top_k,
 inline int64_t permute_rows_on_host(const PermuteArgs& a, int64_t chunks, int32_t* counts,
                                     int32_t* bucket_start) {
   const int64_t slots = a.num_tokens * a.top_k;
-  counting_sort_on_host(ExpertBucket{a.expert_indices, a.num_experts}, slots, a.num_experts + 1, chunks, counts,
-                        bucket_start, RowMapEntry{a.row_map, a.num_experts});
+  counting_sort_on_host(ExpertBucket{a.expert_indices, a.num_experts}, slots, a.num_experts + 1, chunks,
+                        counts, bucket_start, RowMapEntry{a.row_map, a.num_experts});
   for (int64_t e = 0; e < a.num_experts; ++e) a.group_sizes[e] = group_size_from_starts(bucket_start, e);
   return kept_rows_from_starts(bucket_start, a.num_experts);
 }
@@ -327,8 +327,8 @@ inline const int32_t* sort_slots_by_row_on_host(const int32_t* row_map, int64_t 
   const int32_t* order = nullptr;
   int32_t* next = order_a;
   for (int pass = 0; pass < row_sort_passes(num_rows); ++pass) {
-    counting_sort_on_host(RowDigit{row_map, order, num_rows, kRowDigitBits * pass}, num_slots, kRowDigitBuckets,
-                          chunks, counts, bucket_start, NextOrder{order, next});
+    counting_sort_on_host(RowDigit{row_map, order, num_rows, kRowDigitBits * pass}, num_slots,
+                          kRowDigitBuckets, chunks, counts, bucket_start, NextOrder{order, next});
     order = next;
     next = next == order_a ? order_b : order_a;
   }
