@@ -106,13 +106,26 @@ Status unpermute_backward_in_chunks(const UnpermuteBackwardArgs& a, int64_t chun
               sort_slots_by_row_on_host(a.row_map, slots, a.num_rows, chunks, counts.data(),
                                         bucket_start.data(), order.data(), order.data() + slots);
           T* dpermuted = static_cast<T*>(a.dpermuted);
-#pragma omp parallel for schedule(static) if (parallel_rows(a.num_rows, a.hidden))
-          for (int64_t r = 0; r < a.num_rows; ++r) {
-            const RowRange row = row_slots(a.row_map, sorted, slots, a.num_rows, r);
-            auto prob = [&](int64_t s) { return probs ? load<A>(probs, s) : A(1); };
-            for (int64_t h = 0; h < a.hidden; ++h) {
-              auto grad = [&](int64_t t) { return load<A>(dout, t * a.hidden + h); };
-              dpermuted[r * a.hidden + h] = store<T>(row_gradient<A>(sorted, row, a.top_k, grad, prob));
+#pragma omp parallel if (parallel_rows(a.num_rows, a.hidden))
+          {
+            std::vector<A> sum(a.hidden);      // row_gradient's sums, a whole row at a time
+            int64_t next = -1, last_row = -1;  // where the slots of row last_row + 1 begin
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < a.num_rows; ++r) {
+              if (r != last_row + 1 || next < 0)
+                next = first_key_at_least(a.row_map, sorted, slots, a.num_rows, r);
+              const RowRange row = row_slots_from(a.row_map, sorted, slots, a.num_rows, r, next);
+              next = row.end, last_row = r;
+              for (int64_t i = row.begin; i < row.end; ++i) {
+                const int64_t s = sorted[i];
+                const A p = probs ? load<A>(probs, s) : A(1);
+                const T* grad = dout + s / a.top_k * a.hidden;
+                const bool first = i == row.begin;
+                for (int64_t h = 0; h < a.hidden; ++h)
+                  sum[h] = add_row_term<A>(sum[h], first, p, load<A>(grad, h));
+              }
+              T* out = dpermuted + r * a.hidden;
+              for (int64_t h = 0; h < a.hidden; ++h) out[h] = row.begin == row.end ? T{} : store<T>(sum[h]);
             }
           }
         }

@@ -1143,6 +1143,44 @@ void run_unpermute_case(const RouteCase& c, bool with_probs) {
   }
 }
 
+// unpermute's backward with rows split over 1, 2 and 3 threads (each thread's first row
+// finds its slots by binary search, the rest by walking on): the same bits, and each row
+// the sum of the slots naming it, in slot order.
+void test_unpermute_backward_bits_on_any_thread_count() {
+  g_case = "unpermute_backward_thread_count";
+  const int64_t t = 1500, k = 2, rows = t * k, h = 17;  // rows * h over the parallel threshold
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int32_t> row(-2, int32_t(rows) + 1);  // some outside [0, R)
+  std::vector<int32_t> row_map(t * k);
+  for (auto& r : row_map) r = row(rng);
+  for (int64_t s = 0; s < t * k; s += 7) row_map[s] = 5;  // row 5 named by many slots
+  const std::vector<float> dout = random_vec<float>(t * h, rng), probs = random_probs<float>(t * k, rng);
+  UnpermuteBackwardArgs b;
+  b.dout = dout.data(), b.row_map = row_map.data(), b.probs = probs.data();
+  b.num_rows = rows, b.num_tokens = t, b.top_k = k, b.hidden = h;
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<float>> results;
+  for (int n : {1, 2, 3}) {
+    omp_set_num_threads(n);
+    results.emplace_back(nan_vec<float>(rows * h));
+    b.dpermuted = results.back().data();
+    CHECK(unpermute_backward(b, ExecContext{}).ok());
+  }
+  omp_set_num_threads(threads);
+  for (const auto& r : results) CHECK(std::memcmp(r.data(), results[0].data(), r.size() * sizeof(float)) == 0);
+  for (int64_t j = 0; j < h; ++j) {
+    float want = 0;  // row 5: the float32 sum in slot order, the first term the product itself
+    bool first = true;
+    for (int64_t s = 0; s < t * k; ++s)
+      if (row_map[s] == 5) {
+        const float term = probs[s] * dout[s / k * h + j];
+        want = first ? term : want + term;
+        first = false;
+      }
+    CHECK(results[0][5 * h + j] == want);
+  }
+}
+
 // Small integers: every float32 sum is exact, so unpermute(permute(x)) is exactly the
 // kept-choice count times x, and weighted sums are exact too.
 void test_unpermute_exact() {
@@ -1544,6 +1582,7 @@ int main() {
   test_dot_order();
   test_permute_cases();
   test_unpermute_exact();
+  test_unpermute_backward_bits_on_any_thread_count();
   test_router_nan_is_masked();
   test_activation_derivatives();
   test_moe_errors();

@@ -287,6 +287,15 @@ GG_HD RowRange row_slots(const int32_t* row_map, const int32_t* sorted, int64_t 
           first_key_at_least(row_map, sorted, num_slots, num_rows, row + 1)};
 }
 
+// The same range from where it begins, by walking to the first key past the row: a
+// walk over consecutive rows (the CPU backend's) starts each row where the last ended.
+GG_HD RowRange row_slots_from(const int32_t* row_map, const int32_t* sorted, int64_t num_slots,
+                              int64_t num_rows, int64_t row, int64_t begin) {
+  int64_t end = begin;
+  while (end < num_slots && row_key(row_map[sorted[end]], num_rows) == row) ++end;
+  return {begin, end};
+}
+
 // a * b rounded once (never fused into a later sum).
 GG_HD float product(float a, float b) {
 #if defined(__CUDA_ARCH__)
@@ -303,19 +312,24 @@ GG_HD double product(double a, double b) {
 #endif
 }
 
+// One term of a row's sum in Acc: the first term is the product itself (a row of one slot
+// gets prob * dout rounded once, -0.0 kept), each later one is added to the sum so far.
+template <typename Acc>
+GG_HD Acc add_row_term(Acc sum, bool first, Acc prob, Acc dout) {
+  return first ? product(prob, dout) : add_product(sum, prob, dout);
+}
+
 // dpermuted[r, h]: the sum over row r's slots s = sorted[slots.begin..end), in order, of
-// prob(s) * dout(s / k), widened to Acc; exactly 0 for a row with no slot. The first
-// term is the product itself (a single slot gives prob * dout rounded once, -0.0 kept).
+// prob(s) * dout(s / k), widened to Acc; exactly 0 for a row with no slot. (The CPU
+// backend adds the same terms a whole row at a time.)
 template <typename Acc, typename Dout, typename Prob>
 GG_HD Acc row_gradient(const int32_t* sorted, RowRange slots, int64_t top_k, Dout dout, Prob prob) {
-  if (slots.begin == slots.end) return Acc(0);
-  int64_t s = sorted[slots.begin];
-  Acc acc = product(prob(s), dout(s / top_k));
-  for (int64_t i = slots.begin + 1; i < slots.end; ++i) {
-    s = sorted[i];
-    acc = add_product(acc, prob(s), dout(s / top_k));
+  Acc sum = Acc(0);
+  for (int64_t i = slots.begin; i < slots.end; ++i) {
+    const int64_t s = sorted[i];
+    sum = add_row_term<Acc>(sum, i == slots.begin, prob(s), dout(s / top_k));
   }
-  return acc;
+  return sum;
 }
 
 // The radix passes on the host with `chunks` chunks per pass; returns the sorted slots
