@@ -5,8 +5,9 @@ row maps stay on the device: one jit compile serves every routing."""
 import jax.numpy as jnp
 
 from groupgemm import _contract as contract
-from groupgemm.jax_ext import expert_raw
-from groupgemm.jax_ext.functional import grouped_matmul, index_array, shape_and_dtype
+from groupgemm.jax_ext.expert_primitives import activation_p, permute_p, router_p, unpermute_p
+from groupgemm.jax_ext.functional import grouped_matmul, index_array, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.primitives import placeholder
 
 
 def softmax_topk(logits, k, *, renormalize=True):
@@ -14,16 +15,18 @@ def softmax_topk(logits, k, *, renormalize=True):
 
     ``logits [T, E]``. The choices are the k largest logits, larger first and, between equal
     logits, the lower expert first; a logit of ``-inf`` (a masked expert) or NaN is never
-    chosen, and a slot left without a choice is dropped (index -1, probability 0, which
-    permute treats as a dropped slot). ``probs`` are the softmax over the chosen logits
-    (``renormalize=True``, Mixtral) or the full softmax's values at the chosen experts;
-    float32 (float64 for float64 logits), computed in the core: the same bits in JAX and
-    PyTorch. Differentiable in ``logits``.
+    chosen (a NaN logit counts as ``-inf``, in both modes), and a slot left without a choice
+    is dropped (index -1, probability 0, which permute treats as a dropped slot). ``probs``
+    are the softmax over the chosen logits (``renormalize=True``, Mixtral) or the full
+    softmax's values at the chosen experts; float32 (float64 for float64 logits), computed
+    in the core: the same bits in JAX and PyTorch. Differentiable in ``logits`` to any
+    order, in forward and reverse mode, with the choices held fixed.
     """
     fn = "softmax_topk"
     logits = jnp.asarray(logits)
     k, probs_dtype = contract.softmax_topk(fn, shape_and_dtype(logits), k, renormalize)
-    return expert_raw.differentiable_softmax_topk(logits, k, jnp.dtype(probs_dtype), renormalize)
+    return tuple(router_p.bind(logits, k=k, renormalize=renormalize, probs_dtype=jnp.dtype(probs_dtype),
+                                batched=(False,)))
 
 
 def permute(tokens, expert_indices, num_experts):
@@ -33,34 +36,41 @@ def permute(tokens, expert_indices, num_experts):
     ``[0, num_experts)`` is a dropped slot. Rows come in ascending expert order, within
     an expert in ascending ``t*k + j`` order; dropped slots last, as exact-zero rows.
     ``row_map[t, j]`` is the row holding slot ``(t, j)``, or -1 when it is dropped.
-    Differentiable in ``tokens`` (each token's gradient sums its k rows' gradients).
+    Differentiable in ``tokens`` to any order, in forward and reverse mode (each token's
+    gradient sums its k rows' gradients).
     """
     fn = "permute"
     tokens, expert_indices = jnp.asarray(tokens), jnp.asarray(expert_indices)
     *_, num_experts = contract.permute(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), num_experts)
-    return expert_raw.differentiable_permute(tokens, index_array(expert_indices), num_experts)
+    expert_indices = index_array(expert_indices)
+    (tokens,) = same_varying_axes((tokens,), (expert_indices,))
+    return tuple(permute_p.bind(tokens, expert_indices, num_experts=num_experts, batched=(False,) * 2))
 
 
 def unpermute(permuted, row_map, probs=None):
     """``out[t] = sum over j of probs[t, j] * permuted[row_map[t, j]]`` (``[T, H]``).
 
     Summed in j order in float32 (float64 for float64) and rounded once to permuted's
-    dtype; dropped slots (``row_map < 0``) add nothing; ``probs=None`` means 1.
-    Differentiable in ``permuted`` and ``probs``.
+    dtype; an entry outside ``[0, R)`` (a dropped slot, ``-1``) adds nothing, a row named
+    twice adds twice; ``probs=None`` means 1. Differentiable in ``permuted`` and ``probs``
+    to any order, in forward and reverse mode, for any row_map: a row's gradient sums
+    every slot that names it, in slot order.
     """
     fn = "unpermute"
     permuted, row_map = jnp.asarray(permuted), jnp.asarray(row_map)
     probs = None if probs is None else jnp.asarray(probs)
     probs_arg = None if probs is None else shape_and_dtype(probs)
     contract.unpermute(fn, shape_and_dtype(permuted), shape_and_dtype(row_map), probs_arg)
-    return expert_raw.differentiable_unpermute(permuted, row_map, probs)
+    permuted, probs = same_varying_axes((permuted, probs), (row_map,))
+    return unpermute_p.bind(permuted, row_map, placeholder(permuted.dtype) if probs is None else probs,
+                            has_weights=probs is not None, batched=(False,) * 3)
 
 
 def _activate(h, name, fn):
     """The expert MLP's activation of ``h [M, F_in]``, computed in the core (see
     grouped_mlp). Zero rows stay exactly zero."""
     width = contract.activation_width(name, h.shape[1], fn)
-    return expert_raw.differentiable_activation(h, contract.activation_kind(name, fn), width)
+    return activation_p.bind(h, kind=contract.activation_kind(name, fn), width=width, batched=(False,))
 
 
 def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, b_out=None, group_offset=None,

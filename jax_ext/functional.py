@@ -79,14 +79,14 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
         None if bias is None else shape_and_dtype(bias),
         None if preferred_element_type is None else dtype_name(preferred_element_type))
     group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
-    lhs, rhs, bias = _same_varying_axes((lhs, rhs, bias), (group_sizes, group_offset))
+    lhs, rhs, bias = same_varying_axes((lhs, rhs, bias), (group_sizes, group_offset))
     return primitives.matmul_p.bind(lhs, rhs, group_sizes, group_offset,
                                     primitives.placeholder(lhs.dtype) if bias is None else bias,
                                     transpose_rhs=bool(transpose_rhs), out_dtype=np.dtype(out_dtype),
                                     has_bias=bias is not None, batched=primitives.UNBATCHED)
 
 
-def _same_varying_axes(operands, index_operands):
+def same_varying_axes(operands, index_operands):
     """Inside shard_map, the float operands get the varying axes of all operands: the
     primitives type results like them, and cotangents must match their primals' types."""
     axes = raw.varying_axes(*operands, *index_operands)
@@ -113,7 +113,7 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
         accumulate_into = jnp.asarray(accumulate_into)
         out_dtype = contract.accumulator(fn, accumulate_into.shape, dtype_name(accumulate_into.dtype), shape,
                                          dtype_name(lhs.dtype), requested, NAMES["out_dtype"])
-    lhs, grad, accumulate_into = _same_varying_axes((lhs, grad, accumulate_into), (group_sizes, group_offset))
+    lhs, grad, accumulate_into = same_varying_axes((lhs, grad, accumulate_into), (group_sizes, group_offset))
     return primitives.wgrad_p.bind(
         lhs, grad, group_sizes, group_offset,
         primitives.placeholder(np.dtype(out_dtype)) if accumulate_into is None else accumulate_into,

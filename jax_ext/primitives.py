@@ -17,7 +17,8 @@ Each lowers to its raw call, partitioned under jit with sharded operands (partit
 The ``batched`` parameter flags the operands that carry a leading vmapped axis: vmap binds
 the primitive once for the whole batch (the raw call maps over it on each device, so a
 sharded batch axis stays where it is), and a transpose sums the cotangent of an operand
-without that axis over it.
+without that axis over it. ``define`` and the helpers beside it make the expert layer's
+primitives the same way (expert_primitives.py).
 """
 
 import functools
@@ -36,29 +37,39 @@ def placeholder(dtype):
     return jnp.zeros((0,), dtype)
 
 
-def _aval(x):
+def aval_of(x):
     return jax.typeof(x) if hasattr(jax, "typeof") else jax.core.get_aval(x)
 
 
-def _is_zero(t):
+def is_zero(t):
     return type(t) is ad.Zero
 
 
-def _sum(terms, aval):
+def zero_tangent(aval):
+    return ad.Zero(aval.to_tangent_aval())
+
+
+def sum_terms(terms, aval):
+    """The tangent of a result of abstract value ``aval`` from its terms (None: a zero term)."""
     terms = [typed_like(t, aval) for t in terms if t is not None]
-    return functools.reduce(jnp.add, terms) if terms else ad.Zero(aval.to_tangent_aval())
+    return functools.reduce(jnp.add, terms) if terms else zero_tangent(aval)
 
 
-def _cotangent(x, operand, operand_batched, result_batched):
+def cotangent(x, operand, operand_batched, result_batched):
     """The cotangent of an undefined ``operand``: summed over the vmapped axis the operand
     lacks, typed like the operand on a mesh with explicit axes."""
     return typed_like(x.sum(0) if result_batched and not operand_batched else x, operand.aval)
 
 
-def _define(name, raw_call, present, jvp, transpose=None, multiple_results=False):
-    """A primitive lowered to the partitioned raw call; ``present(*operands, **params)`` picks
-    the operands the raw call takes (an absent bias or accumulator is left out) and its
-    static arguments. It has the raw call's first result, or all of them."""
+def every_operand_present(operands, batched, params):
+    return operands, batched, params
+
+
+def define(name, raw_call, present, jvp, transpose=None, multiple_results=False):
+    """A primitive lowered to the partitioned raw call (raw.py, expert_raw.py);
+    ``present(operands, batched, params)`` picks the operands the raw call takes with their
+    flags (an absent bias or accumulator is left out) and its static arguments. It has the
+    raw call's first result, or all of them."""
     pick = (lambda results: list(results)) if multiple_results else (lambda results: results[0])
 
     def call(*operands, batched, **params):
@@ -131,21 +142,21 @@ def _matmul_jvp(primals, tangents, *, batched, transpose_rhs, out_dtype, has_bia
     t_lhs, t_rhs, _, _, t_bias = tangents
     out = matmul_p.bind(*primals, batched=batched, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
                         has_bias=has_bias)
-    present = (not _is_zero(t_lhs), not _is_zero(t_rhs), has_bias and not _is_zero(t_bias))
+    present = (not is_zero(t_lhs), not is_zero(t_rhs), has_bias and not is_zero(t_bias))
     if not any(present):
-        return out, ad.Zero(_aval(out).to_tangent_aval())
+        return out, zero_tangent(aval_of(out))
     none = placeholder(lhs.dtype)
     tangent = matmul_tangent_p.bind(
         *(t if p else none for t, p in zip((t_lhs, t_rhs, t_bias), present)), lhs, rhs, sizes, offset,
         transpose_rhs=transpose_rhs, out_dtype=out_dtype, has_t_lhs=present[0], has_t_rhs=present[1],
         has_t_bias=present[2], batched=(batched[0] and present[0], batched[1] and present[1],
                                         batched[4] and present[2], *batched[:4]))
-    return out, typed_like(tangent, _aval(out))
+    return out, typed_like(tangent, aval_of(out))
 
 
 def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_dtype, has_bias, batched):
     results = [None] * 5
-    if _is_zero(ct):
+    if is_zero(ct):
         return results
     lhs_b, rhs_b, sizes_b, offset_b, bias_b = batched
     out_b = any(batched)
@@ -156,7 +167,7 @@ def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_d
         flags = (out_b, rhs_b, sizes_b, offset_b, False)
         dlhs = matmul_p.bind(ct.astype(dtype), rhs, sizes, offset, placeholder(dtype),
                              transpose_rhs=not transpose_rhs, out_dtype=dtype, has_bias=False, batched=flags)
-        results[0] = _cotangent(dlhs, lhs, lhs_b, any(flags))
+        results[0] = cotangent(dlhs, lhs, lhs_b, any(flags))
     if ad.is_undefined_primal(rhs):
         dtype = rhs.aval.dtype
         a, b = (ct.astype(dtype), lhs) if transpose_rhs else (lhs, ct.astype(dtype))  # rhs [G,N,K] or [G,K,N]
@@ -164,16 +175,16 @@ def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_d
         flags = (a_b, b_b, sizes_b, offset_b, False)
         drhs = wgrad_p.bind(a, b, sizes, offset, placeholder(dtype), num_groups=g, out_dtype=dtype,
                             accumulate=False, batched=flags)
-        results[1] = _cotangent(drhs, rhs, rhs_b, any(flags))
+        results[1] = cotangent(drhs, rhs, rhs_b, any(flags))
     if has_bias and ad.is_undefined_primal(bias):
         dtype = bias.aval.dtype
         flags = (out_b, sizes_b, offset_b)
         dbias = bias_grad_p.bind(ct.astype(dtype), sizes, offset, num_groups=g, out_dtype=dtype, batched=flags)
-        results[4] = _cotangent(dbias, bias, bias_b, any(flags))
+        results[4] = cotangent(dbias, bias, bias_b, any(flags))
     return results
 
 
-matmul_p = _define("groupgemm_matmul", raw.matmul, _matmul_present, _matmul_jvp, _matmul_transpose)
+matmul_p = define("groupgemm_matmul", raw.matmul, _matmul_present, _matmul_jvp, _matmul_transpose)
 
 
 # ---- the matmul's tangent, whose transpose is the backward ----------------------------------
@@ -233,8 +244,8 @@ def _tangent_jvp(primals, tangents, *, batched, **params):
     b_tlhs, b_trhs, b_tbias, b_lhs, b_rhs, b_sizes, b_offset = batched
     linear = dict(transpose_rhs=params["transpose_rhs"], out_dtype=params["out_dtype"], has_bias=False)
     none = placeholder(lhs.dtype)
-    present = (params["has_t_lhs"] and not _is_zero(dt_lhs), params["has_t_rhs"] and not _is_zero(dt_rhs),
-               params["has_t_bias"] and not _is_zero(dt_bias))
+    present = (params["has_t_lhs"] and not is_zero(dt_lhs), params["has_t_rhs"] and not is_zero(dt_rhs),
+               params["has_t_bias"] and not is_zero(dt_bias))
     terms = [
         matmul_tangent_p.bind(*(d if p else none for d, p in zip((dt_lhs, dt_rhs, dt_bias), present)), lhs, rhs,
                               sizes, offset, batched=(b_tlhs and present[0], b_trhs and present[1],
@@ -242,11 +253,11 @@ def _tangent_jvp(primals, tangents, *, batched, **params):
                               **dict(params, has_t_lhs=present[0], has_t_rhs=present[1], has_t_bias=present[2]))
         if any(present) else None,
         matmul_p.bind(t_lhs, d_rhs, sizes, offset, none, batched=(b_tlhs, b_rhs, b_sizes, b_offset, False), **linear)
-        if params["has_t_lhs"] and not _is_zero(d_rhs) else None,
+        if params["has_t_lhs"] and not is_zero(d_rhs) else None,
         matmul_p.bind(d_lhs, t_rhs, sizes, offset, none, batched=(b_lhs, b_trhs, b_sizes, b_offset, False), **linear)
-        if params["has_t_rhs"] and not _is_zero(d_lhs) else None,
+        if params["has_t_rhs"] and not is_zero(d_lhs) else None,
     ]
-    return out, _sum(terms, _aval(out))
+    return out, sum_terms(terms, aval_of(out))
 
 
 def _tangent_transpose(ct, t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_rhs, out_dtype, has_t_lhs,
@@ -255,7 +266,7 @@ def _tangent_transpose(ct, t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, tra
         raise NotImplementedError("groupgemm: the matmul tangent is linear in its tangents only")
     want = (has_t_lhs and ad.is_undefined_primal(t_lhs), has_t_rhs and ad.is_undefined_primal(t_rhs),
             has_t_bias and ad.is_undefined_primal(t_bias))
-    if _is_zero(ct) or not any(want):
+    if is_zero(ct) or not any(want):
         return [None] * 7
     b_tlhs, b_trhs, b_tbias, b_lhs, b_rhs, b_sizes, b_offset = batched
     ct_b = any(batched)
@@ -265,17 +276,13 @@ def _tangent_transpose(ct, t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, tra
                             dbias_dtype=np.dtype(t_bias.aval.dtype if want[2] else lhs.dtype),
                             batched=(ct_b, b_lhs, b_rhs, b_sizes, b_offset))
     out_b = ct_b or b_lhs or b_rhs or b_sizes or b_offset
-    return [_cotangent(g, operand, operand_b, out_b) if w else None
+    return [cotangent(g, operand, operand_b, out_b) if w else None
             for g, w, operand, operand_b in zip(grads, want, (t_lhs, t_rhs, t_bias), (b_tlhs, b_trhs, b_tbias))] \
         + [None] * 4
 
 
 matmul_tangent_p = _primitive("groupgemm_matmul_tangent", _tangent_call, _tangent_abstract, _tangent_jvp,
                               _tangent_transpose, multiple_results=False)
-
-
-def _backward_present(operands, batched, params):
-    return operands, batched, params
 
 
 def _backward_jvp(primals, tangents, *, batched, transpose_rhs, want_dlhs, want_drhs, want_dbias, dbias_dtype):
@@ -289,28 +296,28 @@ def _backward_jvp(primals, tangents, *, batched, transpose_rhs, want_dlhs, want_
     none = placeholder(lhs.dtype)
     g = rhs.shape[1 if b_rhs else 0]
     product = dict(transpose_rhs=not transpose_rhs, out_dtype=lhs.dtype, has_bias=False)
-    t_dlhs = [None if _is_zero(t_grad) else matmul_p.bind(t_grad, rhs, sizes, offset, none, **product,
-                                                           batched=(b_grad, b_rhs, b_sizes, b_offset, False)),
-              None if _is_zero(t_rhs) else matmul_p.bind(grad, t_rhs, sizes, offset, none, **product,
-                                                          batched=(b_grad, b_rhs, b_sizes, b_offset, False))]
+    t_dlhs = [None if is_zero(t_grad) else matmul_p.bind(t_grad, rhs, sizes, offset, none, **product,
+                                                          batched=(b_grad, b_rhs, b_sizes, b_offset, False)),
+              None if is_zero(t_rhs) else matmul_p.bind(grad, t_rhs, sizes, offset, none, **product,
+                                                         batched=(b_grad, b_rhs, b_sizes, b_offset, False))]
 
     def wgrad(a, b, a_b, b_b):  # rhs [G, N, K]: grad^T @ lhs; [G, K, N]: lhs^T @ grad
         a, b, a_b, b_b = (b, a, b_b, a_b) if transpose_rhs else (a, b, a_b, b_b)
         return wgrad_p.bind(a, b, sizes, offset, placeholder(rhs.dtype), num_groups=g, out_dtype=rhs.dtype,
                             accumulate=False, batched=(a_b, b_b, b_sizes, b_offset, False))
 
-    t_drhs = [None if _is_zero(t_lhs) else wgrad(t_lhs, grad, b_lhs, b_grad),
-              None if _is_zero(t_grad) else wgrad(lhs, t_grad, b_lhs, b_grad)]
-    t_dbias = [None if _is_zero(t_grad) else bias_grad_p.bind(t_grad.astype(dbias_dtype), sizes, offset,
-                                                                num_groups=g, out_dtype=dbias_dtype,
-                                                                batched=(b_grad, b_sizes, b_offset))]
-    tangents_out = [_sum(terms, _aval(out)) if wanted else ad.Zero(_aval(out).to_tangent_aval())
+    t_drhs = [None if is_zero(t_lhs) else wgrad(t_lhs, grad, b_lhs, b_grad),
+              None if is_zero(t_grad) else wgrad(lhs, t_grad, b_lhs, b_grad)]
+    t_dbias = [None if is_zero(t_grad) else bias_grad_p.bind(t_grad.astype(dbias_dtype), sizes, offset,
+                                                               num_groups=g, out_dtype=dbias_dtype,
+                                                               batched=(b_grad, b_sizes, b_offset))]
+    tangents_out = [sum_terms(terms, aval_of(out)) if wanted else zero_tangent(aval_of(out))
                     for terms, wanted, out in zip((t_dlhs, t_drhs, t_dbias), (want_dlhs, want_drhs, want_dbias), outs)]
     return outs, tangents_out
 
 
-backward_p = _define("groupgemm_matmul_backward", raw.matmul_backward, _backward_present, _backward_jvp,
-                     multiple_results=True)
+backward_p = define("groupgemm_matmul_backward", raw.matmul_backward, every_operand_present, _backward_jvp,
+                    multiple_results=True)
 
 
 # ---- wgrad ----------------------------------------------------------------------------
@@ -328,16 +335,16 @@ def _wgrad_jvp(primals, tangents, *, batched, **params):
     product = dict(params, accumulate=False, batched=batched[:4] + (False,))
     none = placeholder(params["out_dtype"])
     terms = [
-        None if _is_zero(t_lhs) else wgrad_p.bind(t_lhs, grad, sizes, offset, none, **product),
-        None if _is_zero(t_grad) else wgrad_p.bind(lhs, t_grad, sizes, offset, none, **product),
-        None if not params["accumulate"] or _is_zero(t_acc) else t_acc,
+        None if is_zero(t_lhs) else wgrad_p.bind(t_lhs, grad, sizes, offset, none, **product),
+        None if is_zero(t_grad) else wgrad_p.bind(lhs, t_grad, sizes, offset, none, **product),
+        None if not params["accumulate"] or is_zero(t_acc) else t_acc,
     ]
-    return out, _sum(terms, _aval(out))
+    return out, sum_terms(terms, aval_of(out))
 
 
 def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype, accumulate, batched):
     results = [None] * 5
-    if _is_zero(ct):
+    if is_zero(ct):
         return results
     lhs_b, grad_b, sizes_b, offset_b, acc_b = batched
     out_b = any(batched)
@@ -346,46 +353,42 @@ def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype
         flags = (grad_b, out_b, sizes_b, offset_b, False)
         dlhs = matmul_p.bind(grad, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=True,
                              out_dtype=dtype, has_bias=False, batched=flags)
-        results[0] = _cotangent(dlhs, lhs, lhs_b, any(flags))
+        results[0] = cotangent(dlhs, lhs, lhs_b, any(flags))
     if ad.is_undefined_primal(grad):  # d grad[r] = lhs[r] @ ct[g]
         dtype = grad.aval.dtype
         flags = (lhs_b, out_b, sizes_b, offset_b, False)
         dgrad = matmul_p.bind(lhs, ct.astype(dtype), sizes, offset, placeholder(dtype), transpose_rhs=False,
                               out_dtype=dtype, has_bias=False, batched=flags)
-        results[1] = _cotangent(dgrad, grad, grad_b, any(flags))
+        results[1] = cotangent(dgrad, grad, grad_b, any(flags))
     if accumulate and ad.is_undefined_primal(acc):
-        results[4] = _cotangent(ct.astype(acc.aval.dtype), acc, acc_b, out_b)
+        results[4] = cotangent(ct.astype(acc.aval.dtype), acc, acc_b, out_b)
     return results
 
 
-wgrad_p = _define("groupgemm_wgrad", raw.wgrad, _wgrad_present, _wgrad_jvp, _wgrad_transpose)
+wgrad_p = define("groupgemm_wgrad", raw.wgrad, _wgrad_present, _wgrad_jvp, _wgrad_transpose)
 
 
 # ---- bias_grad ------------------------------------------------------------------------
-
-
-def _bias_grad_present(operands, batched, params):
-    return operands, batched, params
 
 
 def _bias_grad_jvp(primals, tangents, *, batched, **params):
     grad, sizes, offset = primals
     out = bias_grad_p.bind(*primals, batched=batched, **params)
     t = tangents[0]
-    return out, _sum([None if _is_zero(t) else bias_grad_p.bind(t, sizes, offset, batched=batched, **params)],
-                     _aval(out))
+    return out, sum_terms([None if is_zero(t) else bias_grad_p.bind(t, sizes, offset, batched=batched, **params)],
+                          aval_of(out))
 
 
 def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype, batched):
-    if _is_zero(ct) or not ad.is_undefined_primal(grad):
+    if is_zero(ct) or not ad.is_undefined_primal(grad):
         return [None] * 3
     grad_b, sizes_b, offset_b = batched
     dtype = grad.aval.dtype
     num_rows = grad.aval.shape[1 if grad_b else 0]
     rows = bias_rows(ct.astype(dtype), sizes, offset, num_rows=num_rows, transpose_rhs=False, out_dtype=dtype,
                      batched=(any(batched), sizes_b, offset_b))
-    return [_cotangent(rows, grad, grad_b, any(batched)), None, None]
+    return [cotangent(rows, grad, grad_b, any(batched)), None, None]
 
 
-bias_grad_p = _define("groupgemm_bias_grad", raw.bias_grad, _bias_grad_present, _bias_grad_jvp,
-                      _bias_grad_transpose)
+bias_grad_p = define("groupgemm_bias_grad", raw.bias_grad, every_operand_present, _bias_grad_jvp,
+                     _bias_grad_transpose)

@@ -46,8 +46,8 @@ def mark_varying(value, axes):
 
     XLA runs the custom call once per device, so a result varies wherever an operand
     does, but ffi_call results carry no such type: without this, a psum over them would
-    be computed as if they were replicated, and custom_vjp cotangents would not match
-    their primals' types.
+    be computed as if they were replicated, and cotangents would not match their
+    primals' types.
     """
     missing = tuple(a for a in axes if a not in varying_axes(value))
     return jax.lax.pcast(value, missing, to="varying") if missing else value

@@ -271,9 +271,32 @@ class _CoreCalls:
 CORE_ROWS = [r for r in BAD_INPUTS if r.core]
 
 
+def assert_core_refuses(row, calls):
+    """The row's call one layer down raises TypeError or ValueError with a message that
+    names the argument as the core does (the row's core pattern)."""
+    with pytest.raises((TypeError, ValueError), match=row.core):
+        row.call(calls, base_arguments(calls))
+
+
 @pytest.mark.parametrize("row", CORE_ROWS, ids=[r.id for r in CORE_ROWS])
 def test_core_refuses_what_the_frontends_refuse(row):
     # The same calls as the frontends' bad-input table, one layer down: the core names
-    # the argument in its own words, so only the exception type is held to the table.
-    with pytest.raises((TypeError, ValueError)):
-        row.call(_CoreCalls, base_arguments(_CoreCalls))
+    # the argument in its own words (the row's core pattern); its exception type may be
+    # the other of TypeError and ValueError.
+    assert_core_refuses(row, _CoreCalls)
+
+
+class _NamelessCore(_CoreCalls):
+    """A planted fault: a core that refuses everything with a message naming nothing."""
+
+    @staticmethod
+    def matmul(*args, **kwargs):
+        raise ValueError("invalid argument")
+
+    wgrad = matmul
+
+
+@pytest.mark.parametrize("row", CORE_ROWS, ids=[r.id for r in CORE_ROWS])
+def test_the_core_refusal_check_fails_on_a_message_that_names_no_argument(row):
+    with pytest.raises(AssertionError, match="Regex pattern did not match"):
+        assert_core_refuses(row, _NamelessCore)

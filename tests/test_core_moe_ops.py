@@ -74,6 +74,7 @@ def ref_unpermute(permuted, row_map, probs=None):
 
 
 def ref_unpermute_backward(dout, permuted, row_map, probs=None):
+    """The forward's derivatives: a row gets every slot that names it."""
     t, k = row_map.shape
     dpermuted = np.zeros_like(permuted)
     dprobs = np.zeros((t, k))
@@ -81,7 +82,7 @@ def ref_unpermute_backward(dout, permuted, row_map, probs=None):
     for i in range(t):
         for j in range(k):
             if ok[i, j]:
-                dpermuted[row_map[i, j]] = (1.0 if probs is None else probs[i, j]) * dout[i]
+                dpermuted[row_map[i, j]] += (1.0 if probs is None else probs[i, j]) * dout[i]
                 dprobs[i, j] = permuted[row_map[i, j]] @ dout[i]
     return dpermuted, dprobs
 
@@ -194,7 +195,8 @@ def test_permute_then_unpermute_without_probs_sums_each_kept_choice():
 # ---- unpermute and its backward ------------------------------------------------------------
 
 def unpermute_inputs(name, dtype, probs_dtype):
-    """permuted, row_map from permute plus foreign entries (R itself, a huge row), probs, dout."""
+    """permuted, row_map from permute plus foreign entries (R itself, a huge row, a row
+    another slot names too), probs, dout."""
     t, h, e, indices = routing(name)
     rng = np.random.default_rng(4)
     _, _, row_map = ref_permute(np.zeros((t, h)), indices, e)
@@ -203,6 +205,7 @@ def unpermute_inputs(name, dtype, probs_dtype):
     dropped = np.flatnonzero(flat < 0)
     flat[dropped[0::3]] = rows  # one past the end: adds nothing
     flat[dropped[1::3]] = np.iinfo(np.int32).max
+    flat[3::4] = flat[1::4][:len(flat[3::4])]  # every fourth slot names the row of the slot two before
     permuted = round_to(rng.standard_normal((rows, h)), dtype)
     dout = round_to(rng.standard_normal((t, h)), dtype)
     probs = None if probs_dtype is None else round_to(rng.uniform(size=row_map.shape), probs_dtype)
@@ -231,7 +234,7 @@ def test_unpermute_sums_weighted_rows_and_skips_dropped_slots(name, probs, dtype
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("probs", PROBS, ids=["no_probs", "probs_same_dtype", "probs_float32"])
 @pytest.mark.parametrize("name", ROUTINGS)
-def test_unpermute_backward_matches_reference_with_unreferenced_rows_exactly_zero(name, probs, dtype):
+def test_unpermute_backward_sums_each_rows_slots_with_unreferenced_rows_exactly_zero(name, probs, dtype):
     pdt = probs_name(dtype, probs)
     permuted, row_map, p, dout = unpermute_inputs(name, dtype, pdt)
     dpermuted = dirty(permuted.shape, dtype)
@@ -247,6 +250,30 @@ def test_unpermute_backward_matches_reference_with_unreferenced_rows_exactly_zer
         assert_close(as_np(dprobs), want_dprobs, pdt, name)
         dropped = torch.from_numpy(~mapped(row_map, permuted.shape[0]))
         assert not bits(dprobs[dropped]).any()
+
+
+def test_unpermute_backward_computes_each_output_alone_with_the_same_bits():
+    permuted, row_map, p, dout = unpermute_inputs("random_k3", "bfloat16", "float32")
+    args = (tensor(dout, "bfloat16"), tensor(permuted, "bfloat16"), torch.from_numpy(row_map))
+    both = dirty(permuted.shape, "bfloat16"), dirty(row_map.shape, "float32")
+    core.unpermute_backward(*args, both[0], probs=tensor(p, "float32"), dprobs=both[1])
+    rows_only = dirty(permuted.shape, "bfloat16")
+    core.unpermute_backward(*args, rows_only, probs=tensor(p, "float32"))
+    dots_only = dirty(row_map.shape, "float32")  # dprobs reads permuted and dout, not probs
+    core.unpermute_backward(*args, dprobs=dots_only)
+    assert np.array_equal(bits(rows_only), bits(both[0])) and np.array_equal(bits(dots_only), bits(both[1]))
+    assert np.isfinite(as_np(both[0])).all() and np.isfinite(as_np(both[1])).all()
+
+
+def test_a_row_named_twice_gets_both_slots_gradients_in_slot_order():
+    dout = tensor([[1.0, 3.0], [0.5, 0.25]], "float16")
+    row_map = torch.tensor([[0, 0], [0, 5]], dtype=torch.int32)  # row 0 three times, 5 is past R = 3
+    probs = tensor([[0.3, 0.7], [2.0, 1.0]], "float32")
+    dpermuted = dirty((3, 2), "float16")
+    core.unpermute_backward(dout, torch.zeros(3, 2, dtype=torch.float16), row_map, dpermuted, probs=probs)
+    want = 0.3 * np.array([1.0, 3.0]) + 0.7 * np.array([1.0, 3.0]) + 2.0 * np.array([0.5, 0.25])
+    np.testing.assert_allclose(as_np(dpermuted)[0], want, rtol=2e-3)
+    assert not bits(dpermuted[1:]).any()
 
 
 # ---- activation ---------------------------------------------------------------------------
@@ -330,8 +357,9 @@ BAD = {
                             ValueError, "tokens must have rank 2"),
     "permute_tokens_int": (core.permute, good_permute_args, {"tokens": torch.zeros(4, 8, dtype=torch.int32)},
                            TypeError, "tokens must be float32"),
-    "unpermute_backward_dprobs_missing": (core.unpermute_backward, good_unpermute_backward_args, {"dprobs": None},
-                                          ValueError, "dprobs must be given exactly when probs is"),
+    "unpermute_backward_dprobs_float64": (core.unpermute_backward, good_unpermute_backward_args,
+                                          {"probs": None, "dprobs": torch.zeros(4, 2, dtype=torch.float64)},
+                                          TypeError, "dprobs must be float32, got float64"),
     "unpermute_backward_probs_float16": (core.unpermute_backward, good_unpermute_backward_args,
                                          {"probs": torch.zeros(4, 2, dtype=torch.float16)},
                                          TypeError, "probs must be float32, got float16"),
@@ -383,9 +411,17 @@ def test_permute_workspace_bytes_is_zero_on_cpu_and_aligned_on_cuda():
         assert cuda >= 4 * (experts + 1)  # at least one count per bucket
 
 
+def test_unpermute_backward_workspace_bytes_is_zero_on_cpu_and_aligned_on_cuda():
+    for slots in [0, 1, 100, 1 << 20]:
+        assert core.unpermute_backward_workspace_bytes(core.Device.cpu, slots) == 0
+        cuda = core.unpermute_backward_workspace_bytes(core.Device.cuda, slots)
+        assert cuda % 16 == 0 and cuda >= 2 * 4 * slots + 4 * 256  # two slot orders, the digit counts
+
+
 def test_ffi_handlers_registered_for_both_platforms():
     names = {"groupgemm_permute", "groupgemm_unpermute", "groupgemm_unpermute_backward", "groupgemm_activation",
-             "groupgemm_activation_backward"}
+             "groupgemm_activation_backward", "groupgemm_softmax_topk", "groupgemm_softmax_topk_backward",
+             "groupgemm_softmax_topk_tangent"}
     handlers = core.ffi_handlers()
     for platform in ("cpu", "CUDA"):
         assert names <= set(handlers[platform])
@@ -402,11 +438,14 @@ def test_cuda_calls_without_a_device_raise_clearly():
     f32 = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
     i32 = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
     workspace = np.zeros(core.permute_workspace_bytes(core.Device.cuda, 8, 3), np.uint8)
+    sort_workspace = np.zeros(core.unpermute_backward_workspace_bytes(core.Device.cuda, 8), np.uint8)
     calls = [
         lambda: core.permute(*map(ClaimsCuda, (f32(4, 8), i32(4, 2), f32(8, 8), i32(3), i32(4, 2))),
                              workspace=ClaimsCuda(workspace)),
         lambda: core.unpermute(*map(ClaimsCuda, (f32(8, 8), i32(4, 2), f32(4, 8))), probs=ClaimsCuda(f32(4, 2))),
-        lambda: core.unpermute_backward(*map(ClaimsCuda, (f32(4, 8), f32(8, 8), i32(4, 2), f32(8, 8)))),
+        lambda: core.unpermute_backward(*map(ClaimsCuda, (f32(4, 8), f32(8, 8), i32(4, 2), f32(8, 8))),
+                                        workspace=ClaimsCuda(sort_workspace)),
+        lambda: core.softmax_topk_tangent(*map(ClaimsCuda, (f32(4, 3), i32(4, 2), f32(4, 3), f32(4, 2))), True),
         lambda: core.activation(ClaimsCuda(f32(4, 8)), ClaimsCuda(f32(4, 4)), core.Activation.swiglu),
         lambda: core.activation_backward(*map(ClaimsCuda, (f32(4, 8), f32(4, 8), f32(4, 8))), core.Activation.gelu),
     ]
@@ -416,5 +455,7 @@ def test_cuda_calls_without_a_device_raise_clearly():
     if core.cuda_compiled():
         with pytest.raises(ValueError, match="workspace has 0 bytes, permute needs"):
             core.permute(*map(ClaimsCuda, (f32(4, 8), i32(4, 2), f32(8, 8), i32(3), i32(4, 2))))
+        with pytest.raises(ValueError, match="workspace has 0 bytes, unpermute_backward needs"):
+            core.unpermute_backward(*map(ClaimsCuda, (f32(4, 8), f32(8, 8), i32(4, 2), f32(8, 8))))
     with pytest.raises(ValueError, match="float64 is supported on CPU only"):
         core.activation(ClaimsCuda(np.zeros((4, 8))), ClaimsCuda(np.zeros((4, 8))), core.Activation.relu)

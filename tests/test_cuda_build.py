@@ -1,6 +1,7 @@
 """What the CUDA build must guarantee on any machine, GPU or not: device code for every
-target architecture, no host-synchronising call in the core's sources (a lint: it reads
-our code, not CUTLASS's, and the GPU tests' CUDA-graph capture is the runtime check),
+target architecture, no host-synchronising call in the C++ and CUDA sources of the core and
+of the bindings (a lint: it reads our code, not CUTLASS's, and the GPU tests' CUDA-graph
+capture is the runtime check),
 and a clear error (never a crash) when a CUDA call meets a machine without a device."""
 
 import pathlib
@@ -72,7 +73,7 @@ def test_fatbinary_holds_a_cubin_for_every_compiled_architecture():
     assert archs and all(arch in cubins for arch in archs), (archs, images)
 
 
-# ---- no host synchronisation in the core ----------------------------------------------
+# ---- no host synchronisation in the core and the bindings -----------------------------
 
 HOST_SYNC = re.compile(
     r"cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaStreamQuery|cudaEventQuery"
@@ -93,12 +94,35 @@ def test_scanner_flags_host_synchronising_calls():
     assert host_sync_calls("kernel<<<1, 256, 0, stream>>>(args); cudaGetLastError();") == []
 
 
-def test_core_has_no_host_synchronising_call():
-    sources = [p for p in (ROOT / "core_cuda").rglob("*")
-               if p.suffix in {".cu", ".cuh", ".h", ".cpp"} or p.name.endswith(".cu.in")]  # CMake's templates too
-    assert any(p.suffix == ".cu" for p in sources)
-    found = {str(p.relative_to(ROOT)): host_sync_calls(p.read_text()) for p in sources}
-    assert {p: calls for p, calls in found.items() if calls} == {}
+# Every directory of our C++ and CUDA code: the core and the bindings that call it.
+LINTED = ("core_cuda", "torch_ext/csrc", "jax_ext/csrc", "python/csrc")
+
+
+def linted_sources(root):
+    return [p for d in LINTED if (root / d).is_dir() for p in (root / d).rglob("*")
+            if p.suffix in {".cu", ".cuh", ".h", ".cpp"} or p.name.endswith(".cu.in")]  # CMake's templates too
+
+
+def host_sync_findings(root):
+    """{source relative to root: its host-synchronising calls}, for sources with any."""
+    found = {str(p.relative_to(root)): host_sync_calls(p.read_text()) for p in linted_sources(root)}
+    return {p: calls for p, calls in found.items() if calls}
+
+
+def test_core_and_bindings_have_no_host_synchronising_call():
+    sources = {str(p.relative_to(ROOT)).split("/")[0] for p in linted_sources(ROOT)}
+    assert sources == {"core_cuda", "torch_ext", "jax_ext", "python"}
+    assert any(p.suffix == ".cu" for p in linted_sources(ROOT))
+    assert host_sync_findings(ROOT) == {}
+
+
+@pytest.mark.parametrize("binding", ["torch_ext/csrc/array_bindings.cpp", "jax_ext/csrc/ffi_handlers.cpp",
+                                     "python/csrc/module.cpp"])
+def test_the_lint_finds_a_sync_call_planted_in_a_binding_file(tmp_path, binding):
+    planted = tmp_path / binding
+    planted.parent.mkdir(parents=True)
+    planted.write_text((ROOT / binding).read_text() + "\nvoid wait(cudaStream_t s) { cudaStreamSynchronize(s); }\n")
+    assert host_sync_findings(tmp_path) == {binding: ["cudaStreamSynchronize"]}
 
 
 # ---- a CUDA call without a usable device ----------------------------------------------

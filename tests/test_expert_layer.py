@@ -83,6 +83,44 @@ def check_softmax_topk(frontend, logits, k, renormalize, dprobs, dtype, result):
         assert (got_dlogits[unchosen] == 0).all()
 
 
+def test_a_nan_logit_counts_as_a_masked_expert_in_both_softmax_modes(frontend):
+    nan, inf = np.nan, np.inf
+    with_nan = np.array([[0.5, nan, 2.0, -1.0, nan], [nan] * 5, [1.0, 3.0, nan, 0.0, -2.0]])
+    masked = np.where(np.isnan(with_nan), -inf, with_nan)
+    dprobs = np.random.default_rng(8).standard_normal((3, 3))
+    for renormalize in (True, False):
+        got, want = (frontend.softmax_topk_and_grad(x, 3, renormalize, dprobs, "float32") for x in (with_nan, masked))
+        for what, a, b in zip(("probs", "expert_indices", "dlogits"), got, want):
+            assert_same_bits(frontend.to_float64(a), frontend.to_float64(b), what)
+        probs = frontend.to_float64(got[0])
+        assert np.isfinite(probs).all() and np.isfinite(frontend.to_float64(got[2])).all()
+        want_probs, _ = eref.softmax_topk(with_nan, 3, renormalize)
+        ref.assert_close(probs, want_probs, "float32", "probs")
+        if not renormalize:  # the full softmax leaves out the NaN logits as it does -inf
+            np.testing.assert_allclose(probs[0].sum(), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renormalized", "full_softmax"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_topk_tangent_matches_reference_with_exact_zeros(frontend, dtype, renormalize):
+    logits = round_to(ROUTER_LOGITS["masked"], dtype)
+    tlogits = round_to(np.random.default_rng(9).standard_normal(logits.shape), dtype)
+    got = frontend.to_float64(frontend.softmax_topk_tangent(logits, 3, renormalize, tlogits, dtype))
+    _, indices = eref.softmax_topk(logits, 3, renormalize)
+    want = eref.softmax_topk_tangent(logits, indices, tlogits, renormalize)
+    ref.assert_close(got, want, "float64" if dtype == "float64" else "float32", "tprobs")
+    assert (got[indices < 0] == 0).all()
+
+
+def test_softmax_topk_tangent_is_bitwise_identical_in_jax_and_torch():
+    logits = ROUTER_LOGITS["random"].astype(np.float32)
+    tlogits = np.random.default_rng(10).standard_normal(logits.shape).astype(np.float32)
+    for renormalize in (True, False):
+        jax_t, torch_t = (fe.to_float64(fe.softmax_topk_tangent(logits, 2, renormalize, tlogits, "float32"))
+                          for fe in (jax_frontend, torch_frontend))
+        assert_same_bits(jax_t, torch_t, f"tprobs renormalize={renormalize}")
+
+
 def routing_inputs(r, h=8, seed=0):
     rng = np.random.default_rng(seed)
     t, k = r.shape
@@ -131,6 +169,56 @@ def test_unpermute_matches_reference_with_every_gradient(frontend, routing, dtyp
         coarser = max((dtype, probs_name), key=lambda name: TOLERANCE[name])
         ref.assert_close(got_dprobs, want_dprobs, coarser, "dprobs")
         assert (got_dprobs[row_map < 0] == 0).all()
+
+
+ROW_MAPS = {  # name: (row_map [T][k], R): rows named by several slots, entries outside [0, R)
+    "one_row_twice": (((0, 0),), 8),
+    "rows_shared_across_tokens": (((2, 0), (2, 5), (0, 0)), 6),
+    "outside_the_rows": (((0, 6), (-1, 2**31 - 1), (7, 3)), 6),
+    "both": (((1, 1), (9, 1), (-3, 4), (4, 4)), 5),
+}
+
+
+@pytest.mark.parametrize("probs_dtype", ["same", "float32", None])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ROW_MAPS)
+def test_unpermute_with_any_row_map_matches_reference_forward_and_backward(frontend, name, dtype, probs_dtype):
+    row_map, rows = ROW_MAPS[name]
+    row_map = np.asarray(row_map, np.int32)
+    rng = np.random.default_rng(11)
+    permuted, dout = (round_to(rng.standard_normal(s), dtype) for s in ((rows, 8), (len(row_map), 8)))
+    probs_name = dtype if probs_dtype == "same" else probs_dtype
+    probs = None if probs_name is None else round_to(rng.uniform(0.1, 1.0, row_map.shape), probs_name)
+    out, dpermuted, dprobs = frontend.unpermute_and_grads(permuted, row_map, probs, dout, dtype, probs_name)
+    ref.assert_close(frontend.to_float64(out), eref.unpermute(permuted, row_map, probs), dtype, "out")
+    want_dpermuted, want_dprobs = eref.unpermute_grads(dout, permuted, row_map, probs)
+    got_dpermuted = frontend.to_float64(dpermuted)
+    ref.assert_close(got_dpermuted, want_dpermuted, dtype, "dpermuted")
+    named = eref.maps_to_row(row_map, rows)
+    assert all((got_dpermuted[r] == 0).all() for r in range(rows) if r not in set(row_map[named].tolist()))
+    if probs is not None:
+        coarser = max((dtype, probs_name), key=lambda n: TOLERANCE[n])
+        ref.assert_close(frontend.to_float64(dprobs), want_dprobs, coarser, "dprobs")
+        assert (frontend.to_float64(dprobs)[~named] == 0).all()
+
+
+def test_a_row_named_twice_gets_the_derivative_of_the_forward(frontend):
+    # The reported case: the forward adds both slots, so d out / d permuted[0] is 0.3 + 0.7.
+    permuted = np.random.default_rng(12).standard_normal((8, 3)).astype(np.float32)
+    _, dpermuted, _ = frontend.unpermute_and_grads(permuted, np.array([[0, 0]], np.int32),
+                                                    np.array([[0.3, 0.7]], np.float32), np.ones((1, 3)),
+                                                    "float32", "float32")
+    dpermuted = frontend.to_float64(dpermuted)
+    assert (dpermuted[0] == 1.0).all() and not dpermuted[1:].any()
+
+
+def test_unpermute_gradients_match_finite_differences_for_any_row_map(frontend):
+    row_map = np.asarray(ROW_MAPS["both"][0], np.int32)
+    rng = np.random.default_rng(13)
+    with frontend.precision("float64"):
+        rows = frontend.array(row_map, "int32")
+        frontend.check_float64_gradients(lambda p, q: frontend.unpermute(p, rows, q),
+                                         (rng.standard_normal((5, 3)), rng.uniform(0.1, 1.0, row_map.shape)))
 
 
 def mlp_inputs(sizes, m, dtype, activation, with_bias):
@@ -248,6 +336,14 @@ def test_moe_block_is_bitwise_identical_in_jax_and_torch():
      "expert_indices has 5 rows but tokens has 6"),
     (lambda f, a: f.permute(a.lhs, a.array([[0]] * 6, "int32"), -1), ValueError,
      "num_experts must be a non-negative int"),
+    (lambda f, a: f.permute(a.lhs, a.array([[0]] * 6, "int32"), 2**40), ValueError,
+     r"num_experts = 1099511627776 exceeds 2147483646 \(expert ids and group sizes are int32\)"),
+    (lambda f, a: f.shape_only(lambda t, i: f.permute(t, i, 4), ((2**30, 4), "float32"), ((2**30, 2), "int32")),
+     ValueError, r"expert_indices has T \* k = 1073741824 \* 2 slots, more than row_map's int32 rows"),
+    (lambda f, a: f.shape_only(lambda p, r: f.unpermute(p, r), ((8, 4), "float32"), ((2**29, 4), "int32")),
+     ValueError, r"row_map has T \* k = 536870912 \* 4 slots"),
+    (lambda f, a: f.shape_only(lambda x: f.softmax_topk(x, 1), ((1, 2**31), "bfloat16")), ValueError,
+     "logits has 2147483648 experts; expert_indices are int32"),
     (lambda f, a: f.permute(a.cast(a.lhs, "int32"), a.array([[0]] * 6, "int32"), 3), TypeError,
      "tokens must be float32"),
     (lambda f, a: f.unpermute(a.lhs, a.array([[0, 1]] * 3, "int64")), TypeError, "row_map must be int32"),

@@ -12,12 +12,11 @@ from cases import CASE_IDS, CASES, DTYPES, VARIANT_IDS, VARIANTS, case, inputs, 
 from frontends import frontend  # noqa: F401 - the fixture
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
-def test_forward_and_gradients_match_reference(frontend, case, dtype, variant):
+def check_against_reference(case, dtype, variant, results):
+    """out, dlhs, drhs and dbias (None without bias: there is nothing to check) against the
+    float64 reference, padding rows and empty groups exactly zero."""
     with_bias, transpose = variant
-    out, dlhs, drhs, dbias = map(frontend.to_float64, frontend.forward_backward(case, dtype, with_bias, transpose))
+    out, dlhs, drhs, dbias = (None if r is None else np.asarray(r, np.float64) for r in results)
     x = inputs(case)
     lhs, rhs, bias, dout = (round_to(x[k], dtype) for k in ("lhs", "rhs", "bias", "dout"))
     rhs_stored = rhs.transpose(0, 2, 1) if transpose else rhs
@@ -30,11 +29,39 @@ def test_forward_and_gradients_match_reference(frontend, case, dtype, variant):
     pad = ref.padding_rows(sizes, case.m, case.g, off)
     assert (out[pad] == 0).all() and (dlhs[pad] == 0).all()
     for g in ref.empty_groups(sizes, case.m, case.g, off):
-        assert (drhs[g] == 0).all() and (dbias[g] == 0).all()
-    if with_bias:
-        ref.assert_close(dbias, ref.grouped_bias_grad(dout, sizes, case.g, off), dtype, "dbias")
-    else:
-        assert (dbias == 0).all()
+        assert (drhs[g] == 0).all()
+    if not with_bias:
+        assert dbias is None, "a gradient for a bias that was not passed"
+        return
+    ref.assert_close(dbias, ref.grouped_bias_grad(dout, sizes, case.g, off), dtype, "dbias")
+    for g in ref.empty_groups(sizes, case.m, case.g, off):
+        assert (dbias[g] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_forward_and_gradients_match_reference(frontend, case, dtype, variant):
+    check_against_reference(case, dtype, variant, [None if r is None else frontend.to_float64(r)
+                                                   for r in frontend.forward_backward(case, dtype, *variant)])
+
+
+@pytest.mark.parametrize("fault", ["zero_dbias", "dbias_without_bias"])
+def test_the_reference_check_fails_on_a_wrong_or_made_up_bias_gradient(fault):
+    c = case("middle_empty")
+    x = inputs(c)
+    lhs, rhs, bias, dout = (round_to(x[k], "float32") for k in ("lhs", "rhs", "bias", "dout"))
+    sizes = x["group_sizes"]
+    right = [ref.grouped_matmul(lhs, rhs, sizes, bias), ref.grouped_matmul(dout, rhs, sizes, None, True),
+             ref.grouped_matmul_wgrad(lhs, dout, sizes, c.g), ref.grouped_bias_grad(dout, sizes, c.g)]
+    check_against_reference(c, "float32", (True, False), right)
+    if fault == "zero_dbias":  # what a frontend that dropped the bias gradient would give
+        planted, variant = right[:3] + [np.zeros_like(right[3])], (True, False)
+    else:  # zeros made up for a bias that was not passed (what the torch adapter once returned)
+        right[0] = ref.grouped_matmul(lhs, rhs, sizes)
+        planted, variant = right[:3] + [np.zeros_like(right[3])], (False, False)
+    with pytest.raises(AssertionError):
+        check_against_reference(c, "float32", variant, planted)
 
 
 # Finite differences need non-empty tensors; many_groups is left out for time (cost grows with G*K*N).

@@ -23,7 +23,7 @@ import runner  # noqa: E402
 import steps  # noqa: E402
 import verdicts  # noqa: E402
 import wheels  # noqa: E402
-from verdicts import FAIL, PASS, SKIP, Verdict  # noqa: E402
+from verdicts import FAIL, INCOMPLETE, PASS, SKIP, Verdict  # noqa: E402
 
 KIT = os.path.join(KIT_DIR, "kit.py")
 
@@ -83,8 +83,15 @@ def test_pytest_closing_line_is_parsed(text, counts):
     assert verdicts.parse_pytest_summary(text) == counts
 
 
+EXPECTED_SKIP_SUMMARY = ("==== short test summary info ====\n"
+                         "SKIPPED [2] tests/test_core_moe_ops.py:436: a real device would be handed host pointers\n"
+                         "SKIPPED [1] tests/test_install.py:57: TORCH_ENV is not set: ./dev.sh test builds that "
+                         "environment\n")
+
+
 def test_pytest_verdicts():
-    assert verdicts.pytest_verdict("12 passed, 3 skipped in 4.2s", 0) == (PASS, "12 passed, 3 skipped")
+    assert verdicts.pytest_verdict(EXPECTED_SKIP_SUMMARY + "12 passed, 3 skipped in 4.2s", 0, steps.EXPECTED_SKIPS) == (
+        PASS, "12 passed, 3 skipped")
     assert verdicts.pytest_verdict("1 failed, 10 passed, 2 errors in 3s", 1) == (
         FAIL, "10 passed, 1 failed, 2 errors")
     assert verdicts.pytest_verdict("10 passed, 2 errors in 3s", 1) == (FAIL, "10 passed, 2 errors")
@@ -125,9 +132,27 @@ def test_check_scripts_are_judged_by_their_result_line_and_exit_status():
     assert verdicts.script_verdict("t", "RESULT: PASS fine\nSegmentation fault\n", -11)[0] == FAIL
     assert verdicts.script_verdict("t", "RESULT: SKIP no CUDA GPU\n", 3) == (SKIP, "t: no CUDA GPU")
     assert verdicts.script_verdict("t", "Traceback ...\n", 1) == (FAIL, "t: no RESULT line (exit 1)")
-    assert verdicts.combine([(PASS, "a"), (SKIP, "b")]) == (PASS, "a; b")
+    assert verdicts.combine([(PASS, "a"), (PASS, "b")]) == (PASS, "a; b")
+    # A planted fault: three of the sanitizer's four tools out of time; PASS would claim them.
+    sanitizer = [(PASS, "memcheck: 0 errors")] + [(SKIP, f"{t}: out of time") for t in steps.SANITIZER_TOOLS[1:]]
+    assert verdicts.combine(sanitizer) == (INCOMPLETE, "memcheck: 0 errors; racecheck: out of time; "
+                                                       "initcheck: out of time; synccheck: out of time")
+    assert verdicts.combine([(PASS, "a"), (INCOMPLETE, "b")])[0] == INCOMPLETE
+    assert verdicts.combine([(INCOMPLETE, "a"), (FAIL, "b")])[0] == FAIL
     assert verdicts.combine([(PASS, "a"), (FAIL, "b")])[0] == FAIL
     assert verdicts.combine([(SKIP, "a")])[0] == SKIP
+
+
+def test_an_unexpected_skip_makes_the_pytest_step_incomplete(tmp_path):
+    # Planted faults: a GPU test skipped on the GPU machine; skips without their reasons.
+    unexpected = EXPECTED_SKIP_SUMMARY + "SKIPPED [4] tests/test_cuda.py:115: needs a CUDA GPU, torch with CUDA\n"
+    assert verdicts.pytest_verdict(unexpected + "12 passed, 7 skipped in 4.2s", 0, steps.EXPECTED_SKIPS) == (
+        INCOMPLETE, "12 passed, 7 skipped; 4 unexpected skips, first: tests/test_cuda.py:115: needs a CUDA GPU, "
+                    "torch with CUDA")
+    assert verdicts.pytest_verdict("12 passed, 3 skipped in 4.2s", 0, steps.EXPECTED_SKIPS) == (
+        INCOMPLETE, "12 passed, 3 skipped; 3 unexpected skips, first: not listed (run pytest with -rs)")
+    ctx = kit.context(kit.parse_args(["--out", str(tmp_path)]), gpu_facts(tmp_path))
+    assert all("-rfEs" in command.argv for command in steps.commands("pytest", ctx))
 
 
 def test_summary_table_has_one_row_per_step_in_order():
@@ -169,6 +194,21 @@ def test_xla_compiles_are_counted_per_function_and_platform_from_the_dump(tmp_pa
         (tmp_path / name).write_text("HloModule m\n")
     assert hlo_command_buffers.xla_compiles(str(tmp_path)) == {
         ("jit_loss", "cpu"): 1, ("jit_accumulate", "cpu"): 1, ("jit_loss", "gpu"): 1, ("jit_accumulate", "gpu"): 2}
+
+
+def test_jax_capture_check_needs_calls_recorded_inside_the_command_buffer():
+    import jax_capture_check
+
+    captured = {"calls": 12, "calls_under_capture": 12, "first_under_capture": True}
+    assert jax_capture_check.capture_evidence(captured, required=True)[0] is None
+    # Planted faults: every call ran outside any capture; the first call did.
+    outside = {"calls": 12, "calls_under_capture": 0, "first_under_capture": False}
+    assert "no groupgemm call ran inside a command buffer" in jax_capture_check.capture_evidence(outside, True)[0]
+    first_outside = {"calls": 12, "calls_under_capture": 11, "first_under_capture": False}
+    assert "first groupgemm call ran outside" in jax_capture_check.capture_evidence(first_outside, True)[0]
+    # XLA's default settings, or the CPU rehearsal: reported, not required.
+    missing, seen = jax_capture_check.capture_evidence(outside, required=False)
+    assert missing is None and seen.startswith("0 of 12 groupgemm CUDA calls")
 
 
 def test_jax_capture_check_rehearses_on_the_cpu(tmp_path):
@@ -268,8 +308,8 @@ def test_plan_with_a_gpu_has_every_command(tmp_path):
     for tool in steps.SANITIZER_TOOLS:
         assert f"--tool {tool}" in plan
     # The GPU tests first on their own, then the other files in parallel.
-    gpu_tests, other_tests = plan.index("-m pytest -q -p no:cacheprovider tests/test_cuda.py\n"), plan.index(
-        f"-m pytest -q -p no:cacheprovider -n {steps.pytest_workers()} --ignore tests/test_cuda.py tests\n")
+    gpu_tests, other_tests = plan.index("-m pytest -q -rfEs -p no:cacheprovider tests/test_cuda.py\n"), plan.index(
+        f"-m pytest -q -rfEs -p no:cacheprovider -n {steps.pytest_workers()} --ignore tests/test_cuda.py tests\n")
     assert gpu_tests < other_tests
     threads = (os.cpu_count() or 2) // steps.pytest_workers()  # the workers share the cores
     assert f"OMP_NUM_THREADS={threads} " in plan[gpu_tests:other_tests]
@@ -302,7 +342,7 @@ def test_plan_says_what_would_be_skipped_and_why(tmp_path):
 # ---- a whole run, against canned output ---------------------------------------------------
 
 CANNED = {
-    "pytest": "....\n120 passed, 3 skipped in 95.1s\n",
+    "pytest": "....\n" + EXPECTED_SKIP_SUMMARY + "120 passed, 3 skipped in 95.1s\n",
     "compute-sanitizer": "RESULT: PASS 402 calls match\n========= ERROR SUMMARY: 0 errors\n",
     "bench.py": "wrote bench.csv\n",
     "bench_merge.py": "RESULT: PASS 2 configurations; torch fwd+bwd 500-600 TFLOP/s\n",
@@ -587,16 +627,17 @@ def test_the_quick_expert_cases_reach_every_expert_kernel():
 
     required = driver_calls.required_expert_kernels()
     # permute: 4 kernels, 2 scans over several tiles, capped chunks, 2 fill word sizes;
-    # unpermute and its backward: 5 (values, probs) pairs each; the activations and the
-    # router: 2 x 3 dtypes each.
-    assert len(required) == 9 + 2 * 5 + 2 * 3 + 2 * 3
+    # unpermute's backward: its row sort, in several radix passes; unpermute, the backward's
+    # row kernel and dprobs kernel: 5 (values, probs) pairs each; the activations: 2 x 3
+    # dtypes; the router: 3 x 3.
+    assert len(required) == 9 + 2 + 3 * 5 + 2 * 3 + 3 * 3
     assert required <= reached(expert_driver.QUICK_EXPERT_CASES)
     assert required <= reached(expert_driver.ALL_EXPERT_CASES)
     small = [n for n in expert_driver.QUICK_EXPERT_CASES if not n.startswith("many_")]
     assert {k[1] for k in required - reached(small)} == {driver_calls.SEVERAL_TILES, driver_calls.CAPPED_CHUNKS}
     cases = expert_driver.EXPERT_CASES
     assert {c.top_k for c in cases} >= {1, 2, 3, 4} and max(c.slots for c in cases) >= 70000
-    assert {c.routing for c in cases} >= {"one_expert", "all_dropped"}
+    assert {c.routing for c in cases} >= {"one_expert", "all_dropped"} and any(c.repeat_rows for c in cases)
     assert any(c.tokens == 0 for c in cases) and any(c.experts == 0 and c.tokens for c in cases)
 
 

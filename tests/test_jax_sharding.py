@@ -244,13 +244,20 @@ def test_router_and_unpermute_run_on_each_devices_tokens():
     ref.assert_close(fwd(*args), expert_ref.unpermute(np.asarray(permuted), np.asarray(row_map), probs64),
                      "float32", "unpermute")
 
-    text = compiled_text(fwd, *args) + compiled_text(grad, *args)
+    tangent = jax.jit(lambda logits, t_logits: jax.jvp(lambda x: gj.softmax_topk(x, k)[0], (logits,), (t_logits,))[1])
+    assert_same_bits(tangent(args[0], put(mesh, dout[:, :e], "x")), tangent(logits, dout[:, :e]), "tangent")
+
+    text = compiled_text(fwd, *args) + compiled_text(grad, *args) + compiled_text(tangent, args[0], dout[:, :e])
     no_gathers(text)
     for target, token_operand in (("groupgemm_softmax_topk", 0), ("groupgemm_softmax_topk_backward", 0),
+                                  ("groupgemm_softmax_topk_tangent", 0),
                                   ("groupgemm_unpermute", 1)):  # unpermute: each device's row_map
         assert all(ops[token_operand][0] == t // 4 for ops in operands_of(text, target)), target
-    # Each device scatters its tokens' rows; one all-reduce sums dpermuted.
-    assert [ops[0] for ops in operands_of(text, "groupgemm_unpermute_backward")] == [(t // 4, h)]
+    # Each device scatters its tokens' rows into dpermuted (one all-reduce sums it) and takes its
+    # tokens' dots for dprobs: two calls of unpermute's backward, each on the device's dout.
+    backward = custom_calls(text, "groupgemm_unpermute_backward")
+    assert sorted((ops[0], results[:2]) for results, ops in backward) == [
+        ((t // 4, h), [(0,), (t // 4, k)]), ((t // 4, h), [(t * k, h), (0,)])]
     assert reduced(compiled_text(grad, *args)) == [(t * k, h)]
 
 
@@ -270,6 +277,30 @@ def test_permute_keeps_a_sharded_hidden_dimension_local():
     text = compiled_text(jitted, *args)
     no_gathers(text)
     assert [ops[0] for ops in operands_of(text, "groupgemm_permute")] == [(6, 2)]
+
+
+def test_unpermute_gradients_keep_a_sharded_hidden_dimension_local():
+    """dpermuted takes each device's hidden columns by themselves; each dprobs dot is a
+    partial sum over them, which one all-reduce completes."""
+    rng, mesh = np.random.default_rng(3), mesh_1d()
+    t, k, h = 6, 2, 8
+    permuted = rng.standard_normal((t * k, h)).astype(np.float32)
+    row_map = np.asarray([[3, 0], [7, 7], [-1, 11], [2, 5], [9, 1], [4, 12]], np.int32)  # a row twice, dropped slots
+    probs = rng.random((t, k)).astype(np.float32)
+    dout = rng.standard_normal((t, h)).astype(np.float32)
+    loss = lambda p, q, d: jnp.sum(gj.unpermute(p, row_map, q) * d)  # noqa: E731
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    args = (put(mesh, permuted, None, "x"), probs, put(mesh, dout, None, "x"))
+    dpermuted, dprobs = grad(*args)
+
+    want_dpermuted, want_dprobs = expert_ref.unpermute_grads(dout, permuted, row_map, probs)
+    assert_same_bits(dpermuted, jax.grad(loss)(permuted, probs, dout), "dpermuted")
+    ref.assert_close(dpermuted, want_dpermuted, "float32", "dpermuted")
+    ref.assert_close(dprobs, want_dprobs, "float32", "dprobs")
+    text = compiled_text(grad, *args)
+    no_gathers(text)
+    assert [ops[0] for ops in operands_of(text, "groupgemm_unpermute_backward")] == [(t, h // 4)] * 2
+    assert reduced(text) == [(t, k)]
 
 
 # ---- the grouped MLP on 2-D meshes ----------------------------------------------------

@@ -32,6 +32,8 @@ def test_both_frameworks_are_handed_the_same_input_bits(dtype):
 def test_jax_and_torch_outputs_and_gradients_are_bitwise_identical(case, dtype, variant):
     jax_results, torch_results = both_frameworks(case, dtype, *variant)
     for name, a, b in zip(("out", "dlhs", "drhs", "dbias"), jax_results, torch_results):
+        if a is None and b is None:  # no bias, no gradient for it
+            continue
         assert_same_bits(a, b, f"{case.name}/{dtype}/{name}")
 
 

@@ -88,8 +88,13 @@ def _opcheck_samples():
     yield torch.ops.groupgemm.permute, (torch.randn(4, 3), torch.tensor([[0, 2], [2, 2], [0, -1], [1, 0]]), 3)
     yield torch.ops.groupgemm.unpermute, (torch.randn(8, 3), torch.tensor([[0, 5], [1, -1], [7, 2]],
                                                                           dtype=torch.int32), torch.rand(3, 2))
+    yield torch.ops.groupgemm.unpermute, (torch.randn(8, 3), torch.tensor([[0, 0], [5, 0], [9, 2]],
+                                                                          dtype=torch.int32), torch.rand(3, 2))
     yield torch.ops.groupgemm.activation, (torch.randn(5, 6), 0, 3)
     yield torch.ops.groupgemm.activation, (torch.randn(5, 6), 1, 6)
+    yield torch.ops.groupgemm.softmax_topk_tangent, (torch.randn(4, 5), torch.tensor([[2, 0], [1, -1], [0, 4], [3, 1]],
+                                                                                     dtype=torch.int32),
+                                                     torch.randn(4, 5), False)
 
 
 # The samples whose floating-point operands get requires_grad, so opcheck checks their autograd.
@@ -125,6 +130,7 @@ REQUIRED_ONLY = {
     "softmax_topk": (lambda x, w, d, acc: (x, 2), (True,)),
     "softmax_topk_backward": (lambda x, w, d, acc: (x, torch.tensor([[1, 0]] * 6, dtype=torch.int32),
                                                     x[:, :2].contiguous()), (True,)),
+    "softmax_topk_tangent": (lambda x, w, d, acc: (x, torch.tensor([[1, 0]] * 6, dtype=torch.int32), x), (True,)),
 }
 
 
@@ -221,6 +227,8 @@ def test_concurrent_calls_from_threads_are_correct(dtype):
      "accumulate_into must be contiguous"),
     (lambda: torch.ops.groupgemm.grouped_bias_grad(torch.randn(6, 5), torch.tensor([[6]]), 1, None, torch.float32),
      "group_sizes must be 1-D"),
+    (lambda: torch.ops.groupgemm.permute(torch.randn(4, 3), torch.zeros(4, 2, dtype=torch.int32), 2**40),
+     "num_experts = 1099511627776 exceeds 2147483646"),
 ])
 def test_raw_ops_check_their_inputs_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=f"groupgemm::.*{match}"):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from compiles import counted_compile
 from moe_torch import MoEBlock
 
 
@@ -10,7 +11,7 @@ def test_compiled_moe_block_matches_eager_forward_and_backward(dynamic):
     torch.manual_seed(0)
     block = MoEBlock(dim=16, ffn=32, experts=4, top_k=2)
     mask = torch.tensor([True, False, True, True])  # expert 1 gets no tokens
-    compiled = torch.compile(block, fullgraph=True, dynamic=dynamic)
+    compiled, counter = counted_compile(block, dynamic=dynamic)
     for tokens in (12, 20):  # a second shape: recompiles when static, reuses when dynamic
         x = torch.randn(tokens, 16)
         eager_out = block(x, mask)
@@ -21,3 +22,17 @@ def test_compiled_moe_block_matches_eager_forward_and_backward(dynamic):
         for g, e in zip(grads, eager_grads):
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
         assert (grads[1][1] == 0).all()  # up.weight of the expert without tokens
+    assert counter.frame_count == (1 if dynamic else 2)
+
+
+def test_the_compile_count_sees_a_recompile_for_each_routing_held_as_python_ints():
+    # A planted fault: group sizes held as Python ints are constants of the graph, so a new
+    # routing makes a new graph; a count that claims one graph for every routing must fail.
+    def first_group_sum(x, sizes):
+        return torch.split(x, sizes)[0].sum()
+
+    compiled, counter = counted_compile(first_group_sum)
+    x = torch.randn(10, 4)
+    for sizes in ([4, 6], [7, 3]):
+        torch.testing.assert_close(compiled(x, sizes), x[:sizes[0]].sum())
+    assert counter.frame_count == 2

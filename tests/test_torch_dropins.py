@@ -3,6 +3,7 @@ written, and do what they replace: torchtitan's torch._grouped_mm experts, Megat
 experts with gradient-accumulation fusion."""
 
 import torch
+from compiles import counted_compile
 
 # README, "Use it from torchtitan".
 TORCHTITAN = '''
@@ -79,11 +80,11 @@ def test_torchtitan_recipe_matches_torch_grouped_mm_forward_and_backward_and_com
     torch.testing.assert_close(out_grads[3][:10], want_grads[3][:10], rtol=1e-3, atol=1e-3)
     assert (out_grads[3][10:] == 0).all()
     assert (out_grads[0][1] == 0).all() and (out_grads[0][3] == 0).all()  # experts without tokens
-    torch._dynamo.reset()
-    compiled = torch.compile(run_experts, fullgraph=True)
+    compiled, counter = counted_compile(run_experts)
     for routing in ([4, 0, 6, 0], [0, 0, 0, 12]):  # a new routing needs no recompile or host read
         counts = torch.tensor(routing)
         torch.testing.assert_close(compiled(*weights, x, counts), run_experts(*weights, x, counts))
+    assert counter.frame_count == 1
 
 
 def test_megatron_recipe_puts_every_weight_gradient_in_main_grad():

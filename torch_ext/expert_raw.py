@@ -1,6 +1,6 @@
 """The raw calls of the expert layer for PyTorch: custom ops (namespace ``groupgemm``) for
-token permute / unpermute, the activation and the router's softmax top-k, and their
-autograd.
+token permute / unpermute, the activation and the router's softmax top-k (with its
+forward-mode derivative), and their autograd.
 
 Like raw.py's ops, each allocates its outputs with torch and hands every tensor to the
 core zero-copy; derivatives, reverse and forward mode, are built from the same ops and
@@ -27,8 +27,7 @@ def _permute_workspace(device: torch.device, num_slots: int, num_experts: int) -
 
 def _permute_outputs(tokens, expert_indices, num_experts, empty):
     _require("permute", (tokens, 2, "tokens"), (expert_indices, 2, "expert_indices"))
-    if num_experts < 0:
-        raise ValueError(f"groupgemm::permute: num_experts must be non-negative, got {num_experts}")
+    contract.check_num_experts(num_experts, "groupgemm::permute")
     t, k = expert_indices.shape
     return (empty((t * k, tokens.shape[1]), tokens.dtype), empty((num_experts,), torch.int32),
             empty((t, k), torch.int32))
@@ -73,15 +72,25 @@ def _dprobs_like(permuted, probs, empty):
     return empty((0,), permuted.dtype) if probs is None else empty(probs.shape, probs.dtype)
 
 
+def _unpermute_backward_workspace(device: torch.device, num_slots: int) -> Tensor | None:
+    if device.type != "cuda":
+        return None
+    nbytes = _core.unpermute_backward_workspace_bytes(_core.Device.cuda, num_slots)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
 @define("unpermute_backward")
 def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
                           probs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(dpermuted, dprobs); dprobs has no elements without probs."""
+    """(dpermuted, dprobs); dprobs has no elements without probs. A row of dpermuted sums
+    every slot that names it, in slot order."""
     _unpermute_checks("unpermute_backward", permuted, row_map, probs)
     empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=permuted.device)
     dpermuted, dprobs = empty(permuted.shape, permuted.dtype), _dprobs_like(permuted, probs, empty)
+    workspace = _unpermute_backward_workspace(permuted.device, row_map.numel())
     _core.unpermute_backward(*map(_capsule, (dout, permuted, row_map, dpermuted)), probs=_capsule(probs),
-                             dprobs=None if probs is None else _capsule(dprobs), stream=_stream(permuted.device))
+                             dprobs=None if probs is None else _capsule(dprobs), workspace=_capsule(workspace),
+                             stream=_stream(permuted.device))
     return dpermuted, dprobs
 
 
@@ -161,6 +170,27 @@ def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Ten
 @softmax_topk_backward_op.register_fake
 def _(logits, expert_indices, dprobs, renormalize=True):
     return torch.empty_like(logits)
+
+
+def _tprobs_like(logits, expert_indices, empty):
+    _require("softmax_topk_tangent", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"))
+    return empty(expert_indices.shape, _router_probs_dtype(logits))
+
+
+@define("softmax_topk_tangent")
+def softmax_topk_tangent_op(logits: Tensor, expert_indices: Tensor, tlogits: Tensor,
+                            renormalize: bool = True) -> Tensor:
+    """The tangent of softmax_topk's probs for the logits' tangent (forward mode)."""
+    tprobs = _tprobs_like(logits, expert_indices, lambda shape, dtype: torch.empty(shape, dtype=dtype,
+                                                                                   device=logits.device))
+    _core.softmax_topk_tangent(*map(_capsule, (logits, expert_indices, tlogits, tprobs)), renormalize,
+                               stream=_stream(logits.device))
+    return tprobs
+
+
+@softmax_topk_tangent_op.register_fake
+def _(logits, expert_indices, tlogits, renormalize=True):
+    return _tprobs_like(logits, expert_indices, lambda shape, dtype: logits.new_empty(shape, dtype=dtype))
 
 
 def _incoming(grad: Tensor, dtype: torch.dtype) -> Tensor:
@@ -249,9 +279,9 @@ activation_op.register_derivatives(_activation_backward, setup_context=_activati
 
 def _softmax_topk_setup(ctx, inputs, output):
     logits, _, renormalize = inputs
-    probs, indices = output
+    _, indices = output
     ctx.save_for_backward(logits, indices)
-    ctx.save_for_forward(logits, probs, indices)
+    ctx.save_for_forward(logits, indices)
     ctx.renormalize = renormalize
 
 
@@ -263,19 +293,8 @@ def _softmax_topk_backward(ctx, dprobs, _dindices):
 
 
 def _softmax_topk_jvp(ctx, t_logits, *_):
-    # With w the probs and t the logits' tangent at the chosen experts (0 at dropped slots):
-    # renormalized, w is a softmax over the chosen logits, so dw = w * (t - sum(w * t));
-    # otherwise w is the full softmax p at the chosen experts: dw = w * (t - sum_e p_e t_e).
-    logits, probs, indices = ctx.saved_tensors
-    t_logits = t_logits.to(probs.dtype)
-    chosen = indices >= 0
-    t = torch.where(chosen, t_logits.gather(1, indices.clamp(min=0).long()), 0)
-    if ctx.renormalize:
-        mean = (probs * t).sum(-1, keepdim=True)
-    else:
-        p = torch.softmax(logits.to(probs.dtype), dim=-1).nan_to_num(0)
-        mean = (p * t_logits).sum(-1, keepdim=True)
-    return torch.where(chosen, probs * (t - mean), 0), None
+    logits, indices = ctx.saved_tensors
+    return softmax_topk_tangent_op(logits, indices, _incoming(t_logits, logits.dtype), ctx.renormalize), None
 
 
 softmax_topk_op.register_derivatives(_softmax_topk_backward, setup_context=_softmax_topk_setup,

@@ -180,20 +180,27 @@ def describe(kernel):
 PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN, PERMUTE_ASSIGN, PERMUTE_FILL = (
     "permute count kernel", "permute bucket scan kernel", "permute start scan kernel", "permute assign kernel",
     "permute fill kernel")
-UNPERMUTE, UNPERMUTE_BACKWARD = "unpermute kernel", "unpermute backward kernel"
+UNPERMUTE, ROW_SORT, ROW_GRADIENT, SLOT_DOT = (
+    "unpermute kernel", "unpermute backward row sort", "unpermute backward row kernel",
+    "unpermute backward dprobs kernel")
 ACTIVATION, ACTIVATION_BACKWARD = "activation kernel", "activation backward kernel"
-SOFTMAX_TOPK, SOFTMAX_TOPK_BACKWARD = "softmax top-k kernel", "softmax top-k backward kernel"
-ROUTER_KINDS = ("softmax_topk", "softmax_topk_backward")
+SOFTMAX_TOPK, SOFTMAX_TOPK_BACKWARD, SOFTMAX_TOPK_TANGENT = (
+    "softmax top-k kernel", "softmax top-k backward kernel", "softmax top-k tangent kernel")
+ROUTER_KINDS = ("softmax_topk", "softmax_topk_backward", "softmax_topk_tangent")
+ROUTER_KERNELS = dict(zip(ROUTER_KINDS, (SOFTMAX_TOPK, SOFTMAX_TOPK_BACKWARD, SOFTMAX_TOPK_TANGENT)))
 SEVERAL_TILES = "over several tiles"
+SEVERAL_PASSES = "in several radix passes"
 CAPPED_CHUNKS = "with the chunk count capped by the counts budget"
 ACTIVATIONS = ("swiglu", "gelu", "relu", "silu")
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-# groupgemm/permute.h and permute.cu: slots per chunk, the counts budget, the scans' tiles.
+# groupgemm/permute.h and counting_sort.cuh: slots per chunk, the counts budget, the scans'
+# tiles, the rows one radix pass of unpermute's backward sorts by (8-bit digits).
 SLOTS_PER_CHUNK = 16
 MAX_COUNT_ENTRIES = 1 << 22
 BUCKET_SCAN_TILE = 256 * 4  # kBucketScanThreads x kScanItems
 START_SCAN_TILE = 1024 * 4  # kStartScanThreads x kScanItems
+ROW_DIGIT_BUCKETS = 256
 
 
 def permute_chunks(slots, experts):
@@ -229,7 +236,7 @@ def expert_calls_for(dtype):
     """Every expert-layer call made per routing case and dtype: permute; unpermute and its
     backward without probs, with probs in the values' dtype and in float32; each activation
     forward and backward (on h of min(T*k, a few thousand) rows and F = hidden columns, 2F
-    for swiglu); the router's softmax top-k and its backward, renormalized or not (on [T, E]
+    for swiglu); the router's softmax top-k, its backward and tangent, renormalized or not (on [T, E]
     logits)."""
     probs = list(dict.fromkeys([None, dtype, "float32"]))
     return ([ExpertCall("permute", dtype)]
@@ -262,34 +269,38 @@ def expert_kernels_reached(call, tokens, top_k, experts, hidden):
         return reached
     if call.kind == "unpermute":
         return {(UNPERMUTE, call.dtype, f"probs {call.probs or call.dtype}")} if tokens * hidden else reached
-    if call.kind == "unpermute_backward":
-        # The dpermuted memset is not a kernel; with probs the kernel runs even at hidden = 0.
-        if slots == 0 or (hidden == 0 and call.probs is None):
-            return reached
-        return {(UNPERMUTE_BACKWARD, call.dtype, f"probs {call.probs or call.dtype}")}
+    if call.kind == "unpermute_backward":  # dpermuted has R = T * k rows here; dprobs with probs
+        pair = (call.dtype, f"probs {call.probs or call.dtype}")
+        if slots * hidden:
+            reached |= {ROW_SORT, (ROW_GRADIENT, *pair)}
+            if slots >= ROW_DIGIT_BUCKETS:  # the key of a dropped slot, R, has a second digit
+                reached.add((ROW_SORT, SEVERAL_PASSES))
+        if slots and call.probs is not None:
+            reached.add((SLOT_DOT, *pair))
+        return reached
     if call.kind in ("activation", "activation_backward"):
         kernel = ACTIVATION if call.kind == "activation" else ACTIVATION_BACKWARD
         return {(kernel, call.dtype)} if slots * hidden else reached
     if call.kind in ROUTER_KINDS:  # made only when k <= E (the core refuses more choices than experts)
         if top_k > experts:
             return reached
-        if call.kind == "softmax_topk":
-            return {(SOFTMAX_TOPK, call.dtype)} if slots else reached
-        return {(SOFTMAX_TOPK_BACKWARD, call.dtype)} if tokens * experts else reached
+        runs = tokens * experts if call.kind == "softmax_topk_backward" else slots
+        return {(ROUTER_KERNELS[call.kind], call.dtype)} if runs else reached
     raise ValueError(f"unknown call kind {call.kind!r}")
 
 
 def required_expert_kernels():
     """What the driver must reach of the expert layer: each of permute's kernels (its scans
     over several tiles, its chunk count capped), the fill for 2- and 4-byte elements, the
-    unpermute kernels for every (values, probs) pair, the activations and the router in every
-    dtype."""
+    unpermute kernels for every (values, probs) pair, the backward's row sort (in several
+    radix passes), the activations and the router in every dtype."""
     required = {PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN, PERMUTE_ASSIGN,
                 (PERMUTE_BUCKET_SCAN, SEVERAL_TILES), (PERMUTE_START_SCAN, SEVERAL_TILES),
-                (PERMUTE_COUNT, CAPPED_CHUNKS), (PERMUTE_FILL, "2-byte"), (PERMUTE_FILL, "4-byte")}
+                (PERMUTE_COUNT, CAPPED_CHUNKS), (PERMUTE_FILL, "2-byte"), (PERMUTE_FILL, "4-byte"),
+                ROW_SORT, (ROW_SORT, SEVERAL_PASSES)}
     for dtype in DTYPES:
         for probs in dict.fromkeys([dtype, "float32"]):
-            required |= {(UNPERMUTE, dtype, f"probs {probs}"), (UNPERMUTE_BACKWARD, dtype, f"probs {probs}")}
-        required |= {(ACTIVATION, dtype), (ACTIVATION_BACKWARD, dtype), (SOFTMAX_TOPK, dtype),
-                     (SOFTMAX_TOPK_BACKWARD, dtype)}
+            required |= {(kernel, dtype, f"probs {probs}") for kernel in (UNPERMUTE, ROW_GRADIENT, SLOT_DOT)}
+        required |= {(ACTIVATION, dtype), (ACTIVATION_BACKWARD, dtype)}
+        required |= {(kernel, dtype) for kernel in ROUTER_KERNELS.values()}
     return required

@@ -1,6 +1,6 @@
 """The expert layer's calls for the sanitizer driver: permute, unpermute and its backward,
-the activations and their backward, the router's softmax top-k and its backward, through
-groupgemm._core with torch tensors.
+the activations and their backward, the router's softmax top-k, its backward and tangent,
+through groupgemm._core with torch tensors.
 
 Each call runs twice, on the driver's device and on the CPU backend with the same inputs,
 and the device's results are checked against the CPU's: permute's outputs (permuted rows,
@@ -8,12 +8,13 @@ group_sizes, row_map) bit for bit; unpermute, its backward and dprobs equal or w
 float32 rounding of the same float32 sums (plus one rounding to a 16-bit output); the
 activations within ACTIVATION_ULPS float32 ulps of the expression's scale (the host's and
 the device's exp and erf may differ in the last bits), plus one 16-bit rounding; the
-router's choices bit for bit (its logits have ties and masked experts), its probabilities
-and dlogits within ROUTER_ULPS float32 ulps of their scale. Rows
+router's choices bit for bit (its logits have ties and masked experts), its probabilities,
+dlogits and tangents within ROUTER_ULPS float32 ulps of their scale. Rows
 that must be exact zeros (dropped slots, rows no slot maps to, zero activation rows) are
 compared bit for bit. The routing cases cover k = 1..4, no tokens, every slot dropped, no
-experts, every token to one expert, zero columns, and enough slots (70,000) and experts
-(4,200) for permute's scans to span several tiles. Needs NumPy and torch.
+experts, every token to one expert, zero columns, a row_map naming rows several times (as
+permute never makes one), and enough slots (70,000) and experts (4,200) for permute's
+scans to span several tiles. Needs NumPy and torch.
 """
 
 import dataclasses
@@ -42,6 +43,7 @@ class ExpertCase:
     hidden: int  # H (the activations: F = H output columns over min(T * k, ACTIVATION_ROWS) rows)
     routing: str = "random"  # "random" (some slots dropped), "kept" (none), "one_expert", "all_dropped"
     index_dtype: str = "int32"  # expert_indices' dtype
+    repeat_rows: bool = False  # unpermute's row_map: every third token's slots all name its first slot's row
 
     @property
     def slots(self):
@@ -59,13 +61,15 @@ EXPERT_CASES = [
     ExpertCase("no_experts", 6, 2, 0, 8),  # every slot dropped: E = 0
     ExpertCase("one_expert", 25, 2, 4, 8, routing="one_expert"),
     ExpertCase("zero_hidden", 10, 2, 3, 0),
+    ExpertCase("repeated_rows", 100, 3, 5, 16, repeat_rows=True),  # 300 slots: two radix passes
     ExpertCase("many_slots", 17500, 4, 8, 8),  # 70,000 slots: the bucket scan over several tiles
     # 4,201 buckets: the start scan over several tiles, and the chunk count capped by the budget
     ExpertCase("many_experts", 6000, 3, 4200, 4, index_dtype="int64"),
 ]
 ALL_EXPERT_CASES = {c.name: c for c in EXPERT_CASES}
 # Still every expert kernel (tests/test_gpu_kit.py checks).
-QUICK_EXPERT_CASES = ("top2", "all_dropped", "no_experts", "zero_hidden", "many_slots", "many_experts")
+QUICK_EXPERT_CASES = ("top2", "all_dropped", "no_experts", "zero_hidden", "repeated_rows", "many_slots",
+                      "many_experts")
 
 
 def expert_inputs(case, seed=0):
@@ -95,7 +99,7 @@ def expert_inputs(case, seed=0):
                 probs=rng.uniform(0.1, 1.0, (t, k)),
                 # logits on a grid of halves (ties in every dtype), about one in ten masked
                 logits=np.where(rng.random((t, e)) < 0.1, -np.inf, rng.integers(-6, 7, (t, e)) / 2),
-                dprobs=rng.standard_normal((t, k)),
+                dprobs=rng.standard_normal((t, k)), tlogits=rng.standard_normal((t, e)),
                 act_h=act_h, act_dout=act_dout, zero_rows=np.arange(rows) % 5 == 0)
 
 
@@ -171,7 +175,7 @@ def _unpermute_backward(dev, x, dtype, probs_dtype, row_map, prefill):
     dpermuted = dev.output(x["permuted"].shape, dtype, prefill)
     dev.core.unpermute_backward(c(dev.tensor(x["dout"], dtype)), c(dev.tensor(x["permuted"], dtype)),
                                 c(dev.index(row_map, np.int32)), c(dpermuted), probs=c(probs), dprobs=c(dprobs),
-                                stream=dev.stream())
+                                workspace=c(dev.unpermute_backward_workspace(row_map.size)), stream=dev.stream())
     return [dev.fetch(dpermuted)] + ([] if dprobs is None else [dev.fetch(dprobs)])
 
 
@@ -200,6 +204,11 @@ def _router(dev, call, case, x, prefill):
     dev.core.softmax_topk(c(logits), c(indices), c(probs), call.renormalize, stream=dev.stream())
     if call.kind == "softmax_topk":
         return [dev.fetch(indices), dev.fetch(probs)]
+    if call.kind == "softmax_topk_tangent":
+        tprobs = dev.output((t, k), "float32", prefill)
+        dev.core.softmax_topk_tangent(c(logits), c(indices), c(dev.tensor(x["tlogits"], call.dtype)), c(tprobs),
+                                      call.renormalize, stream=dev.stream())
+        return [dev.fetch(tprobs)]
     dlogits = dev.output(x["logits"].shape, call.dtype, prefill)
     dev.core.softmax_topk_backward(c(logits), c(indices), c(dev.tensor(x["dprobs"], "float32")), c(dlogits),
                                    call.renormalize, stream=dev.stream())
@@ -207,8 +216,12 @@ def _router(dev, call, case, x, prefill):
 
 
 def row_map_of(cpu, case, x):
-    """The routing's row_map, from the CPU backend's permute."""
-    return _permute(cpu, case, x, "float32", "nan")[2].numpy()
+    """The routing's row_map, from the CPU backend's permute (with repeat_rows, edited so
+    that every third token's slots all name its first slot's row)."""
+    row_map = _permute(cpu, case, x, "float32", "nan")[2].numpy()
+    if case.repeat_rows:
+        row_map[::3] = row_map[::3, :1]
+    return row_map
 
 
 def run_expert_call(dev, cpu, call, case, x, row_map, prefill):
@@ -235,6 +248,9 @@ def run_expert_call(dev, cpu, call, case, x, row_map, prefill):
         if call.kind == "softmax_topk":  # probabilities are at most 1
             return [Result("expert_indices", got[0], want[0]),
                     Result("probs", got[1], want[1], ROUTER_ULPS * ulp(1.0, "float32"))]
+        if call.kind == "softmax_topk_tangent":  # |tprobs| <= 2 max |tlogits|
+            scale = 2 * np.abs(round_to(x["tlogits"], call.dtype)).max(axis=1, initial=0.0)[:, None]
+            return [Result("tprobs", got[0], want[0], ROUTER_ULPS * ulp(scale, "float32"))]
         w = want[0].double().numpy()
         scale = np.abs(x["dprobs"]).sum(axis=1, keepdims=True)  # |dlogits| <= 2 sum |dprobs|
         return [Result("dlogits", got[0], want[0], ROUTER_ULPS * ulp(scale, "float32") + _stored(w, call.dtype))]
@@ -251,9 +267,9 @@ def run_expert_call(dev, cpu, call, case, x, row_map, prefill):
     w = want[0].double().numpy()
     referenced = np.zeros(case.slots, bool)
     referenced[row_map[kept]] = True
-    product = np.zeros(w.shape)
-    product[row_map[kept]] = (np.abs(probs)[..., None] * np.abs(dout)[:, None, :])[kept]
-    results = [Result("dpermuted", got[0], want[0], F32_ROUNDING * product + _stored(w, call.dtype),
+    product = np.zeros(w.shape)  # the sum of each row's |terms| (a repeated row has several)
+    np.add.at(product, row_map[kept], (np.abs(probs)[..., None] * np.abs(dout)[:, None, :])[kept])
+    results = [Result("dpermuted", got[0], want[0], case.top_k * F32_ROUNDING * product + _stored(w, call.dtype),
                       np.broadcast_to(~referenced[:, None], w.shape))]
     if call.probs is not None:
         wp = want[1].double().numpy()

@@ -10,8 +10,12 @@ compiles each jitted function once per platform). Checked for each routing:
     experts chosen by a traced group_offset;
 against the same jitted functions on the CPU backend (within rounding), for exact zeros
 in padding rows and empty experts, and bit-for-bit untouched accumulators of empty experts.
-The optimized HLO (--xla_dump_to) tells whether the custom calls sat in a command buffer.
-Exit status: 0 all good, 1 a mismatch, 3 no CUDA GPU (or no jax).
+Whether the calls ran inside a command buffer is read from the core's own record
+(groupgemm._core.cuda_capture_record: each CUDA call asks whether its stream is
+capturing): with command buffers on for custom calls, PASS needs positive evidence, the
+process's first groupgemm call and others having run while XLA recorded; no such call
+is a FAIL, not a PASS. The optimized HLO (--xla_dump_to) is reported beside it.
+Exit status: 0 all good, 1 a mismatch or no evidence of capture, 3 no CUDA GPU (or no jax).
 """
 
 import argparse
@@ -36,6 +40,22 @@ M, K, N, G = 96, 64, 32, 4
 SIZES = ([24, 24, 24, 24], [0, 0, 0, 0], [96, 0, 0, 0], [10, 0, 50, 7], [0, 100, 0, 0], [-5, 40, 0, 50])
 WINDOW = (2, 1)  # local experts and group_offset of the accumulated weight gradient
 TOLERANCE = 2e-2  # bfloat16, relative to the largest reference value
+
+
+def capture_evidence(record, required):
+    """(why the capture is not shown, or None; a line saying what the record shows).
+    `record` is groupgemm._core.cuda_capture_record()'s; `required`: command buffers were
+    asked for custom calls on a GPU, so the calls must have run while the stream captured."""
+    calls, captured = record["calls"], record["calls_under_capture"]
+    seen = (f"{captured} of {calls} groupgemm CUDA calls ran while their stream was capturing, "
+            f"the first {'among them' if record['first_under_capture'] else 'not'}")
+    if not required:
+        return None, seen
+    if captured == 0:
+        return f"no groupgemm call ran inside a command buffer ({seen})", seen
+    if not record["first_under_capture"]:
+        return f"the process's first groupgemm call ran outside a command buffer ({seen})", seen
+    return None, seen
 
 
 def parse_args(argv):
@@ -143,10 +163,16 @@ def main(argv=None):
             if compiles.get((function, platform), 0) != 1:
                 fail(f"XLA compiled {function} for the {platform} {compiles.get((function, platform), 0)} times "
                      f"for {len(SIZES)} routings, not once")
+    from groupgemm import _core
+
+    missing, evidence = capture_evidence(_core.cuda_capture_record(),
+                                         args.device == "gpu" and args.command_buffers == "custom-calls")
+    if missing:
+        fail(missing)
     inside, total = scan_dump(dump_dir)
-    captured = (f"{inside} of {total} groupgemm custom calls in command-buffer computations of the HLO "
-                "(jax 0.11.2's XLA shows none there even for captured calls: 0 then tells nothing)" if total
-                else "no optimized HLO found to tell whether command buffers were used")
+    captured = (f"{evidence}; {inside} of {total} groupgemm custom calls in command-buffer computations of the "
+                "HLO (jax 0.11.2's XLA shows none there even for captured calls)" if total
+                else f"{evidence}; no optimized HLO found")
     print(captured)
     label = f"command buffers {args.command_buffers}"
     if failures:

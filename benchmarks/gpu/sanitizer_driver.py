@@ -111,6 +111,12 @@ class Device:
         nbytes = self.core.permute_workspace_bytes(self.core.Device.cuda, slots, experts)
         return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.name)
 
+    def unpermute_backward_workspace(self, slots):
+        if self.name == "cpu":
+            return None
+        nbytes = self.core.unpermute_backward_workspace_bytes(self.core.Device.cuda, slots)
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.name)
+
     def fetch(self, t):
         """t on the host, as it is (raw bits kept)."""
         if self.name == "cuda":

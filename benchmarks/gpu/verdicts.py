@@ -1,11 +1,15 @@
-"""A step's verdict (PASS, FAIL or SKIP, a short reason, seconds), how each tool's output
-becomes one, and the summary table. Pure functions, standard library only, so the CPU
-tests check them without a GPU."""
+"""A step's verdict (PASS, FAIL, INCOMPLETE or SKIP, a short reason, seconds), how each
+tool's output becomes one, and the summary table. Pure functions, standard library only,
+so the CPU tests check them without a GPU.
+
+PASS claims that everything the step was to check was checked: a part that did not run
+(a tool out of time, a test skipped for a reason the kit does not expect on a GPU machine)
+makes the step INCOMPLETE, never PASS."""
 
 import dataclasses
 import re
 
-PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+PASS, FAIL, INCOMPLETE, SKIP = "PASS", "FAIL", "INCOMPLETE", "SKIP"
 
 # pytest's closing line, e.g. "==== 1 failed, 10 passed, 2 errors in 3.01s ====" or, with
 # -q, "12 passed, 3 skipped in 4.20s"; long runs add " (0:01:02)" after the seconds.
@@ -18,6 +22,8 @@ _RACECHECK_SUMMARY = re.compile(
 # A line of pytest's short summary: "FAILED tests/test_x.py::test_y[a b] - assert 1 == 2".
 _PYTEST_SHORT_SUMMARY = re.compile(r"^=+ short test summary info =+$")
 _PYTEST_FAILURE = re.compile(r"^(FAILED|ERROR) (?P<test>.+?)(?: - |$)")
+# A skip in the short summary (pytest -rs): "SKIPPED [2] tests/test_x.py:12: needs a CUDA GPU".
+_PYTEST_SKIP = re.compile(r"^SKIPPED \[(?P<count>\d+)\] (?P<where>.+?): (?P<reason>.*)$")
 # The last line the kit's own check scripts print: "RESULT: PASS <reason>".
 _RESULT_LINE = re.compile(r"^RESULT:\s*(PASS|FAIL|SKIP)\b\s*(.*)$")
 
@@ -25,7 +31,7 @@ _RESULT_LINE = re.compile(r"^RESULT:\s*(PASS|FAIL|SKIP)\b\s*(.*)$")
 @dataclasses.dataclass
 class Verdict:
     step: str
-    status: str  # PASS, FAIL or SKIP
+    status: str  # PASS, FAIL, INCOMPLETE or SKIP
     reason: str
     seconds: float = 0.0
     earlier: bool = False  # kept from an earlier run of the kit with the same scratch folder
@@ -72,9 +78,27 @@ def first_failure(text):
     return None
 
 
-def pytest_verdict(text, returncode):
+def skips(text):
+    """[(count, where, reason)] of the skips pytest's short summary lists (pytest -rs)."""
+    found = [_PYTEST_SKIP.match(line.strip()) for line in text.splitlines()]
+    return [(int(m.group("count")), m.group("where"), m.group("reason")) for m in found if m]
+
+
+def unexpected_skips(text, counts, expected):
+    """(how many skips no reason in `expected` explains, the first of them or None). A
+    skip the short summary does not list (no -rs) cannot be explained."""
+    listed = skips(text)
+    unexplained = [(n, where, why) for n, where, why in listed if not any(e in why for e in expected)]
+    missing = counts.get("skipped", 0) - sum(n for n, _, _ in listed)
+    first = (f"{unexplained[0][1]}: {unexplained[0][2]}" if unexplained else
+             "not listed (run pytest with -rs)" if missing > 0 else None)
+    return sum(n for n, _, _ in unexplained) + max(missing, 0), first
+
+
+def pytest_verdict(text, returncode, expected_skips=()):
     """(status, reason): PASS only with a closing line, at least one test passed, no
-    failure, no error and exit status 0. A failing run's reason names its first failure."""
+    failure, no error, exit status 0 and no skip but for a reason in `expected_skips`;
+    any other skip makes it INCOMPLETE. A failing run's reason names its first failure."""
     counts = parse_pytest_summary(text)
     if counts is None:
         return FAIL, f"no pytest summary line (exit {returncode})"
@@ -86,6 +110,9 @@ def pytest_verdict(text, returncode):
         return FAIL, f"{reason}: no test passed"
     if returncode != 0:
         return FAIL, f"{reason}, but pytest exited {returncode}"
+    unexpected, first = unexpected_skips(text, counts, expected_skips)
+    if unexpected:
+        return INCOMPLETE, f"{reason}; {unexpected} unexpected skips, first: {first}"
     return PASS, reason
 
 
@@ -145,11 +172,13 @@ def script_verdict(name, text, returncode):
 
 def combine(parts):
     """One verdict from several (status, reason): FAIL if any failed, SKIP if all
-    skipped, else PASS; the reasons joined with '; '."""
+    skipped, INCOMPLETE if any part is or if some parts ran and others were skipped (out
+    of time, say), else PASS; the reasons joined with '; '."""
     statuses = [status for status, _ in parts]
     if not parts:
         return SKIP, "nothing ran"
-    status = FAIL if FAIL in statuses else SKIP if all(s == SKIP for s in statuses) else PASS
+    status = (FAIL if FAIL in statuses else SKIP if all(s == SKIP for s in statuses) else
+              INCOMPLETE if INCOMPLETE in statuses or SKIP in statuses else PASS)
     return status, "; ".join(reason for _, reason in parts if reason)
 
 

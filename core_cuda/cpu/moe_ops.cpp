@@ -1,6 +1,7 @@
-// The CPU backend's expert-layer ops: permute runs groupgemm/permute.h's steps (one
-// chunk, a sequential scan), unpermute and its backward, the activations and the router
-// run the same per-element (per-token) functions as the CUDA kernels. Threads split rows
+// The CPU backend's expert-layer ops: permute and unpermute's backward run
+// groupgemm/permute.h's sorting steps (one chunk, sequential scans); unpermute and its
+// backward, the activations and the router run the same per-element (per-row, per-token)
+// functions as the CUDA kernels. Threads split rows
 // only, and every value is computed by one thread in a fixed order, so the bits do not
 // depend on the thread count.
 #include <omp.h>
@@ -88,45 +89,67 @@ Status unpermute(const UnpermuteArgs& a) {
   });
 }
 
-Status unpermute_backward(const UnpermuteBackwardArgs& a) {
-  return visit_values_and_probs(a.dtype, a.probs ? a.probs_dtype : a.dtype, [&](auto v_tag, auto p_tag) {
-    using T = decltype(v_tag);
-    using P = decltype(p_tag);
-    using A = Acc<T>;
-    const T* dout = static_cast<const T*>(a.dout);
-    const T* permuted = static_cast<const T*>(a.permuted);
-    const P* probs = static_cast<const P*>(a.probs);
-    T* dpermuted = static_cast<T*>(a.dpermuted);
-    P* dprobs = static_cast<P*>(a.dprobs);
-    // Rows no slot maps to stay exactly zero; the mapped ones are overwritten below.
-    if (a.num_rows * a.hidden > 0) std::memset(dpermuted, 0, a.num_rows * a.hidden * sizeof(T));
-#pragma omp parallel for schedule(static) if (parallel_rows(a.num_tokens, a.hidden * a.top_k))
-    for (int64_t t = 0; t < a.num_tokens; ++t) {
-      for (int64_t j = 0; j < a.top_k; ++j) {
-        const int64_t slot = t * a.top_k + j;
-        const int64_t row = a.row_map[slot];
-        const bool mapped = maps_to_row(row, a.num_rows);
-        if (mapped) {
-          const A p = probs ? load<A>(probs, slot) : A(1);
-          for (int64_t h = 0; h < a.hidden; ++h)
-            dpermuted[row * a.hidden + h] = store<T>(p * load<A>(dout, t * a.hidden + h));
+Status unpermute_backward_in_chunks(const UnpermuteBackwardArgs& a, int64_t chunks) {
+  return visit_values_and_probs(
+      a.dtype, a.probs || a.dprobs ? a.probs_dtype : a.dtype, [&](auto v_tag, auto p_tag) {
+        using T = decltype(v_tag);
+        using P = decltype(p_tag);
+        using A = Acc<T>;
+        const int64_t slots = a.num_tokens * a.top_k;
+        const T* dout = static_cast<const T*>(a.dout);
+        const T* permuted = static_cast<const T*>(a.permuted);
+        const P* probs = static_cast<const P*>(a.probs);
+        if (a.dpermuted && a.num_rows * a.hidden > 0) {
+          std::vector<int32_t> counts(kRowDigitBuckets * chunks), bucket_start(kRowDigitBuckets),
+              order(2 * slots);
+          const int32_t* sorted =
+              sort_slots_by_row_on_host(a.row_map, slots, a.num_rows, chunks, counts.data(),
+                                        bucket_start.data(), order.data(), order.data() + slots);
+          T* dpermuted = static_cast<T*>(a.dpermuted);
+#pragma omp parallel if (parallel_rows(a.num_rows, a.hidden))
+          {
+            std::vector<A> sum(a.hidden);      // row_gradient's sums, a whole row at a time
+            int64_t next = -1, last_row = -1;  // where the slots of row last_row + 1 begin
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < a.num_rows; ++r) {
+              if (r != last_row + 1 || next < 0)
+                next = first_key_at_least(a.row_map, sorted, slots, a.num_rows, r);
+              const RowRange row = row_slots_from(a.row_map, sorted, slots, a.num_rows, r, next);
+              next = row.end, last_row = r;
+              for (int64_t i = row.begin; i < row.end; ++i) {
+                const int64_t s = sorted[i];
+                const A p = probs ? load<A>(probs, s) : A(1);
+                const T* grad = dout + s / a.top_k * a.hidden;
+                const bool first = i == row.begin;
+                for (int64_t h = 0; h < a.hidden; ++h)
+                  sum[h] = add_row_term<A>(sum[h], first, p, load<A>(grad, h));
+              }
+              T* out = dpermuted + r * a.hidden;
+              for (int64_t h = 0; h < a.hidden; ++h) out[h] = row.begin == row.end ? T{} : store<T>(sum[h]);
+            }
+          }
         }
-        if (!probs) continue;
-        A dot = 0;
-        if (mapped) {
-          A partial[kDotLanes];
-          auto x = [&](int64_t h) { return load<A>(permuted, row * a.hidden + h); };
-          auto y = [&](int64_t h) { return load<A>(dout, t * a.hidden + h); };
-          for (int lane = 0; lane < kDotLanes; ++lane)
-            partial[lane] = dot_lane_partial<A>(lane, a.hidden, x, y);
-          dot = fold_dot_lanes(partial);
+        if (!a.dprobs) return Status::Ok();
+        P* dprobs = static_cast<P*>(a.dprobs);
+#pragma omp parallel for schedule(static) if (parallel_rows(slots, a.hidden))
+        for (int64_t slot = 0; slot < slots; ++slot) {
+          const int64_t t = slot / a.top_k, row = a.row_map[slot];
+          A dot = 0;
+          if (maps_to_row(row, a.num_rows)) {
+            A partial[kDotLanes];
+            auto x = [&](int64_t h) { return load<A>(permuted, row * a.hidden + h); };
+            auto y = [&](int64_t h) { return load<A>(dout, t * a.hidden + h); };
+            for (int lane = 0; lane < kDotLanes; ++lane)
+              partial[lane] = dot_lane_partial<A>(lane, a.hidden, x, y);
+            dot = fold_dot_lanes(partial);
+          }
+          dprobs[slot] = store<P>(dot);
         }
-        dprobs[slot] = store<P>(dot);
-      }
-    }
-    return Status::Ok();
-  });
+        return Status::Ok();
+      });
 }
+
+Status unpermute_backward(const UnpermuteBackwardArgs& a) { return unpermute_backward_in_chunks(a, 1); }
 
 Status activation(const ActivationArgs& a) {
   return visit_dtype(a.dtype, [&](auto tag) {
@@ -200,6 +223,25 @@ Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& a) {
                                    a.renormalize, a.expert_indices + t * a.top_k,
                                    [&](int64_t j) { return dprobs[t * a.top_k + j]; },
                                    [&](int64_t e, A v) { drow[e] = store<T>(v); });
+    }
+    return Status::Ok();
+  });
+}
+
+Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& a) {
+  return visit_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    const T* logits = static_cast<const T*>(a.logits);
+    const T* tlogits = static_cast<const T*>(a.tlogits);
+    A* tprobs = static_cast<A*>(a.tprobs);
+#pragma omp parallel for schedule(static) if (parallel_rows(a.num_tokens, a.num_experts * a.top_k))
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      const T* row = logits + t * a.num_experts;
+      const T* trow = tlogits + t * a.num_experts;
+      softmax_topk_tangent_row<A>([&](int64_t e) { return load<A>(row, e); }, a.num_experts, a.top_k,
+                                  a.renormalize, a.expert_indices + t * a.top_k,
+                                  [&](int64_t e) { return load<A>(trow, e); }, tprobs + t * a.top_k);
     }
     return Status::Ok();
   });

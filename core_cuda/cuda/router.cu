@@ -1,5 +1,5 @@
-// The router's softmax top-k and its backward on the device: one thread per token, running
-// groupgemm/router.h's loops in float32 (the CPU backend runs the same loops).
+// The router's softmax top-k, its backward and its tangent on the device: one thread per
+// token, running groupgemm/router.h's loops in float32 (the CPU backend runs the same loops).
 #include "dtypes.cuh"
 #include "groupgemm/router.h"
 #include "kernels.h"
@@ -36,6 +36,20 @@ __global__ void softmax_topk_backward_kernel(const T* logits, const int32_t* ind
   }
 }
 
+template <typename T>
+__global__ void softmax_topk_tangent_kernel(const T* logits, const int32_t* indices, const T* tlogits,
+                                            float* tprobs, int64_t tokens, int64_t experts, int64_t k,
+                                            bool renormalize) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    const T* row = logits + t * experts;
+    const T* trow = tlogits + t * experts;
+    softmax_topk_tangent_row<float>([&](int64_t e) { return float(row[e]); }, experts, k, renormalize,
+                                    indices + t * k, [&](int64_t e) { return float(trow[e]); },
+                                    tprobs + t * k);
+  }
+}
+
 }  // namespace
 
 Status launch_softmax_topk(const SoftmaxTopkArgs& a, cudaStream_t stream) {
@@ -55,6 +69,16 @@ Status launch_softmax_topk_backward(const SoftmaxTopkBackwardArgs& a, cudaStream
         static_cast<const T*>(a.logits), a.expert_indices, static_cast<const float*>(a.dprobs),
         static_cast<T*>(a.dlogits), a.num_tokens, a.num_experts, a.top_k, a.renormalize);
     return last_launch("the softmax top-k backward kernel");
+  });
+}
+
+Status launch_softmax_topk_tangent(const SoftmaxTopkTangentArgs& a, cudaStream_t stream) {
+  return visit_cuda_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    softmax_topk_tangent_kernel<T><<<token_blocks(a.num_tokens), kThreads, 0, stream>>>(
+        static_cast<const T*>(a.logits), a.expert_indices, static_cast<const T*>(a.tlogits),
+        static_cast<float*>(a.tprobs), a.num_tokens, a.num_experts, a.top_k, a.renormalize);
+    return last_launch("the softmax top-k tangent kernel");
   });
 }
 

@@ -87,8 +87,8 @@ Status check_slots(int64_t num_tokens, int64_t top_k) {
 }
 
 // probs (and dprobs) are in the values' dtype or float32.
-Status check_probs_dtype(const void* probs, DType probs_dtype, DType dtype) {
-  if (probs && probs_dtype != dtype && probs_dtype != DType::f32)
+Status check_probs_dtype(bool has_probs, DType probs_dtype, DType dtype) {
+  if (has_probs && probs_dtype != dtype && probs_dtype != DType::f32)
     return Status::Invalid(std::string("probs must be ") + dtype_name(dtype) +
                            (dtype == DType::f32 ? "" : " or float32") + ", got " + dtype_name(probs_dtype));
   return Status::Ok();
@@ -133,6 +133,8 @@ bool cuda_compiled() {
 #endif
 }
 
+CaptureRecord cuda_capture_record() { return cuda::capture_record(); }
+
 int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int device_index) {
   // The CPU backend needs no workspace; the CUDA one needs the setup kernel's arrays,
   // whose size is known without the CUDA build (so frontends size it identically), and on
@@ -146,6 +148,11 @@ int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int de
 int64_t permute_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts) {
   if (device != Device::cuda) return 0;
   return permute_workspace_layout(num_slots < 0 ? 0 : num_slots, num_experts < 0 ? 0 : num_experts).bytes;
+}
+
+int64_t unpermute_backward_workspace_bytes(Device device, int64_t num_slots) {
+  if (device != Device::cuda) return 0;
+  return row_sort_workspace_layout(num_slots < 0 ? 0 : num_slots).bytes;
 }
 
 namespace {
@@ -231,7 +238,7 @@ Status unpermute(const UnpermuteArgs& a, const ExecContext& ctx) {
       {{"R", a.num_rows}, {"T", a.num_tokens}, {"k", a.top_k}, {"H", a.hidden}}, "unpermute"));
   GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
   GG_RETURN_IF_ERROR(check_slots(a.num_tokens, a.top_k));
-  GG_RETURN_IF_ERROR(check_probs_dtype(a.probs, a.probs_dtype, a.dtype));
+  GG_RETURN_IF_ERROR(check_probs_dtype(a.probs != nullptr, a.probs_dtype, a.dtype));
   const int64_t slots = a.num_tokens * a.top_k;
   GG_RETURN_IF_ERROR(check_ptr(a.permuted, a.num_rows * a.hidden, "permuted"));
   GG_RETURN_IF_ERROR(check_ptr(a.row_map, slots, "row_map"));
@@ -244,14 +251,11 @@ Status unpermute_backward(const UnpermuteBackwardArgs& a, const ExecContext& ctx
       {{"R", a.num_rows}, {"T", a.num_tokens}, {"k", a.top_k}, {"H", a.hidden}}, "unpermute_backward"));
   GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
   GG_RETURN_IF_ERROR(check_slots(a.num_tokens, a.top_k));
-  GG_RETURN_IF_ERROR(check_probs_dtype(a.probs, a.probs_dtype, a.dtype));
+  GG_RETURN_IF_ERROR(check_probs_dtype(a.probs || a.dprobs, a.probs_dtype, a.dtype));
   const int64_t slots = a.num_tokens * a.top_k;
-  if ((a.probs == nullptr) != (a.dprobs == nullptr) && slots > 0)
-    return Status::Invalid("dprobs must be given exactly when probs is");
   GG_RETURN_IF_ERROR(check_ptr(a.dout, a.num_tokens * a.hidden, "dout"));
-  GG_RETURN_IF_ERROR(check_ptr(a.permuted, a.probs ? a.num_rows * a.hidden : 0, "permuted"));
+  GG_RETURN_IF_ERROR(check_ptr(a.permuted, a.dprobs ? a.num_rows * a.hidden : 0, "permuted"));
   GG_RETURN_IF_ERROR(check_ptr(a.row_map, slots, "row_map"));
-  GG_RETURN_IF_ERROR(check_ptr(a.dpermuted, a.num_rows * a.hidden, "dpermuted"));
   return dispatch(a, ctx, cpu::unpermute_backward, cuda::unpermute_backward);
 }
 
@@ -291,6 +295,16 @@ Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& a, const ExecContext
   GG_RETURN_IF_ERROR(check_ptr(a.dprobs, a.num_tokens * a.top_k, "dprobs"));
   GG_RETURN_IF_ERROR(check_ptr(a.dlogits, a.num_tokens * a.num_experts, "dlogits"));
   return dispatch(a, ctx, cpu::softmax_topk_backward, cuda::softmax_topk_backward);
+}
+
+Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& a, const ExecContext& ctx) {
+  GG_RETURN_IF_ERROR(check_router(a.num_tokens, a.num_experts, a.top_k, "softmax_topk_tangent"));
+  GG_RETURN_IF_ERROR(check_device_dtype(a.dtype, ctx.device));
+  GG_RETURN_IF_ERROR(check_ptr(a.logits, a.num_tokens * a.num_experts, "logits"));
+  GG_RETURN_IF_ERROR(check_ptr(a.expert_indices, a.num_tokens * a.top_k, "expert_indices"));
+  GG_RETURN_IF_ERROR(check_ptr(a.tlogits, a.num_tokens * a.num_experts, "tlogits"));
+  GG_RETURN_IF_ERROR(check_ptr(a.tprobs, a.num_tokens * a.top_k, "tprobs"));
+  return dispatch(a, ctx, cpu::softmax_topk_tangent, cuda::softmax_topk_tangent);
 }
 
 }  // namespace groupgemm

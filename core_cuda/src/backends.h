@@ -16,8 +16,11 @@ Status activation(const ActivationArgs& args);
 Status activation_backward(const ActivationBackwardArgs& args);
 Status softmax_topk(const SoftmaxTopkArgs& args);
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args);
-// permute with the CUDA backend's steps in `chunks` chunks (permute uses 1), for the tests.
+Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& args);
+// permute and unpermute's backward with the CUDA backend's sorting steps in `chunks`
+// chunks (the CPU uses 1), for the tests.
 Status permute_in_chunks(const PermuteArgs& args, int64_t chunks);
+Status unpermute_backward_in_chunks(const UnpermuteBackwardArgs& args, int64_t chunks);
 }  // namespace cpu
 
 namespace cuda {
@@ -36,5 +39,7 @@ Status activation(const ActivationArgs& args, const ExecContext& ctx);
 Status activation_backward(const ActivationBackwardArgs& args, const ExecContext& ctx);
 Status softmax_topk(const SoftmaxTopkArgs& args, const ExecContext& ctx);
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, const ExecContext& ctx);
+Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& args, const ExecContext& ctx);
+CaptureRecord capture_record();
 }  // namespace cuda
 }  // namespace groupgemm

@@ -21,6 +21,8 @@ Status activation(const ActivationArgs&, const ExecContext&) { return not_built(
 Status activation_backward(const ActivationBackwardArgs&, const ExecContext&) { return not_built(); }
 Status softmax_topk(const SoftmaxTopkArgs&, const ExecContext&) { return not_built(); }
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs&, const ExecContext&) { return not_built(); }
+Status softmax_topk_tangent(const SoftmaxTopkTangentArgs&, const ExecContext&) { return not_built(); }
+CaptureRecord capture_record() { return {}; }
 
 }  // namespace cuda
 }  // namespace groupgemm

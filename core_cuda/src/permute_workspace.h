@@ -1,6 +1,8 @@
-// The CUDA backend's permute workspace: the kept-row count, the buckets' first rows and
-// the counts array of the chunked counting sort (groupgemm/permute.h). The caller provides the memory, so
-// nothing is allocated at run time and a CUDA graph can replay the call.
+// The CUDA backend's workspaces of the expert layer's sorts (groupgemm/permute.h):
+// permute's (the kept-row count, the buckets' first rows and the counts array of the
+// chunked counting sort) and unpermute's backward (the radix passes' counts and two slot
+// orders). The caller provides the memory, so nothing is allocated at run time and a
+// CUDA graph can replay the call.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,26 @@ GG_HD PermuteWorkspaceLayout permute_workspace_layout(int64_t num_slots, int64_t
   l.bucket_start = align16(4);
   l.counts = l.bucket_start + align16((num_experts + 1) * 4);
   l.bytes = l.counts + align16(count_entries(num_experts, l.chunks) * 4);
+  return l;
+}
+
+// Byte offsets, each 16-byte aligned.
+struct RowSortWorkspaceLayout {
+  int64_t chunks;        // C: the slot chunks of each radix pass
+  int64_t bucket_start;  // int32[256]: each digit's first position
+  int64_t counts;        // int32[256 C]
+  int64_t order[2];      // int32[T * k] each: the slots before and after a pass
+  int64_t bytes;         // total size
+};
+
+GG_HD RowSortWorkspaceLayout row_sort_workspace_layout(int64_t num_slots) {
+  RowSortWorkspaceLayout l{};
+  l.chunks = row_sort_chunks(num_slots);
+  l.bucket_start = 0;
+  l.counts = align16(kRowDigitBuckets * 4);
+  l.order[0] = l.counts + align16(kRowDigitBuckets * l.chunks * 4);
+  l.order[1] = l.order[0] + align16(num_slots * 4);
+  l.bytes = l.order[1] + align16(num_slots * 4);
   return l;
 }
 

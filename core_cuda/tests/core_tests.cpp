@@ -28,6 +28,7 @@
 #include "groupgemm/activation.h"
 #include "groupgemm/groupgemm.h"
 #include "groupgemm/permute.h"
+#include "groupgemm/router.h"
 #include "host_launcher.h"
 #include "kernel_choice.h"
 #include "lru_cache.h"
@@ -1053,17 +1054,22 @@ std::vector<P> random_probs(int64_t count, std::mt19937& rng) {
   return v;
 }
 
-// unpermute and its backward on permute's row_map plus entries outside [0, R) (dropped),
-// in value type T with probs of type P (or none), against the double reference.
+// unpermute and its backward on permute's row_map plus entries outside [0, R) (dropped)
+// and entries naming a row another slot names too, in value type T with probs of type P
+// (or none), against the double reference. The backward runs through the API, through
+// the CPU backend with the CUDA backend's sort chunking (3, 256 and its own chunk count)
+// and for one output at a time: every run gives the API's bits.
 template <typename T, typename P>
 void run_unpermute_case(const RouteCase& c, bool with_probs) {
   g_case = std::string(c.name) + " unpermute " + dtype_name(dtype_of<T>()) +
            (with_probs ? std::string(" probs ") + dtype_name(dtype_of<P>()) : std::string(" no probs"));
   const int64_t slots = c.t * c.k, rows = slots, h = c.h;
   std::vector<int32_t> row_map = expected_route(c).row_map;
-  // A few foreign entries: R itself and huge values add nothing, like -1.
+  // A few foreign entries: R itself and huge values add nothing, like -1; every fourth
+  // slot names the row of the slot two before it (a row twice, or a dropped slot again).
   for (int64_t s = 0; s < slots; s += 5)
     if (row_map[s] < 0) row_map[s] = (s % 2) ? int32_t(rows) : INT32_MAX;
+  for (int64_t s = 3; s < slots; s += 4) row_map[s] = row_map[s - 2];
   std::mt19937 rng(11);
   const std::vector<T> permuted = random_vec<T>(rows * h, rng), dout = random_vec<T>(c.t * h, rng);
   const std::vector<P> probs = random_probs<P>(slots, rng);
@@ -1093,13 +1099,14 @@ void run_unpermute_case(const RouteCase& c, bool with_probs) {
   b.probs = with_probs ? probs.data() : nullptr, b.dprobs = with_probs ? dprobs.data() : nullptr;
   b.dpermuted = dpermuted.data(), b.num_rows = rows, b.num_tokens = c.t, b.top_k = c.k, b.hidden = h;
   CHECK(unpermute_backward(b, ExecContext{}).ok());
+  std::vector<double> want_dpermuted(rows * h, 0.0);
   std::vector<bool> referenced(rows, false);
   for (int64_t s = 0; s < slots; ++s) {
     const int64_t t = s / c.k;
     if (mapped(s)) {
       referenced[row_map[s]] = true;
-      for (int64_t j = 0; j < h; ++j)  // one rounding of the float product
-        CHECK(close(dpermuted[row_map[s] * h + j], prob(s) * to_double(dout[t * h + j])));
+      for (int64_t j = 0; j < h; ++j)
+        want_dpermuted[row_map[s] * h + j] += prob(s) * to_double(dout[t * h + j]);
     }
     if (!with_probs) continue;
     if (!mapped(s)) {
@@ -1111,8 +1118,67 @@ void run_unpermute_case(const RouteCase& c, bool with_probs) {
       want += to_double(permuted[row_map[s] * h + j]) * to_double(dout[t * h + j]);
     CHECK(close(dprobs[s], want) || std::fabs(to_double(dprobs[s]) - want) <= 1e-3 * std::sqrt(double(h)));
   }
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = 0; r < rows; ++r) {
     if (!referenced[r]) CHECK(all_zero_bytes(dpermuted.data() + r * h, h * sizeof(T)));
+    for (int64_t j = 0; j < h; ++j) CHECK(close(dpermuted[r * h + j], want_dpermuted[r * h + j]));
+  }
+
+  auto same_bits = [](const auto& a, const auto& b) {
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+  };
+  for (int64_t chunks : {int64_t(3), int64_t(256), row_sort_chunks(slots)}) {
+    std::vector<T> again = nan_vec<T>(rows * h);
+    UnpermuteBackwardArgs rows_only = b;
+    rows_only.dpermuted = again.data(), rows_only.dprobs = nullptr;
+    CHECK(cpu::unpermute_backward_in_chunks(rows_only, chunks).ok());
+    CHECK(same_bits(again, dpermuted));
+  }
+  if (with_probs) {
+    std::vector<P> again = nan_vec<P>(slots);
+    UnpermuteBackwardArgs dots_only = b;
+    dots_only.dpermuted = nullptr, dots_only.probs = nullptr, dots_only.dprobs = again.data();
+    CHECK(unpermute_backward(dots_only, ExecContext{}).ok());
+    CHECK(same_bits(again, dprobs));
+  }
+}
+
+// unpermute's backward with rows split over 1, 2 and 3 threads (each thread's first row
+// finds its slots by binary search, the rest by walking on): the same bits, and each row
+// the sum of the slots naming it, in slot order.
+void test_unpermute_backward_bits_on_any_thread_count() {
+  g_case = "unpermute_backward_thread_count";
+  const int64_t t = 1500, k = 2, rows = t * k, h = 17;  // rows * h over the parallel threshold
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int32_t> row(-2, int32_t(rows) + 1);  // some outside [0, R)
+  std::vector<int32_t> row_map(t * k);
+  for (auto& r : row_map) r = row(rng);
+  for (int64_t s = 0; s < t * k; s += 7) row_map[s] = 5;  // row 5 named by many slots
+  const std::vector<float> dout = random_vec<float>(t * h, rng), probs = random_probs<float>(t * k, rng);
+  UnpermuteBackwardArgs b;
+  b.dout = dout.data(), b.row_map = row_map.data(), b.probs = probs.data();
+  b.num_rows = rows, b.num_tokens = t, b.top_k = k, b.hidden = h;
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<float>> results;
+  for (int n : {1, 2, 3}) {
+    omp_set_num_threads(n);
+    results.emplace_back(nan_vec<float>(rows * h));
+    b.dpermuted = results.back().data();
+    CHECK(unpermute_backward(b, ExecContext{}).ok());
+  }
+  omp_set_num_threads(threads);
+  for (const auto& r : results) CHECK(std::memcmp(r.data(), results[0].data(), r.size() * sizeof(float)) == 0);
+  for (int64_t j = 0; j < h; ++j) {
+    float want = 0;  // row 5: the float32 sum in slot order, the first term the product itself
+    bool first = true;
+    for (int64_t s = 0; s < t * k; ++s)
+      if (row_map[s] == 5) {
+        const float term = probs[s] * dout[s / k * h + j];
+        want = first ? term : want + term;
+        first = false;
+      }
+    CHECK(results[0][5 * h + j] == want);
+  }
 }
 
 // Small integers: every float32 sum is exact, so unpermute(permute(x)) is exactly the
@@ -1207,6 +1273,50 @@ void test_permute_steps() {
       CHECK(permute_workspace_bytes(Device::cuda, slots, e) == l.bytes);
       CHECK(permute_workspace_bytes(Device::cpu, slots, e) == 0);
     }
+  // unpermute's backward: the row keys, the radix passes and their workspace.
+  CHECK(row_key(3, 5) == 3 && row_key(5, 5) == 5 && row_key(-1, 5) == 5 && row_key(INT32_MAX, 5) == 5);
+  CHECK(dropped_row_key(big) == int64_t(1) << 31 && row_key(INT32_MAX, big) == INT32_MAX);
+  CHECK(row_sort_passes(0) == 1 && row_sort_passes(255) == 1 && row_sort_passes(256) == 2);
+  CHECK(row_sort_passes(int64_t(1) << 24) == 4 && row_sort_passes(big) == 4);
+  for (int64_t slots : {0, 1, 17, 4096, 1 << 20}) {
+    const RowSortWorkspaceLayout l = row_sort_workspace_layout(slots);
+    CHECK(l.counts % 16 == 0 && l.order[0] % 16 == 0 && l.order[1] % 16 == 0 && l.bytes % 16 == 0);
+    CHECK(l.counts >= kRowDigitBuckets * 4 && l.order[0] >= l.counts + kRowDigitBuckets * l.chunks * 4);
+    CHECK(l.order[1] >= l.order[0] + slots * 4 && l.bytes >= l.order[1] + slots * 4);
+    CHECK(kRowDigitBuckets * l.chunks <= kPermuteMaxCountEntries && l.chunks == row_sort_chunks(slots));
+    CHECK(unpermute_backward_workspace_bytes(Device::cuda, slots) == l.bytes);
+    CHECK(unpermute_backward_workspace_bytes(Device::cpu, slots) == 0);
+  }
+}
+
+// The router counts a NaN logit as -inf in both softmax modes: the same choices,
+// probabilities, gradients and tangents as with the expert masked, all finite.
+void test_router_nan_is_masked() {
+  g_case = "router_nan_is_masked";
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float with_nan[] = {0.5f, nan, 2.0f, -1.0f, nan}, masked[] = {0.5f, -inf, 2.0f, -1.0f, -inf};
+  const float dprobs[] = {0.3f, -0.7f, 1.1f}, tlogits[] = {0.2f, 0.4f, -0.6f, 1.0f, -0.3f};
+  for (bool renormalize : {true, false}) {
+    int32_t idx_a[3], idx_b[3];
+    float probs_a[3], probs_b[3], dl_a[5], dl_b[5], tp_a[3], tp_b[3];
+    auto run = [&](const float* l, int32_t* idx, float* probs, float* dl, float* tp) {
+      auto logit = [&](int64_t e) { return l[e]; };
+      softmax_topk_row<float>(logit, 5, 3, renormalize, idx, probs);
+      softmax_topk_backward_row<float>(
+          logit, 5, 3, renormalize, idx, [&](int64_t j) { return dprobs[j]; },
+          [&](int64_t e, float v) { dl[e] = v; });
+      softmax_topk_tangent_row<float>(
+          logit, 5, 3, renormalize, idx, [&](int64_t e) { return tlogits[e]; }, tp);
+    };
+    run(with_nan, idx_a, probs_a, dl_a, tp_a);
+    run(masked, idx_b, probs_b, dl_b, tp_b);
+    CHECK(idx_a[0] == 2 && idx_a[1] == 0 && idx_a[2] == 3);
+    CHECK(std::memcmp(idx_a, idx_b, sizeof idx_a) == 0 && std::memcmp(probs_a, probs_b, sizeof probs_a) == 0);
+    CHECK(std::memcmp(dl_a, dl_b, sizeof dl_a) == 0 && std::memcmp(tp_a, tp_b, sizeof tp_a) == 0);
+    for (int e : {1, 4}) CHECK(all_zero_bytes(&dl_a[e], sizeof(float)));  // +0.0
+    for (float p : probs_a) CHECK(std::isfinite(p) && p > 0);
+    CHECK(std::fabs(probs_a[0] + probs_a[1] + probs_a[2] - 1.0f) < 1e-6f);  // no other expert is unmasked
+  }
 }
 
 // Each activation and its derivative, independently of activation.h.
@@ -1384,12 +1494,21 @@ void test_moe_errors() {
   CHECK(invalid_naming(unpermute(u, ExecContext{}), "probs must be bfloat16 or float32"));
   u.probs_dtype = DType::f32, u.num_rows = -1;
   CHECK(invalid_naming(unpermute(u, ExecContext{}), "R must be non-negative"));
-  UnpermuteBackwardArgs b;
+  UnpermuteBackwardArgs b;  // each output optional: probs without dprobs, dprobs without probs
   b.dout = x, b.permuted = x, b.row_map = i32, b.dpermuted = x, b.probs = x;
   b.num_rows = 4, b.num_tokens = 2, b.top_k = 2, b.hidden = 1;
-  CHECK(invalid_naming(unpermute_backward(b, ExecContext{}), "dprobs must be given exactly when probs is"));
-  b.dprobs = x;
   CHECK(unpermute_backward(b, ExecContext{}).ok());
+  b.dpermuted = nullptr, b.probs = nullptr, b.dprobs = x;
+  CHECK(unpermute_backward(b, ExecContext{}).ok());
+  b.permuted = nullptr;  // dprobs reads permuted
+  CHECK(invalid_naming(unpermute_backward(b, ExecContext{}), "permuted is null"));
+  b.permuted = x, b.probs_dtype = DType::f16;
+  CHECK(invalid_naming(unpermute_backward(b, ExecContext{}), "probs must be float32, got float16"));
+  b.probs_dtype = DType::f32, b.dprobs = nullptr, b.dpermuted = x;
+  gpu.workspace = nullptr, gpu.workspace_bytes = 0;
+  s = unpermute_backward(b, gpu);  // no workspace and no device: a clear status either way
+  CHECK(!s.ok() &&
+        (s.message.find("CUDA") != std::string::npos || s.message.find("workspace") != std::string::npos));
 
   ActivationArgs a;
   a.h = x, a.out = x, a.rows = 2, a.in_features = 3;
@@ -1463,6 +1582,8 @@ int main() {
   test_dot_order();
   test_permute_cases();
   test_unpermute_exact();
+  test_unpermute_backward_bits_on_any_thread_count();
+  test_router_nan_is_masked();
   test_activation_derivatives();
   test_moe_errors();
   std::printf("%d passed, %d failed\n", passed, failed);

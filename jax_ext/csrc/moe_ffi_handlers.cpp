@@ -1,9 +1,10 @@
 // XLA FFI handlers of the expert layer's ops: permute, unpermute and its backward, the
-// activation and its backward, the router's softmax top-k and its backward. Like the GEMMs' handlers: a CPU
-// and a CUDA variant each, the CUDA one on XLA's stream (PlatformStream<void*>), command-buffer compatible
-// (the core reads expert indices on the device and allocates nothing; permute's workspace is an extra
-// result). Shapes were checked in Python at trace time; they are checked again here because the core trusts
-// its element counts.
+// activation and its backward, the router's softmax top-k, its backward and its tangent.
+// Like the GEMMs' handlers: a CPU and a CUDA variant each, the CUDA one on XLA's stream
+// (PlatformStream<void*>), command-buffer compatible (the core reads expert indices on the
+// device and allocates nothing; the workspaces of permute and unpermute's backward are
+// extra results). Shapes were checked in Python at trace time; they are checked again here
+// because the core trusts its element counts.
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
@@ -93,31 +94,48 @@ ffi::Error unpermute_op(Device device, void* stream, Buf permuted, Buf row_map, 
   return to_ffi(unpermute(a, plain_context(device, stream)));
 }
 
-// unpermute's backward: (dout [T, H], permuted [R, H], row_map [T, k], probs) ->
-// (dpermuted [R, H], dprobs [T, k], or size 0 without probs).
+// unpermute's backward: (dout [T, H], permuted [R, H] (read for dprobs only), row_map [T, k], probs) ->
+// (dpermuted [R, H], dprobs [T, k], workspace: unpermute_backward_workspace_bytes(...) bytes, empty on
+// CPU). An absent operand or an output not asked for is a size-0 placeholder; the flags say which.
 ffi::Error unpermute_backward_op(Device device, void* stream, Buf dout, Buf permuted, Buf row_map, Buf probs,
-                                 Out dpermuted, Out dprobs, bool has_probs) {
+                                 Out dpermuted, Out dprobs, Out workspace, bool has_probs, bool has_dpermuted,
+                                 bool has_dprobs) {
   UnpermuteBackwardArgs a;
-  if (!float_dtype(permuted.element_type(), &a.dtype) || dout.element_type() != permuted.element_type() ||
-      dpermuted->element_type() != permuted.element_type())
-    return dtype_error("unpermute_backward (dout, permuted and dpermuted)");
+  if (!float_dtype(dout.element_type(), &a.dtype)) return dtype_error("unpermute_backward's dout");
   if (!is_int32(row_map)) return invalid("row_map must be int32");
-  const auto pd = permuted.dimensions(), rd = row_map.dimensions();
-  if (pd.size() != 2) return shape_error("permuted");
-  if (rd.size() != 2) return shape_error("row_map");
-  a.num_rows = pd[0], a.hidden = pd[1], a.num_tokens = rd[0], a.top_k = rd[1];
-  if (!shape_is(dout, {a.num_tokens, a.hidden})) return shape_error("dout");
-  if (!shape_is(*dpermuted, {a.num_rows, a.hidden})) return shape_error("dpermuted");
-  if (has_probs) {
-    if (!float_dtype(probs.element_type(), &a.probs_dtype) || dprobs->element_type() != probs.element_type())
-      return dtype_error("unpermute_backward's probs and dprobs");
-    if (!shape_is(probs, {a.num_tokens, a.top_k})) return shape_error("probs");
-    if (!shape_is(*dprobs, {a.num_tokens, a.top_k})) return shape_error("dprobs");
-    a.probs = probs.untyped_data(), a.dprobs = dprobs->untyped_data();
+  const auto dd = dout.dimensions(), rd = row_map.dimensions();
+  if (dd.size() != 2) return shape_error("dout");
+  if (rd.size() != 2 || rd[0] != dd[0]) return shape_error("row_map");
+  a.num_tokens = rd[0], a.top_k = rd[1], a.hidden = dd[1];
+  if (has_dpermuted || has_dprobs) {
+    const auto rows = has_dpermuted ? dpermuted->dimensions() : permuted.dimensions();
+    if (rows.size() != 2) return shape_error(has_dpermuted ? "dpermuted" : "permuted");
+    a.num_rows = rows[0];
   }
-  a.dout = dout.untyped_data(), a.permuted = permuted.untyped_data(), a.dpermuted = dpermuted->untyped_data();
+  if (has_dpermuted) {
+    if (dpermuted->element_type() != dout.element_type())
+      return dtype_error("unpermute_backward's dpermuted");
+    if (!shape_is(*dpermuted, {a.num_rows, a.hidden})) return shape_error("dpermuted");
+    a.dpermuted = dpermuted->untyped_data();
+  }
+  if (has_dprobs) {
+    if (permuted.element_type() != dout.element_type()) return dtype_error("unpermute_backward's permuted");
+    if (!shape_is(permuted, {a.num_rows, a.hidden})) return shape_error("permuted");
+    if (!float_dtype(dprobs->element_type(), &a.probs_dtype))
+      return dtype_error("unpermute_backward's dprobs");
+    if (!shape_is(*dprobs, {a.num_tokens, a.top_k})) return shape_error("dprobs");
+    a.permuted = permuted.untyped_data(), a.dprobs = dprobs->untyped_data();
+  }
+  if (has_probs) {
+    DType probs_dtype;
+    if (!float_dtype(probs.element_type(), &probs_dtype) || (has_dprobs && probs_dtype != a.probs_dtype))
+      return dtype_error("unpermute_backward's probs (and dprobs)");
+    if (!shape_is(probs, {a.num_tokens, a.top_k})) return shape_error("probs");
+    a.probs_dtype = probs_dtype, a.probs = probs.untyped_data();
+  }
+  a.dout = dout.untyped_data();
   a.row_map = static_cast<const int32_t*>(row_map.untyped_data());
-  return to_ffi(unpermute_backward(a, plain_context(device, stream)));
+  return to_ffi(unpermute_backward(a, context(device, stream, &*workspace)));
 }
 
 // activation: h [M, F_in] -> out [M, F]; kind is Activation's value.
@@ -194,6 +212,26 @@ ffi::Error softmax_topk_backward_op(Device device, void* stream, Buf logits, Buf
   return to_ffi(softmax_topk_backward(a, plain_context(device, stream)));
 }
 
+// softmax_topk's forward-mode derivative: (logits [T, E], expert_indices [T, k], tlogits [T, E]) ->
+// tprobs [T, k].
+ffi::Error softmax_topk_tangent_op(Device device, void* stream, Buf logits, Buf expert_indices, Buf tlogits,
+                                   Out tprobs, bool renormalize) {
+  SoftmaxTopkTangentArgs a;
+  if (!float_dtype(logits.element_type(), &a.dtype) || tlogits.element_type() != logits.element_type())
+    return dtype_error("softmax_topk_tangent (logits and tlogits)");
+  if (!is_int32(expert_indices)) return invalid("expert_indices must be int32");
+  if (!is_router_probs(*tprobs, a.dtype)) return dtype_error("softmax_topk_tangent's tprobs");
+  const auto ld = logits.dimensions(), id = expert_indices.dimensions();
+  if (ld.size() != 2) return shape_error("logits");
+  if (id.size() != 2 || id[0] != ld[0]) return shape_error("expert_indices");
+  a.num_tokens = ld[0], a.num_experts = ld[1], a.top_k = id[1], a.renormalize = renormalize;
+  if (!shape_is(tlogits, {a.num_tokens, a.num_experts})) return shape_error("tlogits");
+  if (!shape_is(*tprobs, {a.num_tokens, a.top_k})) return shape_error("tprobs");
+  a.logits = logits.untyped_data(), a.tlogits = tlogits.untyped_data(), a.tprobs = tprobs->untyped_data();
+  a.expert_indices = static_cast<const int32_t*>(expert_indices.untyped_data());
+  return to_ffi(softmax_topk_tangent(a, plain_context(device, stream)));
+}
+
 // The CPU variant of an op runs with no stream; the CUDA one with XLA's.
 template <auto Op, typename... Rest>
 ffi::Error on_cpu(Rest... rest) {
@@ -233,7 +271,10 @@ auto unpermute_backward_binding(B b) {
       .template Arg<Buf>()
       .template Ret<Buf>()
       .template Ret<Buf>()
-      .template Attr<bool>("has_probs");
+      .template Ret<Buf>()
+      .template Attr<bool>("has_probs")
+      .template Attr<bool>("has_dpermuted")
+      .template Attr<bool>("has_dprobs");
 }
 template <typename B>
 auto activation_binding(B b) {
@@ -272,10 +313,10 @@ XLA_FFI_DEFINE_HANDLER(kUnpermuteCpu, (on_cpu<unpermute_op, Buf, Buf, Buf, Out, 
 XLA_FFI_DEFINE_HANDLER(kUnpermuteCuda, (on_cuda<unpermute_op, Buf, Buf, Buf, Out, bool>),
                        unpermute_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(kUnpermuteBackwardCpu,
-                       (on_cpu<unpermute_backward_op, Buf, Buf, Buf, Buf, Out, Out, bool>),
+                       (on_cpu<unpermute_backward_op, Buf, Buf, Buf, Buf, Out, Out, Out, bool, bool, bool>),
                        unpermute_backward_binding(cpu_bind()));
 XLA_FFI_DEFINE_HANDLER(kUnpermuteBackwardCuda,
-                       (on_cuda<unpermute_backward_op, Buf, Buf, Buf, Buf, Out, Out, bool>),
+                       (on_cuda<unpermute_backward_op, Buf, Buf, Buf, Buf, Out, Out, Out, bool, bool, bool>),
                        unpermute_backward_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(kActivationCpu, (on_cpu<activation_op, Buf, Out, int32_t>),
                        activation_binding(cpu_bind()));
@@ -294,6 +335,11 @@ XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkBackwardCpu, (on_cpu<softmax_topk_backward_op
 XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkBackwardCuda,
                        (on_cuda<softmax_topk_backward_op, Buf, Buf, Buf, Out, bool>),
                        softmax_topk_backward_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
+// The tangent takes the backward's operand, result and attribute kinds.
+XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkTangentCpu, (on_cpu<softmax_topk_tangent_op, Buf, Buf, Buf, Out, bool>),
+                       softmax_topk_backward_binding(cpu_bind()));
+XLA_FFI_DEFINE_HANDLER(kSoftmaxTopkTangentCuda, (on_cuda<softmax_topk_tangent_op, Buf, Buf, Buf, Out, bool>),
+                       softmax_topk_backward_binding(cuda_bind()), {ffi::Traits::kCmdBufferCompatible});
 
 nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
 
@@ -307,6 +353,7 @@ void add_moe_ffi_handlers(nb::dict& cpu, nb::dict& cuda) {
   cpu["groupgemm_activation_backward"] = capsule(kActivationBackwardCpu);
   cpu["groupgemm_softmax_topk"] = capsule(kSoftmaxTopkCpu);
   cpu["groupgemm_softmax_topk_backward"] = capsule(kSoftmaxTopkBackwardCpu);
+  cpu["groupgemm_softmax_topk_tangent"] = capsule(kSoftmaxTopkTangentCpu);
   cuda["groupgemm_permute"] = capsule(kPermuteCuda);
   cuda["groupgemm_unpermute"] = capsule(kUnpermuteCuda);
   cuda["groupgemm_unpermute_backward"] = capsule(kUnpermuteBackwardCuda);
@@ -314,6 +361,7 @@ void add_moe_ffi_handlers(nb::dict& cpu, nb::dict& cuda) {
   cuda["groupgemm_activation_backward"] = capsule(kActivationBackwardCuda);
   cuda["groupgemm_softmax_topk"] = capsule(kSoftmaxTopkCuda);
   cuda["groupgemm_softmax_topk_backward"] = capsule(kSoftmaxTopkBackwardCuda);
+  cuda["groupgemm_softmax_topk_tangent"] = capsule(kSoftmaxTopkTangentCuda);
 }
 
 }  // namespace groupgemm

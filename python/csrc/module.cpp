@@ -22,6 +22,18 @@ NB_MODULE(_core, m) {
   m.doc() = "groupgemm core: grouped GEMM for Mixture-of-Experts layers";
   m.def("cuda_compiled", &groupgemm::cuda_compiled, "True when the CUDA backend was compiled in.");
   m.def(
+      "cuda_capture_record",
+      [] {
+        const groupgemm::CaptureRecord r = groupgemm::cuda_capture_record();
+        nb::dict d;
+        d["calls"] = r.calls, d["calls_under_capture"] = r.calls_under_capture;
+        d["first_under_capture"] = r.first_under_capture;
+        return d;
+      },
+      "The CUDA calls this process made on a stream, how many ran while their stream was capturing (a CUDA "
+      "graph or an XLA command buffer being recorded) and whether the first did: a capture check's "
+      "evidence.");
+  m.def(
       "cuda_architectures",
       [] { return std::string(groupgemm::cuda_compiled() ? GROUPGEMM_CUDA_ARCHS : ""); },
       "The CUDA architectures compiled for, comma-separated (CMAKE_CUDA_ARCHITECTURES).");
@@ -36,6 +48,10 @@ NB_MODULE(_core, m) {
         nb::arg("num_slots"), nb::arg("num_experts"),
         "Bytes of workspace permute needs on `device` for num_slots = T * k slots and num_experts experts "
         "(0 on the CPU).");
+  m.def("unpermute_backward_workspace_bytes", &groupgemm::unpermute_backward_workspace_bytes,
+        nb::arg("device"), nb::arg("num_slots"),
+        "Bytes of workspace unpermute_backward needs on `device` to compute dpermuted for num_slots = T * k "
+        "slots (0 on the CPU).");
   // An IntEnum: int(kind) is the value an XLA FFI attribute carries.
   nb::enum_<groupgemm::Activation>(m, "Activation", nb::is_arithmetic(), "The expert MLP's activation.")
       .value("swiglu", groupgemm::Activation::swiglu, "silu(h[:, :F]) * h[:, F:]")

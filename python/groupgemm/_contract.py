@@ -18,6 +18,8 @@ WIDER_OUTPUTS = {"bfloat16": ("float32",), "float16": ("float32",)}
 # The integer dtypes the core reads group sizes and offsets in.
 INDEX_DTYPES = ("int32", "int64")
 _INT64_MAX = 2**63 - 1
+# The core counts experts, groups and rows (row_map, group_sizes, expert_indices) in int32.
+INT32_MAX = 2**31 - 1
 
 JAX_NAMES = {"lhs": "lhs", "rhs": "rhs", "transpose": "transpose_rhs", "out_dtype": "preferred_element_type"}
 TORCH_NAMES = {"lhs": "input", "rhs": "weight", "transpose": "transpose_weight", "out_dtype": "out_dtype"}
@@ -79,11 +81,26 @@ def _is_static_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def static_count(value, name, fn):
-    """A non-negative Python or NumPy integer (bool is not an integer here)."""
+def static_count(value, name, fn, limit=None, why=""):
+    """A non-negative Python or NumPy integer (bool is not an integer here), at most
+    `limit` when given (`why` says where the limit comes from)."""
     if not _is_static_int(value) or value < 0:
         raise ValueError(f"{fn}: {name} must be a non-negative int, got {value!r}")
+    if limit is not None and value > limit:
+        raise ValueError(f"{fn}: {name} = {value} exceeds {limit} ({why})")
     return int(value)
+
+
+def check_num_experts(value, fn):
+    """num_experts of permute: bucket E (its dropped slots) and every group size are int32."""
+    return static_count(value, "num_experts", fn, INT32_MAX - 1, "expert ids and group sizes are int32")
+
+
+def check_slots(num_tokens, top_k, name, fn):
+    """T * k slots: row_map holds their rows as int32."""
+    if num_tokens * top_k > INT32_MAX:
+        raise ValueError(f"{fn}: {name} has T * k = {num_tokens} * {top_k} slots, more than row_map's int32 rows "
+                         f"hold ({INT32_MAX})")
 
 
 def is_index_dtype(dtype):
@@ -194,7 +211,7 @@ def wgrad(fn, names, lhs, grad, num_groups):
     check_same_dtype(grad_dtype, lhs_dtype, "grad", names["lhs"], fn)
     if grad_shape[0] != lhs_shape[0]:
         raise ValueError(f"{fn}: grad has {grad_shape[0]} rows but {names['lhs']} has {lhs_shape[0]}")
-    num_groups = static_count(num_groups, "num_groups", fn)
+    num_groups = static_count(num_groups, "num_groups", fn, INT32_MAX, "the core counts groups in int32")
     return num_groups, (num_groups, lhs_shape[1], grad_shape[1])
 
 
@@ -250,7 +267,8 @@ def permute(fn, tokens, expert_indices, num_experts):
     check_index_dtype(indices_dtype, "expert_indices", fn)
     if indices_shape[0] != tokens_shape[0]:
         raise ValueError(f"{fn}: expert_indices has {indices_shape[0]} rows but tokens has {tokens_shape[0]}")
-    return tokens_shape[0], indices_shape[1], tokens_shape[1], static_count(num_experts, "num_experts", fn)
+    check_slots(*indices_shape, "expert_indices", fn)
+    return tokens_shape[0], indices_shape[1], tokens_shape[1], check_num_experts(num_experts, fn)
 
 
 def unpermute(fn, permuted, row_map, probs=None):
@@ -262,6 +280,7 @@ def unpermute(fn, permuted, row_map, probs=None):
     check_rank(map_shape, 2, "row_map", "[T, k]", fn)
     if map_dtype != "int32":
         raise TypeError(f"{fn}: row_map must be int32 (as permute returns it), got {map_dtype}")
+    check_slots(*map_shape, "row_map", fn)
     if probs is not None:
         probs_shape, probs_dtype = probs
         check_shape(probs_shape, map_shape, "probs", fn)
@@ -289,6 +308,8 @@ def softmax_topk(fn, logits, k, renormalize):
     shape, dtype = logits
     check_float(dtype, "logits", fn)
     check_rank(shape, 2, "logits", "[T, E]", fn)
+    if shape[1] > INT32_MAX:
+        raise ValueError(f"{fn}: logits has {shape[1]} experts; expert_indices are int32 (at most {INT32_MAX})")
     k = static_count(k, "k", fn)
     if k > shape[1]:
         raise ValueError(f"{fn}: k = {k} exceeds the {shape[1]} experts (logits' last dimension)")

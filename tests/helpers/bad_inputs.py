@@ -1,7 +1,8 @@
 """The bad-input table: calls every frontend must refuse with a clear message naming the
 argument. ``message`` is a regular expression; ``{lhs}``, ``{rhs}``, ``{transpose}`` and
-``{out_dtype}`` stand for each frontend's spelling of those arguments. Rows marked
-``core=True`` reach the C++ core's own checks too (test_core.py holds it to them)."""
+``{out_dtype}`` stand for each frontend's spelling of those arguments. Rows with a
+``core`` pattern reach the C++ core's own checks too, whose message must match it
+(test_core.py holds the core to them)."""
 
 import dataclasses
 import re
@@ -20,7 +21,7 @@ class BadInput:
     call: Callable
     error: type
     pattern: str
-    core: bool = False
+    core: str | None = None  # what the C++ core's message must match, naming the argument its way; None: not reached
     frontends: tuple = BOTH
 
     def message(self, names):
@@ -40,49 +41,68 @@ def _zeros(a, shape, dtype="float32"):
 
 
 BAD_INPUTS = [
-    BadInput("lhs_rank", lambda f, a: f.matmul(a.lhs[None], a.rhs, a.sizes), ValueError, "{lhs} must be 2-D", True),
-    BadInput("rhs_rank", lambda f, a: f.matmul(a.lhs, a.rhs[0], a.sizes), ValueError, "{rhs} must be 3-D", True),
+    BadInput("lhs_rank", lambda f, a: f.matmul(a.lhs[None], a.rhs, a.sizes), ValueError, "{lhs} must be 2-D",
+             core="lhs must have rank 2"),
+    BadInput("rhs_rank", lambda f, a: f.matmul(a.lhs, a.rhs[0], a.sizes), ValueError, "{rhs} must be 3-D",
+             core="rhs must have rank 3"),
     BadInput("rhs_dtype", lambda f, a: f.matmul(a.lhs, a.cast(a.rhs, "bfloat16"), a.sizes), TypeError,
-             "{rhs} dtype bfloat16 differs", True),
+             "{rhs} dtype bfloat16 differs",
+             core="rhs must have the dtype of lhs"),
     BadInput("lhs_not_float", lambda f, a: f.matmul(a.cast(a.lhs, "int32"), a.rhs, a.sizes), TypeError,
-             "{lhs} must be float32, bfloat16, float16 or float64", True),
+             "{lhs} must be float32, bfloat16, float16 or float64",
+             core="lhs must be float32"),
     BadInput("no_contraction", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, transpose=True), ValueError,
-             "does not contract .*{transpose}=True", True),
+             "does not contract .*{transpose}=True",
+             core="rhs dimension 2 is 5, expected 4"),
     BadInput("group_count", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes[:2]), ValueError,
-             "group_sizes has 2 entries but there are 3 groups", True),
+             "group_sizes has 2 entries but there are 3 groups",
+             core="group_sizes has 2 entries but there are 3 groups"),
     BadInput("sizes_2d", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes[None]), ValueError, "group_sizes must be 1-D",
-             True),
+             core="group_sizes must have rank 1"),
     BadInput("sizes_float", lambda f, a: f.matmul(a.lhs, a.rhs, a.cast(a.sizes, "float32")), TypeError,
-             "group_sizes must be an integer", True),
+             "group_sizes must be an integer",
+             core="group_sizes must be int32 or int64"),
     BadInput("sizes_bool", lambda f, a: f.matmul(a.lhs, a.rhs, a.cast(a.sizes, "bool")), TypeError,
-             "group_sizes must be an integer", True),
+             "group_sizes must be an integer",
+             core="group_sizes must be int32 or int64"),
     BadInput("window_too_small", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes[:1], offset=0), ValueError,
-             "fewer than the 3 local groups", True),
+             "fewer than the 3 local groups",
+             core="group_sizes has 1 entries, fewer than the 3 local groups"),
     BadInput("offset_not_scalar", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, offset=a.array([0, 1], "int32")),
-             ValueError, "group_offset must be an int or a one-element", True),
+             ValueError, "group_offset must be an int or a one-element",
+             core="group_offset must be a scalar"),
     BadInput("offset_bool", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, offset=True), TypeError,
              "group_offset must be an integer"),
     BadInput("offset_numpy_bool", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, offset=np.bool_(False)), TypeError,
              "group_offset must be an integer"),
     BadInput("offset_float", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, offset=a.array(0.0, "float32")),
-             TypeError, "group_offset must be an integer", True),
+             TypeError, "group_offset must be an integer",
+             core="group_offset must be int32 or int64"),
     BadInput("bias_shape", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, bias=_zeros(a, (3, 4))), ValueError,
-             r"bias must have shape \(3, 5\)", True),
+             r"bias must have shape \(3, 5\)",
+             core="bias dimension 1 is 4, expected 5"),
     BadInput("bias_dtype", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, bias=_zeros(a, (3, 5), "bfloat16")),
-             TypeError, "bias dtype bfloat16 differs", True),
+             TypeError, "bias dtype bfloat16 differs",
+             core="bias must have the dtype of lhs"),
     BadInput("output_dtype", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, out_dtype="float16"), TypeError,
-             "{out_dtype} float16 is not supported for float32 inputs", True),
+             "{out_dtype} float16 is not supported for float32 inputs",
+             core="output dtype float16 is not allowed for float32 inputs"),
     BadInput("wgrad_rows", lambda f, a: f.wgrad(a.lhs, a.lhs[:2], a.sizes, 3), ValueError,
-             "grad has 2 rows but {lhs} has 6", True),
+             "grad has 2 rows but {lhs} has 6",
+             core="grad dimension 0 is 2, expected 6"),
     BadInput("wgrad_num_groups_bool", lambda f, a: f.wgrad(a.lhs, a.lhs, a.sizes, True), ValueError,
              "num_groups must be a non-negative int"),
     BadInput("wgrad_num_groups_negative", lambda f, a: f.wgrad(a.lhs, a.lhs, a.sizes, -1), ValueError,
              "num_groups must be a non-negative int"),
+    BadInput("wgrad_num_groups_past_int32", lambda f, a: f.wgrad(a.lhs, a.lhs, a.sizes, 2**40), ValueError,
+             r"num_groups = 1099511627776 exceeds 2147483647 \(the core counts groups in int32\)"),
     BadInput("accumulate_dtype",
              lambda f, a: f.wgrad(a.lhs, a.lhs, a.sizes, 3, accumulate_into=_zeros(a, (3, 4, 4), "bfloat16")),
-             TypeError, "accumulate_into must be float32, got bfloat16", True),
+             TypeError, "accumulate_into must be float32, got bfloat16",
+             core="accumulate_into must be float32, got bfloat16"),
     BadInput("accumulate_shape", lambda f, a: f.wgrad(a.lhs, a.lhs, a.sizes, 3, accumulate_into=_zeros(a, (3, 4, 5))),
-             ValueError, r"accumulate_into must have shape \(3, 4, 4\)", True),
+             ValueError, r"accumulate_into must have shape \(3, 4, 4\)",
+             core="out dimension 2 is 5, expected 4"),
 ]
 
 # What only one frontend can be handed: JAX takes Python lists and has no devices,

@@ -30,28 +30,37 @@ def permute(tokens, expert_indices, num_experts):
     return permuted, sizes, row_map
 
 
+def maps_to_row(row_map, num_rows):
+    """Which row_map entries name a row of permuted [R, H]; any other is a dropped slot."""
+    row_map = np.asarray(row_map)
+    return (row_map >= 0) & (row_map < num_rows)
+
+
 def unpermute(permuted, row_map, probs=None):
     permuted = np.asarray(permuted, np.float64)
     t, k = row_map.shape
     probs = np.ones((t, k)) if probs is None else np.asarray(probs, np.float64)
     out = np.zeros((t, permuted.shape[1]))
+    kept = maps_to_row(row_map, len(permuted))
     for i in range(t):
         for j in range(k):
-            if row_map[i, j] >= 0:
+            if kept[i, j]:
                 out[i] += probs[i, j] * permuted[row_map[i, j]]
     return out
 
 
 def unpermute_grads(dout, permuted, row_map, probs=None):
-    """dpermuted (zero on rows no slot maps to) and dprobs (zero for dropped slots)."""
+    """dpermuted (a row gets every slot that names it; zero on rows none names) and dprobs
+    (zero for dropped slots): the forward's derivatives."""
     dout, permuted = np.asarray(dout, np.float64), np.asarray(permuted, np.float64)
     t, k = row_map.shape
     probs = np.ones((t, k)) if probs is None else np.asarray(probs, np.float64)
     dpermuted, dprobs = np.zeros_like(permuted), np.zeros((t, k))
+    kept = maps_to_row(row_map, len(permuted))
     for i in range(t):
         for j in range(k):
-            if row_map[i, j] >= 0:
-                dpermuted[row_map[i, j]] = probs[i, j] * dout[i]
+            if kept[i, j]:
+                dpermuted[row_map[i, j]] += probs[i, j] * dout[i]
                 dprobs[i, j] = permuted[row_map[i, j]] @ dout[i]
     return dpermuted, dprobs
 
@@ -106,9 +115,9 @@ def grouped_mlp_and_grads(x, w_in, w_out, sizes, name, b_in, b_out, dout, round_
 
 
 def softmax_topk(logits, k, renormalize):
-    """probs, expert_indices: per token the k largest finite logits (ties: lower expert
-    first; -inf and NaN never chosen, -1 and 0 for a slot left without one), weighted by
-    the softmax over the chosen logits (renormalize) or over all of them."""
+    """probs, expert_indices: per token the k largest logits (ties: lower expert first;
+    -inf and NaN never chosen, -1 and 0 for a slot left without one), weighted by the
+    softmax over the chosen logits (renormalize) or over every logit but -inf and NaN."""
     logits = np.asarray(logits, np.float64)
     t = logits.shape[0]
     indices, probs = -np.ones((t, k), np.int64), np.zeros((t, k))
@@ -139,3 +148,19 @@ def softmax_topk_grad(logits, indices, dprobs, renormalize):
         rows = [pool.index(e) for e in chosen]
         dlogits[i, pool] = jacobian[rows].T @ dprobs[i, :len(chosen)]
     return dlogits
+
+
+def softmax_topk_tangent(logits, indices, tlogits, renormalize):
+    """tprobs = J tlogits with the choices held fixed (J as in softmax_topk_grad)."""
+    logits, tlogits = np.asarray(logits, np.float64), np.asarray(tlogits, np.float64)
+    tprobs = np.zeros(indices.shape)
+    for i, row in enumerate(logits):
+        chosen = [int(e) for e in indices[i] if e >= 0]
+        if not chosen:
+            continue
+        pool = chosen if renormalize else [e for e in range(len(row)) if row[e] > -np.inf]
+        p = np.exp(row[pool] - row[chosen[0]])
+        p /= p.sum()
+        jacobian = np.diag(p) - np.outer(p, p)
+        tprobs[i, :len(chosen)] = jacobian[[pool.index(e) for e in chosen]] @ tlogits[i, pool]
+    return tprobs

@@ -57,16 +57,17 @@ def accumulate(lhs, grad, sizes, num_groups, acc, offset=None):
 
 
 def forward_backward(case, dtype, with_bias, transpose, device="cpu"):
-    """[out, dlhs, drhs, dbias] of a case's inputs in `dtype` (dbias is zeros without bias)."""
+    """[out, dlhs, drhs, dbias] of a case's inputs in `dtype` (dbias is None without bias)."""
     x = inputs(case)
     rhs = x["rhs"].transpose(0, 2, 1) if transpose else x["rhs"]
     offset = None if case.group_offset is None else jnp.int32(case.group_offset)
     with precision(dtype), jax.default_device(_device(device)):
         sizes = jnp.asarray(x["group_sizes"])
-        out, vjp = jax.vjp(lambda l, r, b: matmul(l, r, sizes, bias=b if with_bias else None, transpose=transpose,
-                                                  offset=offset),
-                           *(array(a, dtype, device) for a in (x["lhs"], rhs, x["bias"])))
-        return [np.asarray(a) for a in (out, *vjp(array(x["dout"], dtype, device)))]
+        args = [array(a, dtype, device) for a in (x["lhs"], rhs) + ((x["bias"],) if with_bias else ())]
+        out, vjp = jax.vjp(lambda l, r, *b: matmul(l, r, sizes, bias=b[0] if b else None, transpose=transpose,
+                                                   offset=offset), *args)
+        grads = [np.asarray(a) for a in (out, *vjp(array(x["dout"], dtype, device)))]
+        return grads + [None] * (4 - len(grads))
 
 
 def check_float64_gradients(fn, args):
@@ -139,6 +140,18 @@ def softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype, device=None):
                                         jnp.asarray(logits, dtype))
         (dlogits,) = vjp((jnp.asarray(dprobs, probs.dtype), np.zeros(indices.shape, jax.dtypes.float0)))
         return probs, indices, dlogits
+
+
+def softmax_topk_tangent(logits, k, renormalize, tlogits, dtype, device=None):
+    """The forward-mode tangent of softmax_topk's probs (jax.jvp), from NumPy inputs."""
+    with precision(dtype), _on(device):
+        probs = lambda x: gj.softmax_topk(x, k, renormalize=renormalize)[0]  # noqa: E731
+        return jax.jvp(probs, (jnp.asarray(logits, dtype),), (jnp.asarray(tlogits, dtype),))[1]
+
+
+def shape_only(fn, *specs):
+    """fn traced on arrays that have only a shape and a dtype (nothing is allocated)."""
+    return jax.eval_shape(fn, *(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs))
 
 
 permute, unpermute, softmax_topk = gj.permute, gj.unpermute, gj.softmax_topk

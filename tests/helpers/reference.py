@@ -62,10 +62,10 @@ def empty_groups(group_sizes, num_rows, num_local, group_offset=0):
             if e == b]
 
 
-
-
 def assert_close(actual, expected, dtype_name, what=""):
+    """actual has expected's shape (no broadcasting) and is within the dtype's tolerance."""
     actual = np.asarray(actual, np.float64)
+    assert actual.shape == np.shape(expected), f"{what}: shape {actual.shape}, expected {np.shape(expected)}"
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
     err = float(np.abs(actual - expected).max(initial=0.0))
     assert err <= TOLERANCE[dtype_name] * scale, f"{what}: max error {err} (scale {scale}, {dtype_name})"

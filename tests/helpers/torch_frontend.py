@@ -51,7 +51,7 @@ def _dirty_allocator(numel, dtype):
 
 
 def forward_backward(case, dtype, with_bias, transpose, device="cpu"):
-    """[out, dinput, dweight, dbias] of a case's inputs in `dtype` (dbias is zeros without bias)."""
+    """[out, dinput, dweight, dbias] of a case's inputs in `dtype` (dbias is None without bias)."""
     x = inputs(case)
     rhs = x["rhs"].transpose(0, 2, 1) if transpose else x["rhs"]
     torch_dtype = getattr(torch, dtype)
@@ -62,7 +62,7 @@ def forward_backward(case, dtype, with_bias, transpose, device="cpu"):
     out = matmul(lhs_t, rhs_t, torch.from_numpy(x["group_sizes"]).to(device), bias=bias_t if with_bias else None,
                  transpose=transpose, offset=offset)
     out.backward(array(x["dout"], dtype, device))
-    return [out, lhs_t.grad, rhs_t.grad, bias_t.grad if with_bias else torch.zeros_like(bias_t)]
+    return [out, lhs_t.grad, rhs_t.grad, bias_t.grad if with_bias else None]
 
 
 def check_float64_gradients(fn, args):
@@ -135,6 +135,17 @@ def softmax_topk_and_grad(logits, k, renormalize, dprobs, dtype, device="cpu"):
     probs, indices = gt.softmax_topk(logits_t, k, renormalize=renormalize)
     probs.backward(torch.from_numpy(np.asarray(dprobs)).to(device, probs.dtype))
     return probs, indices, logits_t.grad
+
+
+def softmax_topk_tangent(logits, k, renormalize, tlogits, dtype, device="cpu"):
+    """The forward-mode tangent of softmax_topk's probs (torch.func.jvp), from NumPy inputs."""
+    probs = lambda x: gt.softmax_topk(x, k, renormalize=renormalize)[0]  # noqa: E731
+    return torch.func.jvp(probs, (array(logits, dtype, device),), (array(tlogits, dtype, device),))[1]
+
+
+def shape_only(fn, *specs):
+    """fn called on meta tensors: a shape and a dtype, no memory."""
+    return fn(*(torch.empty(shape, dtype=getattr(torch, dtype), device="meta") for shape, dtype in specs))
 
 
 permute, unpermute, softmax_topk = gt.permute, gt.unpermute, gt.softmax_topk

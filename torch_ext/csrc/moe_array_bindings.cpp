@@ -1,7 +1,7 @@
 // Array entry points of the expert layer's ops (permute, unpermute and its backward, the
-// activation and its backward, the router's softmax top-k and its backward), with the GEMM entry points'
-// rules: every array is .noconvert() and C-contiguous, all on one device, shapes checked here with the
-// argument's name, the core call run without the GIL.
+// activation and its backward, the router's softmax top-k, its backward and its tangent),
+// with the GEMM entry points' rules: every array is .noconvert() and C-contiguous, all on
+// one device, shapes checked here with the argument's name, the core call run without the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -105,35 +105,43 @@ void unpermute_array(Array permuted, Array row_map, Array out, std::optional<Arr
   run_core(groupgemm::unpermute, a, devices.context());
 }
 
-void unpermute_backward_array(Array dout, Array permuted, Array row_map, Array dpermuted,
-                              std::optional<Array> probs, std::optional<Array> dprobs, uintptr_t stream) {
+void unpermute_backward_array(Array dout, Array permuted, Array row_map, std::optional<Array> dpermuted,
+                              std::optional<Array> probs, std::optional<Array> dprobs,
+                              std::optional<Array> workspace, uintptr_t stream) {
   ContextBuilder devices(stream);
-  for (auto [a, name] :
-       {std::pair{&dout, "dout"}, {&permuted, "permuted"}, {&row_map, "row_map"}, {&dpermuted, "dpermuted"}})
+  for (auto [a, name] : {std::pair{&dout, "dout"}, {&permuted, "permuted"}, {&row_map, "row_map"}})
     devices.add(*a, name);
   expect_rank(dout, 2, "dout"), expect_rank(permuted, 2, "permuted"), expect_rank(row_map, 2, "row_map");
-  expect_rank(dpermuted, 2, "dpermuted");
   UnpermuteBackwardArgs a;
   a.num_rows = dim(permuted, 0), a.hidden = dim(permuted, 1);
   a.num_tokens = dim(row_map, 0), a.top_k = dim(row_map, 1);
   expect_dim(dout, 0, a.num_tokens, "dout"), expect_dim(dout, 1, a.hidden, "dout");
-  expect_dim(dpermuted, 0, a.num_rows, "dpermuted"), expect_dim(dpermuted, 1, a.hidden, "dpermuted");
   a.dtype = float_dtype(permuted, "permuted");
-  expect_dtype(dout, a.dtype, "dout", "permuted"), expect_dtype(dpermuted, a.dtype, "dpermuted", "permuted");
-  if (probs.has_value() != dprobs.has_value())
-    throw nb::value_error("dprobs must be given exactly when probs is");
-  if (probs) {
-    devices.add(*probs, "probs"), devices.add(*dprobs, "dprobs");
-    for (auto [p, name] : {std::pair{&*probs, "probs"}, {&*dprobs, "dprobs"}}) {
-      expect_rank(*p, 2, name);
-      expect_dim(*p, 0, a.num_tokens, name), expect_dim(*p, 1, a.top_k, name);
-    }
-    a.probs_dtype = probs_dtype(*probs, a.dtype, "probs");
-    expect_dtype(*dprobs, a.probs_dtype, "dprobs", "probs");
-    a.probs = probs->data(), a.dprobs = dprobs->data();
+  expect_dtype(dout, a.dtype, "dout", "permuted");
+  if (dpermuted) {
+    devices.add(*dpermuted, "dpermuted");
+    expect_rank(*dpermuted, 2, "dpermuted");
+    expect_dim(*dpermuted, 0, a.num_rows, "dpermuted"), expect_dim(*dpermuted, 1, a.hidden, "dpermuted");
+    expect_dtype(*dpermuted, a.dtype, "dpermuted", "permuted");
+    a.dpermuted = dpermuted->data();
   }
-  a.dout = dout.data(), a.permuted = permuted.data(), a.dpermuted = dpermuted.data();
+  for (auto [p, name] : {std::pair{&probs, "probs"}, {&dprobs, "dprobs"}}) {
+    if (!*p) continue;
+    devices.add(**p, name);
+    expect_rank(**p, 2, name);
+    expect_dim(**p, 0, a.num_tokens, name), expect_dim(**p, 1, a.top_k, name);
+  }
+  if (probs) a.probs_dtype = probs_dtype(*probs, a.dtype, "probs"), a.probs = probs->data();
+  if (dprobs) {
+    if (probs)
+      expect_dtype(*dprobs, a.probs_dtype, "dprobs", "probs");
+    else
+      a.probs_dtype = probs_dtype(*dprobs, a.dtype, "dprobs");
+    a.dprobs = dprobs->data();
+  }
+  a.dout = dout.data(), a.permuted = permuted.data();
   a.row_map = int32_data(row_map, "row_map");
+  devices.set_workspace(workspace);
   run_core(groupgemm::unpermute_backward, a, devices.context());
 }
 
@@ -209,6 +217,28 @@ void softmax_topk_backward_array(Array logits, Array expert_indices, Array dprob
   run_core(groupgemm::softmax_topk_backward, a, devices.context());
 }
 
+void softmax_topk_tangent_array(Array logits, Array expert_indices, Array tlogits, Array tprobs,
+                                bool renormalize, uintptr_t stream) {
+  ContextBuilder devices(stream);
+  for (auto [a, name] : {std::pair{&logits, "logits"},
+                         {&expert_indices, "expert_indices"},
+                         {&tlogits, "tlogits"},
+                         {&tprobs, "tprobs"}})
+    devices.add(*a, name), expect_rank(*a, 2, name);
+  SoftmaxTopkTangentArgs a;
+  a.num_tokens = dim(logits, 0), a.num_experts = dim(logits, 1), a.top_k = dim(expert_indices, 1);
+  a.renormalize = renormalize;
+  expect_dim(expert_indices, 0, a.num_tokens, "expert_indices");
+  expect_dim(tlogits, 0, a.num_tokens, "tlogits"), expect_dim(tlogits, 1, a.num_experts, "tlogits");
+  expect_dim(tprobs, 0, a.num_tokens, "tprobs"), expect_dim(tprobs, 1, a.top_k, "tprobs");
+  a.dtype = float_dtype(logits, "logits");
+  expect_dtype(tlogits, a.dtype, "tlogits", "logits");
+  expect_dtype(tprobs, router_probs_dtype(a.dtype), "tprobs", "the router's probabilities");
+  a.logits = logits.data(), a.tlogits = tlogits.data(), a.tprobs = tprobs.data();
+  a.expert_indices = int32_data(expert_indices, "expert_indices");
+  run_core(groupgemm::softmax_topk_tangent, a, devices.context());
+}
+
 }  // namespace
 
 void bind_moe_array_entry_points(nb::module_& m) {
@@ -221,11 +251,13 @@ void bind_moe_array_entry_points(nb::module_& m) {
         nb::arg("out").noconvert(), nb::arg("probs").noconvert() = nb::none(), nb::arg("stream") = 0,
         "out[t] = sum over j in order of probs[t, j] * permuted[row_map[t, j]] (float32 accumulation).");
   m.def("unpermute_backward", &unpermute_backward_array, nb::arg("dout").noconvert(),
-        nb::arg("permuted").noconvert(), nb::arg("row_map").noconvert(), nb::arg("dpermuted").noconvert(),
-        nb::arg("probs").noconvert() = nb::none(), nb::arg("dprobs").noconvert() = nb::none(),
+        nb::arg("permuted").noconvert(), nb::arg("row_map").noconvert(),
+        nb::arg("dpermuted").noconvert() = nb::none(), nb::arg("probs").noconvert() = nb::none(),
+        nb::arg("dprobs").noconvert() = nb::none(), nb::arg("workspace").noconvert() = nb::none(),
         nb::arg("stream") = 0,
-        "dpermuted[row_map[t, j]] = probs[t, j] * dout[t] (other rows 0); dprobs[t, j] = "
-        "dot(permuted[row_map[t, j]], dout[t]) when probs is given.");
+        "Each output that is given: dpermuted[r] = the sum over the slots (t, j) naming row r, in slot "
+        "order, of probs[t, j] * dout[t] (rows no slot names 0); dprobs[t, j] = "
+        "dot(permuted[row_map[t, j]], dout[t]).");
   m.def("activation", &activation_array, nb::arg("h").noconvert(), nb::arg("out").noconvert(),
         nb::arg("kind"), nb::arg("stream") = 0, "out = act(h); swiglu takes [M, 2F] (gate first) to [M, F].");
   m.def("activation_backward", &activation_backward_array, nb::arg("dout").noconvert(),
@@ -240,6 +272,11 @@ void bind_moe_array_entry_points(nb::module_& m) {
         nb::arg("expert_indices").noconvert(), nb::arg("dprobs").noconvert(), nb::arg("dlogits").noconvert(),
         nb::arg("renormalize"), nb::arg("stream") = 0,
         "dlogits from dprobs, through softmax_topk's choices.");
+  m.def(
+      "softmax_topk_tangent", &softmax_topk_tangent_array, nb::arg("logits").noconvert(),
+      nb::arg("expert_indices").noconvert(), nb::arg("tlogits").noconvert(), nb::arg("tprobs").noconvert(),
+      nb::arg("renormalize"), nb::arg("stream") = 0,
+      "tprobs, the tangent of softmax_topk's probabilities for the logits' tangent tlogits (forward mode).");
 }
 
 }  // namespace groupgemm

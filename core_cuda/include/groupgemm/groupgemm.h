@@ -28,7 +28,7 @@ int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int de
 
 // The expert layer's token ops and activation: see PermuteArgs, UnpermuteArgs,
 // UnpermuteBackwardArgs, ActivationArgs and ActivationBackwardArgs; the router's softmax
-// top-k: see SoftmaxTopkArgs and SoftmaxTopkBackwardArgs.
+// top-k: see SoftmaxTopkArgs, SoftmaxTopkBackwardArgs and SoftmaxTopkTangentArgs.
 Status permute(const PermuteArgs& args, const ExecContext& ctx);
 Status unpermute(const UnpermuteArgs& args, const ExecContext& ctx);
 Status unpermute_backward(const UnpermuteBackwardArgs& args, const ExecContext& ctx);
@@ -36,12 +36,20 @@ Status activation(const ActivationArgs& args, const ExecContext& ctx);
 Status activation_backward(const ActivationBackwardArgs& args, const ExecContext& ctx);
 Status softmax_topk(const SoftmaxTopkArgs& args, const ExecContext& ctx);
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, const ExecContext& ctx);
+Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& args, const ExecContext& ctx);
 
 // Bytes of workspace permute needs on `device` for num_slots = T * k slots and
 // num_experts experts (0 on CPU; a function of its arguments only).
 int64_t permute_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts);
 
+// Bytes of workspace unpermute_backward needs on `device` to compute dpermuted for
+// num_slots = T * k slots (0 on CPU; a function of num_slots only).
+int64_t unpermute_backward_workspace_bytes(Device device, int64_t num_slots);
+
 // True when this build contains the CUDA backend.
 bool cuda_compiled();
+
+// The process's CaptureRecord so far.
+CaptureRecord cuda_capture_record();
 
 }  // namespace groupgemm

@@ -4,9 +4,11 @@
 // inputs alone and the two frameworks, which call the same backend, agree bitwise.
 //
 // For a row l[0..E) and k:
+//  - a NaN logit counts as -inf: a masked expert, never chosen and without weight in
+//    either softmax (so one NaN does not turn a token's probabilities into NaN);
 //  - the choices are the k largest logits, the larger first and, between equal logits,
-//    the lower expert first; a logit of -inf (a masked expert) or NaN is never chosen,
-//    and a slot left without a choice is dropped: index -1, probability 0;
+//    the lower expert first; a masked expert is never chosen, and a slot left without a
+//    choice is dropped: index -1, probability 0;
 //  - renormalize: probs[j] = exp(l[i_j] - m) / sum over chosen c of exp(l[c] - m), the
 //    softmax over the chosen logits (Mixtral); otherwise probs[j] = exp(l[i_j] - m) /
 //    sum over every e of exp(l[e] - m), the full softmax's value (m = l[i_0], the max).
@@ -19,10 +21,27 @@
 
 namespace groupgemm {
 
-// Whether logit x may be chosen: not -inf and not NaN.
+// The logit the rules see: NaN counts as -inf.
+template <typename A>
+GG_HD A router_logit(A x) {
+  return x == x ? x : -A(INFINITY);
+}
+
+// Whether a logit (as router_logit gives it) may be chosen: not -inf.
 template <typename A>
 GG_HD bool choosable(A x) {
-  return x == x && x > -A(INFINITY);
+  return x > -A(INFINITY);
+}
+
+// The logit accessor the rules use: logit(e) through router_logit.
+template <typename Logit>
+struct RouterLogits {
+  const Logit& logit;
+  GG_HD auto operator()(int64_t e) const { return router_logit(logit(e)); }
+};
+template <typename Logit>
+GG_HD RouterLogits<Logit> router_logits(const Logit& logit) {
+  return {logit};
 }
 
 // The order of choices: x at expert e comes before y at expert f.
@@ -67,9 +86,10 @@ GG_HD A softmax_denominator(const Logit& logit, int64_t experts, int64_t k, cons
 }
 
 // One token's forward: indices[0..k) and probs[0..k).
-template <typename A, typename Logit>
-GG_HD void softmax_topk_row(const Logit& logit, int64_t experts, int64_t k, bool renormalize,
+template <typename A, typename RawLogit>
+GG_HD void softmax_topk_row(const RawLogit& raw_logit, int64_t experts, int64_t k, bool renormalize,
                             int32_t* indices, A* probs) {
+  const auto logit = router_logits(raw_logit);
   choose_experts<A>(logit, experts, k, indices);
   if (k == 0 || indices[0] < 0) {
     for (int64_t j = 0; j < k; ++j) probs[j] = A(0);
@@ -86,13 +106,14 @@ GG_HD void softmax_topk_row(const Logit& logit, int64_t experts, int64_t k, bool
 //  - renormalize: dl[i_j] = w[j] * (dprobs[j] - s), every other expert 0;
 //  - otherwise:   dl[e] = p[e] * (g[e] - s), p the full softmax, g[e] = dprobs[j] when
 //    e = i_j, else 0.
-template <typename A, typename Logit, typename DProb, typename Write>
-GG_HD void softmax_topk_backward_row(const Logit& logit, int64_t experts, int64_t k, bool renormalize,
+template <typename A, typename RawLogit, typename DProb, typename Write>
+GG_HD void softmax_topk_backward_row(const RawLogit& raw_logit, int64_t experts, int64_t k, bool renormalize,
                                      const int32_t* indices, const DProb& dprob, const Write& write) {
   if (k == 0 || indices[0] < 0) {
     for (int64_t e = 0; e < experts; ++e) write(e, A(0));
     return;
   }
+  const auto logit = router_logits(raw_logit);
   const A max = logit(indices[0]);
   const A sum = softmax_denominator(logit, experts, k, indices, renormalize, max);
   A s = A(0);
@@ -102,13 +123,41 @@ GG_HD void softmax_topk_backward_row(const Logit& logit, int64_t experts, int64_
     int64_t slot = -1;
     for (int64_t j = 0; j < k; ++j)
       if (indices[j] == e) slot = j;
-    if (renormalize && slot < 0) {
+    if ((renormalize && slot < 0) || !choosable(logit(e))) {  // outside the softmax: exactly 0
       write(e, A(0));
       continue;
     }
     const A p = exp_of(logit(e) - max) / sum;
     write(e, p * ((slot < 0 ? A(0) : dprob(slot)) - s));
   }
+}
+
+// One token's forward-mode derivative: tprobs[j] = the tangent of probs[j] for the
+// logits' tangent tlogit(e), the choices held fixed (dropped slots 0). With w the probs
+// and t[j] = tlogit(i_j):
+//  - renormalize: tprobs[j] = w[j] * (t[j] - sum over valid l of w[l] * t[l]);
+//  - otherwise:   tprobs[j] = w[j] * (t[j] - sum over unmasked e of p[e] * tlogit(e)), p
+//    the full softmax (a masked expert's tangent has no effect, as its column of J is 0).
+template <typename A, typename RawLogit, typename TLogit>
+GG_HD void softmax_topk_tangent_row(const RawLogit& raw_logit, int64_t experts, int64_t k, bool renormalize,
+                                    const int32_t* indices, const TLogit& tlogit, A* tprobs) {
+  if (k == 0 || indices[0] < 0) {
+    for (int64_t j = 0; j < k; ++j) tprobs[j] = A(0);
+    return;
+  }
+  const auto logit = router_logits(raw_logit);
+  const A max = logit(indices[0]);
+  const A sum = softmax_denominator(logit, experts, k, indices, renormalize, max);
+  A mean = A(0);
+  if (renormalize) {
+    for (int64_t j = 0; j < k; ++j)
+      if (indices[j] >= 0) mean += tlogit(indices[j]) * (exp_of(logit(indices[j]) - max) / sum);
+  } else {
+    for (int64_t e = 0; e < experts; ++e)
+      if (choosable(logit(e))) mean += tlogit(e) * (exp_of(logit(e) - max) / sum);
+  }
+  for (int64_t j = 0; j < k; ++j)
+    tprobs[j] = indices[j] < 0 ? A(0) : (exp_of(logit(indices[j]) - max) / sum) * (tlogit(indices[j]) - mean);
 }
 
 }  // namespace groupgemm

@@ -162,6 +162,16 @@ struct BiasGradArgs {
 // Slot s = t * k + j is token t's j-th expert choice. Row counts are int32 (row_map and
 // group_sizes are int32 arrays), so T * k must stay below 2^31.
 
+// The CUDA calls this process made on a stream (every entry point's launches), how many
+// of them ran while their stream was capturing (a CUDA graph or an XLA command buffer
+// being recorded) and whether the first one did: a capture check's positive evidence that
+// the calls were recorded, not run beside the graph. All zero without CUDA.
+struct CaptureRecord {
+  int64_t calls = 0;
+  int64_t calls_under_capture = 0;
+  bool first_under_capture = false;
+};
+
 // permute: a stable counting sort of the T*k slots by expert. Rows of `permuted` are
 // grouped by expert in ascending order, ascending slot order within an expert; slots whose
 // expert index is outside [0, E) are dropped: they come last, as exact-zero rows.
@@ -192,21 +202,25 @@ struct UnpermuteArgs {
   int64_t num_rows = 0, num_tokens = 0, top_k = 0, hidden = 0;
 };
 
-// unpermute's backward. dpermuted[row_map[t, j]] = probs[t, j] * dout[t] (float32 math,
-// rounded once; weight 1 without probs) and every row no slot maps to is exactly 0.
-// With probs, dprobs[t, j] = dot(permuted[row_map[t, j]], dout[t]) in float32 (float64
-// for float64) in a fixed order, and exactly 0 for a dropped slot. The row_map entries
-// inside [0, R) are assumed distinct, as permute makes them: two slots on one row would
-// both write it.
+// unpermute's backward; each output is computed when its pointer is given (the
+// frontends' reverse mode takes both, JAX's transposes one at a time):
+//  - dpermuted[r] = the sum over the slots (t, j) with row_map[t, j] = r, in ascending
+//    t*k + j order, of probs[t, j] * dout[t] (weight 1 without probs), in float32
+//    (float64 for float64) and rounded once; a row no slot names is exactly 0. A row
+//    named by several slots gets all their terms, as the forward adds them all;
+//  - dprobs[t, j] = dot(permuted[row_map[t, j]], dout[t]) in float32 (float64 for
+//    float64) in a fixed order, exactly 0 for a dropped slot; stored in probs_dtype.
+// The CUDA backend needs unpermute_backward_workspace_bytes(cuda, T * k) bytes of
+// workspace for dpermuted (the slots sorted by row).
 struct UnpermuteBackwardArgs {
   DType dtype = DType::f32;          // dout, permuted and dpermuted
   DType probs_dtype = DType::f32;    // probs and dprobs: dtype, or float32
   const void* dout = nullptr;        // [T, H]
   const void* permuted = nullptr;    // [R, H]; read only for dprobs
   const int32_t* row_map = nullptr;  // [T, k]
-  const void* probs = nullptr;       // [T, k], or null
-  void* dpermuted = nullptr;         // [R, H]
-  void* dprobs = nullptr;            // [T, k]: given exactly when probs is
+  const void* probs = nullptr;       // [T, k], or null: every weight 1 (read only for dpermuted)
+  void* dpermuted = nullptr;         // [R, H], or null: not computed
+  void* dprobs = nullptr;            // [T, k], or null: not computed
   int64_t num_rows = 0, num_tokens = 0, top_k = 0, hidden = 0;
 };
 
@@ -247,13 +261,26 @@ struct SoftmaxTopkArgs {
 };
 
 // dlogits[T, E] (logits' dtype) from the forward's logits and expert_indices and the
-// incoming dprobs (probs' dtype).
+// incoming dprobs (probs' dtype): J^T dprobs, J the Jacobian of probs in logits with the
+// choices held fixed.
 struct SoftmaxTopkBackwardArgs {
   DType dtype = DType::f32;                 // logits and dlogits
   const void* logits = nullptr;             // [T, E]
   const int32_t* expert_indices = nullptr;  // [T, k]
   const void* dprobs = nullptr;             // [T, k]
   void* dlogits = nullptr;                  // [T, E]
+  int64_t num_tokens = 0, num_experts = 0, top_k = 0;
+  bool renormalize = true;
+};
+
+// Forward mode: tprobs[T, k] (probs' dtype) = J tlogits, the tangent of probs for the
+// logits' tangent tlogits[T, E] (logits' dtype); exactly 0 at a dropped slot.
+struct SoftmaxTopkTangentArgs {
+  DType dtype = DType::f32;                 // logits and tlogits
+  const void* logits = nullptr;             // [T, E]
+  const int32_t* expert_indices = nullptr;  // [T, k]
+  const void* tlogits = nullptr;            // [T, E]
+  void* tprobs = nullptr;                   // [T, k]
   int64_t num_tokens = 0, num_experts = 0, top_k = 0;
   bool renormalize = true;
 };

@@ -1,0 +1,361 @@
+"""The expert layer's ops as JAX primitives, so that every JAX transformation composes, as
+for the grouped GEMMs (primitives.py): jit, vmap, forward and reverse mode to any order.
+
+Token movement: three multilinear maps of (rows, slot weights, per-token values), each
+lowered to one core call (expert_raw.py), each one's transposes the other two:
+- ``unpermute_p``: ``out[t] = sum over j of w[t, j] * values[row_map[t, j]]`` (unpermute);
+- ``scatter_p``: ``out[r] = sum over the slots s = (t, j) naming row r, in slot order, of
+  w[s] * dout[t]`` (unpermute's backward for dpermuted; with weight 1, permute's tangent);
+- ``slot_dots_p``: ``out[t, j] = dot(values[row_map[t, j]], dout[t])`` (its dprobs).
+``permute_p`` sorts the slots; its tangent is ``scatter_p`` of the tokens' tangent with
+weight 1 (permute copies each token to the rows of its slots). A row named twice, or an
+entry outside the rows, means the same thing in all four.
+
+The activation and the router: ``activation_p`` and ``router_p`` (softmax top-k), with
+their Jacobians as linear primitives, each the other's transpose: ``activation_grad_p``
+(``J^T dout``, the core's backward) and the activation's tangent ``J t`` built from it;
+``router_grad_p`` (``J^T dprobs``) and ``router_tangent_p`` (``J t``, the core's forward-
+mode derivative). So first derivatives in either mode are core calls (the PyTorch
+frontend's bits, exact zeros included). The core has no second derivatives: how those
+Jacobians change with ``h`` or the logits (second order and up) is differentiated by JAX
+from the same formulas written with jax.numpy below.
+
+Each primitive is ``define``d as the grouped GEMMs are (primitives.py): it lowers to its
+partitioned raw call, and its ``batched`` parameter flags the operands that carry a
+leading vmapped axis (a tangent has its primal's flag, a result is batched when any
+operand is, and a transpose sums the cotangent of an operand without that axis over it).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.interpreters import ad
+
+from groupgemm import _contract as contract
+from groupgemm.jax_ext import expert_raw
+from groupgemm.jax_ext.primitives import (aval_of, cotangent, define, every_operand_present, is_zero, placeholder,
+                                          sum_terms, zero_tangent)
+
+
+def _per_entry(fn, batched):
+    """``fn``, written for one call's operands, over the batch: the operands ``batched`` flags
+    carry a leading vmapped axis (the jax.numpy formulas below)."""
+    return jax.vmap(fn, in_axes=tuple(0 if b else None for b in batched)) if any(batched) else fn
+
+
+# ---- permute, unpermute and its backward ----------------------------------------------
+
+
+def _permute_jvp(primals, tangents, *, batched, num_experts):
+    tokens, expert_indices = primals
+    outs = permute_p.bind(tokens, expert_indices, batched=batched, num_experts=num_experts)
+    permuted, group_sizes, row_map = outs
+    t_tokens = tangents[0]
+    t_permuted = None if is_zero(t_tokens) else scatter_p.bind(
+        t_tokens, row_map, placeholder(tokens.dtype), num_rows=permuted.shape[-2], has_weights=False,
+        batched=(batched[0], any(batched), False))
+    return outs, [sum_terms([t_permuted], aval_of(permuted)), zero_tangent(aval_of(group_sizes)),
+                  zero_tangent(aval_of(row_map))]
+
+
+def _permute_transpose(cts, tokens, expert_indices, *, batched, num_experts):
+    """permuted is linear in tokens (linear_transpose): each token gets its rows' sum, the
+    row_map re-derived from the indices by a permute of zero columns (no rows to copy)."""
+    ct = cts[0]
+    if is_zero(ct) or not ad.is_undefined_primal(tokens):
+        return [None, None]
+    tokens_b, indices_b = batched
+    num_tokens, dtype = tokens.aval.shape[-2], tokens.aval.dtype
+    row_map = permute_p.bind(jnp.zeros((num_tokens, 0), dtype), expert_indices, num_experts=num_experts,
+                             batched=(False, indices_b))[2]
+    flags = (any(batched), indices_b, False)
+    dtokens = unpermute_p.bind(ct.astype(dtype), row_map, placeholder(dtype), has_weights=False, batched=flags)
+    return [cotangent(dtokens, tokens, tokens_b, any(flags)), None]
+
+
+permute_p = define("groupgemm_permute", expert_raw.permute, every_operand_present, _permute_jvp, _permute_transpose,
+                   multiple_results=True)
+
+
+def _weighted_present(operands, batched, params):
+    """Unpermute and its scatter: the weights are left out of the raw call when absent."""
+    n = 3 if params["has_weights"] else 2
+    return operands[:n], batched[:n], {name: v for name, v in params.items() if name != "has_weights"}
+
+
+def _unpermute_jvp(primals, tangents, *, batched, has_weights):
+    values, row_map, weights = primals
+    t_values, _, t_weights = tangents
+    out = unpermute_p.bind(values, row_map, weights, has_weights=has_weights, batched=batched)
+    terms = [
+        None if is_zero(t_values) else unpermute_p.bind(t_values, row_map, weights, has_weights=has_weights,
+                                                         batched=batched),
+        None if not has_weights or is_zero(t_weights) else unpermute_p.bind(values, row_map, t_weights,
+                                                                             has_weights=True, batched=batched),
+    ]
+    return out, sum_terms(terms, aval_of(out))
+
+
+def _unpermute_transpose(ct, values, row_map, weights, *, batched, has_weights):
+    results = [None] * 3
+    if is_zero(ct):
+        return results
+    values_b, row_map_b, weights_b = batched
+    out_b = any(batched)
+    if ad.is_undefined_primal(values):
+        dtype = values.aval.dtype
+        # The core multiplies operands of one dtype: a wider cotangent is rounded once.
+        flags = (out_b, row_map_b, weights_b)
+        dvalues = scatter_p.bind(ct.astype(dtype), row_map, weights, num_rows=values.aval.shape[-2],
+                                 has_weights=has_weights, batched=flags)
+        results[0] = cotangent(dvalues, values, values_b, any(flags))
+    if has_weights and ad.is_undefined_primal(weights):
+        flags = (values_b, out_b, row_map_b)
+        dweights = slot_dots_p.bind(values, ct.astype(values.dtype), row_map, dots_dtype=weights.aval.dtype,
+                                    batched=flags)
+        results[2] = cotangent(dweights, weights, weights_b, any(flags))
+    return results
+
+
+unpermute_p = define("groupgemm_unpermute", expert_raw.unpermute, _weighted_present, _unpermute_jvp,
+                     _unpermute_transpose)
+
+
+def _scatter_jvp(primals, tangents, *, batched, **params):
+    dout, row_map, weights = primals
+    t_dout, _, t_weights = tangents
+    out = scatter_p.bind(dout, row_map, weights, batched=batched, **params)
+    terms = [
+        None if is_zero(t_dout) else scatter_p.bind(t_dout, row_map, weights, batched=batched, **params),
+        None if not params["has_weights"] or is_zero(t_weights) else scatter_p.bind(dout, row_map, t_weights,
+                                                                                     batched=batched, **params),
+    ]
+    return out, sum_terms(terms, aval_of(out))
+
+
+def _scatter_transpose(ct, dout, row_map, weights, *, batched, num_rows, has_weights):
+    results = [None] * 3
+    if is_zero(ct):
+        return results
+    dout_b, row_map_b, weights_b = batched
+    out_b = any(batched)
+    if ad.is_undefined_primal(dout):
+        flags = (out_b, row_map_b, weights_b)
+        ddout = unpermute_p.bind(ct.astype(dout.aval.dtype), row_map, weights, has_weights=has_weights,
+                                 batched=flags)
+        results[0] = cotangent(ddout, dout, dout_b, any(flags))
+    if has_weights and ad.is_undefined_primal(weights):
+        flags = (out_b, dout_b, row_map_b)
+        dweights = slot_dots_p.bind(ct.astype(dout.dtype), dout, row_map, dots_dtype=weights.aval.dtype,
+                                    batched=flags)
+        results[2] = cotangent(dweights, weights, weights_b, any(flags))
+    return results
+
+
+scatter_p = define("groupgemm_unpermute_scatter", expert_raw.unpermute_scatter, _weighted_present, _scatter_jvp,
+                   _scatter_transpose)
+
+
+def _slot_dots_jvp(primals, tangents, *, batched, **params):
+    values, dout, row_map = primals
+    t_values, t_dout, _ = tangents
+    out = slot_dots_p.bind(values, dout, row_map, batched=batched, **params)
+    terms = [None if is_zero(t_values) else slot_dots_p.bind(t_values, dout, row_map, batched=batched, **params),
+             None if is_zero(t_dout) else slot_dots_p.bind(values, t_dout, row_map, batched=batched, **params)]
+    return out, sum_terms(terms, aval_of(out))
+
+
+def _slot_dots_transpose(ct, values, dout, row_map, *, batched, dots_dtype):
+    results = [None] * 3
+    if is_zero(ct):
+        return results
+    values_b, dout_b, row_map_b = batched
+    out_b = any(batched)
+    weights = ct.astype(dots_dtype)
+    if ad.is_undefined_primal(values):
+        flags = (dout_b, row_map_b, out_b)
+        dvalues = scatter_p.bind(dout, row_map, weights, num_rows=values.aval.shape[-2], has_weights=True,
+                                 batched=flags)
+        results[0] = cotangent(dvalues, values, values_b, any(flags))
+    if ad.is_undefined_primal(dout):
+        flags = (values_b, row_map_b, out_b)
+        ddout = unpermute_p.bind(values, row_map, weights, has_weights=True, batched=flags)
+        results[1] = cotangent(ddout, dout, dout_b, any(flags))
+    return results
+
+
+slot_dots_p = define("groupgemm_unpermute_slot_dots", expert_raw.unpermute_slot_dots, every_operand_present,
+                     _slot_dots_jvp, _slot_dots_transpose)
+
+
+# ---- the activation ----------------------------------------------------------------------
+
+
+def _silu_derivative(x):
+    s = jax.nn.sigmoid(x)
+    return s + x * s * (1 - s)
+
+
+def _activation_grad_formula(dout, h, kind):
+    """``J(h)^T dout`` with jax.numpy, as the core computes it (in float32, float64 for
+    float64; groupgemm/activation.h): differentiated by JAX for second derivatives only."""
+    name = contract.ACTIVATIONS[kind]
+    acc = jnp.float64 if h.dtype == jnp.float64 else jnp.float32
+    x, g = h.astype(acc), dout.astype(acc)
+    if name == "swiglu":
+        gate, up = jnp.split(x, 2, axis=1)
+        grad = jnp.concatenate([g * up * _silu_derivative(gate), g * gate * jax.nn.sigmoid(gate)], axis=1)
+    elif name == "gelu":
+        grad = g * (0.5 * (1 + jax.lax.erf(x / math.sqrt(2))) + x * jnp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+    elif name == "relu":
+        grad = jnp.where(x > 0, g, 0)
+    else:
+        grad = g * _silu_derivative(x)
+    return grad.astype(h.dtype)
+
+
+def _activation_tangent(h, t, kind, width, batched):
+    """``J(h) t``, the activation's tangent, from the core's backward ``J^T`` (``batched``
+    flags t and h): J is diagonal for the elementwise activations; for swiglu
+    (``silu(gate) * up``) the backward of t's gate half gives ``t_gate * up * silu'(gate)``
+    in its gate half and of t's up half ``t_up * silu(gate)`` in its up half: their sum is
+    ``J t``."""
+    if contract.ACTIVATIONS[kind] != "swiglu":
+        return activation_grad_p.bind(t, h, kind=kind, batched=batched)
+    gate = activation_grad_p.bind(t[..., :width], h, kind=kind, batched=batched)[..., :width]
+    up = activation_grad_p.bind(t[..., width:], h, kind=kind, batched=batched)[..., width:]
+    return gate + up
+
+
+def _activation_jvp(primals, tangents, *, batched, kind, width):
+    (h,), (t,) = primals, tangents
+    out = activation_p.bind(h, kind=kind, width=width, batched=batched)
+    term = None if is_zero(t) else _activation_tangent(h, t, kind, width, batched * 2)
+    return out, sum_terms([term], aval_of(out))
+
+
+activation_p = define("groupgemm_activation", expert_raw.activation, every_operand_present, _activation_jvp)
+
+
+def _activation_grad_jvp(primals, tangents, *, batched, kind):
+    dout, h = primals
+    t_dout, t_h = tangents
+    out = activation_grad_p.bind(dout, h, kind=kind, batched=batched)
+    formula = lambda d, x, t: jax.jvp(lambda y: _activation_grad_formula(d, y, kind), (x,), (t,))[1]  # noqa: E731
+    terms = [None if is_zero(t_dout) else activation_grad_p.bind(t_dout, h, kind=kind, batched=batched),
+             None if is_zero(t_h) else _per_entry(formula, batched + batched[1:])(dout, h, t_h)]
+    return out, sum_terms(terms, aval_of(out))
+
+
+def _activation_grad_transpose(ct, dout, h, *, batched, kind):
+    if is_zero(ct):
+        return [None, None]
+    dout_b, h_b = batched
+    flags = (any(batched), h_b)
+    dh = _activation_tangent(h, ct.astype(h.dtype), kind, dout.aval.shape[-1], flags)
+    return [cotangent(dh, dout, dout_b, any(flags)), None]
+
+
+activation_grad_p = define("groupgemm_activation_grad", expert_raw.activation_backward, every_operand_present,
+                           _activation_grad_jvp, _activation_grad_transpose)
+
+
+# ---- the router ----------------------------------------------------------------------
+
+
+def _router_probs_formula(logits, indices, renormalize, probs_dtype):
+    """probs as a function of the logits with the choices held fixed, with jax.numpy (the
+    rule of groupgemm/router.h: a NaN logit counts as -inf, dropped slots are 0):
+    differentiated by JAX for second derivatives only."""
+    x = logits.astype(probs_dtype)
+    x = jnp.where(jnp.isnan(x), -jnp.inf, x)
+    chosen = indices >= 0
+    picked = jnp.take_along_axis(x, jnp.maximum(indices, 0), axis=1)
+    top = jax.lax.stop_gradient(jnp.where(chosen[:, :1], picked[:, :1], 0))  # the max; probs do not depend on it
+    weights = jnp.where(chosen, jnp.exp(jnp.where(chosen, picked, top) - top), 0)
+    if renormalize:
+        total = weights.sum(axis=1, keepdims=True)
+    else:
+        total = jnp.where(x > -jnp.inf, jnp.exp(jnp.where(x > -jnp.inf, x, top) - top), 0).sum(axis=1, keepdims=True)
+    return jnp.where(chosen, weights / jnp.where(total > 0, total, 1), 0)
+
+
+def _router_tangent_formula(logits, indices, tlogits, renormalize, probs_dtype):
+    probs = lambda x: _router_probs_formula(x, indices, renormalize, probs_dtype)  # noqa: E731
+    return jax.jvp(probs, (logits,), (tlogits.astype(logits.dtype),))[1]
+
+
+def _router_grad_formula(logits, indices, dprobs, renormalize, probs_dtype):
+    probs = lambda x: _router_probs_formula(x, indices, renormalize, probs_dtype)  # noqa: E731
+    return jax.vjp(probs, logits)[1](dprobs.astype(probs_dtype))[0]
+
+
+def _router_jvp(primals, tangents, *, batched, **params):
+    (logits,), (t,) = primals, tangents
+    probs, indices = outs = router_p.bind(logits, batched=batched, **params)
+    t_probs = None if is_zero(t) else router_tangent_p.bind(logits, indices, t, renormalize=params["renormalize"],
+                                                             batched=batched * 3)
+    return outs, [sum_terms([t_probs], aval_of(probs)), zero_tangent(aval_of(indices))]
+
+
+router_p = define("groupgemm_softmax_topk", expert_raw.softmax_topk, every_operand_present, _router_jvp,
+                  multiple_results=True)
+
+
+def _probs_dtype(logits_dtype):
+    return jnp.dtype(contract.accumulate_dtype(jnp.dtype(logits_dtype).name))
+
+
+def _router_tangent_jvp(primals, tangents, *, batched, renormalize):
+    logits, indices, tlogits = primals
+    t_logits, _, t_tlogits = tangents
+    out = router_tangent_p.bind(logits, indices, tlogits, renormalize=renormalize, batched=batched)
+    formula = lambda x, i, tl, dx: jax.jvp(  # noqa: E731
+        lambda y: _router_tangent_formula(y, i, tl, renormalize, out.dtype), (x,), (dx,))[1]
+    terms = [None if is_zero(t_tlogits) else router_tangent_p.bind(logits, indices, t_tlogits,
+                                                                     renormalize=renormalize, batched=batched),
+             None if is_zero(t_logits) else _per_entry(formula, batched + batched[:1])(logits, indices, tlogits,
+                                                                                       t_logits)]
+    return out, sum_terms(terms, aval_of(out))
+
+
+def _router_tangent_transpose(ct, logits, indices, tlogits, *, batched, renormalize):
+    if is_zero(ct):
+        return [None] * 3
+    logits_b, indices_b, tlogits_b = batched
+    flags = (logits_b, indices_b, any(batched))
+    dtlogits = router_grad_p.bind(logits, indices, ct.astype(_probs_dtype(logits.dtype)), renormalize=renormalize,
+                                  batched=flags)
+    return [None, None, cotangent(dtlogits, tlogits, tlogits_b, any(flags))]
+
+
+router_tangent_p = define("groupgemm_softmax_topk_tangent", expert_raw.softmax_topk_tangent, every_operand_present,
+                          _router_tangent_jvp, _router_tangent_transpose)
+
+
+def _router_grad_jvp(primals, tangents, *, batched, renormalize):
+    logits, indices, dprobs = primals
+    t_logits, _, t_dprobs = tangents
+    out = router_grad_p.bind(logits, indices, dprobs, renormalize=renormalize, batched=batched)
+    probs_dtype = _probs_dtype(logits.dtype)
+    formula = lambda x, i, d, dx: jax.jvp(  # noqa: E731
+        lambda y: _router_grad_formula(y, i, d, renormalize, probs_dtype), (x,), (dx,))[1]
+    terms = [None if is_zero(t_dprobs) else router_grad_p.bind(logits, indices, t_dprobs, renormalize=renormalize,
+                                                                 batched=batched),
+             None if is_zero(t_logits) else _per_entry(formula, batched + batched[:1])(logits, indices, dprobs,
+                                                                                       t_logits)]
+    return out, sum_terms(terms, aval_of(out))
+
+
+def _router_grad_transpose(ct, logits, indices, dprobs, *, batched, renormalize):
+    if is_zero(ct):
+        return [None] * 3
+    logits_b, indices_b, dprobs_b = batched
+    flags = (logits_b, indices_b, any(batched))
+    ddprobs = router_tangent_p.bind(logits, indices, ct.astype(logits.dtype), renormalize=renormalize, batched=flags)
+    return [None, None, cotangent(ddprobs, dprobs, dprobs_b, any(flags))]
+
+
+router_grad_p = define("groupgemm_softmax_topk_grad", expert_raw.softmax_topk_backward, every_operand_present,
+                       _router_grad_jvp, _router_grad_transpose)
