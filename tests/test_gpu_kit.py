@@ -708,3 +708,12 @@ def test_the_driver_rehearses_gemm_and_expert_cases_on_the_cpu_backend(capsys):
     assert driver.main(["--device", "cpu", "--cases", "zero_k", "--expert-cases", "top3", "no_tokens_no_experts"]) == 0
     out = capsys.readouterr().out
     assert "over 1 GEMM cases (sm80 kernels) and 2 expert-layer cases on cpu" in out and "RESULT: PASS" in out
+
+
+def test_the_kit_expects_every_skip_reason_the_tests_give_on_a_gpu_machine():
+    # The reason a test without an extra skips for (tests/helpers/clients.py) must be one
+    # the pytest step accepts, or a GPU run would read INCOMPLETE for it.
+    import clients
+    import steps
+
+    assert any(clients.NOT_INSTALLED in reason or reason in clients.NOT_INSTALLED for reason in steps.EXPECTED_SKIPS)

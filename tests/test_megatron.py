@@ -12,9 +12,11 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
+from clients import require
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+    require("megatron.core")
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear

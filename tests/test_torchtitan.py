@@ -8,7 +8,11 @@ import copy
 
 import pytest
 import torch
-from torchtitan.models.common import moe as titan_moe
+from clients import require
+
+require("torchtitan")
+
+from torchtitan.models.common import moe as titan_moe  # noqa: E402
 from torchtitan.models.common.config_utils import make_moe_config, make_routed_experts_config, make_router_config
 
 from groupgemm.integrations import torchtitan as integration
