@@ -2,7 +2,7 @@
 // runs, shared by the CUTLASS 2.x (sm_80) and 3.x (sm_90a) grouped GEMMs.
 #pragma once
 
-#include "call_sequence.h"
+#include "gemm_call.h"
 #include "cutlass/layout/matrix.h"
 
 namespace groupgemm {

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "call_sequence.h"
+#include "gemm_call.h"
 #include "device_info.h"
 #include "groupgemm/types.h"
 

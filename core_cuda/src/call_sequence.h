@@ -24,34 +24,11 @@
 #include <initializer_list>
 
 #include "backward_parts.h"
+#include "gemm_call.h"
 #include "groupgemm/types.h"
 #include "setup.h"
 
 namespace groupgemm {
-
-// Operand storage of the three GEMM kinds, all with a row-major D:
-//   row_row: forward / dgrad, A = lhs [m, k], B = rhs[g] [k, n]
-//   row_col: forward / dgrad with rhs[g] stored [n, k]
-//   col_row: wgrad, A = lhs_g^T (lhs_g is [rows, k]), B = grad_g [rows, n]
-enum class GemmLayout : int { row_row = 0, row_col = 1, col_row = 2 };
-
-// What a GEMM adds to A B: nothing (beta = 0), its group's bias row broadcast over the
-// rows (ldc = 0), or what the output already holds (C = D: accumulating, or bias rows the
-// setup wrote). The last two run with beta = 1.
-enum class GemmC : int { none = 0, bias_row = 1, output = 2 };
-
-// One grouped GEMM over the problems, pointers and leading dimensions of GEMM set `set`.
-struct GroupedGemmCall {
-  DType in_dtype;
-  DType out_dtype;  // D, and C unless c == none
-  GemmLayout layout;
-  int64_t num_groups;
-  GemmC c;
-  int64_t max_m;  // bound on any group's m
-  int64_t n;      // every group's n
-  int set;        // the workspace's GEMM set
-  const void* workspace;
-};
 
 inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

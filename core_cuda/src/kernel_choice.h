@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "call_sequence.h"
+#include "gemm_call.h"
 #include "groupgemm/types.h"
 
 namespace groupgemm {

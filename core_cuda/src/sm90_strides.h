@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "call_sequence.h"
+#include "gemm_call.h"
 
 namespace groupgemm {
 
