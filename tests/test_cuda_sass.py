@@ -1,9 +1,11 @@
 """Static evidence about the CUDA GEMM kernels, from the extension's sm_90a cubin: the
-CUTLASS 3.x grouped GEMMs run on WGMMA (HGMMA instructions), the CUTLASS 2.x ones on
-tensor-core MMA (HMMA), and no kernel spills registers to local memory (STL/LDL).
+CUTLASS 3.x grouped GEMMs (every tile, the bias epilogue included) run on WGMMA (HGMMA
+instructions), the CUTLASS 2.x ones on tensor-core MMA (HMMA), and no kernel spills
+registers to local memory (STL/LDL).
 No GPU is needed: cuobjdump (the nvidia-cuda-cuobjdump wheel, with nvdisasm from
 nvidia-cuda-nvdisasm; ./dev.sh setup installs both) disassembles the shipped code."""
 
+import collections
 import functools
 import importlib.metadata
 import os
@@ -65,17 +67,30 @@ def is_16bit(name):
     return "bfloat16_t" in name or "6half_t" in name
 
 
-# Its two tiles (kernel_choice.h's Sm90Tile) by their kernel schedules.
-SM90_SCHEDULES = ("KernelPtrArrayTmaWarpSpecializedCooperative", "KernelPtrArrayTmaWarpSpecializedPingpong")
+# Its three tiles (kernel_choice.h's Sm90Tile): the kernel schedule, then the tile's M and N
+# in the mangled name.
+SM90_TILE = re.compile(r"KernelPtrArrayTmaWarpSpecialized(Cooperative|Pingpong)EEE\w*?ILi(\d+)EEE\w*?ILi(\d+)EEE")
+SM90_TILES = {("Cooperative", 128, 256), ("Pingpong", 64, 128), ("Cooperative", 256, 128)}
+
+
+def sm90_tile(name):
+    schedule, m, n = SM90_TILE.search(name).groups()
+    return schedule, int(m), int(n)
+
+
+def has_bias_epilogue(name):
+    """The forward's bias as a per-group broadcast row in the epilogue (cutlass_sm90.cuh)."""
+    return "Sm90RowBroadcast" in name
 
 
 def test_sm90a_cubin_holds_the_gemm_kernels():
     names = list(sm90a_kernels())
-    # Per sm90 tile and for the 2.x family: bfloat16 and float16 inputs x (same-dtype,
-    # float32) outputs x three layouts.
+    # Per sm90 tile: bfloat16 and float16 inputs x (same-dtype, float32) outputs x three
+    # layouts, and the bias epilogue of both forward layouts (same-dtype output); for the
+    # 2.x family the first twelve.
     sm90 = [n for n in names if is_sm90_gemm(n)]
-    assert [sum(schedule in n for n in sm90) for schedule in SM90_SCHEDULES] == [12, 12], sm90
-    assert len(sm90) == 24, sm90
+    per_tile = collections.Counter((sm90_tile(n), has_bias_epilogue(n)) for n in sm90)
+    assert per_tile == {(tile, bias): 4 if bias else 12 for tile in SM90_TILES for bias in (False, True)}, per_tile
     assert sum(is_sm80_gemm(n) and is_16bit(n) for n in names) == 12, names
 
 
