@@ -14,6 +14,8 @@ namespace groupgemm {
 void bind_array_entry_points(nb::module_& m);
 void bind_moe_array_entry_points(nb::module_& m);
 void bind_ffi_handlers(nb::module_& m);
+void bind_fp8_array_entry_points(nb::module_& m);
+void bind_fp8_ffi_handlers(nb::module_& m);
 }  // namespace groupgemm
 
 NB_MODULE(_core, m) {
@@ -43,4 +45,6 @@ NB_MODULE(_core, m) {
   groupgemm::bind_array_entry_points(m);
   groupgemm::bind_moe_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
+  groupgemm::bind_fp8_array_entry_points(m);
+  groupgemm::bind_fp8_ffi_handlers(m);
 }
