@@ -72,11 +72,13 @@ def fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, trans
 
 def _fwd(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs):
     out = fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs)
-    return out, (x, weight, group_sizes, group_offset, None if bias is None else bias.dtype)
+    bias_like = None if bias is None else jnp.zeros((0,), bias.dtype)  # residuals must be arrays
+    return out, (x, weight, group_sizes, group_offset, bias_like)
 
 
 def _bwd(recipe, transpose_rhs, residuals, dout):
-    x, weight, group_sizes, group_offset, bias_dtype = residuals
+    x, weight, group_sizes, group_offset, bias_like = residuals
+    bias_dtype = None if bias_like is None else bias_like.dtype
     dout = dout.astype(x.dtype)  # a wider cotangent is rounded once, as for the 16-bit GEMMs
     g = weight.shape[0]
     dx = recipe_steps.input_grad(_Ops, dout, weight, group_sizes, group_offset, recipe, transpose_rhs, x.dtype)

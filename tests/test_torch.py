@@ -20,20 +20,26 @@ def as_np(x):
     return x.detach().to(torch.float64).numpy()
 
 
-def _zero_token_batches():
-    return {"no_tokens": (torch.randn(0, 8), [0, 0, 0]),
-            "every_expert_empty": (torch.randn(5, 8), [0, 0, 0]),
-            "one_expert_empty": (torch.randn(5, 8), [2, 0, 3])}
+def _zero_token_batches(width=8):
+    return {"no_tokens": (torch.randn(0, width), [0, 0, 0]),
+            "every_expert_empty": (torch.randn(5, width), [0, 0, 0]),
+            "one_expert_empty": (torch.randn(5, width), [2, 0, 3])}
 
 
+# The layer's widths per FP8 recipe (None: 16-bit GEMMs): blockwise needs multiples of 128.
+FP8_WIDTHS = {None: (8, 4), "rowwise": (8, 4), "blockwise": (128, 256)}
+
+
+@pytest.mark.parametrize("fp8", list(FP8_WIDTHS))
 @pytest.mark.parametrize("batch", ["no_tokens", "every_expert_empty", "one_expert_empty"])
-def test_grouped_linear_gives_every_parameter_a_full_shape_grad(batch):
-    x, sizes = _zero_token_batches()[batch]
-    layer = GroupedLinear(3, 8, 4)
+def test_grouped_linear_gives_every_parameter_a_full_shape_grad(batch, fp8):
+    k, n = FP8_WIDTHS[fp8]
+    x, sizes = _zero_token_batches(k)[batch]
+    layer = GroupedLinear(3, k, n, fp8=fp8)
     x.requires_grad_(True)
     y = layer(x, torch.tensor(sizes))
     y.sum().backward()  # stride-0 incoming gradient
-    assert layer.weight.grad.shape == (3, 4, 8) and layer.bias.grad.shape == (3, 4)
+    assert layer.weight.grad.shape == (3, n, k) and layer.bias.grad.shape == (3, n)
     assert x.grad.shape == x.shape
     for e, size in enumerate(sizes):
         if size == 0:
@@ -237,11 +243,11 @@ def test_grouped_linear_clips_list_sizes_of_any_magnitude():
 # ---- the expert layer ---------------------------------------------------------------
 
 
-def _moe_block(dtype=torch.float32):
+def _moe_block(dtype=torch.float32, fp8=None, dim=8, ffn=6):
     from moe_block import init_block, torch_block_class
 
     torch.manual_seed(0)
-    return torch_block_class()(init_block(np.random.default_rng(0), 8, 6, 4), top_k=2).to(dtype)
+    return torch_block_class()(init_block(np.random.default_rng(0), dim, ffn, 4), top_k=2, fp8=fp8).to(dtype)
 
 
 def test_expert_block_compiles_with_fullgraph_and_matches_eager():
@@ -259,11 +265,13 @@ def test_expert_block_compiles_with_fullgraph_and_matches_eager():
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
 
 
-def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_grad():
-    block = _moe_block()
-    x = torch.randn(0, 8, requires_grad=True)
+@pytest.mark.parametrize("fp8", [None, "rowwise", "blockwise"])
+def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_grad(fp8):
+    dim = 128 if fp8 == "blockwise" else 8
+    block = _moe_block(fp8=fp8, dim=dim, ffn=dim)
+    x = torch.randn(0, dim, requires_grad=True)
     out, sizes = block(x)
-    assert out.shape == (0, 8) and sizes.tolist() == [0, 0, 0, 0]
+    assert out.shape == (0, dim) and sizes.tolist() == [0, 0, 0, 0]
     out.sum().backward()
     for name, p in block.named_parameters():
         assert p.grad is not None and p.grad.shape == p.shape and (p.grad == 0).all(), name

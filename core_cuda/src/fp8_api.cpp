@@ -76,7 +76,8 @@ Status quantize_rows(const QuantizeRowsArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_quantize(a.in_dtype, a.out_type, a.scaling));
   GG_RETURN_IF_ERROR(check_ptr(a.x, a.rows * a.cols, "x"));
   GG_RETURN_IF_ERROR(check_ptr(a.q, a.rows * a.cols, "q"));
-  GG_RETURN_IF_ERROR(check_ptr(a.scale, a.rows, "scale"));
+  GG_RETURN_IF_ERROR(
+      check_ptr(a.scale, a.scaling == Fp8Scaling::rowwise ? a.rows : a.rows * fp8_blocks(a.cols), "scale"));
   return dispatch(a, ctx, cpu::quantize_rows, cuda::quantize_rows);
 }
 
