@@ -77,7 +77,7 @@ Status quantize_grouped(const QuantizeGroupedArgs& a) {
   const int64_t scale_rows = token_scale_rows(a.scaling, a.m, a.num_groups);
   std::fill(a.scale, a.scale + scale_rows * a.cols, 1.0f);  // empty groups and unused blocks
   auto* q = static_cast<uint8_t*>(a.q);
-  for (int64_t c = 0; c < a.cols; ++c) {  // padding rows: exact zeros in q's columns
+  for (int64_t c = 0; c < a.cols && a.m > 0; ++c) {  // padding rows: exact zeros in q's columns
     std::memset(q + c * a.m, 0, groups.owned.begin);
     std::memset(q + c * a.m + groups.owned.end, 0, a.m - groups.owned.end);
   }

@@ -117,9 +117,12 @@ GG_HD KernelWorkspace fp8_kernel_workspace(void* base, int64_t total_bytes, cons
 }
 
 // ---- the setup kernel's steps ------------------------------------------------------
-// The row boundaries come from schedule.h's saturating scan, as for the 16-bit GEMMs;
-// first_block[l] = sum over local groups h < l of ceil(rows_h / 128), the exclusive scan
-// of the token blocks (first_block[G] is their total).
+// One thread block: the window's row boundaries by a saturating scan over chunks of the
+// groups (schedule.h's arithmetic, as the 16-bit GEMMs' setup), then first_block, the
+// exclusive scan of each local group's token blocks (ceil(rows / 128); first_block[G] is
+// their total), then each local group's GEMM.
+
+enum class Fp8SetupKind : int { matmul = 0, wgrad = 1, rows_only = 2 };
 
 // The call's operands and the caller's scales.
 struct Fp8Operands {
@@ -131,9 +134,64 @@ struct Fp8Operands {
   int64_t d_bytes;  // output element size
 };
 
+struct Fp8SetupArgs {
+  Fp8SetupKind kind;
+  Fp8Scaling scaling;
+  IndexArray group_sizes;
+  IndexArray group_offset;
+  int64_t num_groups, m, k, n;  // as fp8_workspace_layout's
+  Fp8Operands operands;
+  Fp8WorkspaceLayout layout;
+  void* workspace;
+};
+
+// Thread `t` of `threads` takes the contiguous chunk [begin, end) of [0, count).
+GG_HD RowRange fp8_setup_chunk(int64_t t, int64_t threads, int64_t count) {
+  const int64_t chunk = ceil_div(count, threads);
+  const int64_t begin = t * chunk < count ? t * chunk : count;
+  return {begin, begin + chunk < count ? begin + chunk : count};
+}
+
+// Rows of a chunk of global groups: what the row scan combines (min(a + b, m)).
+GG_HD int64_t fp8_chunk_rows(const Fp8SetupArgs& a, RowRange chunk) {
+  return fold_row_boundary(a.group_sizes.data, a.group_sizes.type, chunk.begin, chunk.end, 0, a.m);
+}
+
+// Given the row where the chunk of global groups starts, writes the window's boundaries
+// that fall in it.
+GG_HD void write_fp8_boundaries(const Fp8SetupArgs& a, const Fp8WorkspaceView& ws, GroupWindow w, RowRange chunk,
+                                int64_t row) {
+  for (int64_t g = chunk.begin; g < chunk.end; ++g) {
+    if (g == w.first) ws.boundary[0] = row;
+    row = next_row_boundary(row, load_index(a.group_sizes.data, a.group_sizes.type, g), a.m);
+    if (g >= w.first) ws.boundary[g - w.first + 1] = row;
+  }
+}
+
+// Written once: the window, and boundary[0] when no chunk holds w.first.
+GG_HD void write_fp8_window(const Fp8WorkspaceView& ws, GroupWindow w, int64_t group_offset) {
+  *ws.window = WindowHeader{w, group_offset, 0};
+  if (w.first == w.last) ws.boundary[0] = 0;
+}
+
 // Rows of local group `local` from the written boundaries.
 GG_HD RowRange fp8_group_rows(const Fp8WorkspaceView& ws, int64_t local) {
   return local_group_rows(ws.boundary, ws.window->window, ws.window->group_offset, local);
+}
+
+// Token blocks of a chunk of local groups: what the block scan adds up.
+GG_HD int64_t fp8_chunk_blocks(const Fp8WorkspaceView& ws, RowRange chunk) {
+  int64_t blocks = 0;
+  for (int64_t l = chunk.begin; l < chunk.end; ++l) blocks += fp8_blocks(fp8_group_rows(ws, l).rows());
+  return blocks;
+}
+
+// Given the first block of the chunk, writes first_block of its local groups.
+GG_HD void write_fp8_first_blocks(const Fp8WorkspaceView& ws, RowRange chunk, int64_t first) {
+  for (int64_t l = chunk.begin; l < chunk.end; ++l) {
+    ws.first_block[l] = first;
+    first += fp8_blocks(fp8_group_rows(ws, l).rows());
+  }
 }
 
 // Writes one group's GEMM: (m, n, k) and its pointers and leading dimensions, or a
@@ -158,39 +216,38 @@ GG_HD void write_fp8_group(const Fp8WorkspaceView& ws, int64_t local, bool gemm,
   ws.ld[3][local] = ldd;
 }
 
-// Forward / dgrad, local group `local`: A = lhs rows [M_g, K], B = rhs[g] [N, K] (K-major),
-// D = out rows [M_g, N]; its scales in the workspace at [Kb][M_g] from Kb * rows.begin,
-// and [Kb][N] from g * Kb * N.
-GG_HD void write_fp8_matmul_group(const Fp8WorkspaceView& ws, const Fp8Operands& ops, int64_t local, int64_t k,
-                                  int64_t n) {
+// After the boundaries and first blocks: local group `local`'s GEMM.
+//   matmul: A = lhs rows [M_g, K], B = rhs[g] [N, K] (K-major), D = out rows [M_g, N]; the
+//     scales in the workspace at [Kb][M_g] from Kb * rows.begin, and [Kb][N] from g * Kb * N.
+//   wgrad: A = the aligned copy of lhs [K, T] from column 128 * first_block, B likewise
+//     [N, T], contracting over the group's blocks (its zero tail adds exact zeros); D =
+//     out[g] [K, N]. Blockwise scales are the caller's [B, K] and [B, N] from row
+//     first_block; rowwise ones their per-block copies in the workspace.
+GG_HD void write_fp8_group_setup(const Fp8SetupArgs& a, const Fp8WorkspaceView& ws, int64_t local) {
   const RowRange rows = fp8_group_rows(ws, local);
-  const int64_t kb = fp8_blocks(k);
-  write_fp8_group(ws, local, rows.rows() > 0 && k > 0, rows.rows(), n, k,
-                  static_cast<const uint8_t*>(ops.a) + rows.begin * k, static_cast<const uint8_t*>(ops.b) + local * n * k,
-                  static_cast<char*>(ops.d) + rows.begin * n * ops.d_bytes, ws.scale_a + kb * rows.begin,
-                  ws.scale_b + local * kb * n, k, k, n);
-}
-
-// Weight gradient, local group `local`: A = the aligned copy of lhs [K, T] from column
-// 128 * first_block, B likewise [N, T], contracting over the group's blocks (its zero
-// tail adds exact zeros); D = out[g] [K, N]. Blockwise scales are the caller's [B, K] and
-// [B, N] from row first_block; rowwise ones their per-block copies in the workspace.
-GG_HD void write_fp8_wgrad_group(const Fp8WorkspaceView& ws, const Fp8Operands& ops, Fp8Scaling scaling,
-                                 int64_t local, int64_t k, int64_t n, int64_t aligned_tokens) {
-  const RowRange rows = fp8_group_rows(ws, local);
-  const int64_t first = ws.first_block[local];
-  const bool rowwise = scaling == Fp8Scaling::rowwise;
-  write_fp8_group(ws, local, rows.rows() > 0, k, n, fp8_blocks(rows.rows()) * kFp8Block,
+  const Fp8Operands& ops = a.operands;
+  if (a.kind == Fp8SetupKind::matmul) {
+    const int64_t kb = fp8_blocks(a.k);
+    write_fp8_group(ws, local, rows.rows() > 0 && a.k > 0, rows.rows(), a.n, a.k,
+                    static_cast<const uint8_t*>(ops.a) + rows.begin * a.k,
+                    static_cast<const uint8_t*>(ops.b) + local * a.n * a.k,
+                    static_cast<char*>(ops.d) + rows.begin * a.n * ops.d_bytes, ws.scale_a + kb * rows.begin,
+                    ws.scale_b + local * kb * a.n, a.k, a.k, a.n);
+    return;
+  }
+  const int64_t first = ws.first_block[local], tokens = a.layout.aligned_tokens;
+  const bool rowwise = a.scaling == Fp8Scaling::rowwise;
+  write_fp8_group(ws, local, rows.rows() > 0, a.k, a.n, fp8_blocks(rows.rows()) * kFp8Block,
                   ws.operand_a + first * kFp8Block, ws.operand_b + first * kFp8Block,
-                  static_cast<char*>(ops.d) + local * k * n * ops.d_bytes,
-                  (rowwise ? ws.scale_a : ops.a_scale) + first * k, (rowwise ? ws.scale_b : ops.b_scale) + first * n,
-                  aligned_tokens, aligned_tokens, n);
+                  static_cast<char*>(ops.d) + local * a.k * a.n * ops.d_bytes,
+                  (rowwise ? ws.scale_a : ops.a_scale) + first * a.k, (rowwise ? ws.scale_b : ops.b_scale) + first * a.n,
+                  tokens, tokens, a.n);
 }
 
 // ---- the element steps of the copy kernels (one thread per element on the GPU) -------
 
-// Forward / dgrad lhs scale: the kernel's entry i of the [Kb][M_g] block of the group
-// owning `row`, from the API's lhs_scale; -1 for a padding row (no entry).
+// Matmul lhs scale: the kernel's entry of block kb for `row` in the [Kb][M_g] block of the
+// group owning it; -1 for a padding row (no entry).
 GG_HD int64_t fp8_lhs_scale_slot(const Fp8WorkspaceView& ws, int64_t row, int64_t kb, int64_t kb_count) {
   const int64_t g = group_of_row(ws.boundary, ws.window->window, row);
   if (g < 0) return -1;
@@ -198,13 +255,17 @@ GG_HD int64_t fp8_lhs_scale_slot(const Fp8WorkspaceView& ws, int64_t row, int64_
   return kb_count * rows.begin + kb * rows.rows() + (row - rows.begin);
 }
 
-// Weight gradient: the source column of aligned column `col` (of 128 x first_block[G]
-// used), or -1 where the copy holds a zero (a group's last block past its rows, or a
-// block no group uses).
-GG_HD int64_t fp8_aligned_source_token(const Fp8WorkspaceView& ws, int64_t num_groups, int64_t col) {
-  const int64_t block = col / kFp8Block;
-  if (block >= ws.first_block[num_groups]) return -1;
-  int64_t lo = 0, hi = num_groups;  // the local group whose blocks hold `block`: first_block[lo] <= block < first_block[hi]
+// Matmul rhs scale for the kernel's entry (g, kb, col) of [G][Kb][N], from the API's.
+GG_HD float fp8_rhs_scale(Fp8Scaling scaling, const float* rhs_scale, int64_t g, int64_t kb, int64_t col, int64_t n,
+                          int64_t kb_count) {
+  return rhs_scale[rhs_scale_index(scaling, g, col, n, kb, kb_count)];
+}
+
+// The local group whose token blocks hold `block` (first_block[l] <= block <
+// first_block[l + 1]: a group with blocks), or -1 past the last used block.
+GG_HD int64_t fp8_group_of_block(const Fp8WorkspaceView& ws, int64_t num_groups, int64_t block) {
+  if (block < 0 || block >= ws.first_block[num_groups]) return -1;
+  int64_t lo = 0, hi = num_groups;  // invariant: first_block[lo] <= block < first_block[hi]
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (ws.first_block[mid] <= block)
@@ -212,9 +273,32 @@ GG_HD int64_t fp8_aligned_source_token(const Fp8WorkspaceView& ws, int64_t num_g
     else
       hi = mid;
   }
-  const RowRange rows = fp8_group_rows(ws, lo);
-  const int64_t token = rows.begin + (col - ws.first_block[lo] * kFp8Block);
+  return lo;
+}
+
+// Weight gradient: the source token of aligned column `col`, or -1 where the copy holds
+// a zero (a group's last block past its rows, or a block no group uses).
+GG_HD int64_t fp8_aligned_source_token(const Fp8WorkspaceView& ws, int64_t num_groups, int64_t col) {
+  const int64_t l = fp8_group_of_block(ws, num_groups, col / kFp8Block);
+  if (l < 0) return -1;
+  const RowRange rows = fp8_group_rows(ws, l);
+  const int64_t token = rows.begin + (col - ws.first_block[l] * kFp8Block);
   return token < rows.end ? token : -1;
+}
+
+// Matmul output rows no GEMM writes, and the bias rows the epilogue adds to: padding rows
+// are zeros; an owned row holds its group's bias (local group index), or zeros when K = 0
+// (nothing else writes it); otherwise the GEMM writes it alone (write = false).
+struct Fp8RowFill {
+  bool write;
+  int64_t bias_group;  // local group of the bias row to copy, or -1 for zeros
+};
+
+GG_HD Fp8RowFill fp8_row_fill(const Fp8WorkspaceView& ws, int64_t row, bool has_bias, bool k_is_zero) {
+  const int64_t g = group_of_row(ws.boundary, ws.window->window, row);
+  if (g < 0) return {true, -1};
+  if (has_bias) return {true, g - ws.window->group_offset};
+  return {k_is_zero, -1};
 }
 
 }  // namespace groupgemm
