@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "device_checks.h"
 #include "fp8_backends.h"
@@ -37,13 +38,15 @@ Status check_workspace(const ExecContext& ctx, const Fp8WorkspaceLayout& layout)
   return Status::Ok();
 }
 
-// TMA reads rows and operands at 16-byte boundaries.
-Status check_tma(std::initializer_list<std::pair<int64_t, const char*>> rows,
+// TMA reads and writes rows and operands at 16-byte boundaries: `rows` are (elements per
+// row, element bytes, name).
+Status check_tma(std::initializer_list<std::tuple<int64_t, int64_t, const char*>> rows,
                  std::initializer_list<std::pair<const void*, const char*>> operands) {
-  for (const auto& [elements, name] : rows)
-    if (elements % 16 != 0)
-      return Status::Invalid(std::string("on CUDA the FP8 GEMMs read 16-byte rows: ") + name +
-                             " must be a multiple of 16, got " + std::to_string(elements));
+  for (const auto& [elements, bytes, name] : rows)
+    if (elements * bytes % 16 != 0)
+      return Status::Invalid(std::string("on CUDA the FP8 GEMMs read and write 16-byte rows: ") + name +
+                             " must be a multiple of " + std::to_string(16 / bytes) + ", got " +
+                             std::to_string(elements));
   for (const auto& [p, name] : operands)
     if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0)
       return Status::Invalid(std::string("on CUDA the FP8 GEMMs need ") + name + " 16-byte aligned");
@@ -141,7 +144,8 @@ int64_t fp8_kernel_workspace_bytes(int device_index) {
 Status scaled_grouped_matmul(const ScaledMatmulArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_int32({a.m, a.k, a.n, a.num_groups}));
   if (a.m > 0 && a.n > 0 && a.k > 0)
-    GG_RETURN_IF_ERROR(check_tma({{a.k, "K"}, {a.n, "N"}}, {{a.lhs, "lhs"}, {a.rhs, "rhs"}, {a.out, "out"}}));
+    GG_RETURN_IF_ERROR(check_tma({{a.k, 1, "K"}, {a.n, dtype_size(a.out_dtype), "N (the output's columns)"}},
+                                 {{a.lhs, "lhs"}, {a.rhs, "rhs"}, {a.out, "out"}}));
   const Fp8WorkspaceLayout layout = layout_of(Fp8Call::matmul, a.scaling, a.num_groups, a.m, a.k, a.n, ctx);
   GG_RETURN_IF_ERROR(check_call(ctx, layout));
   CudaFp8Launcher launch(ctx);
@@ -151,7 +155,8 @@ Status scaled_grouped_matmul(const ScaledMatmulArgs& a, const ExecContext& ctx) 
 
 Status scaled_grouped_matmul_wgrad(const ScaledWgradArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_int32({a.m, a.k, a.n, a.num_groups, token_block_bound(a.m, a.num_groups) * kFp8Block}));
-  if (a.k > 0 && a.n > 0) GG_RETURN_IF_ERROR(check_tma({{a.n, "N"}}, {{a.out, "out"}}));
+  if (a.k > 0 && a.n > 0)
+    GG_RETURN_IF_ERROR(check_tma({{a.n, dtype_size(a.out_dtype), "N (the output's columns)"}}, {{a.out, "out"}}));
   const Fp8WorkspaceLayout layout = layout_of(Fp8Call::wgrad, a.scaling, a.num_groups, a.m, a.k, a.n, ctx);
   GG_RETURN_IF_ERROR(check_call(ctx, layout));
   CudaFp8Launcher launch(ctx);
