@@ -46,12 +46,14 @@ inline void add_scaled_row(float* partial, float a, const float* row, int64_t n)
 }
 
 // acc[j] = fma(partial[j], lhs_scale * rhs_scale[j], acc[j]).
-inline void accumulate_block(float* acc, const float* partial, float lhs_scale, const float* rhs_scale, int64_t n) {
+inline void accumulate_block(float* acc, const float* partial, float lhs_scale, const float* rhs_scale,
+                             int64_t n) {
   for (int64_t j = 0; j < n; ++j) acc[j] = std::fma(partial[j], lhs_scale * rhs_scale[j], acc[j]);
 }
 
 void zero_rows(void* out, DType t, RowRange rows, int64_t n) {
-  if (rows.rows() > 0) std::memset(static_cast<char*>(out) + rows.begin * n * dtype_size(t), 0, rows.rows() * n * dtype_size(t));
+  if (rows.rows() > 0)
+    std::memset(static_cast<char*>(out) + rows.begin * n * dtype_size(t), 0, rows.rows() * n * dtype_size(t));
 }
 
 }  // namespace
@@ -88,8 +90,8 @@ Status scaled_grouped_matmul(const ScaledMatmulArgs& a) {
             std::fill(partial.begin(), partial.end(), 0.0f);
             for (int64_t kk = kb * kFp8Block; kk < std::min(k, (kb + 1) * kFp8Block); ++kk)
               add_scaled_row(partial.data(), lhs_value[lhs[r * k + kk]], &rhs_t[kk * n], n);
-            accumulate_block(acc.data(), partial.data(), a.lhs_scale[lhs_scale_index(a.scaling, r, kb, kb_count)],
-                             &rhs_scale[kb * n], n);
+            accumulate_block(acc.data(), partial.data(),
+                             a.lhs_scale[lhs_scale_index(a.scaling, r, kb, kb_count)], &rhs_scale[kb * n], n);
           }
           for (int64_t j = 0; j < n; ++j)  // no +0 without bias: it would turn -0 into +0
             out[r * n + j] = narrow<Out>(bias ? acc[j] + widen(bias[g * n + j]) : acc[j]);
@@ -119,7 +121,8 @@ Status scaled_grouped_matmul_wgrad(const ScaledWgradArgs& a) {
       }
       rhs_t.resize(rows.rows() * n);  // rhs[:, rows] [N, T] decoded and transposed to [T, N]
       for (int64_t j = 0; j < n; ++j)
-        for (int64_t t = rows.begin; t < rows.end; ++t) rhs_t[(t - rows.begin) * n + j] = rhs_value[rhs[j * m + t]];
+        for (int64_t t = rows.begin; t < rows.end; ++t)
+          rhs_t[(t - rows.begin) * n + j] = rhs_value[rhs[j * m + t]];
 #pragma omp parallel
       {
         std::vector<float> partial(n), acc(n);
@@ -132,8 +135,8 @@ Status scaled_grouped_matmul_wgrad(const ScaledWgradArgs& a) {
             std::fill(partial.begin(), partial.end(), 0.0f);
             for (int64_t t = begin; t < end; ++t)
               add_scaled_row(partial.data(), lhs_value[lhs[i * m + t]], &rhs_t[(t - rows.begin) * n], n);
-            accumulate_block(acc.data(), partial.data(), a.lhs_scale[scale_row * k + i], &a.rhs_scale[scale_row * n],
-                             n);
+            accumulate_block(acc.data(), partial.data(), a.lhs_scale[scale_row * k + i],
+                             &a.rhs_scale[scale_row * n], n);
           }
           Out* row = out + g * block + i * n;
           for (int64_t j = 0; j < n; ++j) {

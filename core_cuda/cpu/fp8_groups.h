@@ -16,7 +16,8 @@ struct LocalGroups {
   RowRange owned;                    // rows owned by the window's groups; the rest is padding
 };
 
-inline LocalGroups local_groups(const IndexArray& sizes, const IndexArray& offset, int64_t num_local, int64_t m) {
+inline LocalGroups local_groups(const IndexArray& sizes, const IndexArray& offset, int64_t num_local,
+                                int64_t m) {
   const int64_t group_offset = read_group_offset(offset);
   const GroupWindow w = group_window(group_offset, num_local, sizes.count);
   std::vector<int64_t> boundary(w.last - w.first + 1);

@@ -107,7 +107,8 @@ Status quantize_grouped(const QuantizeGroupedArgs& a) {
         float* scale = a.scale + blk.scale_row * a.cols;
         for (int64_t c = 0; c < a.cols; ++c) scale[c] = fp8_scale(amax[c], a.out_type, a.power_of_two);
         for (int64_t r = blk.rows.begin; r < blk.rows.end; ++r)
-          for (int64_t c = 0; c < a.cols; ++c) q[c * a.m + r] = quantize_value(widen(x[r * a.cols + c]), scale[c], a.out_type);
+          for (int64_t c = 0; c < a.cols; ++c)
+            q[c * a.m + r] = quantize_value(widen(x[r * a.cols + c]), scale[c], a.out_type);
       }
     }
   });

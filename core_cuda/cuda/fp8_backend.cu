@@ -26,15 +26,18 @@ namespace {
 Status check_int32(std::initializer_list<int64_t> dims) {
   const int64_t limit = std::numeric_limits<int32_t>::max() - 256;
   for (int64_t d : dims)
-    if (d > limit) return Status::Invalid("on CUDA, every FP8 dimension and the group count must be below 2^31 - 256");
+    if (d > limit)
+      return Status::Invalid("on CUDA, every FP8 dimension and the group count must be below 2^31 - 256");
   return Status::Ok();
 }
 
 Status check_workspace(const ExecContext& ctx, const Fp8WorkspaceLayout& layout) {
   if (ctx.workspace == nullptr || ctx.workspace_bytes < layout.bytes)
-    return Status::Invalid("workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, the call needs " +
-                           std::to_string(layout.bytes) + " (see fp8_workspace_bytes)");
-  if (reinterpret_cast<uintptr_t>(ctx.workspace) % 16 != 0) return Status::Invalid("workspace must be 16-byte aligned");
+    return Status::Invalid("workspace has " + std::to_string(ctx.workspace_bytes) +
+                           " bytes, the call needs " + std::to_string(layout.bytes) +
+                           " (see fp8_workspace_bytes)");
+  if (reinterpret_cast<uintptr_t>(ctx.workspace) % 16 != 0)
+    return Status::Invalid("workspace must be 16-byte aligned");
   return Status::Ok();
 }
 
@@ -62,14 +65,16 @@ Status check_call(const ExecContext& ctx, const Fp8WorkspaceLayout& layout) {
 
 Fp8WorkspaceLayout layout_of(Fp8Call call, Fp8Scaling scaling, int64_t g, int64_t m, int64_t k, int64_t n,
                              const ExecContext& ctx) {
-  return fp8_workspace_layout(call, scaling, g, m, k, n,
-                              call == Fp8Call::quantize_grouped ? 0 : fp8_kernel_workspace_bytes(ctx.device_index));
+  return fp8_workspace_layout(
+      call, scaling, g, m, k, n,
+      call == Fp8Call::quantize_grouped ? 0 : fp8_kernel_workspace_bytes(ctx.device_index));
 }
 
 // fp8_call_sequence.h's steps as CUDA launches on the caller's stream.
 class CudaFp8Launcher {
  public:
-  explicit CudaFp8Launcher(const ExecContext& ctx) : ctx_(ctx), stream_(static_cast<cudaStream_t>(ctx.stream)) {}
+  explicit CudaFp8Launcher(const ExecContext& ctx)
+      : ctx_(ctx), stream_(static_cast<cudaStream_t>(ctx.stream)) {}
 
   Status start() {
     device_.emplace(ctx_);  // held until the launcher goes: every launch runs on that device
@@ -84,7 +89,8 @@ class CudaFp8Launcher {
     GG_RETURN_IF_ERROR(query_device(device, &info_));
     if (fp8_sm90_built() && runs_sm90a(info_.cc_major, info_.cc_minor)) return Status::Ok();
     return Status::Unimplemented(
-        "the CUDA FP8 grouped GEMMs need FP8 tensor cores: a compute capability 9.0 GPU (Hopper) and a build with "
+        "the CUDA FP8 grouped GEMMs need FP8 tensor cores: a compute capability 9.0 GPU (Hopper) and a build "
+        "with "
         "the sm_90a kernels (CMAKE_CUDA_ARCHITECTURES with 90a); this device is " +
         std::to_string(info_.cc_major) + "." + std::to_string(info_.cc_minor) +
         (fp8_sm90_built() ? "" : " and this build has no sm_90a code"));
@@ -94,7 +100,9 @@ class CudaFp8Launcher {
   Status fill_rows(const Fp8SetupArgs& s, const void* bias) {
     return launch_fp8_fill_rows(s, out_dtype_, bias, stream_);
   }
-  Status zero_empty_groups(const Fp8SetupArgs& s) { return launch_fp8_zero_empty_groups(s, out_dtype_, stream_); }
+  Status zero_empty_groups(const Fp8SetupArgs& s) {
+    return launch_fp8_zero_empty_groups(s, out_dtype_, stream_);
+  }
   Status align_tokens(const Fp8SetupArgs& s) { return launch_fp8_align_tokens(s, stream_); }
   Status grouped_gemm(const Fp8SetupArgs& s, Fp8Type lhs_type, float beta) {
     const Fp8WorkspaceView ws = fp8_workspace_view(s.workspace, s.layout);
@@ -137,7 +145,8 @@ int64_t fp8_kernel_workspace_bytes(int device_index) {
     return 0;
   }
   DeviceInfo info{};
-  if (device >= count || !query_device(device, &info).ok() || !runs_sm90a(info.cc_major, info.cc_minor)) return 0;
+  if (device >= count || !query_device(device, &info).ok() || !runs_sm90a(info.cc_major, info.cc_minor))
+    return 0;
   return static_cast<int64_t>(fp8_sm90_workspace_bytes(info.sm_count));
 }
 
@@ -154,9 +163,11 @@ Status scaled_grouped_matmul(const ScaledMatmulArgs& a, const ExecContext& ctx) 
 }
 
 Status scaled_grouped_matmul_wgrad(const ScaledWgradArgs& a, const ExecContext& ctx) {
-  GG_RETURN_IF_ERROR(check_int32({a.m, a.k, a.n, a.num_groups, token_block_bound(a.m, a.num_groups) * kFp8Block}));
+  GG_RETURN_IF_ERROR(
+      check_int32({a.m, a.k, a.n, a.num_groups, token_block_bound(a.m, a.num_groups) * kFp8Block}));
   if (a.k > 0 && a.n > 0)
-    GG_RETURN_IF_ERROR(check_tma({{a.n, dtype_size(a.out_dtype), "N (the output's columns)"}}, {{a.out, "out"}}));
+    GG_RETURN_IF_ERROR(
+        check_tma({{a.n, dtype_size(a.out_dtype), "N (the output's columns)"}}, {{a.out, "out"}}));
   const Fp8WorkspaceLayout layout = layout_of(Fp8Call::wgrad, a.scaling, a.num_groups, a.m, a.k, a.n, ctx);
   GG_RETURN_IF_ERROR(check_call(ctx, layout));
   CudaFp8Launcher launch(ctx);
@@ -166,7 +177,8 @@ Status scaled_grouped_matmul_wgrad(const ScaledWgradArgs& a, const ExecContext& 
 
 Status quantize_grouped(const QuantizeGroupedArgs& a, const ExecContext& ctx) {
   GG_RETURN_IF_ERROR(check_int32({a.m, a.cols, a.num_groups}));
-  const Fp8WorkspaceLayout layout = layout_of(Fp8Call::quantize_grouped, a.scaling, a.num_groups, a.m, 0, 0, ctx);
+  const Fp8WorkspaceLayout layout =
+      layout_of(Fp8Call::quantize_grouped, a.scaling, a.num_groups, a.m, 0, 0, ctx);
   GG_RETURN_IF_ERROR(check_call(ctx, layout));
   CudaFp8Launcher launch(ctx);
   return enqueue_quantize_grouped(a, ctx.workspace, layout, launch);

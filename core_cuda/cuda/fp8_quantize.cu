@@ -58,7 +58,8 @@ __global__ void quantize_blocks_kernel(QuantizeBlocksArgs a) {
   auto* q = static_cast<uint8_t*>(a.q);
   const int64_t row_blocks = fp8_blocks(a.rows), col_blocks = fp8_blocks(a.cols);
   for (int64_t tile = blockIdx.x; tile < a.batch * row_blocks * col_blocks; tile += gridDim.x) {
-    const int64_t b = tile / (row_blocks * col_blocks), rb = tile / col_blocks % row_blocks, cb = tile % col_blocks;
+    const int64_t b = tile / (row_blocks * col_blocks), rb = tile / col_blocks % row_blocks,
+                  cb = tile % col_blocks;
     const int64_t r0 = rb * kFp8Block, rows = min(a.rows, r0 + kFp8Block) - r0;
     const int64_t c0 = cb * kFp8Block, cols = min(a.cols, c0 + kFp8Block) - c0;
     const int64_t base = b * a.rows * a.cols + r0 * a.cols + c0;
@@ -97,7 +98,8 @@ __global__ void quantize_grouped_kernel(QuantizeGroupedArgs a, Fp8SetupArgs s) {
       for (int64_t r = rows.begin; r < rows.end; ++r) amax = amax_step(amax, float(x[r * a.cols + c]));
       const float scale = fp8_scale(amax, a.out_type, a.power_of_two);
       a.scale[sr * a.cols + c] = scale;
-      for (int64_t r = rows.begin; r < rows.end; ++r) q[c * a.m + r] = quantize_value(float(x[r * a.cols + c]), scale, a.out_type);
+      for (int64_t r = rows.begin; r < rows.end; ++r)
+        q[c * a.m + r] = quantize_value(float(x[r * a.cols + c]), scale, a.out_type);
     }
   }
 }
@@ -139,13 +141,15 @@ Status launch_fp8_quantize_blocks(const QuantizeBlocksArgs& a, cudaStream_t stre
 Status launch_fp8_quantize_grouped(const QuantizeGroupedArgs& a, const Fp8SetupArgs& s, cudaStream_t stream) {
   if (a.cols == 0) return Status::Ok();
   if (a.m > 0) {
-    zero_padding_columns_kernel<<<grid_dim(ceil_div(a.cols * a.m, kThreads), 65535), kThreads, 0, stream>>>(a, s);
+    zero_padding_columns_kernel<<<grid_dim(ceil_div(a.cols * a.m, kThreads), 65535), kThreads, 0, stream>>>(
+        a, s);
     GG_RETURN_IF_ERROR(last_launch("the FP8 padding zeroing kernel"));
   }
   const int64_t scale_rows = token_scale_rows(a.scaling, a.m, a.num_groups);
   if (scale_rows == 0) return Status::Ok();
   return visit_cuda_dtype(a.in_dtype, [&](auto tag) {
-    quantize_grouped_kernel<decltype(tag)><<<scale_blocks_grid(scale_rows), kQuantizeThreads, 0, stream>>>(a, s);
+    quantize_grouped_kernel<decltype(tag)>
+        <<<scale_blocks_grid(scale_rows), kQuantizeThreads, 0, stream>>>(a, s);
     return last_launch("the FP8 grouped quantization kernel");
   });
 }

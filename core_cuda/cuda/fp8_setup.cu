@@ -43,8 +43,9 @@ __global__ void __launch_bounds__(kThreads) fp8_setup_kernel(Fp8SetupArgs a) {
 }
 
 // Grid-stride over `count` elements.
-#define GG_FOR_EACH(i, count) \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (count); i += int64_t(gridDim.x) * blockDim.x)
+#define GG_FOR_EACH(i, count)                                                   \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (count); \
+       i += int64_t(gridDim.x) * blockDim.x)
 
 unsigned elements_grid(int64_t count) { return grid_dim(ceil_div(count, kThreads), 65535); }
 
@@ -70,7 +71,8 @@ __global__ void fp8_fill_rows_kernel(Fp8SetupArgs a, const Out* bias) {
     const Fp8RowFill fill = fp8_row_fill(ws, r, bias != nullptr, a.k == 0);
     if (!fill.write) continue;
     const Out* bias_row = fill.bias_group >= 0 ? bias + fill.bias_group * a.n : nullptr;
-    for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) out[r * a.n + j] = bias_row ? bias_row[j] : Out(0.0f);
+    for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x)
+      out[r * a.n + j] = bias_row ? bias_row[j] : Out(0.0f);
   }
 }
 

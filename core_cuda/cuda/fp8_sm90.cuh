@@ -71,8 +71,8 @@ constexpr bool is_mode0_ld_stride() {
   using Ld = cute::remove_cvref_t<decltype(cute::get<0>(Stride{}))>;
   using Unit = cute::remove_cvref_t<decltype(cute::get<1>(Stride{}))>;
   using Batch = cute::remove_cvref_t<decltype(cute::get<2>(Stride{}))>;
-  return sizeof(Stride) == sizeof(int64_t) && cute::is_same_v<Ld, int64_t> && cute::is_same_v<Unit, cute::Int<1>> &&
-         cute::is_same_v<Batch, cute::Int<0>>;
+  return sizeof(Stride) == sizeof(int64_t) && cute::is_same_v<Ld, int64_t> &&
+         cute::is_same_v<Unit, cute::Int<1>> && cute::is_same_v<Batch, cute::Int<0>>;
 }
 
 // A workspace pointer array (void*[G]) as the element pointer array CUTLASS takes.
@@ -101,14 +101,15 @@ struct Fp8Sm90Gemm {
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Out, LayoutD*, kAlignmentOut, Out, LayoutD*,
-      kAlignmentOut, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Out, LayoutD*, kAlignmentOut, Out,
+      LayoutD*, kAlignmentOut, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<Out, float, Out, float>>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>, kAlignmentIn,
-      ElementB, cute::tuple<LayoutB*, LayoutSFB*>, kAlignmentIn, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>,
+      kAlignmentIn, ElementB, cute::tuple<LayoutB*, LayoutSFB*>, kAlignmentIn, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Fp8ProblemShape, Mainloop, Epilogue>;
@@ -118,8 +119,8 @@ struct Fp8Sm90Gemm {
   using StrideB = typename Kernel::InternalStrideB;
   using StrideC = typename Kernel::InternalStrideC;
   using StrideD = typename Kernel::InternalStrideD;
-  static_assert(is_mode0_ld_stride<StrideA>() && is_mode0_ld_stride<StrideB>() && is_mode0_ld_stride<StrideC>() &&
-                    is_mode0_ld_stride<StrideD>(),
+  static_assert(is_mode0_ld_stride<StrideA>() && is_mode0_ld_stride<StrideB>() &&
+                    is_mode0_ld_stride<StrideC>() && is_mode0_ld_stride<StrideD>(),
                 "a CUTLASS 3.x stride is not the workspace's int64 leading dimension");
   // The grouped mainloop derives each group's scale layout from its problem shape, M-major
   // ([k / 128][m] and [k / 128][n], packed): what the FP8 setup writes.
@@ -131,7 +132,8 @@ struct Fp8Sm90Gemm {
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {l.num_groups,
-         reinterpret_cast<typename Fp8ProblemShape::UnderlyingProblemShape*>(const_cast<int32_t*>(l.problems)),
+         reinterpret_cast<typename Fp8ProblemShape::UnderlyingProblemShape*>(
+             const_cast<int32_t*>(l.problems)),
          nullptr},
         // The scale layouts are not read: the grouped mainloop derives each group's from its
         // problem shape.
@@ -165,7 +167,8 @@ struct Fp8Sm90Gemm {
     if (st == cutlass::Status::kSuccess) st = gemm.initialize(args, l.kernel_workspace, l.stream);
     if (st == cutlass::Status::kSuccess) st = gemm.run(l.stream);
     if (st != cutlass::Status::kSuccess)
-      return Status::Internal(std::string("CUTLASS FP8 grouped GEMM failed: ") + cutlass::cutlassGetStatusString(st));
+      return Status::Internal(std::string("CUTLASS FP8 grouped GEMM failed: ") +
+                              cutlass::cutlassGetStatusString(st));
     return Status::Ok();
   }
 };

@@ -16,8 +16,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 Status check_dims(int64_t m, int64_t k, int64_t n, int64_t num_groups) {
   if (m < 0 || k < 0 || n < 0 || num_groups < 0)
-    return Status::Invalid("dimensions must be non-negative, got M=" + str(m) + " K=" + str(k) + " N=" + str(n) +
-                           " G=" + str(num_groups));
+    return Status::Invalid("dimensions must be non-negative, got M=" + str(m) + " K=" + str(k) +
+                           " N=" + str(n) + " G=" + str(num_groups));
   return Status::Ok();
 }
 
@@ -42,13 +42,15 @@ Status check_quantize(DType in, Fp8Type out, Fp8Scaling scaling) {
 Status check_gemm_types(Fp8Type lhs, Fp8Type rhs, Fp8Scaling scaling, DType out, bool accumulate) {
   if (!valid_fp8(lhs)) return Status::Invalid("lhs must be float8_e4m3fn or float8_e5m2");
   if (rhs != Fp8Type::e4m3)
-    return Status::Invalid(std::string("rhs must be float8_e4m3fn (float8_e5m2 is for the lhs, a gradient), got ") +
-                           fp8_name(rhs));
+    return Status::Invalid(
+        std::string("rhs must be float8_e4m3fn (float8_e5m2 is for the lhs, a gradient), got ") +
+        fp8_name(rhs));
   if (!valid_scaling(scaling)) return Status::Invalid("scaling must be rowwise or blockwise");
   if (accumulate && out != DType::f32)
     return Status::Invalid(std::string("accumulate_into must be float32, got ") + dtype_name(out));
   if (out != DType::bf16 && out != DType::f32)
-    return Status::Invalid(std::string("the output dtype must be bfloat16 or float32, got ") + dtype_name(out));
+    return Status::Invalid(std::string("the output dtype must be bfloat16 or float32, got ") +
+                           dtype_name(out));
   return Status::Ok();
 }
 
@@ -66,8 +68,9 @@ int64_t fp8_workspace_bytes(Device device, Fp8Call call, Fp8Scaling scaling, int
   // the frontends size it identically; the GEMM kernel's own part depends on the device.
   if (device != Device::cuda) return 0;
   const auto clamp = [](int64_t v) { return v < 0 ? int64_t(0) : v; };
-  return fp8_workspace_layout(call, scaling, clamp(num_groups), clamp(m), clamp(k), clamp(n),
-                              call == Fp8Call::quantize_grouped ? 0 : cuda::fp8_kernel_workspace_bytes(device_index))
+  return fp8_workspace_layout(
+             call, scaling, clamp(num_groups), clamp(m), clamp(k), clamp(n),
+             call == Fp8Call::quantize_grouped ? 0 : cuda::fp8_kernel_workspace_bytes(device_index))
       .bytes;
 }
 
@@ -111,8 +114,9 @@ Status scaled_grouped_matmul(const ScaledMatmulArgs& a, const ExecContext& ctx) 
   GG_RETURN_IF_ERROR(check_ptr(a.lhs, a.m * a.k, "lhs"));
   GG_RETURN_IF_ERROR(check_ptr(a.rhs, a.num_groups * a.n * a.k, "rhs"));
   GG_RETURN_IF_ERROR(check_ptr(a.lhs_scale, rowwise ? a.m : a.m * fp8_blocks(a.k), "lhs_scale"));
-  GG_RETURN_IF_ERROR(check_ptr(a.rhs_scale, rowwise ? a.num_groups * a.n : a.num_groups * fp8_blocks(a.n) * fp8_blocks(a.k),
-                               "rhs_scale"));
+  GG_RETURN_IF_ERROR(
+      check_ptr(a.rhs_scale, rowwise ? a.num_groups * a.n : a.num_groups * fp8_blocks(a.n) * fp8_blocks(a.k),
+                "rhs_scale"));
   GG_RETURN_IF_ERROR(check_ptr(a.out, a.m * a.n, "out"));
   return dispatch(a, ctx, cpu::scaled_grouped_matmul, cuda::scaled_grouped_matmul);
 }

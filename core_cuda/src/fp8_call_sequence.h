@@ -25,8 +25,9 @@
 namespace groupgemm {
 
 inline Fp8SetupArgs fp8_setup_args(Fp8SetupKind kind, Fp8Scaling scaling, const IndexArray& sizes,
-                                   const IndexArray& offset, int64_t num_groups, int64_t m, int64_t k, int64_t n,
-                                   const Fp8Operands& ops, const Fp8WorkspaceLayout& layout, void* workspace) {
+                                   const IndexArray& offset, int64_t num_groups, int64_t m, int64_t k,
+                                   int64_t n, const Fp8Operands& ops, const Fp8WorkspaceLayout& layout,
+                                   void* workspace) {
   return {kind, scaling, sizes, offset, num_groups, m, k, n, ops, layout, workspace};
 }
 
@@ -70,8 +71,8 @@ Status enqueue_scaled_wgrad(const ScaledWgradArgs& a, void* workspace, const Fp8
 // The weight gradient's operand quantization: setup (boundaries and first blocks), then
 // the blocks. Plain kernels: any GPU runs them.
 template <typename Launcher>
-Status enqueue_quantize_grouped(const QuantizeGroupedArgs& a, void* workspace, const Fp8WorkspaceLayout& layout,
-                                Launcher& launch) {
+Status enqueue_quantize_grouped(const QuantizeGroupedArgs& a, void* workspace,
+                                const Fp8WorkspaceLayout& layout, Launcher& launch) {
   GG_RETURN_IF_ERROR(launch.start());
   const Fp8SetupArgs s = fp8_setup_args(Fp8SetupKind::rows_only, a.scaling, a.group_sizes, a.group_offset,
                                         a.num_groups, a.m, 0, a.cols, {}, layout, workspace);

@@ -41,8 +41,8 @@ struct Fp8WorkspaceLayout {
 
 // The layout for a call of `call` with G local groups and shape (m, k, n) (fp8.h's
 // fp8_workspace_bytes); kernel_bytes: the GEMM kernel's own workspace on the device.
-GG_HD Fp8WorkspaceLayout fp8_workspace_layout(Fp8Call call, Fp8Scaling scaling, int64_t g, int64_t m, int64_t k,
-                                              int64_t n, int64_t kernel_bytes) {
+GG_HD Fp8WorkspaceLayout fp8_workspace_layout(Fp8Call call, Fp8Scaling scaling, int64_t g, int64_t m,
+                                              int64_t k, int64_t n, int64_t kernel_bytes) {
   Fp8WorkspaceLayout l{};
   int64_t at = 0;
   auto take = [&at](int64_t bytes) {
@@ -159,8 +159,8 @@ GG_HD int64_t fp8_chunk_rows(const Fp8SetupArgs& a, RowRange chunk) {
 
 // Given the row where the chunk of global groups starts, writes the window's boundaries
 // that fall in it.
-GG_HD void write_fp8_boundaries(const Fp8SetupArgs& a, const Fp8WorkspaceView& ws, GroupWindow w, RowRange chunk,
-                                int64_t row) {
+GG_HD void write_fp8_boundaries(const Fp8SetupArgs& a, const Fp8WorkspaceView& ws, GroupWindow w,
+                                RowRange chunk, int64_t row) {
   for (int64_t g = chunk.begin; g < chunk.end; ++g) {
     if (g == w.first) ws.boundary[0] = row;
     row = next_row_boundary(row, load_index(a.group_sizes.data, a.group_sizes.type, g), a.m);
@@ -198,9 +198,9 @@ GG_HD void write_fp8_first_blocks(const Fp8WorkspaceView& ws, RowRange chunk, in
 // 0 x 0 x 0 problem when it has nothing to multiply (no rows, or K = 0), so no k = 0
 // problem reaches the kernel. C is D: the output holds the bias rows (or, accumulating,
 // the float32 sums) the epilogue adds with beta = 1.
-GG_HD void write_fp8_group(const Fp8WorkspaceView& ws, int64_t local, bool gemm, int64_t m, int64_t n, int64_t k,
-                           const void* a, const void* b, void* d, const float* a_scale, const float* b_scale,
-                           int64_t lda, int64_t ldb, int64_t ldd) {
+GG_HD void write_fp8_group(const Fp8WorkspaceView& ws, int64_t local, bool gemm, int64_t m, int64_t n,
+                           int64_t k, const void* a, const void* b, void* d, const float* a_scale,
+                           const float* b_scale, int64_t lda, int64_t ldb, int64_t ldd) {
   ws.problem[3 * local + 0] = gemm ? static_cast<int32_t>(m) : 0;
   ws.problem[3 * local + 1] = gemm ? static_cast<int32_t>(n) : 0;
   ws.problem[3 * local + 2] = gemm ? static_cast<int32_t>(k) : 0;
@@ -240,8 +240,8 @@ GG_HD void write_fp8_group_setup(const Fp8SetupArgs& a, const Fp8WorkspaceView& 
   write_fp8_group(ws, local, rows.rows() > 0, a.k, a.n, fp8_blocks(rows.rows()) * kFp8Block,
                   ws.operand_a + first * kFp8Block, ws.operand_b + first * kFp8Block,
                   static_cast<char*>(ops.d) + local * a.k * a.n * ops.d_bytes,
-                  (rowwise ? ws.scale_a : ops.a_scale) + first * a.k, (rowwise ? ws.scale_b : ops.b_scale) + first * a.n,
-                  tokens, tokens, a.n);
+                  (rowwise ? ws.scale_a : ops.a_scale) + first * a.k,
+                  (rowwise ? ws.scale_b : ops.b_scale) + first * a.n, tokens, tokens, a.n);
 }
 
 // ---- the element steps of the copy kernels (one thread per element on the GPU) -------
@@ -256,8 +256,8 @@ GG_HD int64_t fp8_lhs_scale_slot(const Fp8WorkspaceView& ws, int64_t row, int64_
 }
 
 // Matmul rhs scale for the kernel's entry (g, kb, col) of [G][Kb][N], from the API's.
-GG_HD float fp8_rhs_scale(Fp8Scaling scaling, const float* rhs_scale, int64_t g, int64_t kb, int64_t col, int64_t n,
-                          int64_t kb_count) {
+GG_HD float fp8_rhs_scale(Fp8Scaling scaling, const float* rhs_scale, int64_t g, int64_t kb, int64_t col,
+                          int64_t n, int64_t kb_count) {
   return rhs_scale[rhs_scale_index(scaling, g, col, n, kb, kb_count)];
 }
 

@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "convert.h"
@@ -49,7 +49,8 @@ struct HostWorkspace {
 };
 
 float load_out(const void* d, DType t, int64_t i) {
-  return t == DType::f32 ? static_cast<const float*>(d)[i] : cpu::widen(static_cast<const cpu::bf16_t*>(d)[i]);
+  return t == DType::f32 ? static_cast<const float*>(d)[i]
+                         : cpu::widen(static_cast<const cpu::bf16_t*>(d)[i]);
 }
 
 void store_out(void* d, DType t, int64_t i, float v) {
@@ -100,8 +101,8 @@ class HostFp8Launcher {
         if (slot >= 0) ws.scale_a[slot] = a.operands.a_scale[lhs_scale_index(a.scaling, row, kb, kb_count)];
       }
     for (int64_t i = 0; i < a.num_groups * kb_count * a.n; ++i)
-      ws.scale_b[i] =
-          fp8_rhs_scale(a.scaling, a.operands.b_scale, i / (a.n * kb_count), i / a.n % kb_count, i % a.n, a.n, kb_count);
+      ws.scale_b[i] = fp8_rhs_scale(a.scaling, a.operands.b_scale, i / (a.n * kb_count), i / a.n % kb_count,
+                                    i % a.n, a.n, kb_count);
     return Status::Ok();
   }
 
@@ -172,7 +173,8 @@ class HostFp8Launcher {
             acc = std::fma(partial, sfa[kb * m + i] * sfb[kb * n + j], acc);
           }
           const int64_t at = i * ws.ld[3][g] + j;
-          const int64_t base = (static_cast<char*>(D) - static_cast<char*>(a.operands.d)) / dtype_size(out_dtype_);
+          const int64_t base =
+              (static_cast<char*>(D) - static_cast<char*>(a.operands.d)) / dtype_size(out_dtype_);
           store_out(a.operands.d, out_dtype_, base + at,
                     beta != 0.0f ? acc + load_out(a.operands.d, out_dtype_, base + at) : acc);
         }
@@ -202,7 +204,8 @@ class HostFp8Launcher {
         for (int64_t r = rows.begin; r < rows.end; ++r) amax = amax_step(amax, x[r * a.cols + c]);
         const float scale = fp8_scale(amax, a.out_type, a.power_of_two);
         a.scale[sr * a.cols + c] = scale;
-        for (int64_t r = rows.begin; r < rows.end; ++r) q[c * a.m + r] = quantize_value(x[r * a.cols + c], scale, a.out_type);
+        for (int64_t r = rows.begin; r < rows.end; ++r)
+          q[c * a.m + r] = quantize_value(x[r * a.cols + c], scale, a.out_type);
       }
     }
     return Status::Ok();
@@ -251,11 +254,13 @@ struct Quantized {
   std::vector<float> scale;
 };
 
-Quantized quantize_cpu_rows(const std::vector<float>& x, int64_t rows, int64_t cols, Fp8Type t, Fp8Scaling s) {
-  Quantized out{std::vector<uint8_t>(rows * cols), std::vector<float>(s == Fp8Scaling::rowwise ? rows : rows * fp8_blocks(cols))};
+Quantized quantize_cpu_rows(const std::vector<float>& x, int64_t rows, int64_t cols, Fp8Type t,
+                            Fp8Scaling s) {
+  Quantized out{std::vector<uint8_t>(rows * cols),
+                std::vector<float>(s == Fp8Scaling::rowwise ? rows : rows * fp8_blocks(cols))};
   QuantizeRowsArgs a;
-  a.out_type = t, a.scaling = s, a.x = x.data(), a.q = out.q.data(), a.scale = out.scale.data(), a.rows = rows,
-  a.cols = cols;
+  a.out_type = t, a.scaling = s, a.x = x.data(), a.q = out.q.data(), a.scale = out.scale.data(),
+  a.rows = rows, a.cols = cols;
   CHECK(quantize_rows(a, cpu_context()).ok());
   return out;
 }
@@ -270,10 +275,12 @@ Quantized quantize_cpu_weight(const std::vector<float>& w, int64_t g, int64_t n,
   return out;
 }
 
-IndexArray sizes_of(const Case& c) { return {c.sizes.data(), IndexType::i32, static_cast<int64_t>(c.sizes.size())}; }
+IndexArray sizes_of(const Case& c) {
+  return {c.sizes.data(), IndexType::i32, static_cast<int64_t>(c.sizes.size())};
+}
 
-void test_matmul(const Case& c, Fp8Scaling scaling, Fp8Type lhs_type, DType out_dtype, bool bias, int64_t chunks,
-                 int64_t k) {
+void test_matmul(const Case& c, Fp8Scaling scaling, Fp8Type lhs_type, DType out_dtype, bool bias,
+                 int64_t chunks, int64_t k) {
   const int64_t n = 48, g = c.num_groups;
   std::mt19937 rng(7);
   const Quantized lhs = quantize_cpu_rows(random_values(c.m * k, rng), c.m, k, lhs_type, scaling);
@@ -303,7 +310,8 @@ void test_matmul(const Case& c, Fp8Scaling scaling, Fp8Type lhs_type, DType out_
   CHECK(equal);
 }
 
-void test_wgrad(const Case& c, Fp8Scaling scaling, Fp8Type lhs_type, DType out_dtype, bool accumulate, int64_t chunks) {
+void test_wgrad(const Case& c, Fp8Scaling scaling, Fp8Type lhs_type, DType out_dtype, bool accumulate,
+                int64_t chunks) {
   const int64_t k = 48, n = 32, g = c.num_groups;
   std::mt19937 rng(11);
   const std::vector<float> dout = random_values(c.m * k, rng), x = random_values(c.m * n, rng);
@@ -323,7 +331,8 @@ void test_wgrad(const Case& c, Fp8Scaling scaling, Fp8Type lhs_type, DType out_d
     CHECK(quantize_grouped(qa, cpu_context()).ok());
     Quantized emulated{std::vector<uint8_t>(c.m * cols, 0x55), std::vector<float>(scale_rows * cols, -1.0f)};
     qa.q = emulated.q.data(), qa.scale = emulated.scale.data();
-    const Fp8WorkspaceLayout layout = fp8_workspace_layout(Fp8Call::quantize_grouped, scaling, g, c.m, 0, 0, 0);
+    const Fp8WorkspaceLayout layout =
+        fp8_workspace_layout(Fp8Call::quantize_grouped, scaling, g, c.m, 0, 0, 0);
     HostWorkspace ws(layout);
     HostFp8Launcher launch(chunks, out_dtype);
     CHECK(enqueue_quantize_grouped(qa, ws.data(), layout, launch).ok());
@@ -333,7 +342,8 @@ void test_wgrad(const Case& c, Fp8Scaling scaling, Fp8Type lhs_type, DType out_d
   }
   ScaledWgradArgs a;
   a.lhs_type = lhs_type, a.scaling = scaling, a.out_dtype = out_dtype, a.accumulate = accumulate;
-  a.lhs = q[0].q.data(), a.rhs = q[1].q.data(), a.lhs_scale = q[0].scale.data(), a.rhs_scale = q[1].scale.data();
+  a.lhs = q[0].q.data(), a.rhs = q[1].q.data(), a.lhs_scale = q[0].scale.data(),
+  a.rhs_scale = q[1].scale.data();
   a.m = c.m, a.k = k, a.n = n, a.num_groups = g, a.group_sizes = sizes_of(c), a.group_offset = offset;
   std::vector<float> start = random_values(g * k * n, rng);
   std::vector<uint8_t> want(g * k * n * dtype_size(out_dtype), 0xff);
@@ -354,11 +364,13 @@ void test_wgrad(const Case& c, Fp8Scaling scaling, Fp8Type lhs_type, DType out_d
 
 void test_workspace_layout() {
   g_case = "workspace layout";
-  const Fp8WorkspaceLayout l = fp8_workspace_layout(Fp8Call::wgrad, Fp8Scaling::rowwise, 5, 300, 48, 32, 1000);
+  const Fp8WorkspaceLayout l =
+      fp8_workspace_layout(Fp8Call::wgrad, Fp8Scaling::rowwise, 5, 300, 48, 32, 1000);
   CHECK(l.aligned_tokens == 128 * token_block_bound(300, 5));
   CHECK(l.operand_a % 16 == 0 && l.operand_b % 16 == 0 && l.kernel % 16 == 0 && l.bytes > l.kernel + 1000);
   CHECK(l.operand_b - l.operand_a >= 48 * l.aligned_tokens);
-  const Fp8WorkspaceLayout q = fp8_workspace_layout(Fp8Call::quantize_grouped, Fp8Scaling::blockwise, 5, 300, 0, 0, 0);
+  const Fp8WorkspaceLayout q =
+      fp8_workspace_layout(Fp8Call::quantize_grouped, Fp8Scaling::blockwise, 5, 300, 0, 0, 0);
   CHECK(q.bytes == q.operand_a && q.problem == q.ptr[0]);  // no GEMM arrays
   CHECK(token_block_bound(1, 1) == 1 && token_block_bound(128, 1) == 1 && token_block_bound(129, 1) == 2);
   CHECK(token_block_bound(0, 4) == 0 && token_block_bound(389, 4) == 7);

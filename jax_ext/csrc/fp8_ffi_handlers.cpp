@@ -35,7 +35,9 @@ bool scale_buffer(const ffi::AnyBuffer& b, const float** out) {
   return true;
 }
 
-ffi::Error invalid(const char* what) { return ffi::Error::InvalidArgument(std::string("groupgemm: ") + what); }
+ffi::Error invalid(const char* what) {
+  return ffi::Error::InvalidArgument(std::string("groupgemm: ") + what);
+}
 
 // The context of a call without a workspace.
 ExecContext plain_context(Device device, void* stream) {
@@ -44,7 +46,8 @@ ExecContext plain_context(Device device, void* stream) {
   return ctx;
 }
 
-ffi::Error quantize_rows_ffi(Device device, void* stream, Buf x, Out q, Out scale, int32_t scaling, bool power_of_two) {
+ffi::Error quantize_rows_ffi(Device device, void* stream, Buf x, Out q, Out scale, int32_t scaling,
+                             bool power_of_two) {
   QuantizeRowsArgs a;
   const auto out_type = fp8_type(q->element_type());
   if (!float_dtype(x.element_type(), &a.in_dtype) || !out_type) return dtype_error("fp8 quantize_rows");
@@ -66,8 +69,9 @@ ffi::Error quantize_blocks_ffi(Device device, void* stream, Buf x, Out q, Out sc
   return to_ffi(groupgemm::quantize_blocks(a, plain_context(device, stream)));
 }
 
-ffi::Error quantize_grouped_ffi(Device device, void* stream, Buf x, Buf group_sizes, Buf group_offset, Out q, Out scale,
-                            Out workspace, int64_t num_groups, int32_t scaling, bool power_of_two) {
+ffi::Error quantize_grouped_ffi(Device device, void* stream, Buf x, Buf group_sizes, Buf group_offset, Out q,
+                                Out scale, Out workspace, int64_t num_groups, int32_t scaling,
+                                bool power_of_two) {
   QuantizeGroupedArgs a;
   const auto out_type = fp8_type(q->element_type());
   if (!float_dtype(x.element_type(), &a.in_dtype) || !out_type) return dtype_error("fp8 quantize_grouped");
@@ -80,8 +84,9 @@ ffi::Error quantize_grouped_ffi(Device device, void* stream, Buf x, Buf group_si
   return to_ffi(groupgemm::quantize_grouped(a, context(device, stream, &*workspace)));
 }
 
-ffi::Error scaled_matmul_ffi(Device device, void* stream, Buf lhs, Buf rhs, Buf lhs_scale, Buf rhs_scale, Buf group_sizes,
-                         Buf group_offset, Buf bias, Out out, Out workspace, int32_t scaling, bool has_bias) {
+ffi::Error scaled_matmul_ffi(Device device, void* stream, Buf lhs, Buf rhs, Buf lhs_scale, Buf rhs_scale,
+                             Buf group_sizes, Buf group_offset, Buf bias, Out out, Out workspace,
+                             int32_t scaling, bool has_bias) {
   ScaledMatmulArgs a;
   const auto lhs_type = fp8_type(lhs.element_type()), rhs_type = fp8_type(rhs.element_type());
   if (!lhs_type || !rhs_type || !float_dtype(out->element_type(), &a.out_dtype) ||
@@ -99,8 +104,9 @@ ffi::Error scaled_matmul_ffi(Device device, void* stream, Buf lhs, Buf rhs, Buf 
 }
 
 // acc is aliased to out when accumulating (input_output_aliases): out already holds it.
-ffi::Error scaled_wgrad_ffi(Device device, void* stream, Buf lhs, Buf rhs, Buf lhs_scale, Buf rhs_scale, Buf group_sizes,
-                        Buf group_offset, Buf acc, Out out, Out workspace, int32_t scaling, bool accumulate) {
+ffi::Error scaled_wgrad_ffi(Device device, void* stream, Buf lhs, Buf rhs, Buf lhs_scale, Buf rhs_scale,
+                            Buf group_sizes, Buf group_offset, Buf acc, Out out, Out workspace,
+                            int32_t scaling, bool accumulate) {
   (void)acc;
   ScaledWgradArgs a;
   const auto lhs_type = fp8_type(lhs.element_type()), rhs_type = fp8_type(rhs.element_type());
@@ -131,10 +137,10 @@ struct Variants {
   }
 };
 
-#define GG_FP8_HANDLERS(NAME, FN, TAIL, ...)                                                             \
-  XLA_FFI_DEFINE_HANDLER(NAME##Cpu, (Variants<FN>::cpu<__VA_ARGS__>), ffi::Ffi::Bind() TAIL);            \
-  XLA_FFI_DEFINE_HANDLER(NAME##Cuda, (Variants<FN>::cuda<__VA_ARGS__>),                                  \
-                         ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>() TAIL,                        \
+#define GG_FP8_HANDLERS(NAME, FN, TAIL, ...)                                                  \
+  XLA_FFI_DEFINE_HANDLER(NAME##Cpu, (Variants<FN>::cpu<__VA_ARGS__>), ffi::Ffi::Bind() TAIL); \
+  XLA_FFI_DEFINE_HANDLER(NAME##Cuda, (Variants<FN>::cuda<__VA_ARGS__>),                       \
+                         ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>() TAIL,             \
                          {ffi::Traits::kCmdBufferCompatible});
 
 // clang-format off

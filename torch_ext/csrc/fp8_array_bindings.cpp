@@ -48,8 +48,8 @@ void expect_size(const Array& a, int64_t want, const char* name) {
                               .c_str());
 }
 
-void quantize_rows_array(Array x, Array q, Array scale, Fp8Type out_type, Fp8Scaling scaling, bool power_of_two,
-                         uintptr_t stream) {
+void quantize_rows_array(Array x, Array q, Array scale, Fp8Type out_type, Fp8Scaling scaling,
+                         bool power_of_two, uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&x, "x"}, {&q, "q"}, {&scale, "scale"}}) devices.add(*a, name);
   expect_rank(x, 2, "x");
@@ -58,11 +58,13 @@ void quantize_rows_array(Array x, Array q, Array scale, Fp8Type out_type, Fp8Sca
   a.in_dtype = float_dtype(x, "x"), a.out_type = out_type, a.scaling = scaling, a.power_of_two = power_of_two;
   expect_size(q, a.rows * a.cols, "q");
   a.x = x.data(), a.q = const_cast<void*>(fp8_bytes(q, "q"));
-  a.scale = scale_array(scale, "scale", scaling == Fp8Scaling::rowwise ? a.rows : a.rows * fp8_blocks(a.cols));
+  a.scale =
+      scale_array(scale, "scale", scaling == Fp8Scaling::rowwise ? a.rows : a.rows * fp8_blocks(a.cols));
   run_core(quantize_rows, a, devices.context());
 }
 
-void quantize_blocks_array(Array x, Array q, Array scale, Fp8Type out_type, bool power_of_two, uintptr_t stream) {
+void quantize_blocks_array(Array x, Array q, Array scale, Fp8Type out_type, bool power_of_two,
+                           uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&x, "x"}, {&q, "q"}, {&scale, "scale"}}) devices.add(*a, name);
   expect_rank(x, 3, "x");
@@ -75,9 +77,10 @@ void quantize_blocks_array(Array x, Array q, Array scale, Fp8Type out_type, bool
   run_core(quantize_blocks, a, devices.context());
 }
 
-void quantize_grouped_array(Array x, Array q, Array scale, Array group_sizes, int64_t num_groups, Fp8Type out_type,
-                            Fp8Scaling scaling, bool power_of_two, std::optional<Array> group_offset,
-                            std::optional<Array> workspace, uintptr_t stream) {
+void quantize_grouped_array(Array x, Array q, Array scale, Array group_sizes, int64_t num_groups,
+                            Fp8Type out_type, Fp8Scaling scaling, bool power_of_two,
+                            std::optional<Array> group_offset, std::optional<Array> workspace,
+                            uintptr_t stream) {
   ContextBuilder devices(stream);
   for (auto [a, name] : {std::pair{&x, "x"}, {&q, "q"}, {&scale, "scale"}, {&group_sizes, "group_sizes"}})
     devices.add(*a, name);
@@ -95,12 +98,17 @@ void quantize_grouped_array(Array x, Array q, Array scale, Array group_sizes, in
   run_core(quantize_grouped, a, devices.context());
 }
 
-void scaled_grouped_matmul_array(Array lhs, Array rhs, Array lhs_scale, Array rhs_scale, Array group_sizes, Array out,
-                                 Fp8Type lhs_type, Fp8Type rhs_type, Fp8Scaling scaling, std::optional<Array> bias,
-                                 std::optional<Array> group_offset, std::optional<Array> workspace, uintptr_t stream) {
+void scaled_grouped_matmul_array(Array lhs, Array rhs, Array lhs_scale, Array rhs_scale, Array group_sizes,
+                                 Array out, Fp8Type lhs_type, Fp8Type rhs_type, Fp8Scaling scaling,
+                                 std::optional<Array> bias, std::optional<Array> group_offset,
+                                 std::optional<Array> workspace, uintptr_t stream) {
   ContextBuilder devices(stream);
-  for (auto [a, name] : {std::pair{&lhs, "lhs"}, {&rhs, "rhs"}, {&lhs_scale, "lhs_scale"}, {&rhs_scale, "rhs_scale"},
-                         {&group_sizes, "group_sizes"}, {&out, "out"}})
+  for (auto [a, name] : {std::pair{&lhs, "lhs"},
+                         {&rhs, "rhs"},
+                         {&lhs_scale, "lhs_scale"},
+                         {&rhs_scale, "rhs_scale"},
+                         {&group_sizes, "group_sizes"},
+                         {&out, "out"}})
     devices.add(*a, name);
   expect_rank(lhs, 2, "lhs"), expect_rank(rhs, 3, "rhs"), expect_rank(out, 2, "out");
   expect_rank(group_sizes, 1, "group_sizes");
@@ -112,10 +120,12 @@ void scaled_grouped_matmul_array(Array lhs, Array rhs, Array lhs_scale, Array rh
   const bool rowwise = scaling == Fp8Scaling::rowwise;
   const int64_t kb = fp8_blocks(a.k);
   a.lhs_scale = scale_array(lhs_scale, "lhs_scale", rowwise ? a.m : a.m * kb);
-  a.rhs_scale = scale_array(rhs_scale, "rhs_scale", rowwise ? a.num_groups * a.n : a.num_groups * fp8_blocks(a.n) * kb);
+  a.rhs_scale =
+      scale_array(rhs_scale, "rhs_scale", rowwise ? a.num_groups * a.n : a.num_groups * fp8_blocks(a.n) * kb);
   if (bias) {
     devices.add(*bias, "bias");
-    expect_rank(*bias, 2, "bias"), expect_dim(*bias, 0, a.num_groups, "bias"), expect_dim(*bias, 1, a.n, "bias");
+    expect_rank(*bias, 2, "bias"), expect_dim(*bias, 0, a.num_groups, "bias"),
+        expect_dim(*bias, 1, a.n, "bias");
     if (float_dtype(*bias, "bias") != a.out_dtype) throw nb::type_error("bias must have the output's dtype");
     a.bias = bias->data();
   }
@@ -125,13 +135,17 @@ void scaled_grouped_matmul_array(Array lhs, Array rhs, Array lhs_scale, Array rh
   run_core(scaled_grouped_matmul, a, devices.context());
 }
 
-void scaled_grouped_matmul_wgrad_array(Array lhs, Array rhs, Array lhs_scale, Array rhs_scale, Array group_sizes,
-                                       Array out, Fp8Type lhs_type, Fp8Type rhs_type, Fp8Scaling scaling,
-                                       std::optional<Array> group_offset, bool accumulate,
+void scaled_grouped_matmul_wgrad_array(Array lhs, Array rhs, Array lhs_scale, Array rhs_scale,
+                                       Array group_sizes, Array out, Fp8Type lhs_type, Fp8Type rhs_type,
+                                       Fp8Scaling scaling, std::optional<Array> group_offset, bool accumulate,
                                        std::optional<Array> workspace, uintptr_t stream) {
   ContextBuilder devices(stream);
-  for (auto [a, name] : {std::pair{&lhs, "lhs"}, {&rhs, "rhs"}, {&lhs_scale, "lhs_scale"}, {&rhs_scale, "rhs_scale"},
-                         {&group_sizes, "group_sizes"}, {&out, "out"}})
+  for (auto [a, name] : {std::pair{&lhs, "lhs"},
+                         {&rhs, "rhs"},
+                         {&lhs_scale, "lhs_scale"},
+                         {&rhs_scale, "rhs_scale"},
+                         {&group_sizes, "group_sizes"},
+                         {&out, "out"}})
     devices.add(*a, name);
   expect_rank(lhs, 2, "lhs"), expect_rank(rhs, 2, "rhs"), expect_rank(out, 3, "out");
   expect_rank(group_sizes, 1, "group_sizes");
@@ -163,34 +177,39 @@ void bind_fp8_array_entry_points(nb::module_& m) {
       .value("matmul", Fp8Call::matmul)
       .value("wgrad", Fp8Call::wgrad)
       .value("quantize_grouped", Fp8Call::quantize_grouped);
-  m.def("fp8_workspace_bytes", &fp8_workspace_bytes, nb::arg("device"), nb::arg("call"), nb::arg("scaling"),
-        nb::arg("num_groups"), nb::arg("m"), nb::arg("k"), nb::arg("n"), nb::arg("device_index") = -1,
-        "Bytes of workspace an FP8 call needs on `device` (0 on the CPU); (m, k, n) as groupgemm/fp8.h says.");
+  m.def(
+      "fp8_workspace_bytes", &fp8_workspace_bytes, nb::arg("device"), nb::arg("call"), nb::arg("scaling"),
+      nb::arg("num_groups"), nb::arg("m"), nb::arg("k"), nb::arg("n"), nb::arg("device_index") = -1,
+      "Bytes of workspace an FP8 call needs on `device` (0 on the CPU); (m, k, n) as groupgemm/fp8.h says.");
   m.def("fp8_token_block_bound", &token_block_bound, nb::arg("m"), nb::arg("num_groups"),
         "Scale rows of the blockwise weight gradient: floor((m + 127 G) / 128).");
   m.def("fp8_quantize_rows", &quantize_rows_array, nb::arg("x").noconvert(), nb::arg("q").noconvert(),
-        nb::arg("scale").noconvert(), nb::arg("out_type"), nb::arg("scaling"), nb::arg("power_of_two") = false,
-        nb::arg("stream") = 0, "x [R, C] -> q [R, C] float8, scale [R] (rowwise) or [R, ceil(C/128)].");
+        nb::arg("scale").noconvert(), nb::arg("out_type"), nb::arg("scaling"),
+        nb::arg("power_of_two") = false, nb::arg("stream") = 0,
+        "x [R, C] -> q [R, C] float8, scale [R] (rowwise) or [R, ceil(C/128)].");
   m.def("fp8_quantize_blocks", &quantize_blocks_array, nb::arg("x").noconvert(), nb::arg("q").noconvert(),
-        nb::arg("scale").noconvert(), nb::arg("out_type"), nb::arg("power_of_two") = false, nb::arg("stream") = 0,
-        "x [B, R, C] -> q [B, R, C] float8, scale [B, ceil(R/128), ceil(C/128)].");
+        nb::arg("scale").noconvert(), nb::arg("out_type"), nb::arg("power_of_two") = false,
+        nb::arg("stream") = 0, "x [B, R, C] -> q [B, R, C] float8, scale [B, ceil(R/128), ceil(C/128)].");
   m.def("fp8_quantize_grouped", &quantize_grouped_array, nb::arg("x").noconvert(), nb::arg("q").noconvert(),
-        nb::arg("scale").noconvert(), nb::arg("group_sizes").noconvert(), nb::arg("num_groups"), nb::arg("out_type"),
-        nb::arg("scaling"), nb::arg("power_of_two") = false, nb::arg("group_offset").noconvert() = nb::none(),
-        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
+        nb::arg("scale").noconvert(), nb::arg("group_sizes").noconvert(), nb::arg("num_groups"),
+        nb::arg("out_type"), nb::arg("scaling"), nb::arg("power_of_two") = false,
+        nb::arg("group_offset").noconvert() = nb::none(), nb::arg("workspace").noconvert() = nb::none(),
+        nb::arg("stream") = 0,
         "x [M, C] -> q [C, M] float8 with scales per (group, channel) or per (token block, channel).");
-  m.def("scaled_grouped_matmul", &scaled_grouped_matmul_array, nb::arg("lhs").noconvert(), nb::arg("rhs").noconvert(),
-        nb::arg("lhs_scale").noconvert(), nb::arg("rhs_scale").noconvert(), nb::arg("group_sizes").noconvert(),
-        nb::arg("out").noconvert(), nb::arg("lhs_type"), nb::arg("rhs_type"), nb::arg("scaling"),
-        nb::arg("bias").noconvert() = nb::none(), nb::arg("group_offset").noconvert() = nb::none(),
-        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
-        "out[M, N] = scaled lhs[M, K] @ rhs[g]^T ([G, N, K]) per group (+ bias[g]); padding rows are 0.");
-  m.def("scaled_grouped_matmul_wgrad", &scaled_grouped_matmul_wgrad_array, nb::arg("lhs").noconvert(),
+  m.def("scaled_grouped_matmul", &scaled_grouped_matmul_array, nb::arg("lhs").noconvert(),
         nb::arg("rhs").noconvert(), nb::arg("lhs_scale").noconvert(), nb::arg("rhs_scale").noconvert(),
-        nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(), nb::arg("lhs_type"), nb::arg("rhs_type"),
-        nb::arg("scaling"), nb::arg("group_offset").noconvert() = nb::none(), nb::arg("accumulate") = false,
-        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
-        "out[g] (+)= scaled lhs[:, rows_g] @ rhs[:, rows_g]^T (lhs [K, M], rhs [N, M]); empty groups give 0.");
+        nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(), nb::arg("lhs_type"),
+        nb::arg("rhs_type"), nb::arg("scaling"), nb::arg("bias").noconvert() = nb::none(),
+        nb::arg("group_offset").noconvert() = nb::none(), nb::arg("workspace").noconvert() = nb::none(),
+        nb::arg("stream") = 0,
+        "out[M, N] = scaled lhs[M, K] @ rhs[g]^T ([G, N, K]) per group (+ bias[g]); padding rows are 0.");
+  m.def(
+      "scaled_grouped_matmul_wgrad", &scaled_grouped_matmul_wgrad_array, nb::arg("lhs").noconvert(),
+      nb::arg("rhs").noconvert(), nb::arg("lhs_scale").noconvert(), nb::arg("rhs_scale").noconvert(),
+      nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(), nb::arg("lhs_type"),
+      nb::arg("rhs_type"), nb::arg("scaling"), nb::arg("group_offset").noconvert() = nb::none(),
+      nb::arg("accumulate") = false, nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
+      "out[g] (+)= scaled lhs[:, rows_g] @ rhs[:, rows_g]^T (lhs [K, M], rhs [N, M]); empty groups give 0.");
 }
 
 }  // namespace groupgemm

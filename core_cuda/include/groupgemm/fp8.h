@@ -23,20 +23,20 @@
 namespace groupgemm {
 
 // The float8 formats, one row each: enum name, the name messages use (torch's and
-// ml_dtypes'), exponent bias, mantissa bits, bits of the largest finite value.
-#define GROUPGEMM_FP8_TYPES(X)                    \
-  X(e4m3, "float8_e4m3fn", 7, 3, 0x7e /* 448 */) \
-  X(e5m2, "float8_e5m2", 15, 2, 0x7b /* 57344 */)
+// ml_dtypes'), exponent bias, mantissa bits, the largest finite value and its bits.
+#define GROUPGEMM_FP8_TYPES(X)                 \
+  X(e4m3, "float8_e4m3fn", 7, 3, 448.0f, 0x7e) \
+  X(e5m2, "float8_e5m2", 15, 2, 57344.0f, 0x7b)
 
 enum class Fp8Type : int {
-#define GG_FP8_ENUMERATOR(id, name, bias, mantissa, max_bits) id,
+#define GG_FP8_ENUMERATOR(id, name, bias, mantissa, max_value, max_bits) id,
   GROUPGEMM_FP8_TYPES(GG_FP8_ENUMERATOR)
 #undef GG_FP8_ENUMERATOR
 };
 
 inline const char* fp8_name(Fp8Type t) {
   switch (t) {
-#define GG_FP8_NAME(id, name, bias, mantissa, max_bits) \
+#define GG_FP8_NAME(id, name, bias, mantissa, max_value, max_bits) \
   case Fp8Type::id: return name;
     GROUPGEMM_FP8_TYPES(GG_FP8_NAME)
 #undef GG_FP8_NAME

@@ -42,7 +42,8 @@ GG_HD int64_t lhs_scale_index(Fp8Scaling scaling, int64_t row, int64_t kb, int64
   return scaling == Fp8Scaling::rowwise ? row : row * kb_count + kb;
 }
 
-GG_HD int64_t rhs_scale_index(Fp8Scaling scaling, int64_t g, int64_t col, int64_t n, int64_t kb, int64_t kb_count) {
+GG_HD int64_t rhs_scale_index(Fp8Scaling scaling, int64_t g, int64_t col, int64_t n, int64_t kb,
+                              int64_t kb_count) {
   return scaling == Fp8Scaling::rowwise ? g * n + col : (g * fp8_blocks(n) + col / kFp8Block) * kb_count + kb;
 }
 

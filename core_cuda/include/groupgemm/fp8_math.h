@@ -20,8 +20,16 @@ struct Fp8Format {
   float max_value;    // that value
 };
 
+// fp8.h's row of the format.
 GG_HD Fp8Format fp8_format(Fp8Type t) {
-  return t == Fp8Type::e4m3 ? Fp8Format{7, 3, 0x7e, 448.0f} : Fp8Format{15, 2, 0x7b, 57344.0f};
+  Fp8Format f{};
+  switch (t) {
+#define GG_FP8_FORMAT(id, name, bias, mantissa, max_value, max_bits) \
+  case Fp8Type::id: f = Fp8Format{bias, mantissa, max_bits, max_value}; break;
+    GROUPGEMM_FP8_TYPES(GG_FP8_FORMAT)
+#undef GG_FP8_FORMAT
+  }
+  return f;
 }
 
 GG_HD uint32_t float_bits(float v) {
@@ -89,7 +97,8 @@ GG_HD float fp8_to_float(uint8_t b, Fp8Type t) {
     const float unit = bits_float(static_cast<uint32_t>(127 + 1 - f.bias - f.mantissa_bits) << 23);
     return bits_float(sign | float_bits(static_cast<float>(mantissa) * unit));
   }
-  return bits_float(sign | ((exponent - static_cast<uint32_t>(f.bias) + 127u) << 23) | (mantissa << (23 - f.mantissa_bits)));
+  return bits_float(sign | ((exponent - static_cast<uint32_t>(f.bias) + 127u) << 23) |
+                    (mantissa << (23 - f.mantissa_bits)));
 }
 
 // max(a, |v|), a NaN (of one bit pattern) once any is seen: associative and commutative,
