@@ -178,3 +178,38 @@ def test_fp8_bad_input_raises_naming_the_argument(name, row):
     frontend = frontends.load(name)
     with pytest.raises(row.error, match=row.message(frontend.FP8_NAMES)):
         row.call(frontend, fp8_base_arguments(frontend))
+
+
+def test_fp8_ffi_handlers_are_registered_for_both_platforms():
+    from groupgemm import _core
+
+    handlers = _core.fp8_ffi_handlers()
+    assert set(handlers["cpu"]) == set(handlers["CUDA"]) == {
+        "groupgemm_fp8_quantize_rows", "groupgemm_fp8_quantize_blocks", "groupgemm_fp8_quantize_grouped",
+        "groupgemm_scaled_matmul", "groupgemm_scaled_wgrad"}
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"rhs_type": "e5m2"}, ValueError, "rhs must be float8_e4m3fn"),
+    ({"scaling": "blockwise", "k": 64}, ValueError, "K .* multiple of 128, got 64"),
+    ({"out": "float16"}, ValueError, "output dtype must be bfloat16 or float32"),
+    ({"lhs_scale": 5}, ValueError, "lhs_scale has 5 elements, expected 6"),
+    ({"sizes": 2}, ValueError, "group_sizes has 2 entries but there are 3 groups"),
+    ({"lhs_bytes": "bfloat16"}, TypeError, "lhs must be the uint8 bytes of a float8 array"),
+])
+def test_the_core_refuses_what_the_frontends_refuse(change, error, match):
+    # The C++ checks behind the frontends' (the backstop for C++ callers), named in its own words.
+    torch = pytest.importorskip("torch")
+    from groupgemm import _core
+
+    k = change.get("k", 128)
+    lhs = torch.zeros(6, k, dtype=getattr(torch, change.get("lhs_bytes", "uint8")))
+    out = torch.zeros(6, 8, dtype=getattr(torch, change.get("out", "bfloat16")))
+    scaling = getattr(_core.Fp8Scaling, change.get("scaling", "rowwise"))
+    scales = (torch.ones(change.get("lhs_scale", 6)), torch.ones(3, 8)) if scaling == _core.Fp8Scaling.rowwise else (
+        torch.ones(6, 1), torch.ones(3, 1, 1))
+    with pytest.raises(error, match=match):
+        _core.scaled_grouped_matmul(lhs, torch.zeros(3, 8, k, dtype=torch.uint8), *scales,
+                                    torch.tensor([2, 2, 2][:change.get("sizes", 3)], dtype=torch.int32), out,
+                                    _core.Fp8Type.e4m3, getattr(_core.Fp8Type, change.get("rhs_type", "e4m3")),
+                                    scaling)
