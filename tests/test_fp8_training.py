@@ -100,3 +100,26 @@ def test_jax_fp8_mlp_under_jit_compiles_once_for_any_routing():
         for e in np.flatnonzero(np.asarray(sizes) == 0):
             assert (np.asarray(g_in[e]) == 0).all() and (np.asarray(g_out[e]) == 0).all()
     assert len(traces) == 1
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("name", ["window_middle", "window_past_end", "window_outside"])
+def test_jax_fp8_layer_of_an_expert_window_matches_the_recipe_reference(name, recipe):
+    # Expert parallelism: the layer holds the window of experts from group_offset.
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from groupgemm.jax_ext import fp8_recipe
+
+    c = case(name)
+    x = layer_inputs(c)
+    params = {k: jnp.asarray(x[k], jnp.bfloat16) for k in ("x", "w", "bias")}
+    f = lambda p: fp8_recipe.checked_fp8_grouped_matmul(p["x"], p["w"], jnp.asarray(x["sizes"]), bias=p["bias"],
+                                                        transpose_rhs=True, group_offset=c.group_offset,
+                                                        recipe=recipe, fn="grouped_mlp")
+    y, vjp = jax.vjp(f, params)
+    (grads,) = vjp(jnp.asarray(x["dout"], jnp.bfloat16))
+    got = [np.asarray(a, np.float64) for a in (y, grads["x"], grads["w"], grads["bias"])]
+    for g, want, what in zip(got, recipe_reference(x, recipe, c.g, c.offset), ("y", "dx", "dw", "dbias")):
+        fref.assert_close(g, want, "bfloat16", f"{name}/{what}")
+    assert (got[0][ref.padding_rows(x["sizes"], c.m, c.g, c.offset)] == 0).all()

@@ -29,11 +29,10 @@ __global__ void __launch_bounds__(kThreads) fp8_setup_kernel(Fp8SetupArgs a) {
   Scan(scan_storage).ExclusiveScan(fp8_chunk_rows(a, groups), row, int64_t(0), SaturatingRowSum{a.m});
   write_fp8_boundaries(a, ws, w, groups, row);
   if (threadIdx.x == 0) write_fp8_window(ws, w, offset);
-  __syncthreads();  // boundaries and window are visible to the whole block
+  __syncthreads();  // boundaries and window are visible to the whole block, scan_storage free again
 
   const RowRange local = fp8_setup_chunk(threadIdx.x, kThreads, a.num_groups);
   int64_t first = 0, total = 0;
-  __syncthreads();  // scan_storage is reused
   Scan(scan_storage).ExclusiveSum(fp8_chunk_blocks(ws, local), first, total);
   write_fp8_first_blocks(ws, local, first);
   if (threadIdx.x == 0) ws.first_block[a.num_groups] = total;

@@ -190,12 +190,13 @@ def layer_inputs(c: Case, dtype="bfloat16", seed=1):
                 dout=draw(c.m, LAYER_N), sizes=np.asarray(c.group_sizes, np.int32))
 
 
-def recipe_reference(x, recipe, g):
+def recipe_reference(x, recipe, g, offset=0):
     """The recipe's output, input, weight and bias gradients in float64 from its quantized
-    operands (groupgemm/_fp8_recipe.py's steps)."""
+    operands (groupgemm/_fp8_recipe.py's steps), for local groups from global `offset`."""
     deq = lambda a: dequantize(*quantize(a, recipe), recipe)
-    y = scaled_matmul(deq(x["x"]), deq(x["w"]), x["sizes"], x["bias"])
-    dx = scaled_matmul(deq(x["dout"]), deq(x["w"].transpose(0, 2, 1)), x["sizes"])
-    grouped = [dequantize_grouped(*quantize_grouped(x[k], x["sizes"], recipe, g), x["sizes"], recipe, g)
+    sizes = x["sizes"]
+    y = scaled_matmul(deq(x["x"]), deq(x["w"]), sizes, x["bias"], offset)
+    dx = scaled_matmul(deq(x["dout"]), deq(x["w"].transpose(0, 2, 1)), sizes, None, offset)
+    grouped = [dequantize_grouped(*quantize_grouped(x[k], sizes, recipe, g, offset), sizes, recipe, g, offset)
                for k in ("dout", "x")]
-    return y, dx, scaled_wgrad(*grouped, x["sizes"], g), ref.grouped_bias_grad(x["dout"], x["sizes"], g)
+    return y, dx, scaled_wgrad(*grouped, sizes, g, offset), ref.grouped_bias_grad(x["dout"], sizes, g, offset)
