@@ -7,8 +7,8 @@ weights bfloat16, as in training):
 - groupgemm fp8 rowwise / blockwise: GroupedLinear(fp8=...), quantization included;
 and, forward only on pre-quantized operands (the GEMM alone):
 - groupgemm scaled_grouped_mm (rowwise, blockwise);
-- torch.nn.functional.scaled_grouped_mm (RowWise x RowWise, its only FP8 recipe; where
-  the installed torch has it and the GPU runs it: Hopper or Blackwell).
+- torch.nn.functional.scaled_grouped_mm (RowWise x RowWise, its only FP8 recipe), or on
+  older torch torch._scaled_grouped_mm, where the GPU runs it (Hopper or Blackwell).
 Before timing, every FP8 result is checked: within FP8's quantization error of the
 bfloat16 layer (the GEMMs' outputs and gradients), and groupgemm's scaled GEMM against
 torch's on the same operands. Prints one markdown table per shape and ends with a
@@ -48,6 +48,18 @@ def parse_args(argv):
 def relative_error(a, b):
     a, b = a.float(), b.float()
     return float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+def _torch_rowwise(torch, F):
+    """torch's rowwise FP8 grouped GEMM, (mat_a, mat_b, scale_a, scale_b, offs) -> bfloat16:
+    torch.nn.functional.scaled_grouped_mm (torch 2.10 and later), else torch._scaled_grouped_mm;
+    None when this torch has neither."""
+    if hasattr(F, "scaled_grouped_mm") and hasattr(F, "ScalingType"):
+        rowwise = F.ScalingType.RowWise
+        return lambda a, b, sa, sb, offs: F.scaled_grouped_mm(a, b, sa, rowwise, sb, rowwise, offs=offs)
+    if hasattr(torch, "_scaled_grouped_mm"):
+        return lambda a, b, sa, sb, offs: torch._scaled_grouped_mm(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16)
+    return None
 
 
 def run_shape(torch, gt, device, g, m, k, n, routing, args):
@@ -97,10 +109,10 @@ def run_shape(torch, gt, device, g, m, k, n, routing, args):
         gemms[f"groupgemm scaled_grouped_mm {recipe}"] = (
             lambda qx=qx, qw=qw, sx=sx, sw=sw, pair=pair: gt.scaled_grouped_mm(
                 qx, qw.transpose(-2, -1), sx, pair[0], sw, pair[1], group_sizes=sizes))
-        if recipe == "rowwise" and hasattr(F, "scaled_grouped_mm") and device == "cuda":
+        if recipe == "rowwise" and device == "cuda" and _torch_rowwise(torch, F) is not None:
             offs = torch.cumsum(sizes, 0, dtype=torch.int32)
-            torch_gemm = lambda qx=qx, qw=qw, sx=sx, sw=sw: F.scaled_grouped_mm(  # noqa: E731
-                qx, qw.transpose(-2, -1), sx, F.ScalingType.RowWise, sw, F.ScalingType.RowWise, offs=offs)
+            torch_gemm = lambda qx=qx, qw=qw, sx=sx, sw=sw: _torch_rowwise(torch, F)(  # noqa: E731
+                qx, qw.transpose(-2, -1), sx, sw, offs)
             try:
                 theirs, ours = torch_gemm(), gemms["groupgemm scaled_grouped_mm rowwise"]()
                 owned = int(sizes.sum())  # torch leaves the rows past offs[-1] unwritten
