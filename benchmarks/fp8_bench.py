@@ -25,9 +25,11 @@ import numpy as np
 from routing import ROUTINGS, group_sizes
 from timing import interleaved_medians
 
+from groupgemm import _contract as contract
+
 # Experts, tokens (rows after top-k dispatch), hidden (K), FFN width (N); multiples of 128.
 DEFAULT_SHAPES = ("8,16384,4096,2048", "32,16384,7168,2048", "128,16384,2048,1408")
-FP8_RECIPES = ("rowwise", "blockwise")
+FP8_RECIPES = contract.FP8_RECIPES
 # FP8 (e4m3) against the bfloat16 layer: relative Frobenius error of outputs and gradients.
 FP8_ERROR = 0.08
 # groupgemm's scaled GEMM against torch's on the same float8 operands: both accumulate in
@@ -105,7 +107,7 @@ def run_shape(torch, gt, device, g, m, k, n, routing, args):
     gemms = {}
     for recipe in FP8_RECIPES:
         (qx, sx), (qw, sw) = gt.quantize_fp8(x, recipe), gt.quantize_fp8(w, recipe)
-        pair = ("RowWise", "RowWise") if recipe == "rowwise" else ("BlockWise1x128", "BlockWise128x128")
+        pair = contract.torch_fp8_scalings("2d-3d", recipe)
         gemms[f"groupgemm scaled_grouped_mm {recipe}"] = (
             lambda qx=qx, qw=qw, sx=sx, sw=sw, pair=pair: gt.scaled_grouped_mm(
                 qx, qw.transpose(-2, -1), sx, pair[0], sw, pair[1], group_sizes=sizes))

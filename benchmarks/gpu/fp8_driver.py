@@ -19,6 +19,8 @@ import reference
 from cases import CASES, Case
 from fp8_reference import RECIPES, inputs
 
+from groupgemm import _contract as contract
+
 # Relative to the result's scale: the CPU's float32 sums against the tensor cores' order.
 TOLERANCE = {"bfloat16": 8e-3, "float32": 1e-4}
 EXTRA_CASES = [Case("long_groups", 700, 32, 16, (300, 0, 129, 1, 0, 270))]  # groups of several token blocks
@@ -66,16 +68,16 @@ def run_call(torch, gt, call, case, device):
     results = [qx, sx, qw, sw, qd, sd, qxt, sxt]
     if not call.gemm:
         return results
-    pair = {"rowwise": ("RowWise", "RowWise"), "blockwise": ("BlockWise1x128", "BlockWise128x128")}[call.recipe]
     if call.name.startswith("forward"):
+        pair = contract.torch_fp8_scalings("2d-3d", call.recipe)
         bias = t(x["bias"], call.out_dtype) if call.bias else None
         out = gt.scaled_grouped_mm(qx, qw.transpose(-2, -1), sx, pair[0], sw, pair[1], bias=bias,
                                    output_dtype=getattr(torch, call.out_dtype), group_sizes=sizes,
                                    group_offset=case.group_offset)
     else:
-        recipe = pair[0]
+        pair = contract.torch_fp8_scalings("2d-2d", call.recipe)
         acc = t(x["acc"], "float32") if call.accumulate else None
-        out = gt.scaled_grouped_mm(qd, qxt.t(), sd, recipe, sxt, recipe, output_dtype=getattr(torch, call.out_dtype),
+        out = gt.scaled_grouped_mm(qd, qxt.t(), sd, pair[0], sxt, pair[1], output_dtype=getattr(torch, call.out_dtype),
                                    group_sizes=sizes, accumulate_into=acc, **grouped)
     return results + [out]
 

@@ -516,6 +516,11 @@ TORCH_FP8_RECIPES = {
 }
 
 
+def torch_fp8_scalings(form, recipe):
+    """torch's (scale_recipe_a, scale_recipe_b) names of a recipe in a form."""
+    return next((a, b) for (f, a, b), r in TORCH_FP8_RECIPES.items() if f == form and r == recipe)
+
+
 def torch_fp8_recipe(fn, form, recipe_a, recipe_b):
     """The recipe of torch's (scale_recipe_a, scale_recipe_b) names in the ``form``
     ("2d-3d": forward / dgrad, "2d-2d": weight gradient)."""

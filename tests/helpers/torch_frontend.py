@@ -150,11 +150,9 @@ def mlp_with_activation(name):
 # ---- FP8 -----------------------------------------------------------------------------
 
 FP8_NAMES = _contract.FP8_TORCH_NAMES
-# torch.nn.functional.ScalingType's names of each recipe's pair, per form.
-SCALE_RECIPES = {("2d-3d", "rowwise"): ("RowWise", "RowWise"), ("2d-3d", "blockwise"): ("BlockWise1x128",
-                                                                                        "BlockWise128x128"),
-                 ("2d-2d", "rowwise"): ("RowWise", "RowWise"), ("2d-2d", "blockwise"): ("BlockWise1x128",
-                                                                                        "BlockWise1x128")}
+def _scalings(form, recipe):
+    """torch's ScalingType names of a recipe (an unknown recipe passed through as both)."""
+    return _contract.torch_fp8_scalings(form, recipe) if recipe in _contract.FP8_RECIPES else (recipe, recipe)
 
 
 def _torch_dtype(name):
@@ -173,7 +171,7 @@ def quantize_fp8_grouped(x, sizes, recipe, *, num_groups=None, offset=None, dtyp
 
 def scaled_matmul(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe, *, bias=None, offset=None, out_dtype=None):
     """rhs [G, N, K] (the core's layout): torch's mat_b is its transposed view."""
-    recipe_a, recipe_b = SCALE_RECIPES.get(("2d-3d", recipe), (recipe, recipe))
+    recipe_a, recipe_b = _scalings("2d-3d", recipe)
     return gt.scaled_grouped_mm(lhs, rhs.transpose(-2, -1), lhs_scale, recipe_a, rhs_scale, recipe_b, bias=bias,
                                 output_dtype=_torch_dtype(out_dtype or "bfloat16"), group_sizes=sizes,
                                 group_offset=offset)
@@ -182,7 +180,7 @@ def scaled_matmul(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe, *, bias=None, o
 def scaled_wgrad(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe, *, num_groups=None, offset=None, out_dtype=None,
                  accumulate_into=None):
     """lhs [K, M], rhs [N, M]: torch's mat_b [M, N] is rhs's transposed view."""
-    recipe_a, recipe_b = SCALE_RECIPES.get(("2d-2d", recipe), (recipe, recipe))
+    recipe_a, recipe_b = _scalings("2d-2d", recipe)
     return gt.scaled_grouped_mm(lhs, rhs.transpose(-2, -1), lhs_scale, recipe_a, rhs_scale, recipe_b,
                                 output_dtype=_torch_dtype(out_dtype or "bfloat16"), group_sizes=sizes,
                                 group_offset=offset, num_groups=num_groups, accumulate_into=accumulate_into)
