@@ -39,11 +39,6 @@ def _varying(values, *operands):
     return tuple(mark_varying(v, axes) for v in values)
 
 
-def fp8_type(dtype):
-    """The core's Fp8Type index of a float8 dtype."""
-    return FP8_JAX_DTYPES.index(jnp.dtype(dtype))
-
-
 def quantize_rows(x, *, out_type, scaling, power_of_two):
     rows, cols = x.shape
     scale_shape = (rows,) if scaling == 0 else (rows, contract.fp8_blocks(cols))

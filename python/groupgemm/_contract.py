@@ -346,8 +346,7 @@ def ragged_contraction(fn, names, lhs, rhs, out_dtype=None, *, bias=False, trans
 
 # ---- FP8: scaled grouped GEMMs and their quantization (groupgemm/fp8.h) ----------------
 
-FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # the core's Fp8Type, in its order
-FP8_GRADIENT_DTYPE = "float8_e5m2"  # accepted for the lhs only: a gradient's wider range
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # the core's Fp8Type, in its order; e5m2 for the lhs only (a gradient)
 FP8_RECIPES = ("rowwise", "blockwise")  # the core's Fp8Scaling, in its order
 FP8_OUTPUTS = ("bfloat16", "float32")
 FP8_INPUTS = ("float32", "bfloat16", "float16")  # what is quantized
@@ -406,12 +405,11 @@ def _fp8_scale(shape, dtype, want, name, recipe, fn):
 def _fp8_pair(fn, names, lhs_dtype, rhs_dtype):
     """lhs float8_e4m3fn, or float8_e5m2 as a gradient; rhs float8_e4m3fn. Returns the
     core's Fp8Type indices."""
-    lhs_type = fp8_format(lhs_dtype, names["lhs"], fn)
-    fp8_format(rhs_dtype, names["rhs"], fn)
+    lhs_type, rhs_type = fp8_format(lhs_dtype, names["lhs"], fn), fp8_format(rhs_dtype, names["rhs"], fn)
     if rhs_dtype != "float8_e4m3fn":
         raise TypeError(f"{fn}: {names['rhs']} must be float8_e4m3fn; float8_e5m2 is accepted for "
                         f"{names['lhs']} (a gradient), got {rhs_dtype}")
-    return lhs_type, 0
+    return lhs_type, rhs_type
 
 
 def scaled_matmul(fn, names, lhs, rhs, lhs_scale, rhs_scale, recipe, bias=None, out_dtype=None):
