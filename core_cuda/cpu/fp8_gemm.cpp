@@ -8,8 +8,6 @@
 // start to end, so the bits do not depend on the thread count. The loops run over the
 // output columns innermost, which keeps each element's order and lets the compiler use
 // vector instructions across columns.
-#include <omp.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>

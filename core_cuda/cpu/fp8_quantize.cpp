@@ -1,8 +1,6 @@
 // The CPU backend's FP8 quantization: each block's amax, its scale and the float8 values
 // by groupgemm/fp8_math.h's exact rules. Every block is independent (one thread computes
 // all of it), so the bits do not depend on the thread count.
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
