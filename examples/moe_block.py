@@ -26,8 +26,10 @@ def init_block(rng, dim, ffn, experts):
     }
 
 
-def jax_block(params, x, top_k, allowed=None):
-    """x [T, D] -> (MoE(x), group_sizes). ``allowed`` [E] bars experts from routing."""
+def jax_block(params, x, top_k, allowed=None, fp8=None):
+    """x [T, D] -> (MoE(x), group_sizes). ``allowed`` [E] bars experts from routing. The
+    expert MLP computes in its weights' dtype (the tokens are cast to it and back), its
+    GEMMs in float8 with ``fp8="rowwise"`` or ``"blockwise"``."""
     import jax.numpy as jnp
 
     import groupgemm.jax as gj
@@ -37,9 +39,9 @@ def jax_block(params, x, top_k, allowed=None):
         logits = jnp.where(allowed, logits, -jnp.inf)
     probs, experts = gj.softmax_topk(logits, top_k)
     permuted, group_sizes, row_map = gj.permute(x, experts, params["router"].shape[1])
-    y = gj.grouped_mlp(permuted, params["w_in"], params["w_out"], group_sizes, activation="swiglu",
-                       transpose_rhs=True)
-    return gj.unpermute(y, row_map, probs), group_sizes
+    y = gj.grouped_mlp(permuted.astype(params["w_in"].dtype), params["w_in"], params["w_out"], group_sizes,
+                       activation="swiglu", transpose_rhs=True, fp8=fp8)
+    return gj.unpermute(y.astype(x.dtype), row_map, probs), group_sizes
 
 
 def torch_block_class():
@@ -49,12 +51,15 @@ def torch_block_class():
     import groupgemm.torch as gt
 
     class MoEBlock(torch.nn.Module):
-        def __init__(self, params, top_k):
+        """The expert MLP keeps its own dtype (``experts_dtype``, default float32) and, with
+        ``fp8``, runs its GEMMs in float8; the tokens are cast to its dtype and back."""
+
+        def __init__(self, params, top_k, fp8=None, experts_dtype=torch.float32):
             super().__init__()
             experts, ffn2, dim = params["w_in"].shape
             self.top_k = top_k
             self.router = torch.nn.Parameter(torch.tensor(params["router"]))
-            self.experts = gt.GroupedMLP(experts, dim, ffn2 // 2, activation="swiglu")
+            self.experts = gt.GroupedMLP(experts, dim, ffn2 // 2, activation="swiglu", fp8=fp8, dtype=experts_dtype)
             with torch.no_grad():
                 self.experts.fc1.weight.copy_(torch.tensor(params["w_in"]))
                 self.experts.fc2.weight.copy_(torch.tensor(params["w_out"]))
@@ -66,7 +71,7 @@ def torch_block_class():
                 logits = logits.masked_fill(~allowed, float("-inf"))
             probs, experts = gt.softmax_topk(logits, self.top_k)
             permuted, group_sizes, row_map = gt.permute(x, experts, self.router.shape[1])
-            y = self.experts(permuted, group_sizes)
+            y = self.experts(permuted.to(self.experts.fc1.weight.dtype), group_sizes).to(x.dtype)
             return gt.unpermute(y, row_map, probs), group_sizes
 
     return MoEBlock

@@ -2,9 +2,12 @@
 unpermute and the grouped expert MLP, checked at trace time (rules from groupgemm._contract). Indices, group sizes and
 row maps stay on the device: one jit compile serves every routing."""
 
+import functools
+
 import jax.numpy as jnp
 
 from groupgemm import _contract as contract
+from groupgemm.jax_ext import fp8_recipe
 from groupgemm.jax_ext.expert_primitives import activation_p, permute_p, router_p, unpermute_p
 from groupgemm.jax_ext.functional import grouped_matmul, index_array, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.primitives import placeholder
@@ -74,7 +77,7 @@ def _activate(h, name, fn):
 
 
 def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, b_out=None, group_offset=None,
-                transpose_rhs=False):
+                transpose_rhs=False, fp8=None):
     """Each expert's MLP on its rows: ``fc2(act(fc1(x)))``, output in x's dtype.
 
     ``w_in [E, H, F_in]`` and ``w_out [E, F, H]`` (with ``transpose_rhs=True``:
@@ -83,6 +86,10 @@ def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, 
     ``activation``: ``"swiglu"`` (``silu(gate) * up``, F_in = 2F, the first F columns the
     gate), ``"gelu"`` (exact erf form), ``"relu"`` or ``"silu"``, computed in the core. Rows owned
     by no local expert come out as exact zeros; every parameter gets a full-shape gradient.
+    ``fp8="rowwise"`` or ``"blockwise"`` runs both layers' forward, input-gradient and
+    weight-gradient GEMMs in float8 (e4m3) from the float32 or bfloat16 weights and x (the
+    recipe of groupgemm/_fp8_recipe.py; blockwise needs H and F_in, F multiples of 128), the
+    same calls as PyTorch's GroupedMLP(fp8=...).
     """
     fn = "grouped_mlp"
     x, w_in, w_out = jnp.asarray(x), jnp.asarray(w_in), jnp.asarray(w_out)
@@ -90,6 +97,10 @@ def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, 
     contract.check_rank(x.shape, 2, "x", "[M, H]", fn)
     contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation,
                          bool(transpose_rhs))
-    h = grouped_matmul(x, w_in, group_sizes, bias=b_in, transpose_rhs=transpose_rhs, group_offset=group_offset)
-    return grouped_matmul(_activate(h, activation, fn), w_out, group_sizes, bias=b_out,
-                          transpose_rhs=transpose_rhs, group_offset=group_offset)
+    if fp8 is None:
+        layer = grouped_matmul
+    else:
+        layer = functools.partial(fp8_recipe.checked_fp8_grouped_matmul, recipe=fp8, fn=fn)
+    h = layer(x, w_in, group_sizes, bias=b_in, transpose_rhs=transpose_rhs, group_offset=group_offset)
+    return layer(_activate(h, activation, fn), w_out, group_sizes, bias=b_out, transpose_rhs=transpose_rhs,
+                 group_offset=group_offset)

@@ -188,3 +188,15 @@ def test_hopper_targets_judge_each_groupgemm_kernel_per_configuration(bench_modu
     # Off Hopper (no sm90 rows, as on a CPU, where torch._grouped_mm runs too) there is no table.
     assert report.targets_table([r for r in rows if not r["impl"].startswith(f"{GROUPGEMM} ")]) == ""
     assert [r["impl"] for r in report.failed_checks(rows)] == [other_tile, tile]
+
+
+def test_fp8_benchmark_runs_and_checks_its_results_on_the_cpu():
+    # The GPU kit's FP8 benchmark (benchmarks/fp8_bench.py), rehearsed on a tiny shape: it
+    # checks the FP8 layers against the bfloat16 one before timing and ends with a verdict.
+    script = os.path.join(os.path.dirname(BENCH), "fp8_bench.py")
+    proc = subprocess.run([sys.executable, script, "--device", "cpu", "--shapes", "2,64,128,128", "--routing",
+                           "skewed-some-empty", "--repeats", "1", "--budget", "0.1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| groupgemm fp8 blockwise forward+backward |" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("RESULT: PASS")

@@ -1,10 +1,12 @@
-"""The CUDA backend on a GPU, through both frontends: the grouped GEMMs and the expert
-layer (permute, unpermute, GroupedMLP), against the CPU backend and across frameworks.
+"""The CUDA backend on a GPU, through both frontends: the grouped GEMMs, the expert layer
+(permute, unpermute, GroupedMLP) and the FP8 path (quantization, the sm_90a FP8 GEMMs, the
+training recipe), against the CPU backend and across frameworks.
 
 These run wherever a GPU and a CUDA build are present and skip elsewhere. Machines
 without a GPU still check the CUDA path's host-visible logic: core_tests emulates the
-setup kernel's workspace on every case, and test_cuda_build.py checks the fatbinary, the
-absence of host synchronisation and the no-device error.
+setup kernel's workspace on every case (fp8_tests the FP8 call sequences), and
+test_cuda_build.py checks the fatbinary, the absence of host synchronisation and the
+no-device error (test_cuda_sass.py the kernels' instructions).
 """
 
 import os
@@ -12,6 +14,7 @@ import subprocess
 import sys
 
 import expert_reference as eref
+import fp8_reference as fref
 import jax
 import jax.numpy as jnp
 import jax_frontend
@@ -21,8 +24,9 @@ import torch
 import torch_frontend
 from bits import assert_same_bits
 from capture_check import capture
-from cases import CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
+from cases import CASE_IDS, CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
 from driver_calls import FAMILIES, is_sm90
+from fp8_reference import LAYER_CASES, RECIPES, layer_inputs
 from reference import assert_close, empty_groups, padding_rows
 from test_expert_layer import IDS as ROUTING_IDS
 from test_expert_layer import (
@@ -69,13 +73,20 @@ def _hopper():
     return TORCH_CUDA and torch.cuda.get_device_capability() == (9, 0)
 
 
+# The skips that depend on the GPU's compute capability, each one the GPU kit expects
+# (benchmarks/gpu/steps.py's EXPECTED_SKIPS): Hopper's kernels elsewhere, and on Hopper
+# the refusal other GPUs give.
+HOPPER_ONLY = "the sm_90a kernels need a compute capability 9.0 GPU"
+NOT_ON_HOPPER = "the refusal of a GPU without FP8 tensor cores cannot run on Hopper"
+
+
 @pytest.fixture(params=FAMILIES)
 def gemm_kernel(request, monkeypatch):
     """Each GEMM test runs on both kernel families: CUTLASS 2.x (every GPU) and the sm_90a
     CUTLASS 3.x kernels (Hopper only) held to each of their tiles, chosen per call by
     GROUPGEMM_CUDA_KERNEL (plain "sm90" lets the shape choose the tile: kernel_choice.h)."""
     if is_sm90(request.param) and not _hopper():
-        pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
+        pytest.skip(HOPPER_ONLY)
     monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", request.param)
     return request.param
 
@@ -86,7 +97,7 @@ def test_sm90_by_shape_runs_the_tile_its_rule_names(monkeypatch, rows, n, tile):
     # kernel_choice.h's sm90_tile_for: at most 128 rows per group (M / G) or 128 columns
     # take the 64 x 128 tile. The same kernel on the same inputs gives the same bits.
     if not _hopper():
-        pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
+        pytest.skip(HOPPER_ONLY)
     g, k = 4, 256
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(g * rows, k, device="cuda", generator=gen).to(torch.bfloat16)
@@ -434,3 +445,120 @@ def test_torch_cuda_moe_block_step_never_synchronises_with_the_host():
     torch.cuda.synchronize()
     assert int(sizes[1]) == 0 and int(sizes[4]) == 0 and int(sizes.sum()) == 128 * 2
     assert (block.experts.fc1.weight.grad[[1, 4]] == 0).all()
+
+
+# ---- FP8 ------------------------------------------------------------------------------
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason=HOPPER_ONLY)
+FP8_GPU_CASES = CASES + [Case("long_groups", 700, 32, 16, (300, 0, 129, 1, 0, 270))]  # groups of several blocks
+FP8_GPU_IDS = [c.name for c in FP8_GPU_CASES]
+
+
+def _gemms(frontend, c, recipe, device):
+    """Both GEMM forms' results on `device`, from operands quantized there."""
+    x = fref.inputs(c)
+    a = lambda values, dtype="bfloat16": frontend.array(values, dtype, device)
+    sizes = a(x["group_sizes"], "int32")
+    offset = None if c.group_offset is None else c.group_offset
+    qx, sx = frontend.quantize_fp8(a(x["x"]), recipe)
+    qw, sw = frontend.quantize_fp8(a(x["w"]), recipe, power_of_two=True)
+    (qd, sd), (qxt, sxt) = (frontend.quantize_fp8_grouped(a(x[k]), sizes, recipe, num_groups=c.g, offset=offset)
+                            for k in ("dout", "x"))
+    return {"out": frontend.scaled_matmul(qx, qw, sizes, sx, sw, recipe, bias=a(x["bias"], "float32"),
+                                           offset=offset, out_dtype="float32"),
+            "out_bf16": frontend.scaled_matmul(qx, qw, sizes, sx, sw, recipe, offset=offset),
+            "wgrad": frontend.scaled_wgrad(qd, qxt, sizes, sd, sxt, recipe, num_groups=c.g, offset=offset),
+            "accumulated": frontend.scaled_wgrad(qd, qxt, sizes, sd, sxt, recipe, num_groups=c.g, offset=offset,
+                                                 accumulate_into=a(x["acc"], "float32"))}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("c", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("name", list(ON_CUDA))
+def test_cuda_fp8_quantization_gives_the_cpu_bits(name, c, recipe):
+    frontend = _frontend_on_cuda(name)
+    x = fref.inputs(c)
+    a = {device: (lambda values, dtype="bfloat16", d=device: frontend.array(values, dtype, d)) for device in
+         ("cuda", "cpu")}
+    for key in ("x", "w"):
+        gpu, cpu = (frontend.quantize_fp8(a[d](x[key]), recipe) for d in ("cuda", "cpu"))
+        for g, h in zip(gpu, cpu):
+            assert_same_bits(g, h, f"{c.name}/{recipe}/{key}")
+    gpu, cpu = (frontend.quantize_fp8_grouped(a[d](x["x"]), a[d](x["group_sizes"], "int32"), recipe, num_groups=c.g,
+                                              offset=c.group_offset) for d in ("cuda", "cpu"))
+    for g, h in zip(gpu, cpu):
+        assert_same_bits(g, h, f"{c.name}/{recipe}/grouped")
+
+
+@needs_hopper
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("c", FP8_GPU_CASES, ids=FP8_GPU_IDS)
+@pytest.mark.parametrize("name", list(ON_CUDA))
+def test_cuda_fp8_gemms_match_the_cpu_backend_and_keep_exact_zeros(name, c, recipe):
+    frontend = _frontend_on_cuda(name)
+    gpu, cpu = (_gemms(frontend, c, recipe, d) for d in ("cuda", "cpu"))
+    sizes = np.asarray(c.group_sizes)
+    for what in gpu:
+        g, h = frontend.to_float64(gpu[what]), frontend.to_float64(cpu[what])
+        fref.assert_close(g, h, "bfloat16" if what in ("out_bf16", "wgrad") else "float32", f"{c.name}/{what}")
+    pad = padding_rows(sizes, c.m, c.g, c.offset)
+    assert (frontend.to_float64(gpu["out_bf16"])[pad] == 0).all()
+    for e in empty_groups(sizes, c.m, c.g, c.offset):
+        assert (frontend.to_float64(gpu["wgrad"])[e] == 0).all()
+        assert np.array_equal(frontend.to_float64(gpu["accumulated"])[e],
+                              fref.inputs(c)["acc"][e].astype(np.float64))  # bit for bit: float32 widened exactly
+
+
+@needs_hopper
+@pytest.mark.skipif(not (TORCH_CUDA and JAX_GPU), reason="needs a CUDA GPU in both frameworks")
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("c", LAYER_CASES, ids=[c.name for c in LAYER_CASES])
+def test_cuda_fp8_training_recipe_is_bitwise_identical_in_jax_and_torch(c, recipe):
+    x = layer_inputs(c)
+    results = [f.fp8_linear_and_grads(x["x"], x["w"], x["sizes"], x["bias"], x["dout"], recipe, "bfloat16",
+                                      device="cuda") for f in (jax_frontend, torch_frontend)]
+    (jax_y, jax_grads), (torch_y, torch_grads) = results
+    assert_same_bits(jax_y, torch_y, f"{c.name}/{recipe}/y")
+    for name, a, b in zip(("dx", "dw", "dbias"), jax_grads, torch_grads):
+        assert_same_bits(a, b, f"{c.name}/{recipe}/{name}")
+
+
+@needs_hopper
+def test_torch_cuda_graph_replays_an_fp8_layer_with_changing_routing():
+    torch.manual_seed(0)
+    layer = gt.GroupedLinear(4, 128, 256, device="cuda", dtype=torch.bfloat16, fp8="blockwise")
+    x = torch.randn(96, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    sizes = torch.tensor([40, 0, 30, 26], device="cuda")
+
+    def step():
+        layer.zero_grad(set_to_none=False)
+        x.grad = None
+        y = layer(x, sizes)
+        y.float().square().sum().backward()
+        return y
+
+    step()  # warm up: allocations and the first calls outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = step()
+    for routing in ([40, 0, 30, 26], [0, 0, 0, 0], [96, 0, 0, 0], [1, 2, 3, 4]):
+        sizes.copy_(torch.tensor(routing))
+        graph.replay()
+        replayed = [t.clone() for t in (y, layer.weight.grad, layer.bias.grad)]
+        eager = [step().clone(), layer.weight.grad.clone(), layer.bias.grad.clone()]
+        for a, b in zip(replayed, eager):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        for e in np.flatnonzero(np.asarray(routing) == 0):
+            assert (replayed[1][e] == 0).all()
+
+
+@needs_torch_cuda
+@pytest.mark.skipif(_hopper(), reason=NOT_ON_HOPPER)
+def test_cuda_fp8_gemm_refuses_a_gpu_without_fp8_tensor_cores():
+    q = torch.zeros(8, 128, device="cuda", dtype=torch.float8_e4m3fn)
+    w = torch.zeros(2, 16, 128, device="cuda", dtype=torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="need FP8 tensor cores: a compute capability 9.0 GPU"):
+        gt.scaled_grouped_mm(q, w.transpose(-2, -1), torch.ones(8, device="cuda"), "RowWise",
+                             torch.ones(2, 16, device="cuda"), "RowWise", group_sizes=torch.tensor([4, 4]).cuda())
+    qx, scale = gt.quantize_fp8(torch.ones(8, 128, device="cuda"), "blockwise")  # quantization runs anywhere
+    assert qx.is_cuda and (scale == 1 / 448).all()

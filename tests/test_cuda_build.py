@@ -145,3 +145,20 @@ def test_cuda_call_without_a_device_raises_clearly():
     if groupgemm.cuda_compiled():
         with pytest.raises(ValueError, match="workspace has 0 bytes"):
             _core.grouped_matmul(*map(ClaimsCuda, (lhs, rhs, sizes, out)))
+
+
+def test_fp8_cuda_call_without_a_device_raises_clearly():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a real device would be handed host pointers")
+    lhs, rhs = np.zeros((4, 16), np.uint8), np.zeros((2, 16, 16), np.uint8)  # float8 bytes
+    lhs_scale, rhs_scale = np.ones(4, np.float32), np.ones((2, 16), np.float32)
+    sizes, out = np.array([2, 2], np.int32), np.zeros((4, 16), np.float32)
+    rowwise, e4m3 = _core.Fp8Scaling.rowwise, _core.Fp8Type.e4m3
+    nbytes = _core.fp8_workspace_bytes(_core.Device.cuda, _core.Fp8Call.matmul, rowwise, 2, 4, 16, 16)
+    expected = "no usable CUDA device" if groupgemm.cuda_compiled() else "built without CUDA"
+    with pytest.raises((RuntimeError, ValueError), match=expected):
+        _core.scaled_grouped_matmul(*map(ClaimsCuda, (lhs, rhs, lhs_scale, rhs_scale, sizes, out)), e4m3, e4m3,
+                                    rowwise, workspace=ClaimsCuda(np.zeros(nbytes, np.uint8)))
+    with pytest.raises((RuntimeError, ValueError), match=expected):
+        _core.fp8_quantize_rows(*map(ClaimsCuda, (out, lhs, lhs_scale)), e4m3, rowwise)

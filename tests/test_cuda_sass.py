@@ -1,7 +1,7 @@
 """Static evidence about the CUDA GEMM kernels, from the extension's sm_90a cubin: the
 CUTLASS 3.x grouped GEMMs (every tile, the bias epilogue included) run on WGMMA (HGMMA
-instructions), the CUTLASS 2.x ones on tensor-core MMA (HMMA), and no kernel spills
-registers to local memory (STL/LDL).
+instructions), the FP8 ones on FP8 WGMMA (QGMMA), the CUTLASS 2.x ones on tensor-core MMA
+(HMMA), and no kernel spills registers to local memory (STL/LDL).
 No GPU is needed: cuobjdump (the nvidia-cuda-cuobjdump wheel, with nvdisasm from
 nvidia-cuda-nvdisasm; ./dev.sh setup installs both) disassembles the shipped code."""
 
@@ -51,10 +51,15 @@ def instructions(sass, opcode):
     return re.findall(rf"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?{opcode}\b", sass, flags=re.M)
 
 
+# The FP8 grouped GEMM (fp8_sm90.cuh): the blockwise-scaled FP8 mainloop over a GroupProblemShape.
+def is_fp8_gemm(name):
+    return "GroupProblemShape" in name and "MainloopSm90ArrayTmaGmmaWarpSpecializedBlockwise" in name
+
+
 # CUTLASS 3.x pointer-array grouped GEMM (cutlass_sm90.cuh): GemmUniversal over a
 # GroupProblemShape with the Hopper TMA + GMMA mainloop.
 def is_sm90_gemm(name):
-    return "GroupProblemShape" in name and "MainloopSm90ArrayTmaGmmaWarpSpecialized" in name
+    return "GroupProblemShape" in name and "MainloopSm90ArrayTmaGmmaWarpSpecialized" in name and not is_fp8_gemm(name)
 
 
 # CUTLASS 2.x GemmGrouped (cutlass_grouped.cuh); its 16-bit instances use tensor-core MMA,
@@ -94,6 +99,21 @@ def test_sm90a_cubin_holds_the_gemm_kernels():
     assert sum(is_sm80_gemm(n) and is_16bit(n) for n in names) == 12, names
 
 
+def test_sm90a_cubin_holds_the_fp8_gemm_kernels():
+    # float8_e4m3fn and float8_e5m2 A (a gradient) x bfloat16 and float32 outputs; B is e4m3.
+    fp8 = [n for n in sm90a_kernels() if is_fp8_gemm(n)]
+    assert len(fp8) == 4, fp8
+    assert sum("float_e5m2_t" in n for n in fp8) == 2 and all("float_e4m3_t" in n for n in fp8), fp8
+
+
+def test_fp8_gemm_kernels_use_fp8_wgmma():
+    kernels = {n: s for n, s in sm90a_kernels().items() if is_fp8_gemm(n)}
+    assert kernels
+    fp8_wgmma = r"QGMMA\.\w+\.F32\.E[45]M[23]\.E4M3"  # float32 accumulation, e4m3 or e5m2 A, e4m3 B
+    assert [n for n, s in kernels.items() if not instructions(s, fp8_wgmma)] == []
+    assert [n for n, s in kernels.items() if instructions(s, "HGMMA")] == []
+
+
 def test_sm90_gemm_kernels_use_wgmma():
     kernels = {n: s for n, s in sm90a_kernels().items() if is_sm90_gemm(n)}
     assert kernels
@@ -110,4 +130,5 @@ def test_sm80_gemm_kernels_use_tensor_core_mma():
 def test_no_kernel_spills_to_local_memory():
     kernels = sm90a_kernels()
     spills = {n: len(instructions(s, "STL") + instructions(s, "LDL")) for n, s in kernels.items()}
-    assert any(map(is_sm90_gemm, kernels)) and {n: c for n, c in spills.items() if c} == {}
+    assert any(map(is_sm90_gemm, kernels)) and any(map(is_fp8_gemm, kernels))
+    assert {n: c for n, c in spills.items() if c} == {}

@@ -345,6 +345,7 @@ CANNED = {
     "pytest": "....\n" + EXPECTED_SKIP_SUMMARY + "120 passed, 3 skipped in 95.1s\n",
     "compute-sanitizer": "RESULT: PASS 402 calls match\n========= ERROR SUMMARY: 0 errors\n",
     "bench.py": "wrote bench.csv\n",
+    "fp8_bench.py": "RESULT: PASS 2 shapes and routings\n",
     "bench_merge.py": "RESULT: PASS 2 configurations; torch fwd+bwd 500-600 TFLOP/s\n",
     "environment_report.py": "RESULT: PASS NVIDIA H100, driver 580.65\n",
     "jax_capture_check.py": "RESULT: PASS 6 routings match\n",
@@ -717,3 +718,47 @@ def test_the_kit_expects_every_skip_reason_the_tests_give_on_a_gpu_machine():
     import steps
 
     assert any(clients.NOT_INSTALLED in reason or reason in clients.NOT_INSTALLED for reason in steps.EXPECTED_SKIPS)
+
+
+def test_the_kit_expects_the_gpu_tests_skips_on_hopper_and_elsewhere():
+    # On Hopper the FP8 refusal test of other GPUs skips, elsewhere the sm_90a tests do
+    # (tests/test_cuda.py's two reasons, read from its source).
+    import ast
+
+    with open(os.path.join(ROOT, "tests", "test_cuda.py")) as f:
+        module = ast.parse(f.read())
+    names = ("HOPPER_ONLY", "NOT_ON_HOPPER")
+    reasons = {node.targets[0].id: node.value.value for node in module.body
+               if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in names}
+    assert len(reasons) == 2 and all(any(e in r for e in steps.EXPECTED_SKIPS) for r in reasons.values()), reasons
+
+
+# ---- the FP8 calls of the sanitizer driver -------------------------------------------------
+
+def test_the_fp8_driver_plans_every_fp8_gemm_instantiation_on_hopper():
+    import fp8_driver
+
+    gemms = [c for c in fp8_driver.planned_calls(hopper=True) if c.gemm]
+    assert {(c.lhs_dtype, c.out_dtype) for c in gemms} == {(lhs, out) for lhs in ("float8_e4m3fn", "float8_e5m2")
+                                                            for out in ("bfloat16", "float32")}
+    assert {c.recipe for c in gemms} == {"rowwise", "blockwise"} and any(c.accumulate for c in gemms)
+    assert not any(c.gemm for c in fp8_driver.planned_calls(hopper=False))  # elsewhere: quantization only
+
+
+def test_the_fp8_driver_passes_on_the_cpu_backend_and_catches_wrong_results():
+    torch = pytest.importorskip("torch")
+    import fp8_driver
+
+    import groupgemm.torch as gt
+
+    count, failures = fp8_driver.run(torch, ["window_middle", "long_groups"], True, "cpu")
+    assert failures == [] and count == 2 * len(fp8_driver.planned_calls(True))
+    case = fp8_driver.ALL_FP8_CASES["skewed"]
+    for call in fp8_driver.planned_calls(True):
+        results = fp8_driver.run_call(torch, gt, call, case, "cpu")
+        wrong = [r.clone() for r in results]
+        if call.gemm:
+            wrong[-1].view(-1)[0] += 0.1 * wrong[-1].abs().max() + 1  # beyond the tolerance
+        else:
+            wrong[0].view(torch.uint8).view(-1)[0] ^= 1  # one quantized value's last bit
+        assert fp8_driver.mismatch(torch, call, case, wrong, results), call.name

@@ -20,20 +20,26 @@ def as_np(x):
     return x.detach().to(torch.float64).numpy()
 
 
-def _zero_token_batches():
-    return {"no_tokens": (torch.randn(0, 8), [0, 0, 0]),
-            "every_expert_empty": (torch.randn(5, 8), [0, 0, 0]),
-            "one_expert_empty": (torch.randn(5, 8), [2, 0, 3])}
+def _zero_token_batches(width=8):
+    return {"no_tokens": (torch.randn(0, width), [0, 0, 0]),
+            "every_expert_empty": (torch.randn(5, width), [0, 0, 0]),
+            "one_expert_empty": (torch.randn(5, width), [2, 0, 3])}
 
 
+# The layer's widths per FP8 recipe (None: 16-bit GEMMs): blockwise needs multiples of 128.
+FP8_WIDTHS = {None: (8, 4), "rowwise": (8, 4), "blockwise": (128, 256)}
+
+
+@pytest.mark.parametrize("fp8", list(FP8_WIDTHS))
 @pytest.mark.parametrize("batch", ["no_tokens", "every_expert_empty", "one_expert_empty"])
-def test_grouped_linear_gives_every_parameter_a_full_shape_grad(batch):
-    x, sizes = _zero_token_batches()[batch]
-    layer = GroupedLinear(3, 8, 4)
+def test_grouped_linear_gives_every_parameter_a_full_shape_grad(batch, fp8):
+    k, n = FP8_WIDTHS[fp8]
+    x, sizes = _zero_token_batches(k)[batch]
+    layer = GroupedLinear(3, k, n, fp8=fp8)
     x.requires_grad_(True)
     y = layer(x, torch.tensor(sizes))
     y.sum().backward()  # stride-0 incoming gradient
-    assert layer.weight.grad.shape == (3, 4, 8) and layer.bias.grad.shape == (3, 4)
+    assert layer.weight.grad.shape == (3, n, k) and layer.bias.grad.shape == (3, n)
     assert x.grad.shape == x.shape
     for e, size in enumerate(sizes):
         if size == 0:
@@ -95,18 +101,46 @@ def _opcheck_samples():
     yield torch.ops.groupgemm.softmax_topk_tangent, (torch.randn(4, 5), torch.tensor([[2, 0], [1, -1], [0, 4], [3, 1]],
                                                                                      dtype=torch.int32),
                                                      torch.randn(4, 5), False)
+    yield torch.ops.groupgemm.fp8_quantize_rows, (torch.randn(6, 200), 0, 1, True)
+    yield torch.ops.groupgemm.fp8_quantize_blocks, (torch.randn(2, 130, 4).bfloat16(), 1)
+    yield torch.ops.groupgemm.fp8_quantize_grouped, (torch.randn(6, 4), torch.tensor([2, 0, 4]), 3, 0, 1, False,
+                                                     None)
+    yield from _fp8_gemm_samples()
+
+
+def _fp8(shape):
+    return torch.randn(shape).to(torch.float8_e4m3fn)
+
+
+def _fp8_gemm_samples():
+    sizes = torch.tensor([2, 0, 4])
+    yield torch.ops.groupgemm.scaled_grouped_mm, (_fp8((6, 4)), _fp8((3, 5, 4)), torch.rand(6), torch.rand(3, 5),
+                                                  sizes, 0, torch.bfloat16, torch.randn(3, 5).bfloat16(), None)
+    yield torch.ops.groupgemm.scaled_grouped_mm_wgrad, (_fp8((4, 6)), _fp8((5, 6)), torch.rand(3, 4),
+                                                        torch.rand(3, 5), sizes, 3, 0, torch.float32, None)
+    yield torch.ops.groupgemm.scaled_grouped_mm_wgrad_accumulate, (_fp8((4, 6)), _fp8((5, 6)), torch.rand(3, 4),
+                                                                   torch.rand(3, 5), sizes, 0, torch.randn(3, 4, 5),
+                                                                   None)
 
 
 # The samples whose floating-point operands get requires_grad, so opcheck checks their autograd.
 _DIFFERENTIABLE = {"grouped_mm", "grouped_mm_wgrad", "grouped_bias_grad", "permute", "unpermute", "activation"}
 
 
+# opcheck's schema test multiplies the inputs, which torch does not do for float8 on the CPU.
+_FLOAT8_OPERANDS = {"scaled_grouped_mm", "scaled_grouped_mm_wgrad", "scaled_grouped_mm_wgrad_accumulate"}
+
+
 @pytest.mark.parametrize("index", range(len(list(_opcheck_samples()))))
 def test_opcheck(index):
     op, args = list(_opcheck_samples())[index]
-    if op._qualified_op_name.split("::")[1] in _DIFFERENTIABLE:
+    name = op._qualified_op_name.split("::")[1]
+    if name in _DIFFERENTIABLE:
         args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
-    torch.library.opcheck(op, args)
+    if name in _FLOAT8_OPERANDS:
+        torch.library.opcheck(op, args, test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
+    else:
+        torch.library.opcheck(op, args)
 
 
 def _sizes():
@@ -131,7 +165,21 @@ REQUIRED_ONLY = {
     "softmax_topk_backward": (lambda x, w, d, acc: (x, torch.tensor([[1, 0]] * 6, dtype=torch.int32),
                                                     x[:, :2].contiguous()), (True,)),
     "softmax_topk_tangent": (lambda x, w, d, acc: (x, torch.tensor([[1, 0]] * 6, dtype=torch.int32), x), (True,)),
+    "fp8_quantize_rows": (lambda x, w, d, acc: (x, 0, 1), (False,)),
+    "fp8_quantize_blocks": (lambda x, w, d, acc: (w, 0), (False,)),
+    "fp8_quantize_grouped": (lambda x, w, d, acc: (x, _sizes(), 3, 0, 0), (False, None)),
+    "scaled_grouped_mm": (lambda x, w, d, acc: (*_fp8_operands(x, w.transpose(1, 2)), torch.ones(6),
+                                                torch.ones(3, 5), _sizes(), 0, torch.bfloat16), (None, None, False)),
+    "scaled_grouped_mm_wgrad": (lambda x, w, d, acc: (*_fp8_operands(x.t(), d.t()), torch.ones(3, 4),
+                                                      torch.ones(3, 5), _sizes(), 3, 0, torch.bfloat16),
+                                (None, False)),
+    "scaled_grouped_mm_wgrad_accumulate": (lambda x, w, d, acc: (*_fp8_operands(x.t(), d.t()), torch.ones(3, 4),
+                                                                 torch.ones(3, 5), _sizes(), 0, acc), (None, False)),
 }
+
+
+def _fp8_operands(*tensors):
+    return tuple(t.contiguous().to(torch.float8_e4m3fn) for t in tensors)
 
 
 def _call(name, spell_out_defaults):
@@ -150,6 +198,8 @@ def test_every_op_runs_with_only_its_required_arguments(name):
     assert all(a.has_default_value() for a in optional), [a.name for a in optional]
     assert [a.default_value for a in arguments if a.has_default_value()] == list(REQUIRED_ONLY[name][1])
     for short, spelled in zip(_call(name, False), _call(name, True)):
+        if short.element_size() == 1:  # float8: torch compares it only as its bytes
+            short, spelled = short.view(torch.uint8), spelled.view(torch.uint8)
         assert torch.equal(short, spelled)
 
 
@@ -246,11 +296,11 @@ def test_grouped_linear_clips_list_sizes_of_any_magnitude():
 # ---- the expert layer ---------------------------------------------------------------
 
 
-def _moe_block(dtype=torch.float32):
+def _moe_block(dtype=torch.float32, fp8=None, dim=8, ffn=6):
     from moe_block import init_block, torch_block_class
 
     torch.manual_seed(0)
-    return torch_block_class()(init_block(np.random.default_rng(0), 8, 6, 4), top_k=2).to(dtype)
+    return torch_block_class()(init_block(np.random.default_rng(0), dim, ffn, 4), top_k=2, fp8=fp8).to(dtype)
 
 
 def test_expert_block_compiles_with_fullgraph_and_matches_eager():
@@ -268,11 +318,13 @@ def test_expert_block_compiles_with_fullgraph_and_matches_eager():
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
 
 
-def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_grad():
-    block = _moe_block()
-    x = torch.randn(0, 8, requires_grad=True)
+@pytest.mark.parametrize("fp8", [None, "rowwise", "blockwise"])
+def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_grad(fp8):
+    dim = 128 if fp8 == "blockwise" else 8
+    block = _moe_block(fp8=fp8, dim=dim, ffn=dim)
+    x = torch.randn(0, dim, requires_grad=True)
     out, sizes = block(x)
-    assert out.shape == (0, 8) and sizes.tolist() == [0, 0, 0, 0]
+    assert out.shape == (0, dim) and sizes.tolist() == [0, 0, 0, 0]
     out.sum().backward()
     for name, p in block.named_parameters():
         assert p.grad is not None and p.grad.shape == p.shape and (p.grad == 0).all(), name

@@ -1,20 +1,24 @@
-"""DDP with a rank that has zero tokens completes and averages the right gradients."""
+"""DDP with a rank that has zero tokens completes and averages the right gradients, with the
+experts' GEMMs in 16-bit and in FP8."""
 
 import os
 import subprocess
 import sys
 
 import ddp_worker
+import pytest
 import torch
 
 
-def test_ddp_step_with_a_zero_token_rank_matches_single_process(tmp_path):
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "helpers", "ddp_worker.py"), str(tmp_path)],
+@pytest.mark.parametrize("fp8", [None, "blockwise"])
+def test_ddp_step_with_a_zero_token_rank_matches_single_process(tmp_path, fp8):
+    worker = os.path.join(os.path.dirname(__file__), "helpers", "ddp_worker.py")
+    subprocess.run([sys.executable, worker, str(tmp_path)] + ([fp8] if fp8 else []),
                    check=True, timeout=240)  # a hang fails the test instead of stalling CI
     ranks = [torch.load(tmp_path / f"grads{r}.pt") for r in range(ddp_worker.WORLD)]
 
-    model = ddp_worker.make_block()  # one process on the union of the batches
-    union = torch.cat([ddp_worker.batch(r) for r in range(ddp_worker.WORLD)])
+    model = ddp_worker.make_block(fp8)  # one process on the union of the batches
+    union = torch.cat([ddp_worker.batch(r, fp8) for r in range(ddp_worker.WORLD)])
     ddp_worker.loss_fn(model(union)).backward()
     for name, p in model.named_parameters():
         for grads in ranks:

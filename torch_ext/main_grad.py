@@ -81,7 +81,7 @@ def needs_main_grad(weight: Tensor) -> bool:
     return torch.is_grad_enabled() and weight.requires_grad
 
 
-def _checked_main_grad(weight: Tensor) -> Tensor:
+def checked_main_grad(weight: Tensor) -> Tensor:
     main_grad = getattr(weight, "main_grad", None)
     if main_grad is None:
         raise RuntimeError(f"{FN}: weight.main_grad is not set; allocate a float32 tensor of the weight's shape first")
@@ -127,5 +127,5 @@ def grouped_linear(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Ten
     if returns_placeholder and not torch.compiler.is_compiling():
         attach(weight)
     return _MainGradGroupedMM.apply(input.contiguous(), weight, group_sizes,
-                                    None if bias is None else bias.contiguous(), _checked_main_grad(weight),
+                                    None if bias is None else bias.contiguous(), checked_main_grad(weight),
                                     returns_placeholder)

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import expert, functional, main_grad
+from groupgemm.torch_ext import expert, fp8_recipe, functional, main_grad
+from groupgemm.torch_ext.arguments import dtype_name
 
 
 class GroupedLinear(nn.Module):
@@ -23,16 +24,25 @@ class GroupedLinear(nn.Module):
     ``weight.main_grad`` instead (Megatron-core's contract, main_grad.py): ``.grad`` gets a
     cached dummy and ``weight.grad_added_to_main_grad`` is set when the weight carries that
     attribute, and stays None otherwise.
+
+    ``fp8="rowwise"`` or ``"blockwise"`` runs the forward, input-gradient and weight-gradient
+    GEMMs in float8 (e4m3) from the float32 or bfloat16 weights and inputs (the recipe of
+    groupgemm/_fp8_recipe.py; blockwise needs in_features and out_features to be multiples
+    of 128); outputs and gradients keep the layer's dtype, main_grad accumulation included.
+    Reverse mode only.
     """
 
     def __init__(self, num_experts, in_features, out_features, bias=True, *, device=None, dtype=None,
-                 accumulate_into_main_grad=False):
+                 accumulate_into_main_grad=False, fp8=None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.num_experts = num_experts
         self.in_features = in_features
         self.out_features = out_features
         self.accumulate_into_main_grad = accumulate_into_main_grad
+        contract.fp8_layer("GroupedLinear", fp8, dtype_name(dtype or torch.get_default_dtype()), in_features,
+                           out_features)
+        self.fp8 = fp8
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features, **factory))
         if bias:
             self.bias = nn.Parameter(torch.empty(num_experts, out_features, **factory))
@@ -58,6 +68,13 @@ class GroupedLinear(nn.Module):
         if isinstance(group_sizes, (list, tuple)):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)
+        if self.fp8 is not None:
+            contract.fp8_layer("GroupedLinear", self.fp8, dtype_name(self.weight.dtype), self.in_features,
+                               self.out_features)
+            group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, bias, True, None, None,
+                                                            fn="GroupedLinear")
+            return fp8_recipe.grouped_linear(x, self.weight, group_sizes, bias, self.fp8,
+                                             self.accumulate_into_main_grad)
         if not (self.accumulate_into_main_grad and main_grad.needs_main_grad(self.weight)):
             return functional.grouped_mm(x, self.weight, group_sizes, bias, transpose_weight=True)
         group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, bias, True, None,
@@ -67,7 +84,7 @@ class GroupedLinear(nn.Module):
     def extra_repr(self):
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}, "
-                f"accumulate_into_main_grad={self.accumulate_into_main_grad}")
+                f"accumulate_into_main_grad={self.accumulate_into_main_grad}, fp8={self.fp8!r}")
 
 
 class GroupedMLP(nn.Module):
@@ -80,16 +97,17 @@ class GroupedMLP(nn.Module):
     form), ``"relu"`` and ``"silu"``. ``forward(x, group_sizes)`` takes rows sorted by
     expert (as ``permute`` returns them); rows owned by no expert come out as exact zeros,
     and every parameter gets a full-shape gradient, zero for experts without tokens.
+    ``fp8`` is GroupedLinear's, for both layers.
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False, device=None,
-                 dtype=None, accumulate_into_main_grad=False):
+                 dtype=None, accumulate_into_main_grad=False, fp8=None):
         super().__init__()
         contract.activation_kind(activation, "GroupedMLP")
         self.activation = activation
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "device": device, "dtype": dtype,
-                  "accumulate_into_main_grad": accumulate_into_main_grad}
+                  "accumulate_into_main_grad": accumulate_into_main_grad, "fp8": fp8}
         self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)
         self.fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size, **common)
 

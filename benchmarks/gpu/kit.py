@@ -301,7 +301,8 @@ def run_bench(run, ctx):
         if done.timed_out:
             parts.append((FAIL, f"{command.label}: {timed_out_reason(done, limit)}"))
         elif done.returncode != 0:
-            parts.append((FAIL, f"{command.label}: bench.py exited {done.returncode}: {last_error_line(done.output)}"))
+            parts.append((FAIL, f"{command.label}: {os.path.basename(command.argv[1])} exited {done.returncode}: "
+                                f"{last_error_line(done.output)}"))
     done = run.execute(merge, max(budget_end - time.monotonic(), steps.MERGE_RESERVE_S))
     merged = verdicts.script_verdict("sweep", done.output, done.returncode)
     status, reason = verdicts.combine(parts + [merged])

@@ -7,7 +7,8 @@ on the shared case table (tests/cases.py) plus multi-tile and unaligned shapes: 
 exact-zero padding rows and empty groups, accumulators left bit-for-bit. The expert
 layer's kernels (permute, unpermute and its backward, the activations) run on routing
 cases and are checked against the CPU backend's results for the same calls
-(expert_driver.py). The only device work besides the core's kernels is copies (and
+(expert_driver.py), and the FP8 kernels against the CPU backend too (fp8_driver.py:
+quantization bit for bit, and on Hopper the FP8 GEMMs). The only device work besides the core's kernels is copies (and
 unpermute's backward's own memset), so what the sanitizer reports is the core's. At the
 end it checks that every kernel and CUTLASS instantiation was reached (driver_calls.py).
 On a compute capability 9.0 GPU the GEMM calls run once per kernel family
@@ -26,6 +27,7 @@ TESTS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests")
 sys.path[:0] = [HERE, os.path.join(TESTS, "helpers"), TESTS]  # the tests' case table and reference
 
 import expert_driver as expert  # noqa: E402
+import fp8_driver as fp8  # noqa: E402
 import numpy as np  # noqa: E402
 import reference  # noqa: E402
 from cases import CASES, Case, inputs, round_to  # noqa: E402
@@ -325,6 +327,17 @@ def main(argv=None):
     if expert_names:
         print(f"expert layer: {len(expert_names)} routing cases; {bitwise} of the {compared} results of passing "
               f"calls equal the CPU backend's bit for bit, the others are within the tolerances")
+    fp8_names = [] if chosen else (fp8.QUICK_FP8_CASES if args.quick else list(fp8.ALL_FP8_CASES))
+    hopper = args.device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+    fp8_count, fp8_failures = fp8.run(torch, fp8_names, hopper, args.device)
+    count += fp8_count
+    for failure in fp8_failures:
+        label, problem = failure.split(": ", 1)
+        if _record_failure(failures, label, problem):
+            return 1
+    if fp8_names:
+        print(f"FP8: {fp8_count} calls over {len(fp8_names)} cases" +
+              (" (quantization, and the sm_90a FP8 GEMMs)" if hopper else " (quantization; the GEMMs need Hopper)"))
     # On the CPU backend no kernel runs: the rehearsal checks the calls and the values only.
     required = set().union(*map(required_kernels, families)) | required_expert_kernels()
     missing = sorted(map(describe, required - reached)) if args.device == "cuda" else []

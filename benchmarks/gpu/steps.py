@@ -24,7 +24,8 @@ PURPOSE = {
     "pytest": "the pytest suite in both frameworks: the GPU tests (test_cuda.py), then the other files in parallel",
     "sanitizer": "compute-sanitizer memcheck, racecheck, initcheck, synccheck over every CUDA kernel",
     "capture": "JAX with XLA command buffers (first call inside jit) and torch CUDA-graph replay",
-    "bench": "bfloat16 benchmark at MoE shapes against dense, torch._grouped_mm, a loop, ragged_dot",
+    "bench": "bfloat16 benchmark at MoE shapes against dense, torch._grouped_mm, a loop, ragged_dot; "
+             "FP8 against bfloat16 and torch's scaled_grouped_mm",
     "profile": "Nsight Compute at one MoE shape (bf16, G = 8, 16384 tokens, 4096 -> 14336): "
                "TFLOP/s against dense torch.mm, and each kernel's time and speed of light",
 }
@@ -59,6 +60,9 @@ FULL_SWEEP = QUICK_SWEEP + (
     {"experts": (32,), "tokens": (16384,), "hidden": (7168,), "ffn": (2048,), "frameworks": ("torch",)},
     {"experts": (8,), "tokens": (16384,), "hidden": (4096,), "ffn": (14336,), "frameworks": ("torch",)},
 )
+# fp8_bench.py's expert shapes, G,M,K,N (FP8 blockwise needs K and N multiples of 128).
+FP8_QUICK_SHAPES = ("8,4096,2048,1408",)
+FP8_SHAPES = FP8_QUICK_SHAPES + ("32,16384,7168,2048", "128,16384,2048,1408")
 # The even split and realistic traffic (a quarter of the experts empty, the rest skewed).
 BENCH_ROUTINGS = ("--routing", "uniform", "skewed-some-empty")
 BENCH_TIMING = ("--repeats", "5", "--budget", "2")
@@ -143,6 +147,10 @@ def _bench_commands(ctx):
         if "frameworks" in shape:
             label += " " + ",".join(shape["frameworks"])
         commands.append(Command(argv, python_env(ctx), label))
+    # The FP8 GEMMs against the bfloat16 ones and torch's scaled_grouped_mm (tables in the log).
+    fp8 = [ctx.python, os.path.join(ctx.repo, "benchmarks", "fp8_bench.py"), "--device", "cuda",
+           "--shapes", *(FP8_QUICK_SHAPES if ctx.quick else FP8_SHAPES)]
+    commands.append(Command(fp8, python_env(ctx), "fp8"))
     parts = [bench_part_dir(ctx, i) for i in range(len(sweep))]
     commands.append(Command([ctx.python, kit_script(ctx, "bench_merge.py"), "--out", ctx.out, *parts],
                             python_env(ctx), "merge"))
@@ -156,12 +164,13 @@ def pytest_workers(cpus=None):
 
 
 # What a test may skip for on a GPU machine: tests that need no device (they would be
-# handed host pointers), Hopper's kernels elsewhere, the install checks' environments
-# (./dev.sh test builds them), the test-only extras the carried wheels leave out (the
-# integrations' clients, the docs' tools: tests/helpers/clients.py). Any other skip leaves
-# the pytest step INCOMPLETE.
+# handed host pointers), Hopper's kernels elsewhere and on Hopper the FP8 refusal other GPUs
+# give (tests/test_cuda.py), the install checks' environments (./dev.sh test builds them),
+# the test-only extras the carried wheels leave out (the integrations' clients, the docs'
+# tools: tests/helpers/clients.py). Any other skip leaves the pytest step INCOMPLETE.
 EXPECTED_SKIPS = ("a real device would be handed host pointers",
                   "the sm_90a kernels need a compute capability 9.0 GPU",
+                  "the refusal of a GPU without FP8 tensor cores cannot run on Hopper",
                   "is not set: ./dev.sh test builds that environment",
                   "is not installed here: ./dev.sh setup installs it")
 

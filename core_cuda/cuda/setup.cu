@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kSetupThreads) setup_kernel(SetupArgs a, Setup
   const WindowRows rows{boundary, w, offset};
 
   if (mode != SetupMode::fill_only) {
-    const RowRange chunk = setup_chunk(threadIdx.x, kSetupThreads, w);
+    const RowRange chunk = setup_chunk(threadIdx.x, kSetupThreads, w.last);
     int64_t row = 0;
     Scan(scan_storage).ExclusiveScan(chunk_rows(a, chunk), row, int64_t(0), SaturatingRowSum{a.m});
     write_chunk_boundaries(a, boundary, w, chunk, row);

@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "arg_checks.h"
 #include "backends.h"
 #include "backward_parts.h"
 #include "groupgemm/activation.h"
@@ -16,13 +17,6 @@ namespace groupgemm {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-Status check_dims(int64_t m, int64_t k, int64_t n, int64_t num_groups) {
-  if (m < 0 || k < 0 || n < 0 || num_groups < 0)
-    return Status::Invalid("dimensions must be non-negative, got M=" + str(m) + " K=" + str(k) +
-                           " N=" + str(n) + " G=" + str(num_groups));
-  return Status::Ok();
-}
 
 // Output is the input dtype or, for 16-bit inputs, float32. float64 is CPU-only.
 Status check_dtypes(DType in, DType out, Device device, bool accumulate) {
@@ -38,27 +32,6 @@ Status check_dtypes(DType in, DType out, Device device, bool accumulate) {
   if (out != in && !wider16)
     return Status::Invalid(std::string("output dtype ") + dtype_name(out) + " is not allowed for " +
                            dtype_name(in) + " inputs");
-  return Status::Ok();
-}
-
-Status check_groups(const IndexArray& sizes, const IndexArray& offset, int64_t num_groups) {
-  if (sizes.count < 0 || (sizes.count > 0 && sizes.data == nullptr))
-    return Status::Invalid("group_sizes is missing");
-  if (offset.data == nullptr) {
-    if (sizes.count != num_groups)
-      return Status::Invalid("group_sizes has " + str(sizes.count) + " entries but there are " +
-                             str(num_groups) + " groups; pass group_offset to select a window");
-  } else {
-    if (offset.count != 1) return Status::Invalid("group_offset must be a scalar");
-    if (sizes.count < num_groups)
-      return Status::Invalid("group_sizes has " + str(sizes.count) + " entries, fewer than the " +
-                             str(num_groups) + " local groups");
-  }
-  return Status::Ok();
-}
-
-Status check_ptr(const void* p, int64_t elements, const char* name) {
-  if (elements > 0 && p == nullptr) return Status::Invalid(std::string(name) + " is null");
   return Status::Ok();
 }
 
@@ -113,14 +86,6 @@ Status check_router(int64_t num_tokens, int64_t num_experts, int64_t top_k, cons
     return Status::Invalid(std::string(op) + ": expert_indices are int32, E = " + str(num_experts) +
                            " does not fit");
   return Status::Ok();
-}
-
-// Runs the CPU or the CUDA backend (no_cuda.cpp in builds without nvcc) for already
-// validated arguments.
-template <typename Args, typename Cpu, typename Cuda>
-Status dispatch(const Args& args, const ExecContext& ctx, Cpu cpu_fn, Cuda cuda_fn) {
-  if (ctx.device == Device::cpu) return cpu_fn(args);
-  return cuda_fn(args, ctx);
 }
 
 }  // namespace

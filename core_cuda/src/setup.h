@@ -61,11 +61,12 @@ struct SetupArgs {
   void* workspace;
 };
 
-// Thread `t` of `threads` folds the contiguous chunk [begin, end) of groups [0, w.last).
-GG_HD RowRange setup_chunk(int64_t t, int64_t threads, GroupWindow w) {
-  const int64_t chunk = ceil_div(w.last, threads);
-  const int64_t begin = t * chunk < w.last ? t * chunk : w.last;
-  return {begin, begin + chunk < w.last ? begin + chunk : w.last};
+// Thread `t` of `threads` takes the contiguous chunk [begin, end) of [0, count): for the
+// row scan, count is w.last (it folds groups [0, w.last)).
+GG_HD RowRange setup_chunk(int64_t t, int64_t threads, int64_t count) {
+  const int64_t chunk = ceil_div(count, threads);
+  const int64_t begin = t * chunk < count ? t * chunk : count;
+  return {begin, begin + chunk < count ? begin + chunk : count};
 }
 
 // Rows of the chunk's groups: what the block scan combines with the saturating sum

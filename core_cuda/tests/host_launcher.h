@@ -84,7 +84,7 @@ class HostLauncher {
     std::vector<int64_t> boundary(a.num_groups + 1, -1);  // one block's shared copy
     int64_t start = 0;
     for (int64_t t = 0; t < scan_chunks_; ++t) {
-      const RowRange chunk = setup_chunk(t, scan_chunks_, w);
+      const RowRange chunk = setup_chunk(t, scan_chunks_, w.last);
       write_chunk_boundaries(a, boundary.data(), w, chunk, start);
       start = next_row_boundary(start, chunk_rows(a, chunk), a.m);
     }

@@ -16,6 +16,8 @@ void bind_array_entry_points(nb::module_& m);
 void bind_call_plans(nb::module_& m);
 void bind_moe_array_entry_points(nb::module_& m);
 void bind_ffi_handlers(nb::module_& m);
+void bind_fp8_array_entry_points(nb::module_& m);
+void bind_fp8_ffi_handlers(nb::module_& m);
 }  // namespace groupgemm
 
 NB_MODULE(_core, m) {
@@ -62,4 +64,6 @@ NB_MODULE(_core, m) {
   groupgemm::bind_call_plans(m);
   groupgemm::bind_moe_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
+  groupgemm::bind_fp8_array_entry_points(m);
+  groupgemm::bind_fp8_ffi_handlers(m);
 }

@@ -363,3 +363,207 @@ def ragged_contraction(fn, names, lhs, rhs, out_dtype=None, *, bias=False, trans
             raise ValueError(f"{fn}: {name} does not apply to the 2d x 2d form of offs "
                              f"({names['rhs']} [K, N], groups along K)")
     return output_dtype(lhs_dtype, out_dtype, fn, names["out_dtype"])
+
+
+# ---- FP8: scaled grouped GEMMs and their quantization (groupgemm/fp8.h) ----------------
+
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # the core's Fp8Type, in its order; e5m2 for the lhs only (a gradient)
+FP8_RECIPES = ("rowwise", "blockwise")  # the core's Fp8Scaling, in its order
+FP8_OUTPUTS = ("bfloat16", "float32")
+FP8_INPUTS = ("float32", "bfloat16", "float16")  # what is quantized
+FP8_BLOCK = 128
+
+FP8_JAX_NAMES = {"lhs": "lhs", "rhs": "rhs", "lhs_scale": "lhs_scale", "rhs_scale": "rhs_scale",
+                 "out_dtype": "preferred_element_type", "recipe": "recipe"}
+# torch.nn.functional.scaled_grouped_mm's spelling.
+FP8_TORCH_NAMES = {"lhs": "mat_a", "rhs": "mat_b", "lhs_scale": "scale_a", "rhs_scale": "scale_b",
+                   "out_dtype": "output_dtype", "recipe": "scale_recipe_a / scale_recipe_b"}
+
+
+def fp8_blocks(length):
+    """Blocks of 128 covering `length` (the last may be partial)."""
+    return -(-length // FP8_BLOCK)
+
+
+def fp8_recipe(recipe, fn, name="recipe"):
+    """The recipe name, "rowwise" or "blockwise"; returns the core's index of it."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"{fn}: {name} must be 'rowwise' or 'blockwise', got {recipe!r}")
+    return FP8_RECIPES.index(recipe)
+
+
+def fp8_format(dtype, name, fn):
+    """A float8 dtype name; returns the core's Fp8Type index."""
+    if dtype not in FP8_DTYPES:
+        raise TypeError(f"{fn}: {name} must be float8_e4m3fn or float8_e5m2, got {dtype}")
+    return FP8_DTYPES.index(dtype)
+
+
+def fp8_output_dtype(requested, fn, name):
+    """bfloat16 (the default, as torch's) or float32."""
+    out = "bfloat16" if requested is None else requested
+    if out not in FP8_OUTPUTS:
+        raise TypeError(f"{fn}: {name} must be bfloat16 or float32 for float8 inputs, got {out}")
+    return out
+
+
+def fp8_token_block_bound(m, num_groups):
+    """Scale rows of the blockwise weight gradient: each group's tokens in blocks of 128,
+    restarting at the group's first token, need at most floor((M + 127 G) / 128) (the
+    core's rule, groupgemm/fp8_blocks.h)."""
+    from groupgemm import _core
+
+    return _core.fp8_token_block_bound(m, num_groups)
+
+
+def _fp8_scale(shape, dtype, want, name, recipe, fn):
+    if dtype != "float32":
+        raise TypeError(f"{fn}: {name} must be float32, got {dtype}")
+    if tuple(shape) != tuple(want):
+        raise ValueError(f"{fn}: {name} must have shape {tuple(want)} for {recipe} scaling, got {tuple(shape)}")
+
+
+def _fp8_pair(fn, names, lhs_dtype, rhs_dtype):
+    """lhs float8_e4m3fn, or float8_e5m2 as a gradient; rhs float8_e4m3fn. Returns the
+    core's Fp8Type indices."""
+    lhs_type, rhs_type = fp8_format(lhs_dtype, names["lhs"], fn), fp8_format(rhs_dtype, names["rhs"], fn)
+    if rhs_dtype != "float8_e4m3fn":
+        raise TypeError(f"{fn}: {names['rhs']} must be float8_e4m3fn; float8_e5m2 is accepted for "
+                        f"{names['lhs']} (a gradient), got {rhs_dtype}")
+    return lhs_type, rhs_type
+
+
+def scaled_matmul(fn, names, lhs, rhs, lhs_scale, rhs_scale, recipe, bias=None, out_dtype=None):
+    """Checks ``lhs [M, K] @ rhs [G, N, K]^T`` per group, float8 with float32 scales:
+    rowwise ``[M]`` and ``[G, N]``; blockwise ``[M, ceil(K/128)]`` and
+    ``[G, ceil(N/128), ceil(K/128)]``, K a multiple of 128; bias ``[G, N]`` in the output
+    dtype. Each operand is a (shape, dtype name) pair (bias may be None). Returns
+    (G, N, output dtype name, lhs Fp8Type, rhs Fp8Type, recipe index)."""
+    (lhs_shape, lhs_dtype), (rhs_shape, rhs_dtype) = lhs, rhs
+    scaling = fp8_recipe(recipe, fn, names["recipe"])
+    lhs_type, rhs_type = _fp8_pair(fn, names, lhs_dtype, rhs_dtype)
+    check_rank(lhs_shape, 2, names["lhs"], "[M, K]", fn)
+    check_rank(rhs_shape, 3, names["rhs"], "[G, N, K] (K-major)", fn)
+    (m, k), (g, n, rhs_k) = lhs_shape, rhs_shape
+    if rhs_k != k:
+        raise ValueError(f"{fn}: {names['lhs']} has K = {k} but {names['rhs']} has K = {rhs_k}")
+    if recipe == "blockwise" and k % FP8_BLOCK:
+        raise ValueError(f"{fn}: blockwise scaling needs K (the contraction, {names['lhs']}'s last dimension) "
+                         f"to be a multiple of 128, got K = {k}")
+    kb = fp8_blocks(k)
+    want_lhs, want_rhs = ((m,), (g, n)) if recipe == "rowwise" else ((m, kb), (g, fp8_blocks(n), kb))
+    _fp8_scale(*lhs_scale, want_lhs, names["lhs_scale"], recipe, fn)
+    _fp8_scale(*rhs_scale, want_rhs, names["rhs_scale"], recipe, fn)
+    out = fp8_output_dtype(out_dtype, fn, names["out_dtype"])
+    if bias is not None:
+        check_shape(bias[0], (g, n), "bias", fn)
+        if bias[1] != out:
+            raise TypeError(f"{fn}: bias must have the output dtype {out}, got {bias[1]}")
+    return g, n, out, lhs_type, rhs_type, scaling
+
+
+def scaled_wgrad(fn, names, lhs, rhs, lhs_scale, rhs_scale, recipe, num_groups):
+    """Checks the weight-gradient form ``out[g] = lhs[:, rows_g] @ rhs[:, rows_g]^T``:
+    ``lhs [K, M]``, ``rhs [N, M]`` (the tokens contiguous), float8; scales rowwise
+    ``[G, K]`` / ``[G, N]`` (one per group and channel; ``[G * K]`` / ``[G * N]`` flat too,
+    torch's layout) or blockwise ``[B, K]`` / ``[B, N]`` with B = fp8_token_block_bound(M, G).
+    Returns (G, the result's shape, lhs Fp8Type, rhs Fp8Type, recipe index)."""
+    (lhs_shape, lhs_dtype), (rhs_shape, rhs_dtype) = lhs, rhs
+    scaling = fp8_recipe(recipe, fn, names["recipe"])
+    lhs_type, rhs_type = _fp8_pair(fn, names, lhs_dtype, rhs_dtype)
+    check_rank(lhs_shape, 2, names["lhs"], "[K, M] (tokens last)", fn)
+    check_rank(rhs_shape, 2, names["rhs"], "[N, M] (tokens last)", fn)
+    (k, m), (n, rhs_m) = lhs_shape, rhs_shape
+    if rhs_m != m:
+        raise ValueError(f"{fn}: {names['lhs']} has {m} tokens but {names['rhs']} has {rhs_m}")
+    g = static_count(num_groups, "num_groups", fn)
+    rows = g if recipe == "rowwise" else fp8_token_block_bound(m, g)
+    for (shape, dtype), width, name in ((lhs_scale, k, names["lhs_scale"]), (rhs_scale, n, names["rhs_scale"])):
+        flat = recipe == "rowwise" and len(shape) == 1
+        _fp8_scale(shape, dtype, (rows * width,) if flat else (rows, width), name, recipe, fn)
+    return g, (g, k, n), lhs_type, rhs_type, scaling
+
+
+def fp8_accumulator(fn, shape, dtype, want_shape, **kwargs):
+    """An accumulate_into buffer of a weight-gradient form: float32, updated in place."""
+    return accumulator(fn, shape, dtype, want_shape, "float32", None, "output dtype", **kwargs)
+
+
+def quantize_fp8(fn, x, recipe, dtype):
+    """Checks ``quantize_fp8(x, recipe, dtype)``: x 2-D ``[M, K]`` (activations: scales
+    ``[M]`` or ``[M, ceil(K/128)]``) or 3-D ``[G, N, K]`` (weights: ``[G, N]`` or
+    ``[G, ceil(N/128), ceil(K/128)]``). Returns (scale shape, Fp8Type, recipe index)."""
+    shape, x_dtype = x
+    scaling = fp8_recipe(recipe, fn)
+    if x_dtype not in FP8_INPUTS:
+        raise TypeError(f"{fn}: x must be float32, bfloat16 or float16, got {x_dtype}")
+    fp8_type = fp8_format(dtype, "dtype", fn)
+    if len(shape) not in (2, 3):
+        raise ValueError(f"{fn}: x must be 2-D [M, K] (activations) or 3-D [G, N, K] (weights), "
+                         f"got shape {tuple(shape)}")
+    if len(shape) == 2:
+        m, k = shape
+        scale = (m,) if recipe == "rowwise" else (m, fp8_blocks(k))
+    else:
+        g, n, k = shape
+        scale = (g, n) if recipe == "rowwise" else (g, fp8_blocks(n), fp8_blocks(k))
+    return scale, fp8_type, scaling
+
+
+def quantize_fp8_grouped(fn, x, recipe, dtype, num_groups):
+    """Checks ``quantize_fp8_grouped``: x ``[M, C]`` -> q ``[C, M]``, scales ``[G, C]``
+    (rowwise) or ``[fp8_token_block_bound(M, G), C]`` (blockwise). Returns (q shape, scale
+    shape, Fp8Type, recipe index)."""
+    shape, x_dtype = x
+    scaling = fp8_recipe(recipe, fn)
+    if x_dtype not in FP8_INPUTS:
+        raise TypeError(f"{fn}: x must be float32, bfloat16 or float16, got {x_dtype}")
+    fp8_type = fp8_format(dtype, "dtype", fn)
+    check_rank(shape, 2, "x", "[M, C] (rows sorted by group)", fn)
+    m, c = shape
+    g = static_count(num_groups, "num_groups", fn)
+    rows = g if recipe == "rowwise" else fp8_token_block_bound(m, g)
+    return (c, m), (rows, c), fp8_type, scaling
+
+
+# torch.nn.functional.ScalingType names per form: what each recipe's pair of scale recipes is.
+TORCH_FP8_RECIPES = {
+    ("2d-3d", "RowWise", "RowWise"): "rowwise",
+    ("2d-3d", "BlockWise1x128", "BlockWise128x128"): "blockwise",
+    ("2d-2d", "RowWise", "RowWise"): "rowwise",
+    ("2d-2d", "BlockWise1x128", "BlockWise1x128"): "blockwise",
+}
+
+
+def torch_fp8_scalings(form, recipe):
+    """torch's (scale_recipe_a, scale_recipe_b) names of a recipe in a form."""
+    return next((a, b) for (f, a, b), r in TORCH_FP8_RECIPES.items() if f == form and r == recipe)
+
+
+def torch_fp8_recipe(fn, form, recipe_a, recipe_b):
+    """The recipe of torch's (scale_recipe_a, scale_recipe_b) names in the ``form``
+    ("2d-3d": forward / dgrad, "2d-2d": weight gradient)."""
+    recipe = TORCH_FP8_RECIPES.get((form, recipe_a, recipe_b))
+    if recipe is None:
+        pairs = " or ".join(f"{a} x {b}" for f, a, b in TORCH_FP8_RECIPES if f == form)
+        raise ValueError(f"{fn}: scale_recipe_a x scale_recipe_b {recipe_a} x {recipe_b} is not supported in the "
+                         f"{form} form; use {pairs}")
+    return recipe
+
+
+def fp8_layer(fn, recipe, dtype, in_features, out_features):
+    """``fp8=`` of a grouped linear layer: None (off), "rowwise" or "blockwise". Its GEMMs
+    write the layer's dtype, float32 or bfloat16; blockwise contracts over in_features
+    (forward) and out_features (input gradient) in 128-blocks, so both must be multiples
+    of 128. Returns the recipe."""
+    if recipe is None:
+        return None
+    fp8_recipe(recipe, fn, "fp8")
+    if dtype not in FP8_OUTPUTS:
+        raise TypeError(f"{fn}: fp8={recipe!r} needs float32 or bfloat16 weights and inputs, got {dtype}")
+    if recipe == "blockwise":
+        for size, name in ((in_features, "in_features"), (out_features, "out_features")):
+            if size % FP8_BLOCK:
+                raise ValueError(f"{fn}: fp8='blockwise' needs {name} to be a multiple of 128 (its GEMMs contract "
+                                 f"over it in 128-blocks), got {size}")
+    return recipe

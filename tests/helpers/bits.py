@@ -2,7 +2,7 @@
 
 import numpy as np
 
-BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def raw_bits(x):
@@ -11,7 +11,7 @@ def raw_bits(x):
         import torch
 
         x = x.detach().cpu()
-        return x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]).numpy().view(
+        return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]).numpy().view(
             BITS[x.element_size()])
     x = np.asarray(x)
     return x.view(BITS[x.dtype.itemsize])

@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 
-_SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")  # element types such as f32, f8e4m3fn
 
 
 def compiled_text(jitted, *args):

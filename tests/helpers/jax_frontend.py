@@ -160,3 +160,47 @@ permute, unpermute, softmax_topk = gj.permute, gj.unpermute, gj.softmax_topk
 def mlp_with_activation(name):
     x = jnp.ones((4, 8))
     return gj.grouped_mlp(x, jnp.ones((2, 8, 6)), jnp.ones((2, 6, 8)), jnp.asarray([2, 2]), activation=name)
+
+
+# ---- FP8 -----------------------------------------------------------------------------
+
+FP8_NAMES = _contract.FP8_JAX_NAMES
+
+
+def quantize_fp8(x, recipe, *, dtype="float8_e4m3fn", power_of_two=False):
+    return gj.quantize_fp8(x, recipe, dtype=jnp.dtype(dtype), power_of_two=power_of_two)
+
+
+def quantize_fp8_grouped(x, sizes, recipe, *, num_groups=None, offset=None, dtype="float8_e4m3fn",
+                         power_of_two=False):
+    return gj.quantize_fp8_grouped(x, sizes, recipe, num_groups=num_groups, group_offset=offset,
+                                   dtype=jnp.dtype(dtype), power_of_two=power_of_two)
+
+
+def scaled_matmul(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe, *, bias=None, offset=None, out_dtype=None):
+    return gj.scaled_grouped_matmul(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe=recipe, bias=bias,
+                                    preferred_element_type=out_dtype, group_offset=offset)
+
+
+def scaled_wgrad(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe, *, num_groups=None, offset=None, out_dtype=None,
+                 accumulate_into=None):
+    return gj.scaled_grouped_matmul_wgrad(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe=recipe,
+                                          num_groups=num_groups, group_offset=offset,
+                                          preferred_element_type=out_dtype, accumulate_into=accumulate_into)
+
+
+def fp8_linear_and_grads(x, weight, sizes, bias, dout, recipe, dtype, device=None):
+    """y and the gradients of x, weight and bias (None without bias) of one grouped linear
+    layer in FP8, as grouped_mlp(fp8=recipe) runs each of its layers (weight [G, N, K])."""
+    from groupgemm.jax_ext import fp8_recipe
+
+    with precision(dtype), _on(device):
+        params = {"x": jnp.asarray(x, dtype), "w": jnp.asarray(weight, dtype)}
+        if bias is not None:
+            params["b"] = jnp.asarray(bias, dtype)
+        sizes = jnp.asarray(sizes, jnp.int32)
+        y, vjp = jax.vjp(lambda p: fp8_recipe.checked_fp8_grouped_matmul(
+            p["x"], p["w"], sizes, bias=p.get("b"), transpose_rhs=True, group_offset=None, recipe=recipe,
+            fn="grouped_mlp"), params)
+        (grads,) = vjp(jnp.asarray(dout, dtype))
+        return y, (grads["x"], grads["w"], grads.get("b"))

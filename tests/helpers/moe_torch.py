@@ -10,12 +10,12 @@ from groupgemm.torch import GroupedLinear
 
 
 class MoEBlock(nn.Module):
-    def __init__(self, dim, ffn, experts, top_k, dtype=torch.float32):
+    def __init__(self, dim, ffn, experts, top_k, dtype=torch.float32, fp8=None):
         super().__init__()
         self.experts, self.top_k = experts, top_k
         self.router = nn.Linear(dim, experts, bias=False, dtype=dtype)
-        self.up = GroupedLinear(experts, dim, ffn, dtype=dtype)
-        self.down = GroupedLinear(experts, ffn, dim, dtype=dtype)
+        self.up = GroupedLinear(experts, dim, ffn, dtype=dtype, fp8=fp8)
+        self.down = GroupedLinear(experts, ffn, dim, dtype=dtype, fp8=fp8)
 
     def forward(self, x, expert_mask=None):
         logits = self.router(x)

@@ -19,6 +19,9 @@ def precision(dtype):
 
 def array(values, dtype, device="cpu"):
     """values (NumPy or nested lists) as a tensor of the dtype named `dtype`."""
+    if dtype in _contract.FP8_DTYPES:  # NumPy's float8 (ml_dtypes) reaches torch as its bytes
+        as_bytes = np.ascontiguousarray(np.asarray(values).astype(dtype)).view(np.uint8)
+        return torch.from_numpy(as_bytes).view(getattr(torch, dtype)).to(device)
     return torch.from_numpy(np.ascontiguousarray(host_rounded(values, dtype))).to(device=device,
                                                                                  dtype=getattr(torch, dtype))
 
@@ -153,3 +156,62 @@ permute, unpermute, softmax_topk = gt.permute, gt.unpermute, gt.softmax_topk
 
 def mlp_with_activation(name):
     return gt.GroupedMLP(2, 8, 6, activation=name)
+
+
+# ---- FP8 -----------------------------------------------------------------------------
+
+FP8_NAMES = _contract.FP8_TORCH_NAMES
+def _scalings(form, recipe):
+    """torch's ScalingType names of a recipe (an unknown recipe passed through as both)."""
+    return _contract.torch_fp8_scalings(form, recipe) if recipe in _contract.FP8_RECIPES else (recipe, recipe)
+
+
+def _torch_dtype(name):
+    return None if name is None else getattr(torch, name)
+
+
+def quantize_fp8(x, recipe, *, dtype="float8_e4m3fn", power_of_two=False):
+    return gt.quantize_fp8(x, recipe, dtype=getattr(torch, dtype), power_of_two=power_of_two)
+
+
+def quantize_fp8_grouped(x, sizes, recipe, *, num_groups=None, offset=None, dtype="float8_e4m3fn",
+                         power_of_two=False):
+    return gt.quantize_fp8_grouped(x, sizes, recipe, num_groups=num_groups, group_offset=offset,
+                                   dtype=getattr(torch, dtype), power_of_two=power_of_two)
+
+
+def scaled_matmul(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe, *, bias=None, offset=None, out_dtype=None):
+    """rhs [G, N, K] (the core's layout): torch's mat_b is its transposed view."""
+    recipe_a, recipe_b = _scalings("2d-3d", recipe)
+    return gt.scaled_grouped_mm(lhs, rhs.transpose(-2, -1), lhs_scale, recipe_a, rhs_scale, recipe_b, bias=bias,
+                                output_dtype=_torch_dtype(out_dtype or "bfloat16"), group_sizes=sizes,
+                                group_offset=offset)
+
+
+def scaled_wgrad(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe, *, num_groups=None, offset=None, out_dtype=None,
+                 accumulate_into=None):
+    """lhs [K, M], rhs [N, M]: torch's mat_b [M, N] is rhs's transposed view."""
+    recipe_a, recipe_b = _scalings("2d-2d", recipe)
+    return gt.scaled_grouped_mm(lhs, rhs.transpose(-2, -1), lhs_scale, recipe_a, rhs_scale, recipe_b,
+                                output_dtype=_torch_dtype(out_dtype or "bfloat16"), group_sizes=sizes,
+                                group_offset=offset, num_groups=num_groups, accumulate_into=accumulate_into)
+
+
+def fp8_linear_and_grads(x, weight, sizes, bias, dout, recipe, dtype, acc=None, device="cpu"):
+    """y and the gradients of x, weight and bias (None without bias) of GroupedLinear(fp8=recipe)
+    (weight [G, N, K]); with acc, the weight gradient accumulated into a float32 main_grad
+    starting at acc, returned in the weight gradient's place."""
+    g, n, k = weight.shape
+    layer = gt.GroupedLinear(g, k, n, bias=bias is not None, device=device, dtype=getattr(torch, dtype), fp8=recipe,
+                             accumulate_into_main_grad=acc is not None)
+    with torch.no_grad():
+        layer.weight.copy_(array(weight, dtype, device))
+        if bias is not None:
+            layer.bias.copy_(array(bias, dtype, device))
+    if acc is not None:
+        layer.weight.main_grad = array(acc, "float32", device)
+    x_t = _leaf(x, dtype, device)
+    y = layer(x_t, torch.from_numpy(np.asarray(sizes, np.int32)).to(device))
+    y.backward(array(dout, dtype, device))
+    dweight = layer.weight.main_grad if acc is not None else layer.weight.grad
+    return y, (x_t.grad, dweight, None if bias is None else layer.bias.grad)

@@ -1,0 +1,53 @@
+"""The FP8 calls as JAX primitives over their partitioned raw calls (fp8_raw.py), made
+like the grouped GEMMs' (primitives.py's ``define``), so jit, vmap and sharding treat them
+alike:
+
+- ``quantize_rows_p`` / ``quantize_blocks_p`` / ``quantize_grouped_p``: high precision ->
+  (float8 values, float32 scales);
+- ``scaled_matmul_p``: the forward / dgrad form, ``out[r] = lhs[r] @ rhs[g]^T`` scaled;
+- ``scaled_wgrad_p``: the weight-gradient form, ``out[g] = lhs[:, rows_g] @ rhs[:, rows_g]^T``.
+
+Each takes the ``batched`` parameter of every groupgemm primitive (the operands that carry
+a leading vmapped axis). They have no derivative rules: float8 operands are quantized
+values, and the training recipe (fp8_recipe.py) defines the derivative of the whole FP8
+layer instead. Asking for one raises, naming the primitive. An absent bias or
+accumulator is a size-0 placeholder.
+"""
+
+from groupgemm.jax_ext import fp8_raw
+from groupgemm.jax_ext.primitives import define, every_operand_present
+
+
+def _not_differentiable(name):
+    def refuse(*_, **__):
+        raise NotImplementedError(f"{name} is not differentiable: its float8 operands are quantized values. "
+                                  "Differentiate through grouped_mlp(fp8=...), whose gradient runs the FP8 GEMMs "
+                                  "of the gradients")
+
+    return refuse
+
+
+def _define(name, raw_call, present=every_operand_present, multiple_results=False):
+    return define(name, raw_call, present, _not_differentiable(name), multiple_results=multiple_results)
+
+
+quantize_rows_p = _define("groupgemm_fp8_quantize_rows", fp8_raw.fp8_quantize_rows, multiple_results=True)
+quantize_blocks_p = _define("groupgemm_fp8_quantize_blocks", fp8_raw.fp8_quantize_blocks, multiple_results=True)
+quantize_grouped_p = _define("groupgemm_fp8_quantize_grouped", fp8_raw.fp8_quantize_grouped, multiple_results=True)
+
+
+def _scaled_matmul_present(operands, batched, params):
+    n = 7 if params["has_bias"] else 6
+    return operands[:n], batched[:n], dict(scaling=params["scaling"], out_dtype=params["out_dtype"])
+
+
+scaled_matmul_p = _define("groupgemm_scaled_matmul", fp8_raw.scaled_matmul, _scaled_matmul_present)
+
+
+def _scaled_wgrad_present(operands, batched, params):
+    n = 7 if params["accumulate"] else 6
+    return operands[:n], batched[:n], dict(num_groups=params["num_groups"], scaling=params["scaling"],
+                                           out_dtype=params["out_dtype"])
+
+
+scaled_wgrad_p = _define("groupgemm_scaled_wgrad", fp8_raw.scaled_wgrad, _scaled_wgrad_present)

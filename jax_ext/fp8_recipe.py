@@ -1,0 +1,106 @@
+"""grouped_mlp(fp8=...): the FP8 training recipe (groupgemm/_fp8_recipe.py) as a
+jax.custom_vjp over the FP8 primitives: the forward GEMM, and as its derivative the
+input- and weight-gradient GEMMs in float8, the bias gradient from the core's bias
+reduction. The same calls in the same order as PyTorch's GroupedLinear(fp8=...), so the
+two give the same bits."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from groupgemm import _contract as contract
+from groupgemm import _fp8_recipe as recipe_steps
+from groupgemm.jax_ext import fp8_primitives as prims
+from groupgemm.jax_ext import primitives
+from groupgemm.jax_ext.functional import NAMES, _index_operands, dtype_name, same_varying_axes, shape_and_dtype
+
+
+class _Ops:
+    """The recipe's operations on JAX arrays (float8_e4m3fn throughout)."""
+
+    @staticmethod
+    def dtype(x):
+        return x.dtype
+
+    @staticmethod
+    def transpose(w):
+        return jnp.swapaxes(w, -2, -1)
+
+    @staticmethod
+    def quantize_rows(x, recipe):
+        return tuple(prims.quantize_rows_p.bind(x, out_type=recipe_steps.FP8_E4M3,
+                                                scaling=contract.fp8_recipe(recipe, "fp8"), power_of_two=False,
+                                                batched=(False,)))
+
+    @staticmethod
+    def quantize_weight(w, recipe):
+        if recipe == "blockwise":
+            return tuple(prims.quantize_blocks_p.bind(w, out_type=recipe_steps.FP8_E4M3, power_of_two=False,
+                                                      batched=(False,)))
+        g, n, k = w.shape
+        q, scale = prims.quantize_rows_p.bind(w.reshape(g * n, k), out_type=recipe_steps.FP8_E4M3, scaling=0,
+                                              power_of_two=False, batched=(False,))
+        return q.reshape(g, n, k), scale.reshape(g, n)
+
+    @staticmethod
+    def quantize_grouped(x, group_sizes, group_offset, num_groups, recipe):
+        return tuple(prims.quantize_grouped_p.bind(x, group_sizes, group_offset, num_groups=num_groups,
+                                                   out_type=recipe_steps.FP8_E4M3,
+                                                   scaling=contract.fp8_recipe(recipe, "fp8"), power_of_two=False,
+                                                   batched=(False,) * 3))
+
+    @staticmethod
+    def scaled_mm(q, qw, s, sw, group_sizes, group_offset, bias, recipe, dtype):
+        return prims.scaled_matmul_p.bind(q, qw, s, sw, group_sizes, group_offset,
+                                          jnp.zeros((0,), dtype) if bias is None else bias,
+                                          scaling=contract.fp8_recipe(recipe, "fp8"), out_dtype=np.dtype(dtype),
+                                          has_bias=bias is not None, batched=(False,) * 7)
+
+    @staticmethod
+    def scaled_wgrad(a, b, sa, sb, group_sizes, group_offset, num_groups, recipe, dtype, accumulate_into):
+        return prims.scaled_wgrad_p.bind(a, b, sa, sb, group_sizes, group_offset, jnp.zeros((0,), dtype),
+                                         num_groups=num_groups, scaling=contract.fp8_recipe(recipe, "fp8"),
+                                         out_dtype=np.dtype(dtype), accumulate=False, batched=(False,) * 7)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs):
+    """``out[r] = x[r] @ weight[g] (+ bias[g])`` with the GEMMs of the recipe; weight
+    ``[G, K, N]``, or ``[G, N, K]`` with transpose_rhs (checked by the caller). bias is None
+    or ``[G, N]`` in x's dtype."""
+    return recipe_steps.forward(_Ops, x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs)
+
+
+def _fwd(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs):
+    out = fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs)
+    bias_like = None if bias is None else jnp.zeros((0,), bias.dtype)  # residuals must be arrays
+    return out, (x, weight, group_sizes, group_offset, bias_like)
+
+
+def _bwd(recipe, transpose_rhs, residuals, dout):
+    x, weight, group_sizes, group_offset, bias_like = residuals
+    bias_dtype = None if bias_like is None else bias_like.dtype
+    dout = dout.astype(x.dtype)  # a wider cotangent is rounded once, as for the 16-bit GEMMs
+    g = weight.shape[0]
+    dx = recipe_steps.input_grad(_Ops, dout, weight, group_sizes, group_offset, recipe, transpose_rhs, x.dtype)
+    dweight = recipe_steps.weight_grad(_Ops, x, dout, group_sizes, group_offset, g, recipe, transpose_rhs,
+                                       weight.dtype)
+    dbias = None if bias_dtype is None else primitives.bias_grad_p.bind(
+        dout.astype(bias_dtype), group_sizes, group_offset, num_groups=g, out_dtype=np.dtype(bias_dtype),
+        batched=(False,) * 3)
+    return dx, dweight, None, None, dbias
+
+
+fp8_grouped_matmul.defvjp(_fwd, _bwd)
+
+
+def checked_fp8_grouped_matmul(x, weight, group_sizes, *, bias, transpose_rhs, group_offset, recipe, fn):
+    """grouped_matmul's checks and operands, then fp8_grouped_matmul (grouped_mlp's layers)."""
+    num_groups, n, _ = contract.matmul(fn, NAMES, shape_and_dtype(x), shape_and_dtype(weight), bool(transpose_rhs),
+                                       None if bias is None else shape_and_dtype(bias))
+    contract.fp8_layer(fn, recipe, dtype_name(x.dtype), x.shape[1], n)
+    group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, x.shape[0], fn)
+    x, weight, bias = same_varying_axes((x, weight, bias), (group_sizes, group_offset))
+    return fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, bool(transpose_rhs))

@@ -1,0 +1,213 @@
+"""The raw FP8 calls of groupgemm for PyTorch: custom ops (namespace ``groupgemm``) for
+quantization and the scaled grouped GEMMs (groupgemm/fp8.h).
+
+Like raw.py's ops, each allocates its outputs with torch and hands every tensor to the
+core zero-copy, float8 tensors as their uint8 bytes (``.view(torch.uint8)``, which every
+torch version exports through DLPack) with the format passed as an int (the core's
+Fp8Type: the index in ``_contract.FP8_DTYPES``). The public functions check every argument
+first (fp8.py). The ops are not differentiable: float8 operands are quantized values;
+the training recipe (fp8_recipe.py) differentiates through them.
+"""
+
+import torch
+
+from groupgemm import _contract as contract
+from groupgemm import _core
+from groupgemm.torch_ext import device_scratch
+from groupgemm.torch_ext.op_library import define
+from groupgemm.torch_ext.raw import _capsule, _require, _stream
+
+Tensor = torch.Tensor
+FP8_TORCH_DTYPES = tuple(getattr(torch, name) for name in contract.FP8_DTYPES)
+
+
+def _bytes(t: Tensor):
+    return _capsule(t.view(torch.uint8))
+
+
+def _workspace(device: torch.device, call, scaling: int, num_groups: int, m: int, k: int, n: int) -> Tensor | None:
+    """The call's scratch from device_scratch, reused per device and stream like the GEMM ops'."""
+    if device.type != "cuda":
+        return None
+    # Its size depends on the shapes and the device (the sm_90a kernel's scratch scales with the SM count).
+    index = -1 if device.index is None else device.index
+    nbytes = _core.fp8_workspace_bytes(_core.Device.cuda, call, _core.Fp8Scaling(scaling), num_groups, m, k, n,
+                                       device_index=index)
+    return device_scratch.workspace(device, nbytes, _stream(device))
+
+
+def _not_differentiable(op_name):
+    def refuse(*_):
+        raise RuntimeError(f"groupgemm::{op_name} is not differentiable: its float8 operands are quantized values. "
+                           "Train through GroupedLinear(fp8=...) or GroupedMLP(fp8=...), whose backward runs the "
+                           "FP8 GEMMs of the gradients")
+
+    return refuse
+
+
+def _no_derivatives(op, name):
+    op.register_derivatives(_not_differentiable(name), setup_context=None, jvp=_not_differentiable(name))
+
+
+def _scale_shape_rows(x, scaling):
+    return (x.shape[0],) if scaling == 0 else (x.shape[0], contract.fp8_blocks(x.shape[1]))
+
+
+@define("fp8_quantize_rows")
+def fp8_quantize_rows_op(x: Tensor, out_type: int, scaling: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
+    """x [R, C] -> (q [R, C] float8, scale [R] rowwise or [R, ceil(C/128)])."""
+    _require("fp8_quantize_rows", (x, 2, "x"))
+    q = torch.empty(x.shape, dtype=FP8_TORCH_DTYPES[out_type], device=x.device)
+    scale = torch.empty(_scale_shape_rows(x, scaling), dtype=torch.float32, device=x.device)
+    _core.fp8_quantize_rows(_capsule(x), _bytes(q), _capsule(scale), _core.Fp8Type(out_type),
+                            _core.Fp8Scaling(scaling), power_of_two, stream=_stream(x.device))
+    return q, scale
+
+
+@fp8_quantize_rows_op.register_fake
+def _(x, out_type, scaling, power_of_two=False):
+    _require("fp8_quantize_rows", (x, 2, "x"))
+    return (x.new_empty(x.shape, dtype=FP8_TORCH_DTYPES[out_type]),
+            x.new_empty(_scale_shape_rows(x, scaling), dtype=torch.float32))
+
+
+def _block_scale_shape(x):
+    return (x.shape[0], contract.fp8_blocks(x.shape[1]), contract.fp8_blocks(x.shape[2]))
+
+
+@define("fp8_quantize_blocks")
+def fp8_quantize_blocks_op(x: Tensor, out_type: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
+    """x [B, R, C] -> (q [B, R, C] float8, scale [B, ceil(R/128), ceil(C/128)])."""
+    _require("fp8_quantize_blocks", (x, 3, "x"))
+    q = torch.empty(x.shape, dtype=FP8_TORCH_DTYPES[out_type], device=x.device)
+    scale = torch.empty(_block_scale_shape(x), dtype=torch.float32, device=x.device)
+    _core.fp8_quantize_blocks(_capsule(x), _bytes(q), _capsule(scale), _core.Fp8Type(out_type), power_of_two,
+                              stream=_stream(x.device))
+    return q, scale
+
+
+@fp8_quantize_blocks_op.register_fake
+def _(x, out_type, power_of_two=False):
+    _require("fp8_quantize_blocks", (x, 3, "x"))
+    return x.new_empty(x.shape, dtype=FP8_TORCH_DTYPES[out_type]), x.new_empty(_block_scale_shape(x),
+                                                                                dtype=torch.float32)
+
+
+def _grouped_shapes(x, num_groups, scaling):
+    m, c = x.shape
+    rows = num_groups if scaling == 0 else contract.fp8_token_block_bound(m, num_groups)
+    return (c, m), (rows, c)
+
+
+@define("fp8_quantize_grouped")
+def fp8_quantize_grouped_op(x: Tensor, group_sizes: Tensor, num_groups: int, out_type: int, scaling: int,
+                            power_of_two: bool = False, group_offset: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x [M, C] -> (q [C, M] float8, scale [G, C] rowwise or [token_block_bound(M, G), C])."""
+    _require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
+    q_shape, scale_shape = _grouped_shapes(x, num_groups, scaling)
+    q = torch.empty(q_shape, dtype=FP8_TORCH_DTYPES[out_type], device=x.device)
+    scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
+    _core.fp8_quantize_grouped(_capsule(x), _bytes(q), _capsule(scale), _capsule(group_sizes), num_groups,
+                               _core.Fp8Type(out_type), _core.Fp8Scaling(scaling), power_of_two,
+                               group_offset=_capsule(group_offset),
+                               workspace=_capsule(_workspace(x.device, _core.Fp8Call.quantize_grouped, scaling,
+                                                             num_groups, x.shape[0], 0, 0)),
+                               stream=_stream(x.device))
+    return q, scale
+
+
+@fp8_quantize_grouped_op.register_fake
+def _(x, group_sizes, num_groups, out_type, scaling, power_of_two=False, group_offset=None):
+    _require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
+    q_shape, scale_shape = _grouped_shapes(x, num_groups, scaling)
+    return x.new_empty(q_shape, dtype=FP8_TORCH_DTYPES[out_type]), x.new_empty(scale_shape, dtype=torch.float32)
+
+
+def _fp8_type(t: Tensor) -> int:
+    return FP8_TORCH_DTYPES.index(t.dtype)
+
+
+def _require_matmul(lhs, rhs, group_sizes, bias):
+    _require("scaled_grouped_mm", (lhs, 2, "lhs"), (rhs, 3, "rhs"), (group_sizes, 1, "group_sizes"), (bias, 2, "bias"))
+
+
+@define("scaled_grouped_mm")
+def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale: Tensor, group_sizes: Tensor,
+                         scaling: int, out_dtype: torch.dtype, bias: Tensor | None = None,
+                         group_offset: Tensor | None = None, group_ends: bool = False) -> Tensor:
+    """out [M, N] = scaled lhs [M, K] @ rhs[g]^T ([G, N, K]) per group (+ bias[g]). group_ends:
+    group_sizes holds cumulative group ends."""
+    _require_matmul(lhs, rhs, group_sizes, bias)
+    (m, k), (g, n, _) = lhs.shape, rhs.shape
+    out = torch.empty((m, n), dtype=out_dtype, device=lhs.device)
+    _core.scaled_grouped_matmul(_bytes(lhs), _bytes(rhs), _capsule(lhs_scale), _capsule(rhs_scale),
+                                _capsule(group_sizes), _capsule(out), _core.Fp8Type(_fp8_type(lhs)),
+                                _core.Fp8Type(_fp8_type(rhs)), _core.Fp8Scaling(scaling), bias=_capsule(bias),
+                                group_offset=_capsule(group_offset), group_ends=group_ends,
+                                workspace=_capsule(_workspace(lhs.device, _core.Fp8Call.matmul, scaling, g, m, k, n)),
+                                stream=_stream(lhs.device))
+    return out
+
+
+@scaled_grouped_mm_op.register_fake
+def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out_dtype, bias=None, group_offset=None,
+      group_ends=False):
+    _require_matmul(lhs, rhs, group_sizes, bias)
+    return lhs.new_empty((lhs.shape[0], rhs.shape[1]), dtype=out_dtype)
+
+
+def _require_wgrad(op, lhs, rhs, group_sizes, num_groups):
+    if num_groups < 0:
+        raise ValueError(f"groupgemm::{op}: num_groups must be non-negative, got {num_groups}")
+    _require(op, (lhs, 2, "lhs"), (rhs, 2, "rhs"), (group_sizes, 1, "group_sizes"))
+
+
+def _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, accumulate, group_ends):
+    g, k, n = out.shape
+    _core.scaled_grouped_matmul_wgrad(
+        _bytes(lhs), _bytes(rhs), _capsule(lhs_scale), _capsule(rhs_scale), _capsule(group_sizes), _capsule(out),
+        _core.Fp8Type(_fp8_type(lhs)), _core.Fp8Type(_fp8_type(rhs)), _core.Fp8Scaling(scaling),
+        group_offset=_capsule(group_offset), accumulate=accumulate, group_ends=group_ends,
+        workspace=_capsule(_workspace(lhs.device, _core.Fp8Call.wgrad, scaling, g, lhs.shape[1], k, n)),
+        stream=_stream(lhs.device))
+
+
+@define("scaled_grouped_mm_wgrad")
+def scaled_grouped_mm_wgrad_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale: Tensor, group_sizes: Tensor,
+                               num_groups: int, scaling: int, out_dtype: torch.dtype,
+                               group_offset: Tensor | None = None, group_ends: bool = False) -> Tensor:
+    """out [G, K, N]: out[g] = scaled lhs[:, rows_g] @ rhs[:, rows_g]^T (lhs [K, M], rhs [N, M])."""
+    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, group_sizes, num_groups)
+    out = torch.empty((num_groups, lhs.shape[0], rhs.shape[0]), dtype=out_dtype, device=lhs.device)
+    _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, False, group_ends)
+    return out
+
+
+@scaled_grouped_mm_wgrad_op.register_fake
+def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, num_groups, scaling, out_dtype, group_offset=None,
+      group_ends=False):
+    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, group_sizes, num_groups)
+    return lhs.new_empty((num_groups, lhs.shape[0], rhs.shape[0]), dtype=out_dtype)
+
+
+# In place, so never differentiable: a torch.library.custom_op, which handles the mutation.
+@torch.library.custom_op("groupgemm::scaled_grouped_mm_wgrad_accumulate", mutates_args=("accumulate_into",))
+def scaled_grouped_mm_wgrad_accumulate_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale: Tensor,
+                                          group_sizes: Tensor, scaling: int, accumulate_into: Tensor,
+                                          group_offset: Tensor | None = None, group_ends: bool = False) -> None:
+    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, group_sizes, 0)
+    _require("scaled_grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
+    _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into, group_offset, True,
+               group_ends)
+
+
+@scaled_grouped_mm_wgrad_accumulate_op.register_fake
+def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into, group_offset=None, group_ends=False):
+    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, group_sizes, 0)
+    return None
+
+
+for _op, _name in ((fp8_quantize_rows_op, "fp8_quantize_rows"), (fp8_quantize_blocks_op, "fp8_quantize_blocks"),
+                   (fp8_quantize_grouped_op, "fp8_quantize_grouped"), (scaled_grouped_mm_op, "scaled_grouped_mm"),
+                   (scaled_grouped_mm_wgrad_op, "scaled_grouped_mm_wgrad")):
+    _no_derivatives(_op, _name)
