@@ -50,7 +50,7 @@ def backward_takes_separate_ops(grad: Tensor) -> bool:
     may be differentiated again (create_graph, a torch.func transform) or are batched
     (gradcheck's vmap over a backward); else from grouped_mm_backward's one call (the same
     bits)."""
-    if torch.is_grad_enabled():
+    if torch._C.is_grad_enabled():
         return True
     # A compiled backward has neither; the checks below are not traceable.
     return not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active()

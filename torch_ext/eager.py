@@ -87,14 +87,12 @@ class _Plan:
                                                 _CORE_DTYPES[self.bias_dtype or input.dtype], *groups)
 
     def _stream_and_workspace(self) -> tuple[int, int]:
-        if not self.cuda:
-            return 0, 0
         stream = device_scratch.stream(self.device)
         return stream, device_scratch.workspace(self.device, self.workspace_bytes, stream).data_ptr()
 
     def forward(self, input, weight, sizes, bias, offset) -> Tensor:
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
-        stream, workspace = self._stream_and_workspace()
+        stream, workspace = self._stream_and_workspace() if self.cuda else (0, 0)
         self.forward_core.run(input.data_ptr(), weight.data_ptr(), sizes.data_ptr(), out.data_ptr(),
                               0 if bias is None else bias.data_ptr(), 0 if offset is None else offset.data_ptr(),
                               workspace, stream)
@@ -116,7 +114,7 @@ class _Plan:
         if needs[3] and self.bias_dtype is not None:
             dbias = torch.empty((self.num_groups, self.out_shape[1]), dtype=self.bias_dtype, device=self.device)
             dbias_at = dbias.data_ptr()
-        stream, workspace = self._stream_and_workspace()
+        stream, workspace = self._stream_and_workspace() if self.cuda else (0, 0)
         self.backward_core.run(input.data_ptr(), weight.data_ptr(), grad.data_ptr(), sizes.data_ptr(),
                                0 if offset is None else offset.data_ptr(), dinput_at, dweight_at, dbias_at,
                                workspace, stream)
@@ -201,7 +199,7 @@ class _EagerGroupedMM(torch.autograd.Function):
             grad = grad.to(input.dtype)
         if not grad.is_contiguous():
             grad = grad.contiguous()
-        plain = takes_eager_path(grad) and not derivatives.backward_takes_separate_ops(grad)
+        plain = not derivatives.backward_takes_separate_ops(grad) and takes_eager_path(grad)
         run = ctx.plan.backward if plain else ctx.plan.ops_backward
         dinput, dweight, dbias = run(grad, input, weight, sizes, offset, ctx.needs_input_grad)
         return dinput, dweight, None, dbias, None, None
