@@ -16,9 +16,8 @@ arguments the core cannot read as they are (an operand to copy or convert). Both
 the same core entry points with the same arguments: the same bits.
 """
 
-from types import SimpleNamespace
-
 import atexit
+from types import SimpleNamespace
 
 import torch
 from torch.autograd import forward_ad
@@ -32,9 +31,7 @@ _PLANS: dict = {}  # call key -> _Plan, or None: calls with this key take the op
 atexit.register(_PLANS.clear)  # the core's plan objects go before the extension module does
 _MAX_PLANS = 4096  # a bound on the memo; a model has a handful of keys per layer
 _CORE_DTYPES = {getattr(torch, name): getattr(_core.DType, name) for name in contract.FLOAT_DTYPES}
-
-
-_PLAIN = (Tensor, torch.nn.Parameter, type(None))
+_PLAIN = (Tensor, torch.nn.Parameter, type(None))  # tensor subclasses take the ops
 
 
 def takes_eager_path(*tensors) -> bool:
