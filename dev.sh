@@ -24,7 +24,7 @@ setup() {
   pip install -q torch==2.13.0
   pip install -q "jax==0.10.2" "jaxlib==0.10.2" "nanobind>=2.4" "scikit-build-core>=0.10" \
     "onednn-cpu-gomp==2023.2.0" "onednn-devel-cpu-gomp==2023.2.0" "scipy-openblas32>=0.3.27" \
-    numpy ml_dtypes pytest hypothesis matplotlib
+    numpy ml_dtypes pytest hypothesis matplotlib "pytest-xdist==3.8.0"
   # The integrations' clients, for their guides and tests, without their dependencies: each
   # would otherwise replace the pinned torch. torchtitan's model code imports the four small
   # pure-Python packages named after it; megatron-core 0.19.2 declares Python >= 3.12 (its
@@ -121,7 +121,8 @@ case "${1:-}" in
     setup
     core_tests
     install_matrix
-    python -m pytest tests -q
+    # One pytest worker per core: the suite is many small independent tests.
+    python -m pytest tests -q -n "$(nproc)"
     oldest_versions_subset
     docs
     ;;

@@ -34,8 +34,16 @@ from jax.interpreters import ad
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import expert_raw
-from groupgemm.jax_ext.primitives import (aval_of, cotangent, define, every_operand_present, is_zero, placeholder,
-                                          sum_terms, zero_tangent)
+from groupgemm.jax_ext.primitives import (
+    aval_of,
+    cotangent,
+    define,
+    every_operand_present,
+    is_zero,
+    placeholder,
+    sum_terms,
+    zero_tangent,
+)
 
 
 def _per_entry(fn, batched):

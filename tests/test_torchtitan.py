@@ -10,13 +10,13 @@ import pytest
 import torch
 from clients import require
 
-require("torchtitan")
-
-from torchtitan.models.common import moe as titan_moe  # noqa: E402
-from torchtitan.models.common.config_utils import make_moe_config, make_routed_experts_config, make_router_config
-
 from groupgemm.integrations import torchtitan as integration
 from groupgemm.integrations.torchtitan import experts_class, grouped_mm, use_groupgemm
+
+titan_moe = require("torchtitan.models.common.moe")
+config_utils = require("torchtitan.models.common.config_utils")
+make_moe_config, make_routed_experts_config, make_router_config = (
+    config_utils.make_moe_config, config_utils.make_routed_experts_config, config_utils.make_router_config)
 
 DIM, HIDDEN, EXPERTS = 16, 32, 4
 

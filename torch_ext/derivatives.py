@@ -18,8 +18,14 @@ dtype once, and every gradient uses it (the JAX frontend does the same).
 
 import torch
 
-from groupgemm.torch_ext.raw import (grouped_bias_grad_op, grouped_mm_backward_op, grouped_mm_op,
-                                    grouped_mm_wgrad_accumulate_op, grouped_mm_wgrad_op, incoming_grad)
+from groupgemm.torch_ext.raw import (
+    grouped_bias_grad_op,
+    grouped_mm_backward_op,
+    grouped_mm_op,
+    grouped_mm_wgrad_accumulate_op,
+    grouped_mm_wgrad_op,
+    incoming_grad,
+)
 
 Tensor = torch.Tensor
 
@@ -50,7 +56,7 @@ def backward_takes_separate_ops(grad: Tensor) -> bool:
     may be differentiated again (create_graph, a torch.func transform) or are batched
     (gradcheck's vmap over a backward); else from grouped_mm_backward's one call (the same
     bits)."""
-    if torch.is_grad_enabled():
+    if torch._C.is_grad_enabled():
         return True
     # A compiled backward has neither; the checks below are not traceable.
     return not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active()

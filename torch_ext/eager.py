@@ -16,9 +16,8 @@ arguments the core cannot read as they are (an operand to copy or convert). Both
 the same core entry points with the same arguments: the same bits.
 """
 
-from types import SimpleNamespace
-
 import atexit
+from types import SimpleNamespace
 
 import torch
 from torch.autograd import forward_ad
@@ -32,9 +31,7 @@ _PLANS: dict = {}  # call key -> _Plan, or None: calls with this key take the op
 atexit.register(_PLANS.clear)  # the core's plan objects go before the extension module does
 _MAX_PLANS = 4096  # a bound on the memo; a model has a handful of keys per layer
 _CORE_DTYPES = {getattr(torch, name): getattr(_core.DType, name) for name in contract.FLOAT_DTYPES}
-
-
-_PLAIN = (Tensor, torch.nn.Parameter, type(None))
+_PLAIN = (Tensor, torch.nn.Parameter, type(None))  # tensor subclasses take the ops
 
 
 def takes_eager_path(*tensors) -> bool:
@@ -87,14 +84,12 @@ class _Plan:
                                                 _CORE_DTYPES[self.bias_dtype or input.dtype], *groups)
 
     def _stream_and_workspace(self) -> tuple[int, int]:
-        if not self.cuda:
-            return 0, 0
         stream = device_scratch.stream(self.device)
         return stream, device_scratch.workspace(self.device, self.workspace_bytes, stream).data_ptr()
 
     def forward(self, input, weight, sizes, bias, offset) -> Tensor:
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
-        stream, workspace = self._stream_and_workspace()
+        stream, workspace = self._stream_and_workspace() if self.cuda else (0, 0)
         self.forward_core.run(input.data_ptr(), weight.data_ptr(), sizes.data_ptr(), out.data_ptr(),
                               0 if bias is None else bias.data_ptr(), 0 if offset is None else offset.data_ptr(),
                               workspace, stream)
@@ -116,7 +111,7 @@ class _Plan:
         if needs[3] and self.bias_dtype is not None:
             dbias = torch.empty((self.num_groups, self.out_shape[1]), dtype=self.bias_dtype, device=self.device)
             dbias_at = dbias.data_ptr()
-        stream, workspace = self._stream_and_workspace()
+        stream, workspace = self._stream_and_workspace() if self.cuda else (0, 0)
         self.backward_core.run(input.data_ptr(), weight.data_ptr(), grad.data_ptr(), sizes.data_ptr(),
                                0 if offset is None else offset.data_ptr(), dinput_at, dweight_at, dbias_at,
                                workspace, stream)
@@ -140,42 +135,50 @@ def _key(input, weight, sizes, bias, offset, transpose, out_dtype, ends):
             transpose, out_dtype, ends)
 
 
-def plan_for(input, weight, sizes, bias, offset, transpose, out_dtype, ends, check):
-    """The memoised plan of this call, or None when it takes the ops. ``check()`` runs the
-    dispatcher path's checks (raising on bad input) and returns (group_sizes, group_offset,
-    out_dtype) as the ops would get them: a call whose operands it converts, or whose
-    layouts need a copy, takes the ops."""
+_MISSING = object()
+
+
+def grouped_mm(input, weight, sizes, bias, offset, transpose, out_dtype, ends, check):
+    """grouped_mm through its memoised plan, or None when the call takes the ops. On a
+    key's first call ``check(input, weight, sizes, bias, offset, transpose, out_dtype,
+    ends)`` runs the ops' checks (raising on bad input) and returns (group_sizes,
+    group_offset, out_dtype) as the ops would get them. One function, so that a plain call
+    pays for few Python frames."""
+    if not takes_eager_path(input, weight, sizes, bias, offset if isinstance(offset, Tensor) else None):
+        return None
     try:
         key = _key(input, weight, sizes, bias, offset, transpose, out_dtype, ends)
-        return _PLANS[key]
-    except KeyError:
-        pass
+        plan = _PLANS.get(key, _MISSING)
     except (TypeError, AttributeError):  # an argument the ops' checks will name
         return None
-    checked_sizes, checked_offset, checked_out_dtype = check()
-    static_offset = offset is not None and not isinstance(offset, Tensor)
-    offset_as_is = offset is None or static_offset or (
-        offset.numel() == 1 and offset.dtype in (torch.int32, torch.int64) and offset.is_contiguous())
-    plan = None
-    if (checked_sizes is sizes and offset_as_is and input.is_contiguous()
-            and (weight.is_contiguous() or (weight.dim() == 3 and weight.mT.is_contiguous()))
-            and (bias is None or bias.is_contiguous()) and input.device.type in ("cpu", "cuda")):
-        offset_read = checked_offset if static_offset else offset  # the tensor the core reads
-        plan = _Plan(input, weight, sizes, bias, offset_read, static_offset, transpose, checked_out_dtype, ends)
-    if len(_PLANS) < _MAX_PLANS:
-        _PLANS[key] = plan
-    return plan
-
-
-def grouped_mm(plan: _Plan, input, weight, sizes, bias, offset) -> Tensor:
-    """Runs a plan: directly when no derivative can be asked for, else through the
-    autograd.Function."""
+    if plan is _MISSING:
+        plan = _new_plan(input, weight, sizes, bias, offset, transpose, out_dtype, ends,
+                         check(input, weight, sizes, bias, offset, transpose, out_dtype, ends))
+        if len(_PLANS) < _MAX_PLANS:
+            _PLANS[key] = plan
+    if plan is None:
+        return None
     if plan.offset is not None:  # made from the call's static offset, part of the key
         offset = plan.offset
     if torch._C.is_grad_enabled() and (input.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
+                                       or (bias is not None and bias.requires_grad)):
         return _apply(input, weight, sizes, bias, offset, plan)
     return plan.forward(input, weight, sizes, bias, offset)
+
+
+def _new_plan(input, weight, sizes, bias, offset, transpose, out_dtype, ends, checked):
+    """The plan of a checked call, or None when the ops must run it: a call whose operands
+    the checks converted, or whose layouts need a copy."""
+    checked_sizes, checked_offset, checked_out_dtype = checked
+    static_offset = offset is not None and not isinstance(offset, Tensor)
+    offset_as_is = offset is None or static_offset or (
+        offset.numel() == 1 and offset.dtype in (torch.int32, torch.int64) and offset.is_contiguous())
+    if not (checked_sizes is sizes and offset_as_is and input.is_contiguous()
+            and (weight.is_contiguous() or (weight.dim() == 3 and weight.mT.is_contiguous()))
+            and (bias is None or bias.is_contiguous()) and input.device.type in ("cpu", "cuda")):
+        return None
+    offset_read = checked_offset if static_offset else offset  # the tensor the core reads
+    return _Plan(input, weight, sizes, bias, offset_read, static_offset, transpose, checked_out_dtype, ends)
 
 
 class _EagerGroupedMM(torch.autograd.Function):
@@ -193,7 +196,7 @@ class _EagerGroupedMM(torch.autograd.Function):
             grad = grad.to(input.dtype)
         if not grad.is_contiguous():
             grad = grad.contiguous()
-        plain = takes_eager_path(grad) and not derivatives.backward_takes_separate_ops(grad)
+        plain = not derivatives.backward_takes_separate_ops(grad) and takes_eager_path(grad)
         run = ctx.plan.backward if plain else ctx.plan.ops_backward
         dinput, dweight, dbias = run(grad, input, weight, sizes, offset, ctx.needs_input_grad)
         return dinput, dweight, None, dbias, None, None

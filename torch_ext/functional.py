@@ -44,27 +44,29 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor | None = None,
     With a 2-D ``weight [K, N]`` the groups split the contraction instead:
     ``out[g] = input[:, K_g] @ weight[K_g, :]``, ``[G, M, N]`` (offs.py).
     """
-    fn = "grouped_mm"
-    contract.sizes_or_ends(fn, group_sizes is not None, offs is not None)
     ends = offs is not None
+    if ends == (group_sizes is not None):
+        contract.sizes_or_ends("grouped_mm", group_sizes is not None, ends)  # raises
     if ends and isinstance(weight, Tensor) and weight.dim() == 2:
         return offs_convention.ragged_contraction(input, weight, offs, bias=bias, transpose_weight=transpose_weight,
-                                                  group_offset=group_offset, out_dtype=out_dtype, fn=fn)
+                                                  group_offset=group_offset, out_dtype=out_dtype, fn="grouped_mm")
     sizes = offs if ends else group_sizes
     transpose = bool(transpose_weight)
-
-    def checked():
-        checked_sizes = offs_convention.row_ends(input, weight, offs, group_offset is not None, fn) if ends else sizes
-        return check_grouped_mm(input, weight, checked_sizes, bias, transpose, group_offset, out_dtype)
-
-    if eager.takes_eager_path(input, weight, sizes, bias, group_offset if isinstance(group_offset, Tensor) else None):
-        plan = eager.plan_for(input, weight, sizes, bias, group_offset, transpose, out_dtype, ends, checked)
-        if plan is not None:
-            return eager.grouped_mm(plan, input, weight, sizes, bias, group_offset)
-    group_sizes, group_offset, out_dtype = checked()
+    out = eager.grouped_mm(input, weight, sizes, bias, group_offset, transpose, out_dtype, ends, _checked)
+    if out is not None:
+        return out
+    group_sizes, group_offset, out_dtype = _checked(input, weight, sizes, bias, group_offset, transpose, out_dtype,
+                                                    ends)
     weight, transpose = eager.readable_weight(weight, transpose)
     return raw.grouped_mm_op(input.contiguous(), weight, group_sizes, None if bias is None else bias.contiguous(),
                              group_offset, transpose, out_dtype, ends)
+
+
+def _checked(input, weight, sizes, bias, group_offset, transpose, out_dtype, ends, fn="grouped_mm"):
+    """grouped_mm's checks, with group sizes or (ends) offs: (group_sizes, group_offset, out_dtype)."""
+    if ends:
+        sizes = offs_convention.row_ends(input, weight, sizes, group_offset is not None, fn)
+    return check_grouped_mm(input, weight, sizes, bias, transpose, group_offset, out_dtype, fn)
 
 
 def _shares_memory(a: Tensor, b: Tensor) -> bool:

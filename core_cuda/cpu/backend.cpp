@@ -81,6 +81,7 @@ double flops(const GemmCall& c) { return static_cast<double>(c.m) * c.n * c.k; }
 // largest first. Each GEMM is threaded only as gemm_threading allows, so its bits are
 // those of a single-threaded run, and so is the result.
 Status run_gemms(const std::vector<GemmCall>& calls) {
+  if (calls.empty()) return Status::Ok();  // every group empty: nothing to plan or thread
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   std::vector<size_t> may_share, alone;
   for (size_t i = 0; i < calls.size(); ++i)
