@@ -14,29 +14,12 @@
 #include "gemm.h"
 #include "groupgemm/problem.h"
 #include "huge_pages.h"
+#include "row_plan.h"
 #include "thread_plan.h"
 
 namespace groupgemm {
 namespace cpu {
 namespace {
-
-// Row ranges of the local groups of one call.
-class RowPlan {
- public:
-  RowPlan(const IndexArray& sizes, const IndexArray& offset, int64_t num_local, int64_t m)
-      : offset_(read_group_offset(offset)),
-        window_(group_window(offset_, num_local, sizes.count)),
-        boundary_(window_.last - window_.first + 1) {
-    window_row_boundaries(sizes, window_, m, boundary_.data());
-  }
-  RowRange group(int64_t local) const { return local_group_rows(boundary_.data(), window_, offset_, local); }
-  RowRange owned() const { return owned_rows(boundary_.data(), window_); }
-
- private:
-  int64_t offset_;
-  GroupWindow window_;
-  std::vector<int64_t> boundary_;
-};
 
 char* at(void* base, int64_t element, DType t) { return static_cast<char*>(base) + element * dtype_size(t); }
 const char* at(const void* base, int64_t element, DType t) {
