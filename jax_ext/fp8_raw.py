@@ -20,20 +20,13 @@ import numpy as np
 from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.jax_ext.partitioning import Layout, partitioned
+from groupgemm.jax_ext.raw import register_targets
 
 FP8_JAX_DTYPES = tuple(jnp.dtype(name) for name in contract.FP8_DTYPES)  # by the core's Fp8Type
 ROWWISE = 0  # the core's Fp8Scaling
 
 
-def _register_targets():
-    platforms = ["cpu"] + (["CUDA"] if _core.cuda_compiled() else [])
-    handlers = _core.fp8_ffi_handlers()
-    for platform in platforms:
-        for name, capsule in handlers[platform].items():
-            jax.ffi.register_ffi_target(name, capsule, platform=platform)
-
-
-_register_targets()
+register_targets(_core.fp8_ffi_handlers())
 
 
 def _workspace(call, scaling, num_groups, m, k, n):

@@ -13,15 +13,16 @@ from groupgemm import _core
 from groupgemm.jax_ext.partitioning import Layout, partitioned
 
 
-def _register_targets():
+def register_targets(handlers):
+    """Registers XLA FFI handler capsules ({platform: {target: capsule}}) with jax, for the
+    platforms this build has."""
     platforms = ["cpu"] + (["CUDA"] if _core.cuda_compiled() else [])
-    handlers = _core.ffi_handlers()
     for platform in platforms:
         for name, capsule in handlers[platform].items():
             jax.ffi.register_ffi_target(name, capsule, platform=platform)
 
 
-_register_targets()
+register_targets(_core.ffi_handlers())
 
 
 # jax releases before varying-axis types (0.5, 0.6) have neither of these; there a

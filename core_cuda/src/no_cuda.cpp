@@ -1,5 +1,6 @@
 // The CUDA backend's entry points in a build without nvcc: each reports that clearly.
 #include "backends.h"
+#include "fp8_backends.h"
 
 namespace groupgemm {
 namespace cuda {
@@ -23,6 +24,12 @@ Status softmax_topk(const SoftmaxTopkArgs&, const ExecContext&) { return not_bui
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs&, const ExecContext&) { return not_built(); }
 Status softmax_topk_tangent(const SoftmaxTopkTangentArgs&, const ExecContext&) { return not_built(); }
 CaptureRecord capture_record() { return {}; }
+Status quantize_rows(const QuantizeRowsArgs&, const ExecContext&) { return not_built(); }
+Status quantize_blocks(const QuantizeBlocksArgs&, const ExecContext&) { return not_built(); }
+Status quantize_grouped(const QuantizeGroupedArgs&, const ExecContext&) { return not_built(); }
+Status scaled_grouped_matmul(const ScaledMatmulArgs&, const ExecContext&) { return not_built(); }
+Status scaled_grouped_matmul_wgrad(const ScaledWgradArgs&, const ExecContext&) { return not_built(); }
+int64_t fp8_kernel_workspace_bytes(int) { return 0; }
 
 }  // namespace cuda
 }  // namespace groupgemm
