@@ -6,8 +6,6 @@ groupgemm release that traced them. Exporting therefore names them in ``disabled
 and the artifact runs only where the same groupgemm is imported (which registers them).
 """
 
-from jax import export
-
 from groupgemm import _core
 
 
@@ -19,6 +17,9 @@ def export_disabled_checks() -> list:
     (importing it registers the targets, for the CPU and, when compiled, for CUDA);
     elsewhere XLA fails to find the custom call targets.
     """
+    # Imported here: jax.export needs absl-py, which jax itself does not require.
+    from jax import export
+
     names = set()
     for targets in _core.ffi_handlers().values():
         names.update(targets)
