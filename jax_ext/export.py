@@ -21,6 +21,7 @@ def export_disabled_checks() -> list:
     from jax import export
 
     names = set()
-    for targets in _core.ffi_handlers().values():
-        names.update(targets)
+    for handlers in (_core.ffi_handlers(), _core.fp8_ffi_handlers()):  # {platform: {target: capsule}}
+        for targets in handlers.values():
+            names.update(targets)
     return [export.DisabledSafetyCheck.custom_call(name) for name in sorted(names)]

@@ -9,6 +9,7 @@ import jax_frontend
 import numpy as np
 import pytest
 import reference as ref
+from bits import assert_same_bits
 from cases import CASES, case, inputs
 
 import groupgemm.jax as gj
@@ -219,3 +220,28 @@ def test_hessian_jacfwd_and_linear_transpose_keep_exact_zeros():
         (dlhs,) = transpose(jnp.ones((c.m, 2)))
         np.testing.assert_allclose(np.asarray(dlhs), np.asarray(jax.grad(
             lambda l: gj.grouped_matmul(l, rhs, sizes).sum())(lhs)), rtol=1e-12)
+
+
+def test_export_with_disabled_checks_round_trips_the_bfloat16_and_fp8_calls_bitwise():
+    # export_disabled_checks names every registered target, the FP8 ones too: without one
+    # of them jax.export refuses the function. The deserialized artifact gives the bits of
+    # the direct call.
+    from jax import export
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((10, 128)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((3, 128, 256)), jnp.bfloat16)  # [G, K, N], then [G, N, K]
+    sizes = jnp.array([4, 0, 5], jnp.int32)
+
+    def layer(x, w, sizes):
+        h = gj.grouped_matmul(x, w, sizes)  # [M, 256]
+        q, scale = gj.quantize_fp8(h, "rowwise")
+        wq, wscale = gj.quantize_fp8(w.reshape(3 * 128, 256), "rowwise")  # w read as [G, N, K]
+        return gj.scaled_grouped_matmul(q, wq.reshape(3, 128, 256), sizes, scale, wscale.reshape(3, 128),
+                                        recipe="rowwise")
+
+    exported = export.export(jax.jit(layer), disabled_checks=gj.export_disabled_checks())(x, w, sizes)
+    restored = export.deserialize(exported.serialize())
+    assert_same_bits(np.asarray(restored.call(x, w, sizes)), np.asarray(jax.jit(layer)(x, w, sizes)), "exported")
+    with pytest.raises(ValueError, match="custom calls"):
+        export.export(jax.jit(layer))(x, w, sizes)

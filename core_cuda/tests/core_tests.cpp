@@ -16,6 +16,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -1319,6 +1320,41 @@ void test_router_nan_is_masked() {
   }
 }
 
+// The backward and the tangent take their indices from the caller: an index outside
+// [0, E) is a dropped slot, exactly as -1 is, and nothing reads past the row. The logits
+// and their tangents sit in longer buffers with a tail of 3 and NaN, so a read past E
+// would change the results.
+void test_router_out_of_range_index_is_dropped() {
+  g_case = "router_out_of_range_index_is_dropped";
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float row[] = {0.5f, 1.5f, 2.0f, -1.0f, 3.0f, 3.0f, 3.0f, 3.0f};
+  const float dprobs[] = {0.3f, -0.7f, 1.1f}, tlogits[] = {0.2f, 0.4f, -0.6f, 1.0f, nan, nan, nan, nan};
+  auto logit = [&](int64_t e) { return row[e]; };
+  for (bool renormalize : {true, false})
+    for (int32_t bad : {4, 7, INT32_MAX, -5}) {
+      const int32_t given[3] = {2, bad, 0}, dropped[3] = {2, -1, 0};
+      float dl_a[4], dl_b[4], tp_a[3], tp_b[3];
+      for (auto [idx, dl, tp] : {std::tuple{given, dl_a, tp_a}, std::tuple{dropped, dl_b, tp_b}}) {
+        softmax_topk_backward_row<float>(
+            logit, 4, 3, renormalize, idx, [&](int64_t j) { return dprobs[j]; },
+            [&, dl = dl](int64_t e, float v) { dl[e] = v; });
+        softmax_topk_tangent_row<float>(
+            logit, 4, 3, renormalize, idx, [&](int64_t e) { return tlogits[e]; }, tp);
+      }
+      CHECK(std::memcmp(dl_a, dl_b, sizeof dl_a) == 0 && std::memcmp(tp_a, tp_b, sizeof tp_a) == 0);
+      CHECK(all_zero_bytes(&tp_a[1], sizeof(float)));
+      for (float v : dl_a) CHECK(std::isfinite(v));
+      // A row whose first slot is out of range is dropped whole: every gradient +0.0.
+      const int32_t first_bad[3] = {bad, 1, 0};
+      softmax_topk_backward_row<float>(
+          logit, 4, 3, renormalize, first_bad, [&](int64_t j) { return dprobs[j]; },
+          [&](int64_t e, float v) { dl_a[e] = v; });
+      softmax_topk_tangent_row<float>(
+          logit, 4, 3, renormalize, first_bad, [&](int64_t e) { return tlogits[e]; }, tp_a);
+      CHECK(all_zero_bytes(dl_a, sizeof dl_a) && all_zero_bytes(tp_a, sizeof tp_a));
+    }
+}
+
 // Each activation and its derivative, independently of activation.h.
 double ref_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 double ref_phi_cdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
@@ -1584,6 +1620,7 @@ int main() {
   test_unpermute_exact();
   test_unpermute_backward_bits_on_any_thread_count();
   test_router_nan_is_masked();
+  test_router_out_of_range_index_is_dropped();
   test_activation_derivatives();
   test_moe_errors();
   std::printf("%d passed, %d failed\n", passed, failed);

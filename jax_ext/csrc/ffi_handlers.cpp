@@ -3,7 +3,8 @@
 // Each op has a CPU handler and a CUDA handler. The CUDA one receives XLA's stream
 // through PlatformStream<void*> (so no CUDA header is needed here) and is declared
 // command-buffer compatible: it reads group sizes on the device and allocates nothing.
-// The shapes were validated in Python at trace time; the core re-checks them.
+// The shapes were validated in Python at trace time; each handler checks its buffers
+// against the sizes it hands the core (ffi_args.h), which gets pointers only.
 #include <nanobind/nanobind.h>
 
 #include <optional>
@@ -36,8 +37,13 @@ ffi::Error matmul(Device device, void* stream, ffi::AnyBuffer lhs, ffi::AnyBuffe
   if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
     return dtype_error("group_sizes/group_offset");
   const auto ld = lhs.dimensions(), rd = rhs.dimensions();
-  if (ld.size() != 2 || rd.size() != 3) return ffi::Error::InvalidArgument("groupgemm: bad operand rank");
+  if (ld.size() != 2 || rd.size() != 3) return invalid("bad operand rank");
   a.m = ld[0], a.k = ld[1], a.num_groups = rd[0], a.n = transpose_rhs ? rd[1] : rd[2];
+  if ((transpose_rhs ? rd[2] : rd[1]) != a.k || rhs.element_type() != lhs.element_type())
+    return shape_error("rhs");
+  if (!shape_is(*out, {a.m, a.n})) return shape_error("out");
+  if (has_bias && (!shape_is(bias, {a.num_groups, a.n}) || bias.element_type() != lhs.element_type()))
+    return invalid("bias must be [G, N] in lhs's dtype");
   a.lhs = lhs.untyped_data(), a.rhs = rhs.untyped_data(), a.out = out->untyped_data();
   a.bias = has_bias ? bias.untyped_data() : nullptr;
   a.transpose_rhs = transpose_rhs;
@@ -54,8 +60,10 @@ ffi::Error wgrad(Device device, void* stream, ffi::AnyBuffer lhs, ffi::AnyBuffer
   if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
     return dtype_error("group_sizes/group_offset");
   const auto ld = lhs.dimensions(), od = out->dimensions();
-  if (ld.size() != 2 || od.size() != 3) return ffi::Error::InvalidArgument("groupgemm: bad operand rank");
+  if (ld.size() != 2 || od.size() != 3) return invalid("bad operand rank");
   a.m = ld[0], a.k = ld[1], a.num_groups = od[0], a.n = od[2];
+  if (od[1] != a.k) return shape_error("out");
+  if (!shape_is(grad, {a.m, a.n}) || grad.element_type() != lhs.element_type()) return shape_error("grad");
   a.lhs = lhs.untyped_data(), a.grad = grad.untyped_data(), a.out = out->untyped_data();
   a.accumulate = accumulate;
   // acc is aliased to out (input_output_aliases): XLA reuses a donated buffer or copies
@@ -73,8 +81,9 @@ ffi::Error bias_grad(Device device, void* stream, ffi::AnyBuffer grad, ffi::AnyB
   if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
     return dtype_error("group_sizes/group_offset");
   const auto gd = grad.dimensions(), od = out->dimensions();
-  if (gd.size() != 2 || od.size() != 2) return ffi::Error::InvalidArgument("groupgemm: bad operand rank");
+  if (gd.size() != 2 || od.size() != 2) return invalid("bad operand rank");
   a.m = gd[0], a.n = gd[1], a.num_groups = od[0];
+  if (od[1] != a.n) return shape_error("out");
   a.grad = grad.untyped_data(), a.out = out->untyped_data();
   return to_ffi(grouped_bias_grad(a, context(device, stream, &*workspace)));
 }
@@ -93,8 +102,15 @@ ffi::Error matmul_backward(Device device, void* stream, ffi::AnyBuffer lhs, ffi:
   if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
     return dtype_error("group_sizes/group_offset");
   const auto ld = lhs.dimensions(), rd = rhs.dimensions();
-  if (ld.size() != 2 || rd.size() != 3) return ffi::Error::InvalidArgument("groupgemm: bad operand rank");
+  if (ld.size() != 2 || rd.size() != 3) return invalid("bad operand rank");
   a.m = ld[0], a.k = ld[1], a.num_groups = rd[0], a.n = transpose_rhs ? rd[1] : rd[2];
+  if ((transpose_rhs ? rd[2] : rd[1]) != a.k || rhs.element_type() != lhs.element_type())
+    return shape_error("rhs");
+  if (!shape_is(grad, {a.m, a.n}) || grad.element_type() != lhs.element_type()) return shape_error("grad");
+  if (want_dlhs && (!shape_is(*dlhs, {a.m, a.k}) || dlhs->element_type() != lhs.element_type()))
+    return shape_error("dlhs");
+  if (want_drhs && !shape_is(*drhs, {rd[0], rd[1], rd[2]})) return shape_error("drhs");
+  if (want_dbias && !shape_is(*dbias, {a.num_groups, a.n})) return shape_error("dbias");
   a.lhs = lhs.untyped_data(), a.rhs = rhs.untyped_data(), a.grad = grad.untyped_data();
   a.dlhs = want_dlhs ? dlhs->untyped_data() : nullptr;
   a.drhs = want_drhs ? drhs->untyped_data() : nullptr;

@@ -11,6 +11,7 @@
 
 #include "ffi_args.h"
 #include "groupgemm/fp8.h"
+#include "groupgemm/fp8_blocks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -35,17 +36,6 @@ bool scale_buffer(const ffi::AnyBuffer& b, const float** out) {
   return true;
 }
 
-ffi::Error invalid(const char* what) {
-  return ffi::Error::InvalidArgument(std::string("groupgemm: ") + what);
-}
-
-// The context of a call without a workspace.
-ExecContext plain_context(Device device, void* stream) {
-  ExecContext ctx;
-  ctx.device = device, ctx.stream = stream;
-  return ctx;
-}
-
 ffi::Error quantize_rows_ffi(Device device, void* stream, Buf x, Out q, Out scale, int32_t scaling,
                              bool power_of_two) {
   QuantizeRowsArgs a;
@@ -54,6 +44,8 @@ ffi::Error quantize_rows_ffi(Device device, void* stream, Buf x, Out q, Out scal
   if (x.dimensions().size() != 2) return invalid("x must be 2-D");
   a.rows = x.dimensions()[0], a.cols = x.dimensions()[1];
   a.out_type = *out_type, a.scaling = static_cast<Fp8Scaling>(scaling), a.power_of_two = power_of_two;
+  if (!shape_is(*q, {a.rows, a.cols})) return shape_error("q");
+  if (!count_is(*scale, row_scale_count(a.scaling, a.rows, a.cols))) return shape_error("scale");
   a.x = x.untyped_data(), a.q = q->untyped_data(), a.scale = static_cast<float*>(scale->untyped_data());
   return to_ffi(groupgemm::quantize_rows(a, plain_context(device, stream)));
 }
@@ -65,6 +57,8 @@ ffi::Error quantize_blocks_ffi(Device device, void* stream, Buf x, Out q, Out sc
   if (x.dimensions().size() != 3) return invalid("x must be 3-D");
   a.batch = x.dimensions()[0], a.rows = x.dimensions()[1], a.cols = x.dimensions()[2];
   a.out_type = *out_type, a.power_of_two = power_of_two;
+  if (!shape_is(*q, {a.batch, a.rows, a.cols})) return shape_error("q");
+  if (!count_is(*scale, block_scale_count(a.batch, a.rows, a.cols))) return shape_error("scale");
   a.x = x.untyped_data(), a.q = q->untyped_data(), a.scale = static_cast<float*>(scale->untyped_data());
   return to_ffi(groupgemm::quantize_blocks(a, plain_context(device, stream)));
 }
@@ -78,8 +72,11 @@ ffi::Error quantize_grouped_ffi(Device device, void* stream, Buf x, Buf group_si
   if (!index_array(group_sizes, &a.group_sizes) || !index_array(group_offset, &a.group_offset))
     return dtype_error("group_sizes/group_offset");
   if (x.dimensions().size() != 2) return invalid("x must be 2-D");
+  if (num_groups < 0) return invalid("num_groups must be non-negative");
   a.m = x.dimensions()[0], a.cols = x.dimensions()[1], a.num_groups = num_groups;
   a.out_type = *out_type, a.scaling = static_cast<Fp8Scaling>(scaling), a.power_of_two = power_of_two;
+  if (!shape_is(*q, {a.m, a.cols})) return shape_error("q");
+  if (!count_is(*scale, token_scale_rows(a.scaling, a.m, num_groups) * a.cols)) return shape_error("scale");
   a.x = x.untyped_data(), a.q = q->untyped_data(), a.scale = static_cast<float*>(scale->untyped_data());
   return to_ffi(groupgemm::quantize_grouped(a, context(device, stream, &*workspace)));
 }
@@ -98,6 +95,12 @@ ffi::Error scaled_matmul_ffi(Device device, void* stream, Buf lhs, Buf rhs, Buf 
   if (ld.size() != 2 || rd.size() != 3) return invalid("bad operand rank");
   a.m = ld[0], a.k = ld[1], a.num_groups = rd[0], a.n = rd[1];
   a.lhs_type = *lhs_type, a.rhs_type = *rhs_type, a.scaling = static_cast<Fp8Scaling>(scaling);
+  if (rd[2] != a.k) return shape_error("rhs");
+  if (!shape_is(*out, {a.m, a.n})) return shape_error("out");
+  if (!count_is(lhs_scale, row_scale_count(a.scaling, a.m, a.k))) return shape_error("lhs_scale");
+  if (!count_is(rhs_scale, weight_scale_count(a.scaling, a.num_groups, a.n, a.k))) return shape_error("rhs_scale");
+  if (has_bias && (!shape_is(bias, {a.num_groups, a.n}) || bias.element_type() != out->element_type()))
+    return invalid("bias must be [G, N] in the output's dtype");
   a.lhs = lhs.untyped_data(), a.rhs = rhs.untyped_data(), a.out = out->untyped_data();
   a.bias = has_bias ? bias.untyped_data() : nullptr;
   return to_ffi(groupgemm::scaled_grouped_matmul(a, context(device, stream, &*workspace)));
@@ -119,6 +122,11 @@ ffi::Error scaled_wgrad_ffi(Device device, void* stream, Buf lhs, Buf rhs, Buf l
   if (ld.size() != 2 || rd.size() != 2 || od.size() != 3) return invalid("bad operand rank");
   a.k = ld[0], a.m = ld[1], a.n = rd[0], a.num_groups = od[0];
   a.lhs_type = *lhs_type, a.rhs_type = *rhs_type, a.scaling = static_cast<Fp8Scaling>(scaling);
+  if (rd[1] != a.m) return shape_error("rhs");
+  if (!shape_is(*out, {a.num_groups, a.k, a.n})) return shape_error("out");
+  const int64_t scale_rows = token_scale_rows(a.scaling, a.m, a.num_groups);
+  if (!count_is(lhs_scale, scale_rows * a.k)) return shape_error("lhs_scale");
+  if (!count_is(rhs_scale, scale_rows * a.n)) return shape_error("rhs_scale");
   a.accumulate = accumulate;
   a.lhs = lhs.untyped_data(), a.rhs = rhs.untyped_data(), a.out = out->untyped_data();
   return to_ffi(groupgemm::scaled_grouped_matmul_wgrad(a, context(device, stream, &*workspace)));

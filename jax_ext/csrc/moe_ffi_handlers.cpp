@@ -26,29 +26,7 @@ using namespace ffi_args;
 using Buf = ffi::AnyBuffer;
 using Out = ffi::Result<ffi::AnyBuffer>;
 
-ffi::Error invalid(const std::string& message) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "groupgemm: " + message);
-}
-
-// A buffer's shape against the expected one, naming the operand.
-bool shape_is(const Buf& b, std::initializer_list<int64_t> want) {
-  const auto d = b.dimensions();
-  if (d.size() != want.size()) return false;
-  size_t i = 0;
-  for (int64_t w : want)
-    if (d[i++] != w) return false;
-  return true;
-}
-
-ffi::Error shape_error(const char* name) { return invalid(std::string(name) + " has an unexpected shape"); }
-
 bool is_int32(const Buf& b) { return b.element_type() == ffi::DataType::S32; }
-
-ExecContext plain_context(Device device, void* stream) {
-  ExecContext ctx;
-  ctx.device = device, ctx.stream = stream;
-  return ctx;
-}
 
 // permute: (tokens [T, H], expert_indices [T, k]) -> (permuted [T*k, H], group_sizes [E],
 // row_map [T, k], workspace: permute_workspace_bytes(...) bytes, empty on CPU).

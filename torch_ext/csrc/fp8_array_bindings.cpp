@@ -30,22 +30,19 @@ const void* fp8_bytes(const Array& a, const char* name) {
   return a.data();
 }
 
-float* scale_array(const Array& a, const char* name, int64_t want) {
-  const nb::dlpack::dtype t = a.dtype();
-  if (t.lanes != 1 || t.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Float) || t.bits != 32)
-    throw nb::type_error((std::string(name) + " must be float32").c_str());
-  if (static_cast<int64_t>(a.size()) != want)
-    throw nb::value_error((std::string(name) + " has " + std::to_string(a.size()) + " elements, expected " +
-                           std::to_string(want))
-                              .c_str());
-  return static_cast<float*>(a.data());
-}
-
 void expect_size(const Array& a, int64_t want, const char* name) {
   if (static_cast<int64_t>(a.size()) != want)
     throw nb::value_error((std::string(name) + " has " + std::to_string(a.size()) + " elements, expected " +
                            std::to_string(want))
                               .c_str());
+}
+
+float* scale_array(const Array& a, const char* name, int64_t want) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.lanes != 1 || t.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Float) || t.bits != 32)
+    throw nb::type_error((std::string(name) + " must be float32").c_str());
+  expect_size(a, want, name);
+  return static_cast<float*>(a.data());
 }
 
 void quantize_rows_array(Array x, Array q, Array scale, Fp8Type out_type, Fp8Scaling scaling,
@@ -58,8 +55,7 @@ void quantize_rows_array(Array x, Array q, Array scale, Fp8Type out_type, Fp8Sca
   a.in_dtype = float_dtype(x, "x"), a.out_type = out_type, a.scaling = scaling, a.power_of_two = power_of_two;
   expect_size(q, a.rows * a.cols, "q");
   a.x = x.data(), a.q = const_cast<void*>(fp8_bytes(q, "q"));
-  a.scale =
-      scale_array(scale, "scale", scaling == Fp8Scaling::rowwise ? a.rows : a.rows * fp8_blocks(a.cols));
+  a.scale = scale_array(scale, "scale", row_scale_count(scaling, a.rows, a.cols));
   run_core(quantize_rows, a, devices.context());
 }
 
@@ -73,7 +69,7 @@ void quantize_blocks_array(Array x, Array q, Array scale, Fp8Type out_type, bool
   a.in_dtype = float_dtype(x, "x"), a.out_type = out_type, a.power_of_two = power_of_two;
   expect_size(q, a.batch * a.rows * a.cols, "q");
   a.x = x.data(), a.q = const_cast<void*>(fp8_bytes(q, "q"));
-  a.scale = scale_array(scale, "scale", a.batch * fp8_blocks(a.rows) * fp8_blocks(a.cols));
+  a.scale = scale_array(scale, "scale", block_scale_count(a.batch, a.rows, a.cols));
   run_core(quantize_blocks, a, devices.context());
 }
 
@@ -117,11 +113,8 @@ void scaled_grouped_matmul_array(Array lhs, Array rhs, Array lhs_scale, Array rh
   expect_dim(rhs, 2, a.k, "rhs"), expect_dim(out, 0, a.m, "out"), expect_dim(out, 1, a.n, "out");
   a.lhs_type = lhs_type, a.rhs_type = rhs_type, a.scaling = scaling, a.out_dtype = float_dtype(out, "out");
   a.lhs = fp8_bytes(lhs, "lhs"), a.rhs = fp8_bytes(rhs, "rhs"), a.out = out.data();
-  const bool rowwise = scaling == Fp8Scaling::rowwise;
-  const int64_t kb = fp8_blocks(a.k);
-  a.lhs_scale = scale_array(lhs_scale, "lhs_scale", rowwise ? a.m : a.m * kb);
-  a.rhs_scale =
-      scale_array(rhs_scale, "rhs_scale", rowwise ? a.num_groups * a.n : a.num_groups * fp8_blocks(a.n) * kb);
+  a.lhs_scale = scale_array(lhs_scale, "lhs_scale", row_scale_count(scaling, a.m, a.k));
+  a.rhs_scale = scale_array(rhs_scale, "rhs_scale", weight_scale_count(scaling, a.num_groups, a.n, a.k));
   if (bias) {
     devices.add(*bias, "bias");
     expect_rank(*bias, 2, "bias"), expect_dim(*bias, 0, a.num_groups, "bias"),

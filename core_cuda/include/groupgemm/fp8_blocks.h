@@ -47,4 +47,21 @@ GG_HD int64_t rhs_scale_index(Fp8Scaling scaling, int64_t g, int64_t col, int64_
   return scaling == Fp8Scaling::rowwise ? g * n + col : (g * fp8_blocks(n) + col / kFp8Block) * kb_count + kb;
 }
 
+// The scale arrays' element counts, which both frameworks' bindings check (the core gets
+// pointers only):
+//  - a token-major operand of rows x cols quantized along cols (the forward's lhs, the
+//    rows quantization): rowwise one per row, blockwise one per row and 128 columns;
+//  - a weight [G, n, k] (the forward's rhs): rowwise one per output column, blockwise one
+//    per 128 x 128 block;
+//  - a 3-D blocks quantization of batch x rows x cols: one per 128 x 128 block.
+GG_HD int64_t row_scale_count(Fp8Scaling scaling, int64_t rows, int64_t cols) {
+  return scaling == Fp8Scaling::rowwise ? rows : rows * fp8_blocks(cols);
+}
+GG_HD int64_t weight_scale_count(Fp8Scaling scaling, int64_t num_groups, int64_t n, int64_t k) {
+  return scaling == Fp8Scaling::rowwise ? num_groups * n : num_groups * fp8_blocks(n) * fp8_blocks(k);
+}
+GG_HD int64_t block_scale_count(int64_t batch, int64_t rows, int64_t cols) {
+  return batch * fp8_blocks(rows) * fp8_blocks(cols);
+}
+
 }  // namespace groupgemm

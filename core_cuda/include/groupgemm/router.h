@@ -44,6 +44,11 @@ GG_HD RouterLogits<Logit> router_logits(const Logit& logit) {
   return {logit};
 }
 
+// Whether slot index i names an expert. The backward and the tangent take the indices from
+// their caller: one outside [0, E) counts as a dropped slot, as permute takes it, so no
+// index reads past a row of logits.
+GG_HD bool is_choice(int32_t i, int64_t experts) { return i >= 0 && i < experts; }
+
 // The order of choices: x at expert e comes before y at expert f.
 template <typename A>
 GG_HD bool chosen_before(A x, int64_t e, A y, int64_t f) {
@@ -78,7 +83,7 @@ GG_HD A softmax_denominator(const Logit& logit, int64_t experts, int64_t k, cons
   A sum = A(0);
   if (renormalize) {
     for (int64_t j = 0; j < k; ++j)
-      if (indices[j] >= 0) sum += exp_of(logit(indices[j]) - max);
+      if (is_choice(indices[j], experts)) sum += exp_of(logit(indices[j]) - max);
   } else {
     for (int64_t e = 0; e < experts; ++e) sum += exp_of(logit(e) - max);
   }
@@ -97,7 +102,8 @@ GG_HD void softmax_topk_row(const RawLogit& raw_logit, int64_t experts, int64_t 
   }
   const A max = logit(indices[0]);
   const A sum = softmax_denominator(logit, experts, k, indices, renormalize, max);
-  for (int64_t j = 0; j < k; ++j) probs[j] = indices[j] < 0 ? A(0) : exp_of(logit(indices[j]) - max) / sum;
+  for (int64_t j = 0; j < k; ++j)
+    probs[j] = is_choice(indices[j], experts) ? exp_of(logit(indices[j]) - max) / sum : A(0);
 }
 
 // One token's backward: dlogits[e] for every e, through `write(e, value)`, from the
@@ -109,7 +115,7 @@ GG_HD void softmax_topk_row(const RawLogit& raw_logit, int64_t experts, int64_t 
 template <typename A, typename RawLogit, typename DProb, typename Write>
 GG_HD void softmax_topk_backward_row(const RawLogit& raw_logit, int64_t experts, int64_t k, bool renormalize,
                                      const int32_t* indices, const DProb& dprob, const Write& write) {
-  if (k == 0 || indices[0] < 0) {
+  if (k == 0 || !is_choice(indices[0], experts)) {
     for (int64_t e = 0; e < experts; ++e) write(e, A(0));
     return;
   }
@@ -118,7 +124,7 @@ GG_HD void softmax_topk_backward_row(const RawLogit& raw_logit, int64_t experts,
   const A sum = softmax_denominator(logit, experts, k, indices, renormalize, max);
   A s = A(0);
   for (int64_t j = 0; j < k; ++j)
-    if (indices[j] >= 0) s += dprob(j) * (exp_of(logit(indices[j]) - max) / sum);
+    if (is_choice(indices[j], experts)) s += dprob(j) * (exp_of(logit(indices[j]) - max) / sum);
   for (int64_t e = 0; e < experts; ++e) {
     int64_t slot = -1;
     for (int64_t j = 0; j < k; ++j)
@@ -141,7 +147,7 @@ GG_HD void softmax_topk_backward_row(const RawLogit& raw_logit, int64_t experts,
 template <typename A, typename RawLogit, typename TLogit>
 GG_HD void softmax_topk_tangent_row(const RawLogit& raw_logit, int64_t experts, int64_t k, bool renormalize,
                                     const int32_t* indices, const TLogit& tlogit, A* tprobs) {
-  if (k == 0 || indices[0] < 0) {
+  if (k == 0 || !is_choice(indices[0], experts)) {
     for (int64_t j = 0; j < k; ++j) tprobs[j] = A(0);
     return;
   }
@@ -151,13 +157,14 @@ GG_HD void softmax_topk_tangent_row(const RawLogit& raw_logit, int64_t experts, 
   A mean = A(0);
   if (renormalize) {
     for (int64_t j = 0; j < k; ++j)
-      if (indices[j] >= 0) mean += tlogit(indices[j]) * (exp_of(logit(indices[j]) - max) / sum);
+      if (is_choice(indices[j], experts)) mean += tlogit(indices[j]) * (exp_of(logit(indices[j]) - max) / sum);
   } else {
     for (int64_t e = 0; e < experts; ++e)
       if (choosable(logit(e))) mean += tlogit(e) * (exp_of(logit(e) - max) / sum);
   }
   for (int64_t j = 0; j < k; ++j)
-    tprobs[j] = indices[j] < 0 ? A(0) : (exp_of(logit(indices[j]) - max) / sum) * (tlogit(indices[j]) - mean);
+    tprobs[j] = is_choice(indices[j], experts) ? (exp_of(logit(indices[j]) - max) / sum) * (tlogit(indices[j]) - mean)
+                                               : A(0);
 }
 
 }  // namespace groupgemm
