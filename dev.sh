@@ -7,9 +7,9 @@
 #   ./dev.sh docs   set everything up, then build the documentation (docs/_build/html), warnings as errors
 #   ./dev.sh setup  only set up: .venv, pinned dependencies, editable build
 #   ./dev.sh gpu-wheels [DIR]  download the wheels a GPU machine without network needs (into
-#                   .gpu-wheels/, git-ignored: carry it along with the working tree)
+#                   .gpu-wheels/, git-ignored: copy it along with the working tree)
 #   ./dev.sh gpu [--wheels DIR] [--out DIR] [--quick] [--dry-run]  on a machine with an NVIDIA
-#                   GPU, with its own python3 (torch, jax[cuda]): build against the carried wheels,
+#                   GPU, with its own python3 (torch, jax[cuda]): build against the copied wheels,
 #                   then CUDA tests, compute-sanitizer, graph capture, benchmark (benchmarks/gpu/)
 set -euo pipefail
 cd "$(dirname "$0")"

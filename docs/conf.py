@@ -1,8 +1,9 @@
 """Sphinx configuration of groupgemm's documentation (``./dev.sh docs``).
 
 Sphinx with MyST Markdown, the pair JAX's and PyTorch's own documentation is built with:
-autodoc and autosummary render the API reference from the docstrings the code carries (so
-the reference cannot drift from the code), and MyST keeps every page in Markdown, as the
+autodoc renders the API reference from the docstrings the code carries (so the reference
+cannot drift from the code; api.md lists each name itself, and tests/test_docs.py checks
+that list is complete), and MyST keeps every page in Markdown, as the
 README is. The theme is alabaster, Sphinx's default: one small pure-Python wheel.
 ``-W`` turns every warning (a broken cross-reference, a page outside the toctree, a
 docstring that does not parse) into an error; ``./dev.sh test`` builds that way.
@@ -10,12 +11,11 @@ docstring that does not parse) into an error; ``./dev.sh test`` builds that way.
 
 project = "groupgemm"
 copyright = "groupgemm authors"  # noqa: A001 - Sphinx's name for it
-extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) links
 myst_enable_extensions = ["colon_fence"]
-autosummary_generate = False  # api.md lists each name itself: the completeness test reads that list
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 napoleon_google_docstring = True

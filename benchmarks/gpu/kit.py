@@ -5,7 +5,7 @@ NVIDIA GPU and no network, and leaves a few result files behind.
 
 It runs under the machine's own python3 (which brings torch, jax with its CUDA plugin,
 nanobind, scikit-build-core, cmake, ninja, pytest), never installs torch or jax, and:
-  setup: installs the carried wheels (./dev.sh gpu-wheels) into a scratch prefix and
+  setup: installs the copied wheels (./dev.sh gpu-wheels) into a scratch prefix and
          builds groupgemm there for the local GPU's architecture;
   1. environment   2. pytest   3. sanitizer   4. capture   5. bench   6. profile
   (see steps.py)
@@ -51,7 +51,7 @@ def parse_args(argv):
         description="Check groupgemm's CUDA backend on this machine's GPU, offline.",
         epilog="steps: " + "; ".join(f"{name}: {steps.PURPOSE[name]}" for name in steps.STEPS))
     p.add_argument("--wheels",
-                   help=f"folder of the carried wheels, from ./dev.sh gpu-wheels (default {wheels.DEFAULT_DEST})")
+                   help=f"the wheels folder, from ./dev.sh gpu-wheels (default {wheels.DEFAULT_DEST})")
     p.add_argument("--out", help=f"folder for the log, summary and benchmark files, at most 8 (default {DEFAULT_OUT})")
     p.add_argument("--scratch", help=f"folder for the prefix, the build and kept verdicts (default {DEFAULT_SCRATCH})")
     p.add_argument("--quick", action="store_true",

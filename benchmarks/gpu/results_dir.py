@@ -1,5 +1,5 @@
-"""What the kit leaves in its results folder, and the budget it keeps there: a few files
-that a person (or a machine returning only a small folder) can take away whole."""
+"""What the kit leaves in its results folder, and the budget it keeps there: a few small
+files, so that the folder can be taken away whole."""
 
 import os
 

@@ -18,7 +18,7 @@ SELECTABLE = STEPS[2:]
 NEEDS_GPU = ("pytest", "sanitizer", "capture", "bench", "profile")
 
 PURPOSE = {
-    "wheels": "install the carried wheels (oneDNN, OpenBLAS, CUTLASS headers, pytest-xdist) into a scratch prefix",
+    "wheels": "install the copied wheels (oneDNN, OpenBLAS, CUTLASS headers, pytest-xdist) into a scratch prefix",
     "build": "build and install groupgemm into the scratch prefix for this GPU's architecture",
     "environment": "GPU, driver, nvcc, torch and jax versions; does JAX see the GPU; is CUDA compiled in",
     "pytest": "the pytest suite in both frameworks: the GPU tests (test_cuda.py), then the other files in parallel",
@@ -39,8 +39,8 @@ CUDA_TESTS = "tests/test_cuda.py"  # the GPU tests (the other files run the CPU 
 # --quick: the GPU tests and the case-table tests (those of these files that exist).
 QUICK_PYTEST = (CUDA_TESTS, "tests/test_cuda_build.py", "tests/test_core.py", "tests/test_parity.py")
 # A full run: the GPU tests first, on their own, so that a run cut short by its deadline
-# has done them; then every other file in parallel (pytest-xdist, from the carried
-# wheels; measured on a 2-core machine, those files took 227 s serially and 157 s with
+# has done them; then every other file in parallel (pytest-xdist, from the wheels
+# folder; measured on a 2-core machine, those files took 227 s serially and 157 s with
 # -n 2). The GPU tests may take three quarters of the step's time (this share against
 # the other files' 1), the other files what is left.
 GPU_TESTS_SHARE = 3.0
@@ -80,8 +80,8 @@ TIMEOUTS = {
 }
 # Whole-run deadlines: every step's limit is cut to what is left, so a run ends at its
 # deadline plus at most half a minute (a killed command's grace, the benchmark's merge):
-# --quick within 8 minutes, a full run within one command of 10 minutes, summary included
-# (the steps it had no time for are run by a second command with --steps).
+# --quick within 8 minutes, a full run within 10 minutes, summary included (the steps it
+# had no time for are run by a second ./dev.sh gpu with --steps).
 DEADLINE = {True: 450, False: 550}
 MERGE_RESERVE_S = 30  # of the bench step's time, kept for merging its parts
 
@@ -166,7 +166,7 @@ def pytest_workers(cpus=None):
 # What a test may skip for on a GPU machine: tests that need no device (they would be
 # handed host pointers), Hopper's kernels elsewhere and on Hopper the FP8 refusal other GPUs
 # give (tests/test_cuda.py), the install checks' environments (./dev.sh test builds them),
-# the test-only extras the carried wheels leave out (the integrations' clients, the docs'
+# the test-only extras the wheels folder leaves out (the integrations' clients, the docs'
 # tools: tests/helpers/clients.py). Any other skip leaves the pytest step INCOMPLETE.
 EXPECTED_SKIPS = ("a real device would be handed host pointers",
                   "the sm_90a kernels need a compute capability 9.0 GPU",

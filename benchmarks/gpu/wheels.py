@@ -28,7 +28,8 @@ DEFAULT_DEST = ".gpu-wheels"
 TARGET_PYTHON = "3.12"
 # manylinux tags the target accepts, newest first; pip also takes older ones (manylinux1).
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-# The working tree may carry at most 64 MiB; leave room for the tree itself.
+# The wheels folder travels with the working tree to a machine without network; a cap keeps
+# that transfer small.
 SIZE_LIMIT_BYTES = 55 * 10**6
 
 

@@ -1,6 +1,6 @@
 """The test-only extras: the integrations' clients (torchtitan, megatron-core) and the
 docs' tools. ./dev.sh setup installs them all, so CI runs every test that needs them;
-on a machine that has only the project's own dependencies (a GPU machine with the carried
+on a machine that has only the project's own dependencies (a GPU machine with the copied
 wheels) those tests skip with NOT_INSTALLED, a reason the GPU kit expects."""
 
 import importlib
