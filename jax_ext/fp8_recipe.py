@@ -60,6 +60,9 @@ class _Ops:
 
     @staticmethod
     def scaled_wgrad(a, b, sa, sb, group_sizes, group_offset, num_groups, recipe, dtype, accumulate_into):
+        # JAX gradients are values, added by the caller: the recipe never passes an
+        # in-place accumulator here (PyTorch's main_grad does).
+        assert accumulate_into is None
         return prims.scaled_wgrad_p.bind(a, b, sa, sb, group_sizes, group_offset, jnp.zeros((0,), dtype),
                                          num_groups=num_groups, scaling=contract.fp8_recipe(recipe, "fp8"),
                                          out_dtype=np.dtype(dtype), accumulate=False, batched=(False,) * 7)

@@ -31,9 +31,7 @@ def test_docs_page_code_blocks_run_in_order(page):
     # A page's blocks share one namespace, as a reader runs them one after the other; a
     # block marked not run is still compiled, so it at least parses.
     namespace = {"__name__": f"docs.{page}"}
-    blocks = page_blocks(page)
-    ran = 0
-    for index, block in enumerate(blocks):
+    for index, block in enumerate(page_blocks(page)):
         code = compile(block, f"docs/{page} block {index}", "exec")
         if not NOT_RUN.match(block):
             try:
@@ -42,8 +40,6 @@ def test_docs_page_code_blocks_run_in_order(page):
                 if not missing_extra(error):
                     raise
                 skip_for(error)
-            ran += 1
-    assert ran == sum(not NOT_RUN.match(b) for b in blocks)
 
 
 def test_docs_have_code_blocks_and_few_are_left_unrun():

@@ -80,6 +80,13 @@ def _quantize_rows(q=(M, K), scale=(M,)):
     return call(_zeros((M, K)), scaling=np.int32(0), power_of_two=np.bool_(False))
 
 
+def _quantize_grouped(q=(K, M), scale=(G, K)):  # q channel-major, one rowwise scale per group and channel
+    workspace = _fp8_workspace(_core.Fp8Call.quantize_grouped, M, 0, 0)
+    call = jax.ffi.ffi_call("groupgemm_fp8_quantize_grouped", (_struct(q, E4M3), _struct(scale), workspace))
+    return call(_zeros((M, K)), SIZES, OFFSET, num_groups=np.int64(G), scaling=np.int32(0),
+                power_of_two=np.bool_(False))
+
+
 CASES = {
     "matmul rhs K": (_matmul, {"rhs": (G, K + 1, N)}, "rhs"),
     "matmul out": (_matmul, {"out": (M, N - 1)}, "out"),
@@ -101,6 +108,8 @@ CASES = {
     "scaled_wgrad rhs_scale": (_scaled_wgrad, {"rhs_scale": (G * N - 1,)}, "rhs_scale"),
     "quantize_rows q": (_quantize_rows, {"q": (M, K + 1)}, "q"),
     "quantize_rows scale": (_quantize_rows, {"scale": (M + 1,)}, "scale"),
+    "quantize_grouped q": (_quantize_grouped, {"q": (M, K)}, "q"),
+    "quantize_grouped scale": (_quantize_grouped, {"scale": (G + 1, K)}, "scale"),
 }
 
 

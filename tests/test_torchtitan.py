@@ -86,7 +86,11 @@ def test_use_groupgemm_switches_every_experts_config_of_a_moe_layer_and_matches_
         routed_experts=make_routed_experts_config(dim=dim, hidden_dim=hidden, num_experts=experts, top_k=top_k,
                                                   param_init={}, comm_backend="standard"))
     switched_config = use_groupgemm(copy.deepcopy(config))
+    experts_configs = lambda: [c for _, c, _, _ in switched_config.traverse(titan_moe.GroupedExperts.Config)]
+    switched = experts_configs()
     assert use_groupgemm(switched_config) is switched_config  # switching twice changes nothing
+    again = experts_configs()
+    assert len(again) == len(switched) > 0 and all(a is b for a, b in zip(again, switched))
     titan, ours = config.build(), switched_config.build()
     assert type(ours.routed_experts.inner_experts).__name__ == "GroupGemmGroupedExperts"
     assert type(titan.routed_experts.inner_experts) is titan_moe.GroupedExperts

@@ -95,10 +95,10 @@ def calls_for(dtype):
     return list(dict.fromkeys(planned))  # float32 has one output dtype: drop repeats
 
 
-def kernels_reached(call, m, k, n, groups, busy, has_empty, family="sm80"):
+def kernels_reached(call, m, k, n, groups, busy, family="sm80"):
     """The kernels `call` launches with real work on a problem of M, K, N, `groups` local
-    groups, `busy` when some local group owns rows and `has_empty` when some owns none,
-    with the GEMM kernel `family` chosen (call_sequence.h)."""
+    groups, `busy` when some local group owns rows, with the GEMM kernel `family` chosen
+    (call_sequence.h)."""
     reached = set()
     gemms = busy and groups > 0 and m > 0
     if call.kind == "forward":

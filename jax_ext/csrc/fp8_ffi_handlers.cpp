@@ -75,7 +75,7 @@ ffi::Error quantize_grouped_ffi(Device device, void* stream, Buf x, Buf group_si
   if (num_groups < 0) return invalid("num_groups must be non-negative");
   a.m = x.dimensions()[0], a.cols = x.dimensions()[1], a.num_groups = num_groups;
   a.out_type = *out_type, a.scaling = static_cast<Fp8Scaling>(scaling), a.power_of_two = power_of_two;
-  if (!shape_is(*q, {a.m, a.cols})) return shape_error("q");
+  if (!shape_is(*q, {a.cols, a.m})) return shape_error("q");  // channel-major: the wgrad's operand
   if (!count_is(*scale, token_scale_rows(a.scaling, a.m, num_groups) * a.cols)) return shape_error("scale");
   a.x = x.untyped_data(), a.q = q->untyped_data(), a.scale = static_cast<float*>(scale->untyped_data());
   return to_ffi(groupgemm::quantize_grouped(a, context(device, stream, &*workspace)));

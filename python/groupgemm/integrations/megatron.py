@@ -77,7 +77,7 @@ class _MegatronGroupedLinear(module.GroupedLinear):
         self.name = name
         self._init_method = init_method if getattr(config, "perform_initialization", True) else None
         self.reset_parameters()
-        self._mark_parameters(config, tp_size)
+        self._mark_parameters(config)
 
     def reset_parameters(self):
         init_method = getattr(self, "_init_method", None)
@@ -89,7 +89,7 @@ class _MegatronGroupedLinear(module.GroupedLinear):
             if self.bias is not None:
                 self.bias.zero_()
 
-    def _mark_parameters(self, config, tp_size: int):
+    def _mark_parameters(self, config):
         """The attributes Megatron-core's DDP and gradient clipping read, as TransformerEngine
         sets them on its grouped layers: ``allreduce`` False puts a parameter in the expert
         data-parallel buffers; ``tensor_model_parallel`` / ``partition_dim`` name the split axis
