@@ -12,7 +12,7 @@
 namespace groupgemm {
 namespace cuda {
 
-// A GroupedGemmCall (call_sequence.h) with its GEMM set's device arrays, the device and
+// A GroupedGemmCall (gemm_call.h) with its GEMM set's device arrays, the device and
 // the stream.
 struct GroupedGemmLaunch {
   DType in_dtype;

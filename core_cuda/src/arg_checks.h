@@ -40,8 +40,7 @@ inline Status check_ptr(const void* p, int64_t elements, const char* name) {
   return Status::Ok();
 }
 
-// Runs the CPU or the CUDA backend (no_cuda.cpp and fp8_no_cuda.cpp in builds without
-// nvcc) for already validated arguments.
+// Runs the CPU or the CUDA backend (no_cuda.cpp in builds without nvcc) for already validated arguments.
 template <typename Args, typename Cpu, typename Cuda>
 Status dispatch(const Args& args, const ExecContext& ctx, Cpu cpu_fn, Cuda cuda_fn) {
   if (ctx.device == Device::cpu) return cpu_fn(args);

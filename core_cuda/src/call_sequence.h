@@ -6,18 +6,19 @@
 // no CUDA header.
 //
 // A launcher provides these members, each returning a Status and each one kernel launch
-// (`workspace` is the call's, already written by setup() when a later step reads it):
+// unless it says otherwise (`workspace` is the call's, already written by setup() when a later step reads it):
 //   start()                   once, after the early exits and before the first step
 //                             (CUDA: makes the operands' device current)
 //   setup(const SetupArgs&)   device group sizes -> workspace, and the output rows and
-//                             blocks no GEMM writes (setup.h)
+//                             blocks no GEMM writes (setup.h; a second launch past
+//                             4096 local groups)
 //   grouped_gemm(const GroupedGemmCall&, bool aligned)
 //                             one GEMM set's problems; aligned: the tensor-core kernel
 //   bias_grad(in, out_dtype, grad, out, n, num_groups, workspace)
 //                             out[g] = sum of group g's grad rows (setup.h's lane order)
 //
 // So a forward is 2 launches (setup, GEMM), a backward 3 (setup, then the input and the
-// weight gradient GEMMs) or 4 with a bias gradient.
+// weight gradient GEMMs) or 4 with a bias gradient, up to 4096 local groups.
 #pragma once
 
 #include <cstdint>

@@ -4,21 +4,24 @@
 // step on the host, so the sequence and the workspace arithmetic the GPU relies on are
 // tested without a GPU. Plain C++: no CUDA header.
 //
-// A launcher provides, each returning a Status and each one kernel launch (`s` the call's
+// A launcher provides, each returning a Status and each one kernel launch unless it says
+// otherwise (`s` the call's
 // Fp8SetupArgs; a step reads the workspace the earlier ones wrote):
 //   start()                         once, first (CUDA: makes the operands' device current)
 //   require_fp8_tensor_cores()      the scaled GEMMs: refuses a device without them
 //   setup(const SetupArgs&)         the 16-bit GEMMs' setup kernel (setup.h): device group
 //                                   sizes -> row boundaries, the matmul's GEMM set, and the
-//                                   output rows and groups no GEMM writes
+//                                   output rows and groups no GEMM writes (a second
+//                                   launch past 4096 local groups)
 //   token_blocks(s)                 each local group's first token block; wgrad: its GEMM
 //   relayout_scales(s)              matmul: the API's scales -> the kernel's [Kb][M_g], [Kb][N]
 //   align_tokens(s)                 wgrad: operands copied 128-token aligned (+ rowwise scales)
 //   grouped_gemm(s, lhs_type, beta) the FP8 grouped GEMM over GEMM set kFp8GemmSet
-//   quantize_grouped(args, s)       the grouped quantization, after the setup
+//   quantize_grouped(args, s)       the grouped quantization, after the setup (2 launches:
+//                                   the padding's zeros, then the quantization)
 //
 // So a forward is 3 launches (setup, scales, GEMM), a weight gradient 4 (setup, token
-// blocks, alignment, GEMM).
+// blocks, alignment, GEMM), up to 4096 local groups.
 #pragma once
 
 #include <cstdint>

@@ -112,8 +112,7 @@ GG_HD GroupProblem gemm_problem(const GemmSetup& s, RowRange rows, int64_t local
                                     : forward_problem(rows, local, s.k, s.n, s.transpose_rhs, s.c_is_output);
 }
 
-// Written by one block after the scan: the header, the boundaries (when the scan wrote
-// them elsewhere) and every GEMM set's entry of local group `local`.
+// Written by one block after the scan: the window's header.
 GG_HD void write_header(const WorkspaceView& ws, const WindowRows& rows) {
   *ws.window = WindowHeader{rows.window, rows.group_offset, 0};
 }

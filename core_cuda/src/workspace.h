@@ -1,5 +1,5 @@
 // The CUDA backend's per-call workspace: what its setup kernel writes from the device-
-// resident group sizes, and what the GEMM and fill kernels then read. The caller
+// resident group sizes, and what the GEMM kernels then read. The caller
 // provides the memory (an XLA output buffer, a torch tensor), so nothing is allocated at
 // run time and a CUDA graph can replay the call.
 //
@@ -136,8 +136,9 @@ struct GemmOperands {
 };
 
 // Writes local group `local`'s entry. A group that is not a GEMM gets problem (0, 0, 0):
-// the grouped GEMM gives it no tiles, so no k = 0 problem ever reaches it, and the fill
-// kernels act on `action` instead.
+// the grouped GEMM gives it no tiles, so no k = 0 problem ever reaches it, and the setup
+// kernel writes its rows instead. `action` records what the setup decided, for the core
+// tests to read (no kernel reads it).
 GG_HD void write_group(const GemmArrays& ws, int64_t local, const GroupProblem& p, const GemmOperands& ops) {
   const bool gemm = p.action == GroupAction::gemm;
   ws.action[local] = static_cast<int32_t>(p.action);

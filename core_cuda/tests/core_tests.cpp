@@ -1,7 +1,7 @@
 // Core tests, built under AddressSanitizer + UndefinedBehaviorSanitizer: the schedule
 // functions; the CPU backend through the public API; the CUDA backend's call sequence
 // (src/call_sequence.h) run on a host launcher that executes its kernels' steps
-// (host_launcher.h), including the late bias and the aligned/unaligned GEMM choice. Both
+// (host_launcher.h), including where a bias enters and the aligned/unaligned GEMM choice. Both
 // backends run the edge cases of the semantics (clamped sizes, windows, empty groups,
 // K/N/M = 0) in every accepted dtype pair against a naive double-precision reference;
 // plus the CUDA workspace layout and its pointer and leading-dimension arithmetic.

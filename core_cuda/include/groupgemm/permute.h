@@ -12,7 +12,7 @@
 //              each bucket's first row, bucket_start[b]; the entry for (b, c) is then
 //              bucket_start[b] + counts[b * C + c]. Group sizes and the number of kept
 //              rows are read off bucket_start;
-//   3. assign: each chunk walks its slots in order, giving each the next row of its bucket;
+//   3. place:  each chunk walks its slots in order, giving each the next row of its bucket;
 //   4. fill:   each kept slot's token row is copied to its row; rows of dropped slots are 0.
 // Any C gives the same rows: the CPU runs C = 1, the CUDA backend one chunk per thread
 // (permute_chunks), the core tests 1, 3 and 256.
