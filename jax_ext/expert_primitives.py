@@ -209,7 +209,7 @@ def _activation_grad_formula(dout, h, kind):
     """``J(h)^T dout`` with jax.numpy, as the core computes it (in float32, float64 for
     float64; groupgemm/activation.h): differentiated by JAX for second derivatives only."""
     name = contract.ACTIVATIONS[kind]
-    acc = jnp.float64 if h.dtype == jnp.float64 else jnp.float32
+    acc = jnp.dtype(contract.accumulate_dtype(jnp.dtype(h.dtype).name))
     x, g = h.astype(acc), dout.astype(acc)
     if name == "swiglu":
         gate, up = jnp.split(x, 2, axis=1)

@@ -13,6 +13,7 @@ import numpy as np
 from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.jax_ext.partitioning import Layout, partitioned
+from groupgemm.jax_ext.raw import placeholder
 
 
 def _permute_workspace(num_slots, num_experts):
@@ -26,10 +27,6 @@ def _unpermute_backward_workspace(num_slots):
     nbytes = _core.unpermute_backward_workspace_bytes(_core.Device.cuda, num_slots) if _core.cuda_compiled() else 0
     return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
 
-
-def _placeholder(dtype):
-    """A size-0 operand or result standing in for an absent one (probs, an output not asked for)."""
-    return jnp.zeros((0,), dtype)
 
 
 # tokens [T, H], expert_indices [T, k] -> permuted [T*k, H], group_sizes [E], row_map [T, k]: the rows
@@ -49,7 +46,7 @@ def permute(tokens, expert_indices, *, num_experts):
 def unpermute(permuted, row_map, probs=None):
     call = jax.ffi.ffi_call("groupgemm_unpermute",
                             jax.ShapeDtypeStruct((row_map.shape[0], permuted.shape[1]), permuted.dtype))
-    probs_operand = _placeholder(permuted.dtype) if probs is None else probs
+    probs_operand = placeholder(permuted.dtype) if probs is None else probs
     return (call(permuted, row_map, probs_operand, has_probs=np.bool_(probs is not None)),)
 
 
@@ -64,7 +61,7 @@ def unpermute_scatter(dout, row_map, probs=None, *, num_rows):
         "groupgemm_unpermute_backward",
         (jax.ShapeDtypeStruct((num_rows, dout.shape[1]), dout.dtype), jax.ShapeDtypeStruct((0,), dout.dtype),
          _unpermute_backward_workspace(t * k)))
-    none = _placeholder(dout.dtype)  # permuted: only dprobs reads it
+    none = placeholder(dout.dtype)  # permuted: only dprobs reads it
     dpermuted, _, _ = call(dout, none, row_map, none if probs is None else probs, has_probs=np.bool_(probs is not None),
                            has_dpermuted=np.bool_(True), has_dprobs=np.bool_(False))
     return (dpermuted,)
@@ -79,7 +76,7 @@ def unpermute_slot_dots(permuted, dout, row_map, *, dots_dtype):
         "groupgemm_unpermute_backward",
         (jax.ShapeDtypeStruct((0,), dout.dtype), jax.ShapeDtypeStruct(row_map.shape, dots_dtype),
          jax.ShapeDtypeStruct((0,), jnp.uint8)))  # the row sort's scratch serves dpermuted alone
-    _, dprobs, _ = call(dout, permuted, row_map, _placeholder(dout.dtype), has_probs=np.bool_(False),
+    _, dprobs, _ = call(dout, permuted, row_map, placeholder(dout.dtype), has_probs=np.bool_(False),
                         has_dpermuted=np.bool_(False), has_dprobs=np.bool_(True))
     return (dprobs,)
 
@@ -126,6 +123,6 @@ def softmax_topk_backward(logits, expert_indices, dprobs, *, renormalize):
 # derivative: each token on its own.
 @partitioned(Layout(("t e", "t k", "t e"), ("t k",), replicated=("e", "k")))
 def softmax_topk_tangent(logits, expert_indices, tlogits, *, renormalize):
-    probs_dtype = jnp.float64 if logits.dtype == jnp.float64 else jnp.float32
+    probs_dtype = np.dtype(contract.accumulate_dtype(np.dtype(logits.dtype).name))
     call = jax.ffi.ffi_call("groupgemm_softmax_topk_tangent", jax.ShapeDtypeStruct(expert_indices.shape, probs_dtype))
     return (call(logits, expert_indices, tlogits, renormalize=np.bool_(renormalize)),)

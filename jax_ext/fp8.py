@@ -10,6 +10,7 @@ import numpy as np
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_primitives as prims
 from groupgemm.jax_ext.functional import _index_operands, dtype_name, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.raw import placeholder
 
 NAMES = contract.FP8_JAX_NAMES
 
@@ -100,7 +101,7 @@ def scaled_grouped_matmul(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, recipe
     lhs, rhs, lhs_scale, rhs_scale, bias = same_varying_axes((lhs, rhs, lhs_scale, rhs_scale, bias),
                                                               (group_sizes, group_offset))
     return prims.scaled_matmul_p.bind(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
-                                      jnp.zeros((0,), out) if bias is None else bias, scaling=scaling,
+                                      placeholder(out) if bias is None else bias, scaling=scaling,
                                       out_dtype=np.dtype(out), has_bias=bias is not None, batched=(False,) * 7)
 
 
@@ -140,6 +141,6 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
     lhs, rhs, lhs_scale, rhs_scale, accumulate_into = same_varying_axes(
         (lhs, rhs, lhs_scale, rhs_scale, accumulate_into), (group_sizes, group_offset))
     return prims.scaled_wgrad_p.bind(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
-                                     jnp.zeros((0,), out) if accumulate_into is None else accumulate_into,
+                                     placeholder(out) if accumulate_into is None else accumulate_into,
                                      num_groups=num_groups, scaling=scaling, out_dtype=np.dtype(out),
                                      accumulate=accumulate_into is not None, batched=(False,) * 7)

@@ -20,7 +20,7 @@ import numpy as np
 from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.jax_ext.partitioning import Layout, partitioned
-from groupgemm.jax_ext.raw import register_targets
+from groupgemm.jax_ext.raw import placeholder, register_targets
 
 FP8_JAX_DTYPES = tuple(jnp.dtype(name) for name in contract.FP8_DTYPES)  # by the core's Fp8Type
 ROWWISE = 0  # the core's Fp8Scaling
@@ -34,10 +34,6 @@ def _workspace(call, scaling, num_groups, m, k, n):
               if _core.cuda_compiled() else 0)
     return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
 
-
-def _placeholder(dtype):
-    """A size-0 operand standing in for an absent optional one (bias, accumulator)."""
-    return jnp.zeros((0,), dtype)
 
 
 # ---- quantization ---------------------------------------------------------------------
@@ -107,7 +103,7 @@ def scaled_matmul(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset, bia
                             (jax.ShapeDtypeStruct((m, n), out_dtype),
                              _workspace(_core.Fp8Call.matmul, scaling, g, m, k, n)))
     out, _ = call(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
-                  _placeholder(out_dtype) if bias is None else bias, scaling=np.int32(scaling),
+                  placeholder(out_dtype) if bias is None else bias, scaling=np.int32(scaling),
                   has_bias=np.bool_(bias is not None))
     return (out,)
 
@@ -137,6 +133,6 @@ def scaled_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset, accu
                             # The accumulator is updated in place when the caller donates it.
                             input_output_aliases={6: 0} if accumulate else None)
     out, _ = call(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
-                  accumulate_into if accumulate else _placeholder(out_dtype), scaling=np.int32(scaling),
+                  accumulate_into if accumulate else placeholder(out_dtype), scaling=np.int32(scaling),
                   accumulate=np.bool_(accumulate))
     return (out,)

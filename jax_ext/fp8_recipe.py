@@ -54,7 +54,7 @@ class _Ops:
     @staticmethod
     def scaled_mm(q, qw, s, sw, group_sizes, group_offset, bias, recipe, dtype):
         return prims.scaled_matmul_p.bind(q, qw, s, sw, group_sizes, group_offset,
-                                          jnp.zeros((0,), dtype) if bias is None else bias,
+                                          primitives.placeholder(dtype) if bias is None else bias,
                                           scaling=contract.fp8_recipe(recipe, "fp8"), out_dtype=np.dtype(dtype),
                                           has_bias=bias is not None, batched=(False,) * 7)
 
@@ -63,7 +63,7 @@ class _Ops:
         # JAX gradients are values, added by the caller: the recipe never passes an
         # in-place accumulator here (PyTorch's main_grad does).
         assert accumulate_into is None
-        return prims.scaled_wgrad_p.bind(a, b, sa, sb, group_sizes, group_offset, jnp.zeros((0,), dtype),
+        return prims.scaled_wgrad_p.bind(a, b, sa, sb, group_sizes, group_offset, primitives.placeholder(dtype),
                                          num_groups=num_groups, scaling=contract.fp8_recipe(recipe, "fp8"),
                                          out_dtype=np.dtype(dtype), accumulate=False, batched=(False,) * 7)
 
@@ -78,7 +78,7 @@ def fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, trans
 
 def _fwd(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs):
     out = fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs)
-    bias_like = None if bias is None else jnp.zeros((0,), bias.dtype)  # residuals must be arrays
+    bias_like = None if bias is None else primitives.placeholder(bias.dtype)  # residuals must be arrays
     return out, (x, weight, group_sizes, group_offset, bias_like)
 
 

@@ -61,8 +61,9 @@ def _workspace(num_groups):
     return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
 
 
-def _placeholder(dtype):
-    """A size-0 operand standing in for an absent optional one (bias, accumulator)."""
+def placeholder(dtype):
+    """A size-0 operand standing in for an absent one (a bias, an accumulator, probs), or a
+    result not asked for."""
     return jnp.zeros((0,), dtype)
 
 
@@ -78,7 +79,7 @@ def matmul(lhs, rhs, group_sizes, group_offset, bias=None, *, transpose_rhs, out
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     call = jax.ffi.ffi_call("groupgemm_matmul", (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g)))
     out, _ = call(lhs, rhs, group_sizes, group_offset,
-                  _placeholder(lhs.dtype) if bias is None else bias,
+                  placeholder(lhs.dtype) if bias is None else bias,
                   transpose_rhs=np.bool_(transpose_rhs), has_bias=np.bool_(bias is not None))
     return (out,)
 
@@ -97,7 +98,7 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_gro
         input_output_aliases={4: 0} if accumulate else None,
     )
     out, _ = call(lhs, grad, group_sizes, group_offset,
-                  accumulate_into if accumulate else _placeholder(out_dtype), accumulate=np.bool_(accumulate))
+                  accumulate_into if accumulate else placeholder(out_dtype), accumulate=np.bool_(accumulate))
     return (out,)
 
 
