@@ -1,5 +1,6 @@
-// The per-device cache of device_info.h. Entries are written once with their final values
-// (a race writes the same values twice), and read without a lock.
+// The per-device cache of device_info.h. Each entry is written once, by the thread that
+// claims it, and read without a lock once published; a thread that finds it being
+// written queries the device itself.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -13,8 +14,10 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
+enum : int { kEmpty = 0, kWriting = 1, kReady = 2 };
+
 struct CachedInfo {
-  std::atomic<bool> ready{false};
+  std::atomic<int> state{kEmpty};
   DeviceInfo info{};
 };
 
@@ -37,13 +40,16 @@ Status query(int device, DeviceInfo* info) {
 Status device_info(int device, DeviceInfo* info) {
   if (device < 0 || device >= kMaxDevices) return query(device, info);
   CachedInfo& cached = g_devices[device];
-  if (cached.ready.load(std::memory_order_acquire)) {
+  if (cached.state.load(std::memory_order_acquire) == kReady) {
     *info = cached.info;
     return Status::Ok();
   }
   GG_RETURN_IF_ERROR(query(device, info));
-  cached.info = *info;
-  cached.ready.store(true, std::memory_order_release);
+  int empty = kEmpty;
+  if (cached.state.compare_exchange_strong(empty, kWriting, std::memory_order_acquire)) {
+    cached.info = *info;
+    cached.state.store(kReady, std::memory_order_release);
+  }
   return Status::Ok();
 }
 
