@@ -17,10 +17,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import build_backend  # noqa: E402
 
 TORCH_ONLY = """
-    import importlib.util
+    import ctypes, importlib.util
+    import groupgemm  # first: its CPU libraries must leave torch's symbols alone
     import torch
-    import groupgemm, groupgemm.torch as gt
+    import groupgemm.torch as gt
     assert importlib.util.find_spec("jax") is None, "this environment must not have jax"
+    # libdnnl stays out of the global scope: its C++ standard-library instantiations took
+    # the place of torch 2.6's own, whose TorchScript (forward AD loads it) then crashed.
+    assert not hasattr(ctypes.CDLL(None), "dnnl_version")
+    with torch.autograd.forward_ad.dual_level():
+        torch.autograd.forward_ad.make_dual(torch.ones(2), torch.ones(2))
     x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
     y = gt.grouped_mm(x, w, torch.tensor([2, 0, 3]))

@@ -3,6 +3,9 @@ with the same core calls, and so the same bits, as the torch.ops.groupgemm ops, 
 backward; anything that must see an op still gets the op; and no call copies a weight that
 a kernel can read in place (a transposed view, torchtitan's call), in either path."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -177,3 +180,14 @@ def test_a_layout_no_kernel_reads_is_copied_once_per_call():
         out = gt.grouped_mm(x, w.transpose(-2, -1).transpose(-2, -1), sizes, transpose_weight=True)
     assert len(mode.copies) == 1
     np.testing.assert_allclose(out.numpy(), gt.grouped_mm(x, w.contiguous(), sizes, transpose_weight=True).numpy())
+
+
+def test_a_process_using_the_eager_path_exits_without_leak_reports():
+    # The memoised plans outlive the interpreter's teardown (and so do the autograd nodes
+    # of tensors alive at exit): nanobind must not report them as leaks on every run.
+    script = ("import torch, groupgemm.torch as gt\n"
+              "x = torch.ones(4, 3, requires_grad=True)\n"
+              "y = gt.grouped_mm(x, torch.ones(2, 3, 5), torch.tensor([1, 2]))\n"
+              "y.sum().backward()\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "leaked" not in proc.stderr, proc.stderr

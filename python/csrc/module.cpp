@@ -22,6 +22,10 @@ void bind_fp8_ffi_handlers(nb::module_& m);
 
 NB_MODULE(_core, m) {
   m.doc() = "groupgemm core: grouped GEMM for Mixture-of-Experts layers";
+  // The eager path's call plans live as long as the process (a memo, and the autograd
+  // nodes of tensors still alive at exit): at interpreter teardown nanobind would report
+  // them as leaks on every run.
+  nb::set_leak_warnings(false);
   m.def("cuda_compiled", &groupgemm::cuda_compiled, "True when the CUDA backend was compiled in.");
   m.def(
       "cuda_capture_record",
