@@ -312,25 +312,31 @@ def mlp_inputs(seed, e=4, h=8, f=8, gated=False):
     return f32(M, h), f32(e, h, 2 * f if gated else f), f32(e, f, h), f32(M, h)
 
 
-def test_grouped_mlp_on_data_by_tensor_mesh_splits_columns_then_rows():
-    """Megatron's tensor parallelism: fc1 column-parallel, the activation on each device's
-    columns, fc2 row-parallel with one all-reduce; tokens sharded over data."""
-    mesh = mesh_2d(("data", "tensor"))
-    x, w_in, w_out, dout = mlp_inputs(3)
+def mlp_grads_on_mesh(mesh, inputs, specs, activation):
+    """The grouped MLP's loss and gradients, jitted with the inputs sharded by ``specs``
+    (one per x, w_in, w_out) and the gradients kept so, checked against the float64
+    reference; returns the compiled HLO text."""
+    x, w_in, w_out, dout = inputs
     sizes = np.asarray(SIZES, np.int32)
-    loss = lambda x, w_in, w_out: jnp.sum(gj.grouped_mlp(x, w_in, w_out, sizes, activation="gelu") * dout)  # noqa: E731
-    args = (put(mesh, x, "data"), put(mesh, w_in, None, None, "tensor"), put(mesh, w_out, None, "tensor"))
+    loss = lambda x, w_in, w_out: jnp.sum(gj.grouped_mlp(x, w_in, w_out, sizes, activation=activation) * dout)  # noqa: E731
+    args = tuple(put(mesh, a, *spec) for a, spec in zip((x, w_in, w_out), specs))
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), out_shardings=(None, tuple(a.sharding for a in args)))
     value, grads = grad(*args)
 
     y, (dx, dw_in, dw_out, _, _) = expert_ref.grouped_mlp_and_grads(
-        x, w_in.transpose(0, 2, 1), w_out.transpose(0, 2, 1), sizes, "gelu", None, None, dout)
+        x, w_in.transpose(0, 2, 1), w_out.transpose(0, 2, 1), sizes, activation, None, None, dout)
     ref.assert_close(value, np.sum(y * dout), "float32", "loss")
     for got, want, what in zip(grads, (dx, dw_in.transpose(0, 2, 1), dw_out.transpose(0, 2, 1)),
                                ("dx", "dw_in", "dw_out")):
         ref.assert_close(got, want, "float32", what)
+    return compiled_text(grad, *args)
 
-    text = compiled_text(grad, *args)
+
+def test_grouped_mlp_on_data_by_tensor_mesh_splits_columns_then_rows():
+    """Megatron's tensor parallelism: fc1 column-parallel, the activation on each device's
+    columns, fc2 row-parallel with one all-reduce; tokens sharded over data."""
+    text = mlp_grads_on_mesh(mesh_2d(("data", "tensor")), mlp_inputs(3),
+                             (("data",), (None, None, "tensor"), (None, "tensor")), "gelu")
     no_gathers(text)
     assert all(ops[0][0] == M // 2 for ops in operands_of(text, MATMUL))  # each device its tokens
     assert all(ops[0] == (M // 2, 4) for ops in operands_of(text, "groupgemm_activation"))  # and its columns
@@ -343,21 +349,7 @@ def test_grouped_mlp_on_data_by_expert_mesh_runs_each_devices_tokens_through_its
     all-reduces over expert, the weight gradients, computed where their experts live, in
     all-reduces over data."""
     mesh = mesh_2d(("data", "expert"))
-    x, w_in, w_out, dout = mlp_inputs(7, gated=True)
-    sizes = np.asarray(SIZES, np.int32)
-    loss = lambda x, w_in, w_out: jnp.sum(gj.grouped_mlp(x, w_in, w_out, sizes) * dout)  # noqa: E731
-    args = (put(mesh, x, "data"), put(mesh, w_in, "expert"), put(mesh, w_out, "expert"))
-    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), out_shardings=(None, tuple(a.sharding for a in args)))
-    value, grads = grad(*args)
-
-    y, (dx, dw_in, dw_out, _, _) = expert_ref.grouped_mlp_and_grads(
-        x, w_in.transpose(0, 2, 1), w_out.transpose(0, 2, 1), sizes, "swiglu", None, None, dout)
-    ref.assert_close(value, np.sum(y * dout), "float32", "loss")
-    for got, want, what in zip(grads, (dx, dw_in.transpose(0, 2, 1), dw_out.transpose(0, 2, 1)),
-                               ("dx", "dw_in", "dw_out")):
-        ref.assert_close(got, want, "float32", what)
-
-    text = compiled_text(grad, *args)
+    text = mlp_grads_on_mesh(mesh, mlp_inputs(7, gated=True), (("data",), ("expert",), ("expert",)), "swiglu")
     no_gathers(text)
     assert all(ops[0][0] == M // 2 and ops[1][0] == 2 for ops in operands_of(text, MATMUL))
     assert sorted(weight_gradients(text)) == [(2, 8, 8), (2, 8, 16)]
