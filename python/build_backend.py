@@ -1,10 +1,13 @@
-"""groupgemm's build backend: scikit-build-core, plus the CUTLASS headers as a build
-requirement wherever the CUDA backend will be compiled.
+"""groupgemm's build backend: scikit-build-core, plus what compiling the core needs as
+build requirements: the oneDNN headers and OpenBLAS always, the CUTLASS headers wherever
+the CUDA backend will be compiled.
 
-pip builds in an isolated environment, so the headers must come from a requirement pip
-resolves itself. They are asked for only when nvcc is found and CUDA is not turned off,
-so CPU-only builds do not download them. The nvcc search is CMakeLists.txt's: CUDACXX,
-then PATH, then /usr/local/cuda.
+pip builds in an isolated environment, so these must come from requirements pip resolves
+itself. The CUTLASS headers are asked for only when nvcc is found and CUDA is not turned
+off, so CPU-only builds do not download them; none of the three when the module links a
+core built earlier (-C cmake.define.GROUPGEMM_PREBUILT_CORE=..., what ./dev.sh wheel does
+for every Python after building the core once). The nvcc search is CMakeLists.txt's:
+CUDACXX, then PATH, then /usr/local/cuda.
 """
 
 import os
@@ -21,7 +24,13 @@ from scikit_build_core.build import (  # noqa: F401 - the hooks this backend pas
 )
 
 CUTLASS_HEADERS = "nvidia-cutlass==4.2.0.0"
+CPU_LIBRARIES = ("onednn-devel-cpu-gomp==2023.2.0", "scipy-openblas32>=0.3.27")
 _OFF = {"0", "off", "false", "no", "n"}
+
+
+def prebuilt_core(config_settings):
+    """The core library the module links instead of compiling one, or None."""
+    return (config_settings or {}).get("cmake.define.GROUPGEMM_PREBUILT_CORE") or None
 
 
 def cuda_requested(config_settings):
@@ -44,9 +53,16 @@ def _cuda_requirements(config_settings):
     return [CUTLASS_HEADERS] if cuda_requested(config_settings) and find_nvcc() else []
 
 
+def core_requirements(config_settings):
+    """What compiling the core needs: nothing when it was built earlier."""
+    if prebuilt_core(config_settings):
+        return []
+    return [*CPU_LIBRARIES, *_cuda_requirements(config_settings)]
+
+
 def get_requires_for_build_wheel(config_settings=None):
-    return _scikit_build.get_requires_for_build_wheel(config_settings) + _cuda_requirements(config_settings)
+    return _scikit_build.get_requires_for_build_wheel(config_settings) + core_requirements(config_settings)
 
 
 def get_requires_for_build_editable(config_settings=None):
-    return _scikit_build.get_requires_for_build_editable(config_settings) + _cuda_requirements(config_settings)
+    return _scikit_build.get_requires_for_build_editable(config_settings) + core_requirements(config_settings)

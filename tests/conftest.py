@@ -7,8 +7,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
 # The examples' MoE dispatch helper, shared by the demo, the tests and the workers.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-# The GPU kit's modules: its own tests, and the CUDA-graph capture helper test_cuda.py shares.
+# The GPU kit's modules: its own tests, and the CUDA-graph capture helper test_cuda.py shares;
+# the benchmarks' (the Hopper kernel table among them).
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 # On a machine with a GPU, JAX's default device is the GPU: keep the tests written for the
 # CPU backend on the CPU, as torch's are by default. The CUDA tests name their device.

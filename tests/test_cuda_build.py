@@ -64,13 +64,24 @@ def compiled_architectures():
     return archs
 
 
+CORE_LIBRARY = pathlib.Path(_core.__file__).with_name("libgroupgemm_core.so")  # the device code's home
+
+
 @pytest.mark.skipif(not groupgemm.cuda_compiled(), reason="built without nvcc: no device code to inspect")
-def test_fatbinary_holds_a_cubin_for_every_compiled_architecture():
-    images = fatbin_images(elf_section(_core.__file__, ".nv_fatbin"))
+def test_fatbinary_holds_a_cubin_for_every_compiled_architecture_and_ptx_for_newer_gpus():
+    images = fatbin_images(elf_section(CORE_LIBRARY, ".nv_fatbin"))
     cubins = {(sm, specific) for kind, sm, specific in images if kind == 2}
+    ptx = {(sm, specific) for kind, sm, specific in images if kind == 1}
     archs = compiled_architectures()
-    # The default build (CI's) is 80,90a: an sm_80 and an sm_90a cubin.
+    # The default build (CI's and the wheels') is 80,90a-real: sm_80 and sm_90a cubins, and
+    # sm_80 PTX, which the driver compiles on GPUs newer than both (sm_100, sm_120).
     assert archs and all(arch in cubins for arch in archs), (archs, images)
+    assert _core.cuda_architectures() != "80,90a-real" or ptx == {(80, False)}, images
+
+
+def test_the_python_module_holds_no_device_code():
+    # The CUDA code is the core library's alone: a module per CPython links it, compiled once.
+    assert elf_section(_core.__file__, ".nv_fatbin") == b""
 
 
 # ---- no host synchronisation in the core and the bindings -----------------------------

@@ -1,4 +1,4 @@
-"""Static evidence about the CUDA GEMM kernels, from the extension's sm_90a cubin: the
+"""Static evidence about the CUDA GEMM kernels, from the core library's sm_90a cubin: the
 CUTLASS 3.x grouped GEMMs (every tile, the bias epilogue included) run on WGMMA (HGMMA
 instructions), the FP8 ones on FP8 WGMMA (QGMMA), the CUTLASS 2.x ones on tensor-core MMA
 (HMMA), and no kernel spills registers to local memory (STL/LDL).
@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 
+import kernel_table
 import pytest
 
 import groupgemm
@@ -36,12 +37,13 @@ def wheel_tool(dist, name):
 
 @functools.cache
 def sm90a_kernels():
-    """{mangled kernel name: SASS text} of the extension's sm_90a cubin."""
+    """{mangled kernel name: SASS text} of the core library's sm_90a cubin."""
     cuobjdump = wheel_tool("nvidia-cuda-cuobjdump", "cuobjdump")
     nvdisasm = wheel_tool("nvidia-cuda-nvdisasm", "nvdisasm")
     assert cuobjdump and nvdisasm, "cuobjdump and nvdisasm are needed: " + TOOLS
     env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
-    sass = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", _core.__file__], env=env, check=True,
+    core = os.path.join(os.path.dirname(_core.__file__), "libgroupgemm_core.so")
+    sass = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", core], env=env, check=True,
                           capture_output=True, text=True).stdout
     parts = re.split(r"^\s*Function : (\S+)\s*$", sass, flags=re.M)
     return dict(zip(parts[1::2], parts[2::2]))
@@ -72,10 +74,10 @@ def is_16bit(name):
     return "bfloat16_t" in name or "6half_t" in name
 
 
-# Its three tiles (kernel_choice.h's Sm90Tile): the kernel schedule, then the tile's M and N
-# in the mangled name.
+# Its tiles (the Hopper kernel table's): the kernel schedule, then the tile's M and N in the
+# mangled name.
 SM90_TILE = re.compile(r"KernelPtrArrayTmaWarpSpecialized(Cooperative|Pingpong)EEE\w*?ILi(\d+)EEE\w*?ILi(\d+)EEE")
-SM90_TILES = {("Cooperative", 128, 256), ("Pingpong", 64, 128), ("Cooperative", 256, 128)}
+SM90_TILES = {(t.schedule.capitalize(), t.shape[0], t.shape[1]) for t in kernel_table.read().tiles}
 
 
 def sm90_tile(name):

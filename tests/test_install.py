@@ -1,9 +1,10 @@
 """The installed wheel where a user has only one framework, and the build backend's rules.
 
-``./dev.sh test`` builds a wheel of the checkout with build isolation and installs it
-into a torch-only and a jax-only environment (Python 3.12, the oldest torch and jax that
+``./dev.sh test`` builds the Python 3.12 redistributable wheel (``./dev.sh wheel 3.12``)
+and installs it into a torch-only and a jax-only environment (the oldest torch and jax that
 install here); their interpreters arrive as GROUPGEMM_TORCH_ONLY_PYTHON and
-GROUPGEMM_JAX_ONLY_PYTHON.
+GROUPGEMM_JAX_ONLY_PYTHON. They run with no CUDA toolkit in sight: no nvcc on PATH, no
+CUDA_HOME, no library path, and nothing of the toolkit loaded.
 """
 
 import os
@@ -16,7 +17,25 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import build_backend  # noqa: E402
 
-TORCH_ONLY = """
+# What every environment checks first: the redistributable wheel, its CUDA backend compiled
+# in, and no CUDA toolkit needed (the runtime is linked statically; libcuda, the driver's,
+# is opened only when a GPU is used).
+WHEEL = """
+    import importlib.metadata, shutil
+    import groupgemm
+    from groupgemm import _core
+    tags = [l.split()[1] for l in importlib.metadata.distribution("groupgemm").read_text("WHEEL").splitlines()
+            if l.startswith("Tag:")]
+    assert tags and all("-manylinux_" in t for t in tags), tags
+    assert shutil.which("nvcc") is None
+    assert not groupgemm.cuda_compiled() or "90a" in _core.cuda_architectures(), _core.cuda_architectures()
+"""
+NO_TOOLKIT_LOADED = """
+    maps = [line.split()[-1] for line in open("/proc/self/maps") if "/" in line]
+    assert not [m for m in maps if "cuda" in m.lower() and "site-packages" not in m], maps
+"""
+
+TORCH_ONLY = WHEEL + """
     import ctypes, importlib.util
     import groupgemm  # first: its CPU libraries must leave torch's symbols alone
     import torch
@@ -35,10 +54,11 @@ TORCH_ONLY = """
     assert torch.allclose(y[:5].detach(), want) and (y[5] == 0).all()
     assert (w.grad[1] == 0).all() and (x.grad[5] == 0).all()
     assert torch.allclose(w.grad[0], 2 * x[:2].detach().T @ want[:2])
+""" + NO_TOOLKIT_LOADED + """
     print(groupgemm.__version__, torch.__version__, groupgemm.cuda_compiled())
 """
 
-JAX_ONLY = """
+JAX_ONLY = WHEEL + """
     import importlib.util
     import jax, jax.numpy as jnp, numpy as np
     import groupgemm, groupgemm.jax as gj
@@ -53,6 +73,7 @@ JAX_ONLY = """
     np.testing.assert_allclose(np.asarray(y[:5]), want, rtol=1e-5, atol=1e-5)
     assert (np.asarray(y[5]) == 0).all() and (np.asarray(dw[1]) == 0).all()
     np.testing.assert_allclose(np.asarray(dw[0]), 2 * np.asarray(x[:2]).T @ want[:2], rtol=1e-4, atol=1e-4)
+""" + NO_TOOLKIT_LOADED + """
     print(groupgemm.__version__, jax.__version__, groupgemm.cuda_compiled())
 """
 
@@ -61,7 +82,9 @@ def run_in(variable, script):
     python = os.environ.get(variable)
     if not python:
         pytest.skip(f"{variable} is not set: ./dev.sh test builds that environment")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "XLA_FLAGS", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH")}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"  # no nvcc
     # Outside the checkout, so that the installed wheel is imported, not the sources.
     result = subprocess.run([python, "-c", textwrap.dedent(script)], capture_output=True, text=True,
                             cwd=os.path.expanduser("~"), env=env, timeout=300)
@@ -72,7 +95,7 @@ def run_in(variable, script):
 def test_torch_only_environment_runs_forward_and_backward():
     version, _, cuda = run_in("GROUPGEMM_TORCH_ONLY_PYTHON", TORCH_ONLY)
     assert version == __import__("groupgemm").__version__
-    assert cuda == str(__import__("groupgemm").cuda_compiled())  # nvcc here: both builds have CUDA
+    assert cuda == str(__import__("groupgemm").cuda_compiled())  # the wheel's core is the dev build's
 
 
 def test_jax_only_environment_runs_a_jitted_grad():
@@ -93,6 +116,13 @@ def test_cuda_is_requested_unless_turned_off(settings, env, want, monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert build_backend.cuda_requested(settings) is want
+
+
+def test_a_module_built_on_a_prebuilt_core_needs_none_of_the_core_requirements(monkeypatch, tmp_path):
+    monkeypatch.delenv("GROUPGEMM_CUDA", raising=False)
+    monkeypatch.setenv("CUDACXX", str(tmp_path / "missing-nvcc"))
+    assert build_backend.core_requirements({}) == list(build_backend.CPU_LIBRARIES)
+    assert build_backend.core_requirements({"cmake.define.GROUPGEMM_PREBUILT_CORE": "/x/libgroupgemm_core.so"}) == []
 
 
 def test_cutlass_headers_are_a_build_requirement_only_with_nvcc(monkeypatch, tmp_path):

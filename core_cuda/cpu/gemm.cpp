@@ -4,6 +4,11 @@
 
 #include <limits>
 
+#include "run_time_libraries.h"
+
+// OpenBLAS through run_time_libraries.h: its one function the core calls.
+#define scipy_cblas_dgemm GG_RUN_TIME_FUNCTION(kOpenblasLibrary, scipy_cblas_dgemm)
+
 namespace groupgemm {
 namespace cpu {
 namespace {

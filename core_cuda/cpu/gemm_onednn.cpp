@@ -33,11 +33,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include "convert.h"
 #include "gemm.h"
 #include "lru_cache.h"
+#include "onednn.h"
 
 namespace groupgemm {
 namespace cpu {

@@ -67,16 +67,15 @@ class CudaLauncher {
     device_.emplace(ctx_);  // held until the launcher goes: every launch runs on that device
     GG_RETURN_IF_ERROR(device_->status());
     GG_RETURN_IF_ERROR(current_device_info(&device_info_));
-    choice_ = choose_kernel(device_info_);  // kernel_choice.h: sm80 unless chosen
+    choice_ = choose_kernel(device_info_);  // kernel_choice.h
     return choice_.status;
   }
   Status setup(const SetupArgs& args) { return launch_setup(args, stream_); }
   Status grouped_gemm(const GroupedGemmCall& call, bool aligned) {
     const GroupedGemmLaunch launch = gemm_launch(call, device_info_, stream_);
-    if (choice_.kernel == GemmKernel::sm90 && sm90_runs(call, aligned)) {
-      const Sm90Tile tile = choice_.tile == Sm90Tile::by_shape ? sm90_tile_for(call) : choice_.tile;
-      return grouped_gemm_sm90(launch, tile, ctx_.workspace, ctx_.workspace_bytes);
-    }
+    const GemmKernelChoice kernel = kernel_for(choice_, call, aligned);
+    if (kernel.kernel == GemmKernel::sm90)
+      return grouped_gemm_sm90(launch, kernel.tile, ctx_.workspace, ctx_.workspace_bytes);
     return cuda::grouped_gemm(launch, aligned);
   }
   Status bias_grad(DType in, DType out_dtype, const void* grad, void* out, int64_t n, int64_t num_groups,
@@ -89,7 +88,7 @@ class CudaLauncher {
   cudaStream_t stream_;
   std::optional<DeviceGuard> device_;
   DeviceInfo device_info_{};
-  KernelChoice choice_{Status::Ok(), GemmKernel::sm80, Sm90Tile::by_shape};
+  KernelChoice choice_{Status::Ok(), KernelPolicy::sm80, Sm90Tile{}};
 };
 
 }  // namespace

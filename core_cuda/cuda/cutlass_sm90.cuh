@@ -64,33 +64,29 @@ Ptr* device_array(void** array) {
 // Dynamic shared memory a block may opt into on compute capability 9.0 (227 KB).
 constexpr size_t kSm90SharedMemoryPerBlock = 232448;
 
-// Each tile's shapes and schedules (kernel_choice.h's Sm90Tile says when each runs).
+// The schedules a tile names in hopper_kernels.def.
+struct Sm90Schedule_cooperative {
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+struct Sm90Schedule_pingpong {
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+// Each tile's shapes and schedules, from its GG_SM90_TILE row.
 template <Sm90Tile Tile>
 struct Sm90TileConfig;
 
-template <>
-struct Sm90TileConfig<Sm90Tile::cooperative_128x256> {
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-
-template <>
-struct Sm90TileConfig<Sm90Tile::cooperative_256x128> {
-  using TileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-
-template <>
-struct Sm90TileConfig<Sm90Tile::pingpong_64x128> {
-  using TileShape = cute::Shape<cute::_64, cute::_128, cute::_128>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
+#define GG_SM90_TILE(name, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n)                           \
+  template <>                                                                                                \
+  struct Sm90TileConfig<Sm90Tile::name> {                                                                    \
+    using TileShape = cute::Shape<cute::Int<tile_m>, cute::Int<tile_n>, cute::Int<tile_k>>;                  \
+    using ClusterShape = cute::Shape<cute::Int<cluster_m>, cute::Int<cluster_n>, cute::_1>;                 \
+    using KernelSchedule = Sm90Schedule_##schedule::Kernel;                                                  \
+    using EpilogueSchedule = Sm90Schedule_##schedule::Epilogue;                                              \
+  };
+#include "hopper_kernels.def"
 
 // The CUTLASS element type of a 16-bit DType.
 template <DType D>

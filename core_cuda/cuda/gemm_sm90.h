@@ -13,7 +13,7 @@ namespace cuda {
 
 struct Sm90Launch {
   GroupedGemmLaunch gemm;         // its device's SM count sizes the persistent grid
-  Sm90Tile tile;                  // not by_shape: the launch runs the chosen tile
+  Sm90Tile tile;                  // the tile kernel_for chose
   void* kernel_workspace;         // CUTLASS's own workspace (TMA descriptors), 128-byte aligned
   size_t kernel_workspace_bytes;  // what the caller's workspace holds for it
 };
@@ -26,7 +26,7 @@ KernelChoice choose_kernel(const DeviceInfo& info);
 // that device cannot run sm_90a code, when no device is usable, or in builds without 90a.
 int64_t sm90_kernel_workspace_bytes(int device_index);
 
-// Runs the sm90 grouped GEMM with `tile` (not by_shape) and its own workspace in the
+// Runs the sm90 grouped GEMM with `tile` and its own workspace in the
 // call's workspace (the region workspace.h's kernel_workspace finds); an error when that
 // region is too small.
 Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, void* workspace, int64_t workspace_bytes);

@@ -41,12 +41,12 @@ Status run_sm90_layout(const Sm90Launch& s) {
 template <DType In>
 Status run_sm90_tile(const Sm90Launch& s) {
   switch (s.tile) {
-    case Sm90Tile::cooperative_128x256: return run_sm90_layout<In, Sm90Tile::cooperative_128x256>(s);
-    case Sm90Tile::pingpong_64x128: return run_sm90_layout<In, Sm90Tile::pingpong_64x128>(s);
-    case Sm90Tile::cooperative_256x128: return run_sm90_layout<In, Sm90Tile::cooperative_256x128>(s);
-    case Sm90Tile::by_shape: break;
+#define GG_SM90_TILE(name, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n) \
+  case Sm90Tile::name:                                                              \
+    return run_sm90_layout<In, Sm90Tile::name>(s);
+#include "hopper_kernels.def"
   }
-  return Status::Internal("the sm90 grouped GEMM was launched without a tile");
+  return Status::Internal("the sm90 grouped GEMM was launched with an unknown tile");
 }
 
 template <DType In, Sm90Tile Tile>
@@ -59,9 +59,11 @@ size_t most_workspace_of(int sm_count) {
 // Every instantiation's: the tile is chosen per call, after the workspace was sized.
 template <DType In>
 size_t most_workspace_of_dtype(int sm_count) {
-  return std::max({most_workspace_of<In, Sm90Tile::cooperative_128x256>(sm_count),
-                   most_workspace_of<In, Sm90Tile::pingpong_64x128>(sm_count),
-                   most_workspace_of<In, Sm90Tile::cooperative_256x128>(sm_count)});
+  size_t most = 0;
+#define GG_SM90_TILE(name, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n) \
+  most = std::max(most, most_workspace_of<In, Sm90Tile::name>(sm_count));
+#include "hopper_kernels.def"
+  return most;
 }
 
 }  // namespace

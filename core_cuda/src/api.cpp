@@ -98,6 +98,8 @@ bool cuda_compiled() {
 #endif
 }
 
+const char* cuda_architectures() { return cuda_compiled() ? GROUPGEMM_CUDA_ARCHS : ""; }
+
 CaptureRecord cuda_capture_record() { return cuda::capture_record(); }
 
 int64_t grouped_matmul_workspace_bytes(Device device, int64_t num_groups, int device_index) {

@@ -780,56 +780,81 @@ void test_kernel_workspace() {
   }
 }
 
-// Which kernel family runs: sm80 unless GROUPGEMM_CUDA_KERNEL=sm90 (or an sm90 tile) on a
-// compute capability 9.0 device of a build with sm_90a code; which calls the sm90 kernels
-// take, and with which tile.
+// Which kernel runs a call: on a compute capability 9.0 device of a build with sm_90a code,
+// the Hopper kernel table's choice for the call's class, or what GROUPGEMM_CUDA_KERNEL
+// names; the 2.x kernels elsewhere; and which calls the sm90 kernels take.
 void test_kernel_choice() {
   g_case = "kernel_choice";
-  auto chose = [](int major, int minor, const char* env, bool built, GemmKernel want,
-                  Sm90Tile tile = Sm90Tile::by_shape) {
+  auto policy = [](int major, int minor, const char* env, bool built, KernelPolicy want, int tile = 0) {
     const KernelChoice c = choose_gemm_kernel(major, minor, env, built);
-    return c.status.ok() && c.kernel == want && c.tile == tile;
+    return c.status.ok() && c.policy == want && (want != KernelPolicy::sm90_tile || c.tile == Sm90Tile(tile));
   };
-  CHECK(chose(9, 0, nullptr, true, GemmKernel::sm80));  // default: sm90 not yet faster on a GPU
-  CHECK(chose(9, 0, "", true, GemmKernel::sm80));
-  CHECK(chose(8, 0, nullptr, true, GemmKernel::sm80));
-  CHECK(chose(10, 0, nullptr, true, GemmKernel::sm80));
-  CHECK(chose(9, 0, "sm80", true, GemmKernel::sm80));
-  CHECK(chose(8, 6, "sm80", false, GemmKernel::sm80));
-  CHECK(chose(9, 0, "sm90", true, GemmKernel::sm90));
-  CHECK(chose(9, 0, "sm90_128x256", true, GemmKernel::sm90, Sm90Tile::cooperative_128x256));
-  CHECK(chose(9, 0, "sm90_64x128", true, GemmKernel::sm90, Sm90Tile::pingpong_64x128));
-  CHECK(chose(9, 0, "sm90_256x128", true, GemmKernel::sm90, Sm90Tile::cooperative_256x128));
-  for (const char* sm90 : {"sm90", "sm90_128x256", "sm90_64x128", "sm90_256x128"}) {
+  CHECK(policy(9, 0, nullptr, true, KernelPolicy::hopper_default));
+  CHECK(policy(9, 0, "", true, KernelPolicy::hopper_default));
+  CHECK(policy(9, 0, nullptr, false, KernelPolicy::sm80));  // no sm_90a code in this build
+  CHECK(policy(8, 0, nullptr, true, KernelPolicy::sm80));
+  CHECK(policy(10, 0, nullptr, true, KernelPolicy::sm80));
+  CHECK(policy(9, 0, "sm80", true, KernelPolicy::sm80));
+  CHECK(policy(8, 6, "sm80", false, KernelPolicy::sm80));
+  CHECK(policy(9, 0, "sm90", true, KernelPolicy::sm90_by_shape));
+  CHECK(kNumSm90Tiles >= 1);
+  for (int t = 0; t < kNumSm90Tiles; ++t) CHECK(policy(9, 0, kSm90TileNames[t], true, KernelPolicy::sm90_tile, t));
+  std::vector<std::string> sm90_names{"sm90"};
+  for (const char* tile : kSm90TileNames) sm90_names.push_back(tile);
+  for (const std::string& sm90 : sm90_names) {
     for (auto [major, minor, built] : {std::tuple{9, 0, false}, std::tuple{8, 0, true},
                                        std::tuple{10, 0, true}, std::tuple{12, 0, true}}) {
-      const KernelChoice c = choose_gemm_kernel(major, minor, sm90, built);
-      CHECK(!c.status.ok() && c.kernel == GemmKernel::sm80 &&
-            c.status.message.find(std::string("GROUPGEMM_CUDA_KERNEL=") + sm90 + " needs") !=
-                std::string::npos);
+      const KernelChoice c = choose_gemm_kernel(major, minor, sm90.c_str(), built);
+      CHECK(!c.status.ok() && c.policy == KernelPolicy::sm80 &&
+            c.status.message.find("GROUPGEMM_CUDA_KERNEL=" + sm90 + " needs") != std::string::npos);
     }
   }
   for (const char* bad : {"hopper", "sm90_128x128", "SM90"}) {
     const KernelChoice c = choose_gemm_kernel(9, 0, bad, true);
-    CHECK(!c.status.ok() &&
-          c.status.message.find(std::string("sm90_256x128, not '") + bad + "'") != std::string::npos);
+    CHECK(!c.status.ok() && c.status.message.find("one of sm80, sm90, " + std::string(kSm90TileNames[0])) !=
+                                std::string::npos &&
+          c.status.message.find(std::string(", not '") + bad + "'") != std::string::npos);
   }
 
-  // The tile by shape: a group's mean rows (M / G forward and dgrad, K for the weight
-  // gradient) or its columns at most 128 take the 64 x 128 tile.
-  auto tile = [](GemmLayout layout, int64_t groups, int64_t max_m, int64_t n) {
-    return sm90_tile_for(GroupedGemmCall{DType::bf16, DType::bf16, layout, groups, GemmC::none, max_m, n, 0, nullptr});
+  // A call's class: the smaller of its mean rows per group (M / G forward and dgrad, K
+  // for the weight gradient) and its columns.
+  auto gemm = [](GemmLayout layout, int64_t groups, int64_t max_m, int64_t n, DType in = DType::bf16) {
+    return GroupedGemmCall{in, in, layout, groups, GemmC::none, max_m, n, 0, nullptr};
   };
-  const Sm90Tile large = Sm90Tile::cooperative_128x256, small = Sm90Tile::pingpong_64x128;
-  CHECK(tile(GemmLayout::row_row, 8, 16384, 14336) == large);   // 2048 rows per group
-  CHECK(tile(GemmLayout::row_col, 32, 16384, 2048) == large);   // 512 rows per group
-  CHECK(tile(GemmLayout::row_row, 128, 16384, 1408) == small);  // 128 rows per group
-  CHECK(tile(GemmLayout::row_row, 128, 16512, 1408) == large);  // 129
-  CHECK(tile(GemmLayout::row_row, 8, 16384, 128) == small);     // narrow output
-  CHECK(tile(GemmLayout::row_row, 8, 16384, 136) == large);
-  CHECK(tile(GemmLayout::col_row, 128, 2048, 1408) == large);  // wgrad: K rows whatever G
-  CHECK(tile(GemmLayout::col_row, 8, 128, 1408) == small);
-  CHECK(tile(GemmLayout::row_row, 0, 16384, 1408) == large);  // no groups: no division by 0
+  CHECK(smaller_side(gemm(GemmLayout::row_row, 8, 16384, 14336)) == 2048);
+  CHECK(smaller_side(gemm(GemmLayout::row_col, 32, 16384, 2048)) == 512);
+  CHECK(smaller_side(gemm(GemmLayout::row_row, 128, 16512, 1408)) == 129);
+  CHECK(smaller_side(gemm(GemmLayout::row_row, 8, 16384, 128)) == 128);  // narrow output
+  CHECK(smaller_side(gemm(GemmLayout::col_row, 128, 2048, 1408)) == 1408);  // wgrad: K rows whatever G
+  CHECK(smaller_side(gemm(GemmLayout::row_row, 0, 16384, 1408)) == 1408);  // no groups: no division by 0
+
+  // Each row of the table takes the calls up to its bound, the next row those just above,
+  // the last row any size; the defaults and sm90 tiles are the table's, the named tile is
+  // held whatever the class, and the 2.x kernels take what the sm90 kernels cannot run.
+  const KernelChoice hopper = choose_gemm_kernel(9, 0, nullptr, true);
+  const KernelChoice by_shape = choose_gemm_kernel(9, 0, "sm90", true);
+  auto same = [](GemmKernelChoice a, GemmKernelChoice b) {
+    return a.kernel == b.kernel && (a.kernel == GemmKernel::sm80 || a.tile == b.tile);
+  };
+  const size_t rows = std::size(kHopperChoices);
+  CHECK(kHopperChoices[rows - 1].smaller_side_at_most == 0);
+  for (size_t r = 0; r < rows; ++r) {
+    const HopperChoice& row = kHopperChoices[r];
+    const int64_t side = row.smaller_side_at_most ? row.smaller_side_at_most : 1 << 20;
+    const GroupedGemmCall call = gemm(GemmLayout::row_row, 4, 4 * side, 1 << 21);
+    CHECK(&hopper_choice(call) == &row);
+    CHECK(same(kernel_for(hopper, call, true), row.default_kernel));
+    CHECK(same(kernel_for(by_shape, call, true), {GemmKernel::sm90, row.sm90_tile}));
+    if (row.smaller_side_at_most) CHECK(&hopper_choice(gemm(GemmLayout::row_row, 4, 4 * side + 4, 1 << 21)) != &row);
+    for (int t = 0; t < kNumSm90Tiles; ++t) {
+      const KernelChoice held = choose_gemm_kernel(9, 0, kSm90TileNames[t], true);
+      CHECK(same(kernel_for(held, call, true), {GemmKernel::sm90, Sm90Tile(t)}));
+      CHECK(same(kernel_for(held, call, false), {GemmKernel::sm80, Sm90Tile{}}));  // unaligned
+      CHECK(same(kernel_for(held, gemm(GemmLayout::row_row, 4, 4 * side, 1 << 21, DType::f32), true),
+                 {GemmKernel::sm80, Sm90Tile{}}));
+    }
+    CHECK(same(kernel_for(choose_gemm_kernel(8, 0, nullptr, true), call, true), {GemmKernel::sm80, Sm90Tile{}}));
+  }
 
   auto call = [](DType in, GemmLayout layout, GemmC c) {
     return GroupedGemmCall{in, DType::f32, layout, 4, c, 64, 64, 0, nullptr};

@@ -40,8 +40,7 @@ NB_MODULE(_core, m) {
       "graph or an XLA command buffer being recorded) and whether the first did: a capture check's "
       "evidence.");
   m.def(
-      "cuda_architectures",
-      [] { return std::string(groupgemm::cuda_compiled() ? GROUPGEMM_CUDA_ARCHS : ""); },
+      "cuda_architectures", [] { return std::string(groupgemm::cuda_architectures()); },
       "The CUDA architectures compiled for, comma-separated (CMAKE_CUDA_ARCHITECTURES).");
   nb::enum_<groupgemm::Device>(m, "Device", "Where a call runs.")
       .value("cpu", groupgemm::Device::cpu)

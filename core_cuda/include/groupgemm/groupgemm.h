@@ -49,6 +49,10 @@ int64_t unpermute_backward_workspace_bytes(Device device, int64_t num_slots);
 // True when this build contains the CUDA backend.
 bool cuda_compiled();
 
+// The CUDA architectures its device code was compiled for, comma-separated as
+// CMAKE_CUDA_ARCHITECTURES writes them ("80,90a-real"); "" without the CUDA backend.
+const char* cuda_architectures();
+
 // The process's CaptureRecord so far.
 CaptureRecord cuda_capture_record();
 
