@@ -50,6 +50,9 @@ def parse_args(argv):
     p.add_argument("--tokens", type=int, nargs="+", default=[4096], help="M, rows after top-k dispatch")
     p.add_argument("--hidden", type=int, nargs="+", default=[1024], help="K, model width")
     p.add_argument("--ffn", type=int, nargs="+", default=[1024], help="N, expert FFN width")
+    p.add_argument("--shapes", nargs="+", metavar="G,M,K,N",
+                   help="expert shapes to run instead of the product of --experts, --tokens, --hidden and --ffn "
+                        "(real models are points, not a grid)")
     p.add_argument("--routing", nargs="+", default=["uniform", "skewed", "some-empty", "skewed-some-empty"],
                    choices=ROUTINGS,
                    help="rows per expert: equal; Zipf-like; a quarter of experts empty, the rest equal; "
@@ -68,9 +71,16 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+def shapes(args):
+    """(G, M, K, N) of each expert shape the run covers."""
+    if args.shapes:
+        return [tuple(int(v) for v in shape.split(",")) for shape in args.shapes]
+    return list(itertools.product(args.experts, args.tokens, args.hidden, args.ffn))
+
+
 def configs(args):
-    return [Config(*values) for values in itertools.product(
-        args.dtype, args.experts, args.tokens, args.hidden, args.ffn, args.routing)]
+    return [Config(dtype, *shape, routing)
+            for dtype, shape, routing in itertools.product(args.dtype, shapes(args), args.routing)]
 
 
 def _error_text(exc):
@@ -213,6 +223,9 @@ def main(argv=None):
     for r in wrong:
         print(f"{r['impl']} {r['framework']} {r['dtype']} G={r['experts']} {r['routing']}: "
               f"{r.get('error') or r.get('check')}", file=sys.stderr)
+    summary = f"{len(todo)} configurations; {report.digest(rows) or 'no groupgemm timings'}"
+    print(f"RESULT: FAIL {len(wrong)} groupgemm results failed their check; {summary}" if wrong else
+          f"RESULT: PASS {summary}")
     return 1 if wrong else 0
 
 

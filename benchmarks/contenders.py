@@ -5,6 +5,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import kernel_table
+
 GROUPGEMM = "groupgemm"
 PER_EXPERT_LOOP = "per-expert loop"
 DENSE = "dense GEMM"  # one [M, K] x [K, N] GEMM of the framework: the ceiling for the same FLOPs
@@ -14,17 +16,13 @@ GROUPGEMM_DENSE = "groupgemm dense (one group)"
 DENSE_KINDS = (DENSE, GROUPGEMM_DENSE)
 RAGGED_DOT = "jax.lax.ragged_dot"
 GROUPED_MM = "torch._grouped_mm"
-# What a run may leave out (bench.py --skip): where one would take minutes, such as
-# ragged_dot's G-fold work or XLA compiling a loop over 128 experts.
-SKIPPABLE = (PER_EXPERT_LOOP, RAGGED_DOT, GROUPED_MM, GROUPGEMM_DENSE)
-
-
-# GROUPGEMM_CUDA_KERNEL's values that hold the sm_90a kernels to one tile
-# (core_cuda/src/kernel_choice.h); Hopper only.
-SM90_TILES = ("sm90_128x256", "sm90_64x128", "sm90_256x128")
-# What the benchmark runs on Hopper besides the default: the sm_90a kernels choosing each
-# call's tile by its shape (what they would do as the default), and each tile alone.
-SM90_FAMILIES = ("sm90", *SM90_TILES)
+# GROUPGEMM_CUDA_KERNEL's values that hold the sm_90a kernels to one tile: the Hopper kernel
+# table's tiles (Hopper only).
+SM90_TILES = kernel_table.read().tile_names
+# What the benchmark runs on Hopper besides the default (the table's choice per call): the
+# 2.x kernels, the sm_90a kernels choosing each call's tile by the table's sm90 column, and
+# each tile alone.
+HOPPER_FAMILIES = (kernel_table.SM80, kernel_table.SM90_BY_SHAPE, *SM90_TILES)
 
 
 @contextlib.contextmanager
@@ -48,15 +46,21 @@ def family_contender(family):
     return f"{GROUPGEMM} {family}"
 
 
-def is_sm90_contender(name):
-    """groupgemm held to an sm90 family (those rows exist on Hopper only)."""
-    return name in map(family_contender, SM90_FAMILIES)
+# What a run may leave out (bench.py --skip): where one would take minutes, such as
+# ragged_dot's G-fold work or XLA compiling a loop over 128 experts, or what a short run
+# measures elsewhere (the GPU kit times each tile per GEMM).
+SKIPPABLE = (PER_EXPERT_LOOP, RAGGED_DOT, GROUPED_MM, GROUPGEMM_DENSE, *map(family_contender, HOPPER_FAMILIES))
+
+
+def is_hopper_contender(name):
+    """groupgemm held to a kernel family (those rows exist on Hopper only)."""
+    return name in map(family_contender, HOPPER_FAMILIES)
 
 
 def is_groupgemm_kernel(name):
-    """groupgemm's grouped GEMM, on its default kernels or held to an sm90 family: a wrong
-    result there fails the run."""
-    return name == GROUPGEMM or is_sm90_contender(name)
+    """groupgemm's grouped GEMM, on its default kernels or held to a family: a wrong result
+    there fails the run."""
+    return name == GROUPGEMM or is_hopper_contender(name)
 
 
 @dataclass

@@ -25,7 +25,9 @@ import torch_frontend
 from bits import assert_same_bits
 from capture_check import capture
 from cases import CASE_IDS, CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
-from driver_calls import FAMILIES, is_sm90
+from driver_calls import DEFAULT_KERNEL, TEST_KERNELS
+from kernel_table import SM80
+from kernel_table import read as read_kernel_table
 from fp8_reference import LAYER_CASES, RECIPES, layer_inputs
 from reference import assert_close, empty_groups, padding_rows
 from test_expert_layer import IDS as ROUTING_IDS
@@ -80,37 +82,54 @@ HOPPER_ONLY = "the sm_90a kernels need a compute capability 9.0 GPU"
 NOT_ON_HOPPER = "the refusal of a GPU without FP8 tensor cores cannot run on Hopper"
 
 
-@pytest.fixture(params=FAMILIES)
+@pytest.fixture(params=TEST_KERNELS)
 def gemm_kernel(request, monkeypatch):
-    """Each GEMM test runs on both kernel families: CUTLASS 2.x (every GPU) and the sm_90a
-    CUTLASS 3.x kernels (Hopper only) held to each of their tiles, chosen per call by
-    GROUPGEMM_CUDA_KERNEL (plain "sm90" lets the shape choose the tile: kernel_choice.h)."""
-    if is_sm90(request.param) and not _hopper():
+    """Each GEMM test runs on every kernel choice: the default (GROUPGEMM_CUDA_KERNEL unset:
+    the Hopper kernel table's choice per call there, the CUTLASS 2.x kernels elsewhere), the
+    2.x kernels (every GPU), and the sm_90a CUTLASS 3.x kernels (Hopper only) by the table's
+    shape rule ("sm90") and held to each tile. The ids are what the GPU kit reads back."""
+    if request.param == DEFAULT_KERNEL:
+        monkeypatch.delenv("GROUPGEMM_CUDA_KERNEL", raising=False)
+        return request.param
+    if request.param != SM80 and not _hopper():
         pytest.skip(HOPPER_ONLY)
     monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", request.param)
     return request.param
 
 
-@pytest.mark.parametrize("rows, n, tile", [(64, 256, "sm90_64x128"), (512, 128, "sm90_64x128"),
-                                           (512, 256, "sm90_128x256")])
-def test_sm90_by_shape_runs_the_tile_its_rule_names(monkeypatch, rows, n, tile):
-    # kernel_choice.h's sm90_tile_for: at most 128 rows per group (M / G) or 128 columns
-    # take the 64 x 128 tile. The same kernel on the same inputs gives the same bits.
+# One shape in each class of the kernel table (its bound, or past the last bound): rows
+# per group = the smaller side, columns wider.
+TABLE = read_kernel_table()
+TABLE_CLASSES = [(c, c.smaller_side_at_most or 2 * max(x.smaller_side_at_most for x in TABLE.choices) or 256)
+                 for c in TABLE.choices]
+
+
+@pytest.mark.parametrize("choice, rows", TABLE_CLASSES, ids=[f"up_to_{c.smaller_side_at_most or 'any'}"
+                                                              for c, _ in TABLE_CLASSES])
+def test_each_class_runs_the_kernels_the_table_names(monkeypatch, choice, rows):
+    # kernel_choice.h: a call's class is the smaller of its rows per group (M / G) and its
+    # columns; "sm90" runs the class's sm90 tile, the default its default kernel. The same
+    # kernel on the same inputs gives the same bits.
     if not _hopper():
         pytest.skip(HOPPER_ONLY)
-    g, k = 4, 256
+    g, k, n = 4, 256, 2 * rows + 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(g * rows, k, device="cuda", generator=gen).to(torch.bfloat16)
     w = torch.randn(g, k, n, device="cuda", generator=gen).to(torch.bfloat16)
     sizes = torch.full((g,), rows, dtype=torch.int32, device="cuda")
     out = {}
-    for kernel in ("sm90", tile):
-        monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", kernel)
+    for kernel in ("sm90", choice.sm90, DEFAULT_KERNEL, choice.default):
+        if kernel == DEFAULT_KERNEL:
+            monkeypatch.delenv("GROUPGEMM_CUDA_KERNEL", raising=False)
+        else:
+            monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", kernel)
         out[kernel] = gt.grouped_mm(x, w, sizes)
-    assert_same_bits(out["sm90"], out[tile], f"sm90 by shape vs {tile}")
+    assert_same_bits(out["sm90"], out[choice.sm90], f"sm90 by shape vs {choice.sm90}")
+    assert_same_bits(out[DEFAULT_KERNEL], out[choice.default], f"the default vs {choice.default}")
     xs, ws = x.double().cpu().numpy(), w.double().cpu().numpy()
     want = np.concatenate([xs[i * rows:(i + 1) * rows] @ ws[i] for i in range(g)])
-    assert_close(out["sm90"].double().cpu().numpy(), want, "bfloat16", f"sm90 {tile}")
+    for kernel in ("sm90", DEFAULT_KERNEL):
+        assert_close(out[kernel].double().cpu().numpy(), want, "bfloat16", f"{kernel} at {rows} rows per group")
 
 
 ON_CUDA = {"jax": (jax_frontend, JAX_GPU), "torch": (torch_frontend, TORCH_CUDA)}

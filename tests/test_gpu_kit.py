@@ -1,12 +1,15 @@
-"""The GPU kit (benchmarks/gpu/) on a machine without a GPU: its command line, how it
-reads pytest's and compute-sanitizer's output, its summary and results folder, its plan,
-a whole run against canned command output, the profile's reading of Nsight Compute's CSV,
-and the sanitizer driver's calls and checks on the CPU backend. The kit itself only does
-its real work where there is a GPU."""
+"""The lease kit (benchmarks/gpu/) on a machine without a GPU: its command line, how it
+reads pytest's and compute-sanitizer's output, its plan and device call, whole lease runs
+against canned command output on a simulated clock (a failing tile, a run cut by its
+deadline, the kernel table it writes), the carried wheels, the profile's reading of Nsight
+Compute's CSV, and the sanitizer driver's calls and checks on the CPU backend. The kit
+itself only does its real work where there is a GPU."""
 
+import csv
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -15,12 +18,13 @@ KIT_DIR = os.path.join(ROOT, "benchmarks", "gpu")
 
 import driver_calls  # noqa: E402
 import hlo_command_buffers  # noqa: E402
+import kernel_table  # noqa: E402
 import kit  # noqa: E402
-import machine  # noqa: E402
 import profile_shape  # noqa: E402
 import results_dir  # noqa: E402
 import runner  # noqa: E402
 import steps  # noqa: E402
+import tile_sweep  # noqa: E402
 import verdicts  # noqa: E402
 import wheels  # noqa: E402
 from verdicts import FAIL, INCOMPLETE, PASS, SKIP, Verdict  # noqa: E402
@@ -34,31 +38,22 @@ def run_kit(*args):
 
 # ---- command line ---------------------------------------------------------------------
 
-def test_defaults_point_into_the_repository_and_run_every_step():
+def test_defaults_point_into_the_repository_and_fit_the_lease():
     args = kit.parse_args([])
     repo = os.path.normpath(ROOT)
+    assert args.run == "check" and args.deadline == 540  # the first command of a lease: at most 540 s
     assert args.wheels == os.path.join(repo, ".gpu-wheels")
     assert args.out == os.path.join(repo, "benchmarks", "results", "gpu")
     assert args.scratch == os.path.join(repo, "build", "gpu-kit")
-    assert not args.quick and not args.dry_run
-    assert args.steps == ["environment", "pytest", "sanitizer", "capture", "bench", "profile"]
-    assert args.deadline == 550  # a full run ends within a 10-minute command
-
-
-def test_quick_has_the_eight_minute_deadline_and_flags_are_taken(tmp_path):
-    args = kit.parse_args(["--quick", "--out", str(tmp_path / "o"), "--wheels", str(tmp_path / "w"),
-                           "--steps", "capture", "bench", "--arch", "80"])
-    assert args.quick and args.deadline + 30 <= 8 * 60
-    assert args.out == str(tmp_path / "o") and args.wheels == str(tmp_path / "w")
-    assert kit.parse_args(["--out", "here"]).out == os.path.abspath("here")  # given: relative to the caller
-    assert args.steps == ["capture", "bench"] and args.arch == "80"
-    assert kit.parse_args(["--quick", "--deadline", "0"]).deadline == 0
+    extra = kit.parse_args(["extra", "--out", "here"])
+    assert extra.run == "extra" and extra.deadline == 240  # the second: at most 240 s
+    assert extra.out == os.path.abspath("here")  # given: relative to the caller
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--steps", "wheels"], "invalid choice: 'wheels'"),
-    (["--deadline", "-5"], "--deadline must be 0 or more seconds"),
+    (["quick"], "invalid choice: 'quick'"),
+    (["--deadline", "0"], "--deadline must be more than 0 seconds"),
     (["--deadline", "soon"], "invalid float value"),
     (["--out"], "expected one argument"),
 ])
@@ -151,17 +146,17 @@ def test_an_unexpected_skip_makes_the_pytest_step_incomplete(tmp_path):
                     "torch with CUDA")
     assert verdicts.pytest_verdict("12 passed, 3 skipped in 4.2s", 0, steps.EXPECTED_SKIPS) == (
         INCOMPLETE, "12 passed, 3 skipped; 3 unexpected skips, first: not listed (run pytest with -rs)")
-    ctx = kit.context(kit.parse_args(["--out", str(tmp_path)]), gpu_facts(tmp_path))
-    assert all("-rfEs" in command.argv for command in steps.commands("pytest", ctx))
+    ctx = kit.context(kit.parse_args(["--out", str(tmp_path)]), hopper_facts(tmp_path))
+    assert all("-rfEs" in command.argv for step in ("gpu_tests", "suite") for command in steps.commands(step, ctx))
 
 
 def test_summary_table_has_one_row_per_step_in_order():
-    table = verdicts.render_table([Verdict("build", PASS, "built for 90a", 61.4),
-                                   Verdict("pytest", FAIL, "1 failed | 3 passed", 120.0, earlier=True)])
+    table = verdicts.render_table([Verdict("install", PASS, "installed 3 wheels", 11.4),
+                                   Verdict("gpu_tests", FAIL, "1 failed | 3 passed", 120.0)])
     lines = table.splitlines()
     assert lines[0] == "| step | verdict | seconds | details |" and len(lines) == 4
-    assert lines[2] == "| build | PASS | 61 | built for 90a |"
-    assert lines[3] == "| pytest | FAIL | 120 | 1 failed \\| 3 passed (earlier run) |"
+    assert lines[2] == "| install | PASS | 11 | installed 3 wheels |"
+    assert lines[3] == "| gpu_tests | FAIL | 120 | 1 failed \\| 3 passed |"
 
 
 def test_command_buffer_placement_is_read_from_optimized_hlo(tmp_path):
@@ -221,40 +216,72 @@ def test_jax_capture_check_rehearses_on_the_cpu(tmp_path):
     assert hlo_command_buffers.xla_compiles(str(tmp_path))[("jit_accumulate", "cpu")] == 1
 
 
-# ---- machine, wheels, results folder ----------------------------------------------------
+# ---- the carried wheels, the results folder ------------------------------------------------
 
-def test_compute_capability_becomes_the_cmake_architecture():
-    assert machine.cuda_architecture("9.0") == "90a"  # H100, H200
-    assert machine.cuda_architecture("8.0") == "80" and machine.cuda_architecture(" 8.6") == "86"
-    assert machine.cuda_architecture("10.0") == "100"
-    with pytest.raises(ValueError):
-        machine.cuda_architecture("[N/A]")
-    assert machine.architecture_for([], sys.executable) == "80;90a"  # no GPU: what CMakeLists.txt builds
-    assert machine.architecture_for([("H100", "580.65", "9.0")], sys.executable) == "90a"
-    # nvidia-smi without the capability: torch is asked, and where torch sees no GPU, the default
-    assert machine.architecture_for([("GPU", "470.1", "[N/A]")], sys.executable) == "80;90a"
-
-
-def test_required_wheels_are_found_by_name_and_version(tmp_path):
+def test_the_carried_wheels_are_found_by_name_version_and_python(tmp_path):
     for name in ("onednn_cpu_gomp-2023.2.0-py2.py3-none-manylinux1_x86_64.whl",
-                 "nvidia_cutlass-4.2.0.0-py3-none-any.whl", "nvidia_cutlass-4.1.0.0-py3-none-any.whl",
-                 "scipy_openblas32-0.3.30.0-py3-none-manylinux_2_28_x86_64.whl",
-                 "pytest_xdist-3.8.0-py3-none-any.whl", "execnet-2.1.2-py3-none-any.whl"):
+                 "groupgemm-0.1.0-cp311-cp311-manylinux_2_35_x86_64.whl",  # another Python: not this machine's
+                 "scipy_openblas32-0.3.30.0-py3-none-manylinux_2_28_x86_64.whl"):  # another version
         (tmp_path / name).write_bytes(b"")
     found, missing = wheels.find_wheels(str(tmp_path))
-    assert set(found) == {"onednn-cpu-gomp", "nvidia-cutlass", "pytest-xdist", "execnet"}
-    assert os.path.basename(found["nvidia-cutlass"]) == "nvidia_cutlass-4.2.0.0-py3-none-any.whl"
-    assert missing == ["onednn-devel-cpu-gomp==2023.2.0", "scipy-openblas32==0.3.34.481.3"]
+    assert set(found) == {"onednn-cpu-gomp"}
+    assert missing == ["groupgemm (cp312)", "scipy-openblas32==0.3.34.481.3"]
+    (tmp_path / "groupgemm-0.1.0-cp312-cp312-manylinux_2_35_x86_64.whl").write_bytes(b"")
+    assert os.path.basename(wheels.find_wheels(str(tmp_path))[0]["groupgemm"]).startswith("groupgemm-0.1.0-cp312")
     assert wheels.find_wheels(str(tmp_path / "absent"))[0] == {}
 
 
-def test_wheels_are_downloaded_for_the_gpu_machines_python():
-    command = wheels.download_command("nvidia-cutlass", "4.2.0.0", "DEST", python="python3")
+def test_a_dependency_is_cut_to_what_runs_with_a_record_that_lists_it(tmp_path):
+    import hashlib
+    source = tmp_path / "onednn_cpu_gomp-2023.2.0-py2.py3-none-manylinux1_x86_64.whl"
+    data = {"onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so": b"x" * 100,
+            "onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so.3": b"y" * 100,
+            "onednn_cpu_gomp-2023.2.0.data/data/share/doc/onednn/LICENSE": b"licence",
+            "onednn_cpu_gomp-2023.2.0.dist-info/METADATA": b"Name: onednn-cpu-gomp\n",
+            "onednn_cpu_gomp-2023.2.0.dist-info/RECORD": b"stale\n"}
+    with zipfile.ZipFile(source, "w") as z:
+        for name, content in data.items():
+            z.writestr(name, content)
+    dest = tmp_path / "out" / source.name
+    dest.parent.mkdir()
+    wheels.trim(str(source), str(dest), wheels.KEEP["onednn-cpu-gomp"])
+    with zipfile.ZipFile(dest) as z:
+        names = set(z.namelist())
+        record = z.read("onednn_cpu_gomp-2023.2.0.dist-info/RECORD").decode().splitlines()
+    assert "onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so" not in names  # the copy nothing loads
+    assert {"onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so.3",
+            "onednn_cpu_gomp-2023.2.0.data/data/share/doc/onednn/LICENSE"} <= names
+    listed = {line.split(",")[0]: line for line in record}
+    assert set(listed) == names
+    digest = hashlib.sha256(b"y" * 100).digest()
+    import base64
+    assert listed["onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so.3"].split(",")[1] == (
+        "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode())
+
+
+def test_dependencies_are_downloaded_for_the_gpu_machines_python():
+    command = wheels.download_command("onednn-cpu-gomp", "2023.2.0", "DEST", python="python3")
     assert command[:4] == ["python3", "-m", "pip", "download"]
     for flag in ("--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
                  "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
         assert flag in command
-    assert command[-3:] == ["-d", "DEST", "nvidia-cutlass==4.2.0.0"]
+    assert command[-3:] == ["-d", "DEST", "onednn-cpu-gomp==2023.2.0"]
+
+
+def test_what_travels_is_the_tracked_files_and_the_carried_folder(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("/ignored/\n")
+    (repo / "tracked.txt").write_bytes(b"a" * 1000)
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "big.bin").write_bytes(b"b" * 5000)
+    (repo / "carried").mkdir()
+    (repo / "carried" / "w.whl").write_bytes(b"c" * 300)
+    base = wheels.travel_bytes(str(repo))
+    assert base == 1000 + len("/ignored/\n") + 300  # untracked files git would take travel too
+    subprocess.run(["git", "-C", str(repo), "add", "tracked.txt"], check=True)
+    assert wheels.travel_bytes(str(repo), [str(repo / "ignored")]) == base + 5000
 
 
 def test_results_folder_budget(tmp_path):
@@ -268,7 +295,7 @@ def test_results_folder_budget(tmp_path):
     (tmp_path / "a" / "b" / "c").mkdir()
     (tmp_path / "a" / "b" / "c" / "too_deep").write_text("x")
     assert any("too_deep is 3 folders deep" in p for p in results_dir.budget_problems(str(tmp_path)))
-    assert len(results_dir.KIT_FILES) <= results_dir.MAX_FILES
+    assert all(len(results_dir.files(run)) <= results_dir.MAX_FILES for run in steps.RUNS)
 
 
 def test_site_dir_is_found_wherever_pip_put_it(tmp_path):
@@ -277,192 +304,264 @@ def test_site_dir_is_found_wherever_pip_put_it(tmp_path):
     assert kit.find_site_dir(str(tmp_path)) == str(site)
     guess = kit.find_site_dir(str(tmp_path / "empty"))
     assert guess.endswith(os.path.join("lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages"))
+    assert kit.find_site_dir(str(tmp_path / "empty"), "3.12").endswith(os.path.join("python3.12", "site-packages"))
 
 
-# ---- the plan ---------------------------------------------------------------------------
+# ---- the plan and the device call ----------------------------------------------------------
 
-def gpu_facts(tmp_path, sanitizer="/usr/local/cuda/bin/compute-sanitizer", ncu="/usr/local/cuda/bin/ncu"):
-    found = {name: str(tmp_path / f"{name}.whl") for name, _ in wheels.REQUIRED}
-    return kit.Facts([("NVIDIA H100 80GB HBM3", "580.65", "9.0")], "90a", sanitizer, found, [], "python3.12", ncu)
+def hopper_facts(tmp_path, sanitizer="/usr/local/cuda/bin/compute-sanitizer", ncu="/usr/local/cuda/bin/ncu",
+                 cpus=16):
+    found = {name: str(tmp_path / f"{name}.whl") for name in ("groupgemm", "onednn-cpu-gomp", "scipy-openblas32")}
+    for path in found.values():
+        open(path, "ab").close()
+    return kit.Facts([("NVIDIA H100 80GB HBM3", "580.65", "9.0")], sanitizer, ncu, found, [], "python3.12", cpus)
 
 
-def test_dev_sh_dry_run_prints_the_plan_and_exits_0(tmp_path):
+def test_dev_sh_dry_run_prints_the_device_call_and_each_steps_deadline(tmp_path):
     proc = subprocess.run([os.path.join(ROOT, "dev.sh"), "gpu", "--dry-run", "--wheels", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "plan only (--dry-run)" in out
-    for name in steps.STEPS:
-        assert f"{name}: {steps.PURPOSE[name]}" in out
-    assert out.count("MISSING") == len(wheels.REQUIRED)  # an empty wheels folder
-    assert "compute-sanitizer:" in out and "pip install" in out
+    command = next(line for line in out.splitlines() if line.startswith("  command ("))
+    length = int(command.split("(")[1].split(" of ")[0])
+    assert length <= kit.COMMAND_LIMIT and command.endswith("--deadline 540")
+    assert "python3 benchmarks/gpu/kit.py check --wheels" in command and '--out "$OUT"' in command
+    assert "  carry: " in out and "travels in all:" in out and "limit 60 MiB" in out
+    assert out.count("MISSING") == 3  # an empty wheels folder
+    ends = []
+    for number, name in enumerate(steps.RUNS["check"], start=1):
+        line = next(line for line in out.splitlines() if line.startswith(f"{number}. {name} (limit "))
+        ends.append(int(line.split("done by ")[1].split(" s)")[0]))
+    assert ends == sorted(ends) and ends[-1] <= 540 - steps.SUMMARY_RESERVE_S
     assert not os.path.exists(os.path.join(str(tmp_path), "prefix"))  # nothing was installed
 
 
-def test_plan_with_a_gpu_has_every_command(tmp_path):
-    args = kit.parse_args(["--wheels", str(tmp_path), "--scratch", str(tmp_path / "s"), "--out", str(tmp_path / "o")])
-    plan = kit.plan_text(args, gpu_facts(tmp_path))
-    assert "SKIPPED" not in plan and "no GPU" not in plan
-    assert "CMAKE_CUDA_ARCHITECTURES=90a" in plan and "--no-build-isolation" in plan
-    assert f"--prefix {tmp_path / 's' / 'prefix'}" in plan
-    for tool in steps.SANITIZER_TOOLS:
-        assert f"--tool {tool}" in plan
-    # The GPU tests first on their own, then the other files in parallel.
-    gpu_tests, other_tests = plan.index("-m pytest -q -rfEs -p no:cacheprovider tests/test_cuda.py\n"), plan.index(
-        f"-m pytest -q -rfEs -p no:cacheprovider -n {steps.pytest_workers()} --ignore tests/test_cuda.py tests\n")
-    assert gpu_tests < other_tests
-    threads = (os.cpu_count() or 2) // steps.pytest_workers()  # the workers share the cores
-    assert f"OMP_NUM_THREADS={threads} " in plan[gpu_tests:other_tests]
-    assert plan.count("benchmarks/bench.py --device cuda --dtype bfloat16") == len(steps.FULL_SWEEP)
-    # Where ragged_dot or a compiled 128-expert JAX loop would take minutes, they are left out.
-    assert plan.count("--experts 128 --tokens 16384 --hidden 2048 --ffn 1408 --frameworks jax "
-                      "--skip 'per-expert loop'") == 1
-    assert plan.count("--frameworks torch --out") == 3
-    assert "--experts 8 32 --tokens 4096 --hidden 2048 --ffn 1408 --out" in plan  # both frameworks, every contender
+def test_the_plan_for_a_hopper_machine_has_every_command(tmp_path):
+    args = kit.parse_args(["--wheels", str(tmp_path), "--dry-run"])
+    plan = kit.plan_text(args, hopper_facts(tmp_path))
+    assert "SKIPPED" not in plan
+    assert "--prefix /tmp/groupgemm-kit/prefix" in plan and "groupgemm.whl" in plan
+    assert "-m pytest -q -rfEs -p no:cacheprovider -n 8 tests/test_cuda.py tests/test_cuda_build.py" in plan
+    tiles = kernel_table.read().tile_names
+    for tool in steps.SANITIZER_TOOLS:  # one process per tool and part: each family, and the expert/FP8 kernels
+        for part in ("sm80", *tiles, steps.LAYER_PART):
+            assert f"--tool {tool} " in plan and f"--quick --part {part} --prefill " in plan
+    assert plan.count("compute-sanitizer --tool") == len(steps.SANITIZER_TOOLS) * (len(tiles) + 2)
+    bench = plan.index("tile_sweep.py --out '$OUT/tiles.csv'")
+    assert bench < plan.index("benchmarks/bench.py --device cuda") < plan.index("benchmarks/fp8_bench.py")
+    assert "--shapes 128,16384,2048,1408 32,16384,7168,2048 8,16384,4096,14336" in plan
+    for tile in tiles:  # each tile alone is timed per GEMM by the sweep, not again through the frameworks
+        assert f"'groupgemm {tile}'" in plan
     assert "jax_capture_check.py --command-buffers custom-calls" in plan and "capture_check.py" in plan
-    out = tmp_path / "o"
-    assert "bin/ncu --target-processes all --profile-from-start off --section SpeedOfLight" in plan
-    assert f"--log-file {out / 'ncu.csv'} python3.12 " in plan and "profile_shape.py --under-ncu\n" in plan
-    assert f"profile_shape.py --ncu-csv {out / 'ncu.csv'} --out {out / 'profile.md'}" in plan
+    extra = kit.plan_text(kit.parse_args(["extra", "--wheels", str(tmp_path)]), hopper_facts(tmp_path))
+    assert "ncu --target-processes all --profile-from-start off --clock-control none" in extra
+    assert "--ignore tests/test_cuda.py --ignore tests/test_cuda_build.py tests" in extra
 
 
-def test_plan_says_what_would_be_skipped_and_why(tmp_path):
-    args = kit.parse_args(["--quick", "--wheels", str(tmp_path), "--steps", "sanitizer"])
-    facts = gpu_facts(tmp_path, sanitizer="", ncu="")
-    facts.gpus = []
-    plan = kit.plan_text(args, facts)
-    assert "no GPU: steps 2-6 (pytest, sanitizer, capture, bench, profile) would be skipped" in plan
-    assert "would be SKIPPED: not selected (--steps); no CUDA GPU (nvidia-smi found none); ncu not found" in plan
-    assert "would be SKIPPED: no CUDA GPU (nvidia-smi found none); compute-sanitizer not found" in plan
-    assert "would be SKIPPED: not selected (--steps)" in plan
-    assert "sanitizer_driver.py --quick" in plan
-    assert plan.count("benchmarks/bench.py") == 0  # unselected steps show no commands
+def test_the_steps_run_in_priority_order_within_the_deadline():
+    for run, deadline in steps.DEADLINE.items():
+        limits = kit.step_limits(run, deadline)
+        assert [name for name, _, _ in limits] == list(steps.RUNS[run])
+        assert limits[0][0] == "install" and limits[-1][2] <= deadline - steps.SUMMARY_RESERVE_S
+        assert all(limit <= steps.LIMITS[name] for name, limit, _ in limits)
+    assert steps.RUNS["check"].index("gpu_tests") < steps.RUNS["check"].index("sanitizer") < \
+        steps.RUNS["check"].index("bench") < steps.RUNS["check"].index("decision")
+    assert steps.DEADLINE["check"] <= 540 and steps.DEADLINE["extra"] <= 240
 
 
-# ---- a whole run, against canned output ---------------------------------------------------
-
-CANNED = {
-    "pytest": "....\n" + EXPECTED_SKIP_SUMMARY + "120 passed, 3 skipped in 95.1s\n",
-    "compute-sanitizer": "RESULT: PASS 402 calls match\n========= ERROR SUMMARY: 0 errors\n",
-    "bench.py": "wrote bench.csv\n",
-    "fp8_bench.py": "RESULT: PASS 2 shapes and routings\n",
-    "bench_merge.py": "RESULT: PASS 2 configurations; torch fwd+bwd 500-600 TFLOP/s\n",
-    "environment_report.py": "RESULT: PASS NVIDIA H100, driver 580.65\n",
-    "jax_capture_check.py": "RESULT: PASS 6 routings match\n",
-    "capture_check.py": "RESULT: PASS replayed\n",
-    "ncu": "RESULT: PASS ran 9 contenders under the profiler\n",
-    "profile_shape.py": "RESULT: PASS forward 0.85x dense, dgrad 0.84x dense, wgrad 0.80x dense\n",
-    "pip": "Successfully installed\n",
-}
+def test_a_failed_test_is_put_down_to_the_kernel_it_ran_on():
+    assert kit.kernel_of_test("tests/test_cuda.py::test_x[torch-basic-bfloat16-plain-sm90_64x128]") == "sm90_64x128"
+    assert kit.kernel_of_test("tests/test_cuda.py::test_x[sm90-torch-basic]") == "sm90"
+    assert kit.kernel_of_test("tests/test_cuda.py::test_x[default-jax]") == "default"
+    assert kit.kernel_of_test("tests/test_cuda.py::test_fp8_layer[blockwise-torch]") is None
+    assert kit.kernel_of_test("tests/test_cuda.py::test_plain") is None
 
 
-def fake_runner(failing=()):
-    seen = []
+# ---- whole lease runs, against canned output on a simulated clock ------------------------------
 
-    def run(command, log, timeout, env_changes=None, cwd=None):
-        seen.append(command)
-        line = " ".join(command)
-        key = next(k for k in CANNED if (k == "pytest" and "pytest" in command) or
-                   (k != "pytest" and any(os.path.basename(part) == k or part == k for part in command)))
-        text = CANNED[key]
-        if any(f in line for f in failing):
-            text = "...F\n1 failed, 119 passed in 90s\n" if key == "pytest" else "boom\n"
+TILES = kernel_table.read().tile_names
+SOURCE_TABLE = open(kernel_table.TABLE).read()  # before any test points kernel_table.TABLE at a copy
+PYTEST_PASS = ("....\n==== short test summary info ====\n"
+               "SKIPPED [2] tests/test_cuda.py:99: the refusal of a GPU without FP8 tensor cores cannot run on "
+               "Hopper\n1200 passed, 2 skipped in 95.1s\n")
+
+
+def canned_tile_sweep(path, fastest):
+    """A tile sweep's CSV: every kernel at every cell, `fastest` the quickest everywhere,
+    the 2.x kernels slowest."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, tile_sweep.COLUMNS)
+        writer.writeheader()
+        for experts, tokens, hidden, ffn in steps.BENCH_CELLS:
+            for gemm in profile_shape.OPS:
+                side = tile_sweep.smaller_side(gemm, experts, tokens, hidden, ffn)
+                for rank, kernel in enumerate([fastest] + [k for k in TILES if k != fastest] + ["sm80"]):
+                    ms = 1.0 + 0.1 * rank
+                    writer.writerow({"cell": tile_sweep.cell_name(experts, tokens, hidden, ffn, "uniform"),
+                                     "experts": experts, "tokens": tokens, "hidden": hidden, "ffn": ffn,
+                                     "routing": "uniform", "gemm": gemm, "smaller_side": side, "kernel": kernel,
+                                     "ms": ms, "tflops": 1.0})
+
+
+class FakeMachine:
+    """Runs no command: answers each with canned output after canned seconds on a
+    simulated clock, and records the order."""
+
+    def __init__(self, seconds=None, outputs=None, fastest_tile=TILES[-1]):
+        self.now, self.seen = 0.0, []
+        self.seconds, self.outputs, self.fastest_tile = seconds or {}, outputs or {}, fastest_tile
+
+    def clock(self):
+        return self.now
+
+    @staticmethod
+    def key(argv):
+        if "pytest" in argv:
+            return "suite" if "--ignore" in argv else "gpu_tests"
+        if "--tool" in argv:
+            return f"sanitizer {argv[argv.index('--tool') + 1]} {argv[argv.index('--part') + 1]}"
+        script = next((os.path.basename(a) for a in argv if a.endswith(".py")), argv[0])
+        return "pip" if "pip" in argv else script
+
+    def execute(self, argv, log, timeout, env=None, cwd=None):
+        key = self.key(argv)
+        self.seen.append(key)
+        if key == "tile_sweep.py":
+            canned_tile_sweep(argv[argv.index("--out") + 1], self.fastest_tile)
+        text = self.outputs.get(key)
+        if text is None:
+            text = (PYTEST_PASS if key in ("gpu_tests", "suite") else
+                    "========= ERROR SUMMARY: 0 errors\nRESULT: PASS calls match\n" if key.startswith("sanitizer")
+                    else "Successfully installed\n" if key == "pip" else f"RESULT: PASS {key}\n")
+        seconds = self.seconds.get(key, 1.0)
+        timed_out = seconds > timeout
+        self.now += min(seconds, timeout)
         log.write(text)
-        return runner.Completed(0 if text == CANNED[key] else 1, text, 1.0, False)
-
-    return run, seen
-
-
-def test_a_whole_run_continues_past_failures_and_writes_its_summary(tmp_path, monkeypatch, capsys):
-    run, seen = fake_runner(failing=["tests/test_core.py"])  # only in --quick's pytest command
-    monkeypatch.setattr(runner, "run", run)
-    monkeypatch.setattr(kit, "detect", lambda args: gpu_facts(tmp_path))
-    out, scratch = tmp_path / "out", tmp_path / "scratch"
-    code = kit.main(["--quick", "--out", str(out), "--scratch", str(scratch), "--deadline", "0"])
-    assert code == 1  # pytest failed
-    table = capsys.readouterr().out
-    assert "| pytest | FAIL |" in table and "1 failed" in table
-    for name in ("wheels", "build", "environment", "sanitizer", "capture", "bench", "profile"):
-        assert f"| {name} | PASS |" in table, name  # the steps after the failure still ran
-    assert sum("compute-sanitizer" in c[0] for c in seen) == 4
-    assert "ncu: ran 9 contenders under the profiler" in table and "timing: forward 0.85x dense" in table
-    assert sorted(os.listdir(out)) == ["kit.log", "summary.json", "summary.md"]
-    assert results_dir.budget_problems(str(out)) == []
-    assert "| sanitizer | PASS |" in (out / "summary.md").read_text()
-
-    # A second run of one step keeps the other verdicts, marked as earlier.
-    run, seen = fake_runner()
-    monkeypatch.setattr(runner, "run", run)
-    code = kit.main(["--quick", "--out", str(out), "--scratch", str(scratch), "--deadline", "0", "--steps", "pytest"])
-    assert code == 0
-    table = (out / "summary.md").read_text()
-    assert "| pytest | PASS |" in table and "| bench | PASS |" in table
-    assert table.count("(earlier run)") == 5  # environment, sanitizer, capture, bench, profile
+        failed = "FAILED" in text or "RESULT: FAIL" in text or timed_out
+        return runner.Completed(1 if failed else 0, text, min(seconds, timeout), timed_out)
 
 
-def test_a_failed_build_skips_what_needs_it(tmp_path, monkeypatch):
-    run, _ = fake_runner(failing=["--no-build-isolation"])
-    monkeypatch.setattr(runner, "run", run)
-    monkeypatch.setattr(kit, "detect", lambda args: gpu_facts(tmp_path))
-    args = kit.parse_args(["--out", str(tmp_path / "o"), "--scratch", str(tmp_path / "s"), "--deadline", "0"])
-    with open(tmp_path / "log", "w") as log:
-        result = {v.step: v for v in kit.run_all(args, gpu_facts(tmp_path), log)}
-    assert result["build"].status == FAIL and result["wheels"].status == PASS
-    assert all(result[name].status == SKIP and result[name].reason == "the build failed"
-               for name in steps.SELECTABLE)
+def lease(tmp_path, monkeypatch, machine, run="check", facts=None):
+    """A whole run of the kit on `machine`, with its own copy of the kernel table."""
+    table = tmp_path / "hopper_kernels.def"
+    table.write_text(SOURCE_TABLE)
+    monkeypatch.setattr(kernel_table, "TABLE", str(table))
+    monkeypatch.setattr(kit, "detect", lambda args: facts or hopper_facts(tmp_path))
+    out = tmp_path / "out"
+    code = kit.main([run, "--out", str(out), "--scratch", str(tmp_path / "scratch")], execute=machine.execute,
+                    clock=machine.clock, parallel=False)
+    summary = (out / results_dir.summary_md(run)).read_text()
+    return code, summary, out, table
 
 
-def test_a_step_past_the_deadline_is_skipped_with_how_to_finish(tmp_path, monkeypatch):
-    run, _ = fake_runner()
-    monkeypatch.setattr(runner, "run", run)
-    args = kit.parse_args(["--out", str(tmp_path / "o"), "--scratch", str(tmp_path / "s"), "--deadline", "5"])
-    with open(tmp_path / "log", "w") as log:
-        result = {v.step: v for v in kit.run_all(args, gpu_facts(tmp_path), log)}
-    assert result["wheels"].status == SKIP and "out of time: run again with --steps wheels" in result["wheels"].reason
-    assert result["environment"].reason == "nothing was built"
+def verdict_rows(summary):
+    return {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in summary.splitlines()
+            if line.startswith("| ") and not line.startswith("| step") and " | " in line}
 
 
-def test_a_failed_build_is_summed_up_by_its_compiler_error():
-    output = ("ninja: build stopped\n/src/gemm_bf16.cu(12): error: identifier \"X\" is undefined\n"
-              "error: subprocess-exited-with-error\nERROR: Failed building wheel for groupgemm\n")
-    assert kit.last_error_line(output) == '/src/gemm_bf16.cu(12): error: identifier "X" is undefined'
-    missing = "ModuleNotFoundError: No module named 'x'"
-    assert kit.last_error_line(missing + "\n") == missing
-    assert kit.last_error_line("just this\n") == "just this"
+def test_a_whole_lease_runs_every_step_in_priority_order_and_writes_the_table(tmp_path, monkeypatch):
+    machine = FakeMachine(fastest_tile=TILES[-1])
+    code, summary, out, table = lease(tmp_path, monkeypatch, machine)
+    assert code == 0, summary
+    rows = verdict_rows(summary)
+    assert list(rows) == list(steps.RUNS["check"]) and set(rows.values()) == {PASS}
+    firsts = [next(i for i, k in enumerate(machine.seen) if k.startswith(prefix))
+              for prefix in ("pip", "environment", "gpu_tests", "sanitizer", "jax_capture", "tile_sweep", "bench.py",
+                             "fp8_bench")]
+    assert firsts == sorted(firsts)  # the priority order
+    assert sum(k.startswith("sanitizer") for k in machine.seen) == 4 * (len(TILES) + 2)
+    written = kernel_table.read(str(table))
+    assert written.choices == tuple(kernel_table.Choice(c.smaller_side_at_most, TILES[-1], TILES[-1])
+                                    for c in written.choices)  # the fastest passing kernel everywhere
+    assert "the GPU kit on NVIDIA H100 80GB HBM3" in written.chosen_by
+    assert (out / results_dir.KERNEL_TABLE).read_text() == table.read_text()  # it comes back with the results
+    assert set(os.listdir(out)) <= set(results_dir.files("check")) and results_dir.budget_problems(str(out)) == []
+    assert "## The kernel table's decision" in summary and "every kernel passed" in summary
 
 
-def test_a_full_pytest_step_runs_the_gpu_tests_first_and_leaves_time_for_the_rest(tmp_path, monkeypatch):
-    limits = []
-
-    def run(command, log, timeout, env_changes=None, cwd=None):
-        limits.append((command, timeout))
-        gpu = steps.CUDA_TESTS in command and "--ignore" not in command
-        text = ("==== short test summary info ====\nFAILED tests/test_cuda.py::test_x[sm90_128x256] - assert 0 == 1\n"
-                "1 failed, 99 passed in 9s\n" if gpu else "200 passed in 5s\n")
-        return runner.Completed(1 if gpu else 0, text, 1.0, False)
-
-    monkeypatch.setattr(runner, "run", run)
-    args = kit.parse_args(["--out", str(tmp_path / "o"), "--scratch", str(tmp_path / "s"), "--deadline", "0",
-                           "--steps", "pytest"])
-    ctx = kit.context(args, gpu_facts(tmp_path))
-    with open(tmp_path / "log", "w") as log:
-        status, reason = kit.run_checks(kit.Run(args, gpu_facts(tmp_path), log), ctx, "pytest")
-    assert status == FAIL
-    assert reason == ("GPU tests: 99 passed, 1 failed; first: tests/test_cuda.py::test_x[sm90_128x256]; "
-                      "other tests: 200 passed")
-    (first, first_limit), (second, second_limit) = limits
-    assert first[-1] == steps.CUDA_TESTS and second[-1] == "tests" and "-n" in second
-    gpu_share = steps.GPU_TESTS_SHARE / (steps.GPU_TESTS_SHARE + 1)
-    step_time = steps.timeout("pytest", False)
-    assert step_time * gpu_share - 1 <= first_limit <= step_time * gpu_share
-    assert step_time - 1 <= second_limit <= step_time  # all that is left (the canned first took no time)
+def test_a_failing_tile_is_left_out_of_the_decision(tmp_path, monkeypatch):
+    bad = TILES[-1]  # the fastest in the sweep, but a test on it failed
+    failing = ("==== short test summary info ====\n"
+               f"FAILED tests/test_cuda.py::test_cuda_matches_cpu_backend[torch-tiles-bfloat16-plain-{bad}] - assert\n"
+               "1 failed, 1199 passed in 95.1s\n")
+    machine = FakeMachine(outputs={"gpu_tests": failing}, fastest_tile=bad)
+    code, summary, _, table = lease(tmp_path, monkeypatch, machine)
+    assert code == 1 and verdict_rows(summary)["gpu_tests"] == FAIL
+    assert f"failures by kernel: {bad}: 1" in summary
+    assert verdict_rows(summary)["decision"] == PASS  # the others still decide
+    chosen = kernel_table.read(str(table)).choices
+    assert all(bad not in (c.default, c.sm90) for c in chosen)
+    runner_up = next(t for t in TILES if t != bad)  # the next fastest in the canned sweep
+    assert all(c.default == runner_up and c.sm90 == runner_up for c in chosen)
+    assert f"failed: {bad} (test tests/test_cuda.py::" in summary
 
 
-def test_pytest_workers_are_half_the_cores_within_1_and_8():
-    assert [steps.pytest_workers(c) for c in (1, 2, 4, 16, 64)] == [1, 1, 2, 8, 8]
+def test_a_tile_the_sanitizer_flags_is_left_out_too(tmp_path, monkeypatch):
+    bad = TILES[0]
+    machine = FakeMachine(outputs={f"sanitizer racecheck {bad}": "========= ERROR SUMMARY: 2 errors\n"},
+                          fastest_tile=bad)
+    code, summary, _, table = lease(tmp_path, monkeypatch, machine)
+    assert code == 1 and verdict_rows(summary)["sanitizer"] == FAIL
+    assert f"racecheck {bad}: 2 errors" in summary
+    assert all(bad not in (c.default, c.sm90) for c in kernel_table.read(str(table)).choices)
 
 
-def test_a_suite_stopped_at_its_limit_still_says_what_it_found(tmp_path):
+def test_a_failure_of_the_default_kernels_withholds_every_tile(tmp_path, monkeypatch):
+    failing = ("==== short test summary info ====\nFAILED tests/test_cuda.py::test_x[default-torch] - x\n"
+               "1 failed, 1199 passed in 95.1s\n")
+    code, summary, _, table = lease(tmp_path, monkeypatch, FakeMachine(outputs={"gpu_tests": failing}))
+    chosen = kernel_table.read(str(table)).choices
+    assert all(c.default == kernel_table.SM80 for c in chosen)  # only the 2.x kernels can be the default
+    source = tmp_path / "source.def"
+    source.write_text(SOURCE_TABLE)
+    assert [c.sm90 for c in chosen] == [c.sm90 for c in kernel_table.read(str(source)).choices]  # no tile passed
+
+
+def test_a_run_cut_by_its_deadline_keeps_the_priority_order_and_changes_nothing(tmp_path, monkeypatch):
+    # Every step slow: each ends at its limit, what is left of the deadline shrinks, the
+    # benchmark's sweep is cut, its later commands and the decision get no time at all.
+    slow = {"pip": 55.0, "environment_report.py": 40.0, "gpu_tests": 1000.0, "jax_capture_check.py": 100.0,
+            "capture_check.py": 100.0, "tile_sweep.py": 1000.0,
+            **{f"sanitizer {t} {p}": 200.0 for t in steps.SANITIZER_TOOLS for p in ("sm80", *TILES, steps.LAYER_PART)}}
+    machine = FakeMachine(seconds=slow)
+    code, summary, _, table = lease(tmp_path, monkeypatch, machine)
+    rows = verdict_rows(summary)
+    assert code == 1 and list(rows) == list(steps.RUNS["check"])  # every step has its verdict, in order
+    assert rows["install"] == PASS and rows["environment"] == PASS
+    assert rows["gpu_tests"] == FAIL and "timed out after 180 s (limit 180 s)" in summary
+    assert rows["sanitizer"] == FAIL and rows["capture"] == FAIL
+    assert rows["bench"] == FAIL and "frameworks: out of time" in summary and "fp8: out of time" in summary
+    assert "bench.py" not in machine.seen and "fp8_bench.py" not in machine.seen
+    assert rows["decision"] == SKIP and "out of time" in summary
+    assert machine.now <= steps.DEADLINE["check"] - steps.SUMMARY_RESERVE_S
+    assert table.read_text() == SOURCE_TABLE  # nothing decided: the table as it was
+
+
+def test_a_failed_install_skips_what_needs_it(tmp_path, monkeypatch):
+    machine = FakeMachine(outputs={"pip": "ERROR: groupgemm-...whl is not a supported wheel on this platform.\n"
+                                          "RESULT: FAIL\n"})
+    code, summary, _, _ = lease(tmp_path, monkeypatch, machine)
+    rows = verdict_rows(summary)
+    assert rows["install"] == FAIL and "is not a supported wheel" in summary
+    assert all(rows[name] == SKIP for name in steps.RUNS["check"][1:]) and machine.seen == ["pip"]
+
+
+def test_the_extra_run_profiles_and_runs_the_rest_of_the_suite(tmp_path, monkeypatch):
+    machine = FakeMachine()
+    code, summary, out, _ = lease(tmp_path, monkeypatch, machine, run="extra")
+    assert code == 0 and list(verdict_rows(summary)) == list(steps.RUNS["extra"])
+    assert machine.seen == ["pip", "environment_report.py", "profile_shape.py", "profile_shape.py", "suite"]
+
+
+def test_without_a_gpu_the_gpu_steps_are_skipped_with_the_reason(tmp_path, monkeypatch):
+    facts = hopper_facts(tmp_path, sanitizer="", ncu="")
+    facts.gpus = []
+    code, summary, _, _ = lease(tmp_path, monkeypatch, FakeMachine(), facts=facts)
+    rows = verdict_rows(summary)
+    assert rows["install"] == PASS and rows["gpu_tests"] == SKIP and "no CUDA GPU" in summary
+
+
+def test_the_suite_and_the_command_runner_stop_at_their_limit(tmp_path):
     (tmp_path / "test_slow.py").write_text(
         "import time\n\ndef test_fails():\n    assert 1 == 2\n\ndef test_slow():\n    time.sleep(60)\n")
     with open(tmp_path / "log", "w") as log:
@@ -471,14 +570,77 @@ def test_a_suite_stopped_at_its_limit_still_says_what_it_found(tmp_path):
     assert done.timed_out and done.seconds < 30
     assert verdicts.pytest_verdict(done.output, done.returncode) == (
         FAIL, "1 failed; first: test_slow.py::test_fails")
-
-
-def test_runner_ends_a_command_past_its_limit(tmp_path):
     with open(tmp_path / "log", "w") as log:
         done = runner.run([sys.executable, "-c", "print('started', flush=True); import time; time.sleep(60)"],
                           log, timeout=1)
     assert done.timed_out and done.returncode != 0 and done.seconds < 30
     assert "started" in done.output and "stopped after" in (tmp_path / "log").read_text()
+
+
+def test_commands_side_by_side_each_log_their_output_whole(tmp_path):
+    args = kit.parse_args(["--out", str(tmp_path)])
+    with open(tmp_path / "log", "w") as log:
+        run = kit.Run(args, hopper_facts(tmp_path, cpus=4), log)
+        commands = [steps.Command([sys.executable, "-c", f"print('{i}' * 3); print('{i}' * 4)"], {}, str(i))
+                    for i in range(3)]
+        done = run.execute_all(commands, 60)
+    assert [d.output.split() for d in done] == [["000", "0000"], ["111", "1111"], ["222", "2222"]]
+    text = (tmp_path / "log").read_text()
+    assert text.index("000\n0000") < text.index("111\n1111") < text.index("222\n2222")
+
+
+# ---- the kernel table --------------------------------------------------------------------------
+
+def test_the_kernel_table_reads_and_rewrites_its_choices_in_place(tmp_path):
+    path = tmp_path / "table.def"
+    original = open(kernel_table.TABLE).read()
+    path.write_text(original)
+    table = kernel_table.read(str(path))
+    assert table.tile_names and table.choices[-1].smaller_side_at_most == 0
+    new = tuple(kernel_table.Choice(c.smaller_side_at_most, table.tile_names[0], table.tile_names[-1])
+                for c in table.choices)
+    written = kernel_table.write_choices(new, "a test, with a long reason " * 6, str(path))
+    assert written.choices == new and written.tiles == table.tiles and written.chosen_by.startswith("a test")
+    text = path.read_text()
+    assert all(len(line) <= 100 for line in text.splitlines())
+    tile_lines = [line for line in original.splitlines() if line.startswith("GG_SM90_TILE(")]
+    assert [line for line in text.splitlines() if line.startswith("GG_SM90_TILE(")] == tile_lines
+    kernel_table.write_choices(table.choices, table.chosen_by, str(path))
+    assert path.read_text() == original  # a rewrite of the same choices is the same file
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("GG_HOPPER_CHOICE(0, sm81, sm90_64x128)", "names a kernel the table does not have"),
+    ("GG_HOPPER_CHOICE(0, sm80 sm90_64x128)", "not a GG_HOPPER_CHOICE row"),
+    ("GG_HOPPER_CHOICE(128, sm80, sm90_64x128)", "the last GG_HOPPER_CHOICE must take any size"),
+])
+def test_a_malformed_table_is_refused_naming_the_problem(tmp_path, bad, message):
+    text = open(kernel_table.TABLE).read().splitlines()
+    last = max(i for i, line in enumerate(text) if line.startswith("GG_HOPPER_CHOICE("))
+    text[last] = bad
+    path = tmp_path / "table.def"
+    path.write_text("\n".join(text) + "\n")
+    with pytest.raises(ValueError, match=message):
+        kernel_table.read(str(path))
+
+
+def test_the_decision_takes_per_class_the_fastest_kernel_that_passed():
+    table = kernel_table.read()
+    small, large = table.choices[0].smaller_side_at_most, 4 * max(table.choices[0].smaller_side_at_most, 64)
+    a, b = table.tile_names[:2]
+    timings = [kernel_table.Timing("small", small, "sm80", 3e-3), kernel_table.Timing("small", small, a, 2e-3),
+               kernel_table.Timing("small", small, b, 1e-3),
+               kernel_table.Timing("large", large, "sm80", 1e-3), kernel_table.Timing("large", large, a, 2e-3),
+               kernel_table.Timing("large", large, b, 4e-3)]
+    choices, reasons = kernel_table.decide(table, timings, {"sm80", a, b})
+    assert (choices[0].default, choices[0].sm90) == (b, b)
+    assert (choices[-1].default, choices[-1].sm90) == ("sm80", a)  # sm80 competes for the default only
+    assert "sm80 1.000 ms" in reasons[0]
+    choices, _ = kernel_table.decide(table, timings, {"sm80", a})  # b failed: it does not compete
+    assert (choices[0].default, choices[0].sm90) == (a, a)
+    choices, reasons = kernel_table.decide(table, timings, {"sm80"})  # no tile passed
+    assert choices == table.choices and "no sm90 tile passed" in reasons[table.choices[0].smaller_side_at_most]
+    assert kernel_table.decide(table, [], {"sm80", a, b})[0] == table.choices  # nothing measured: unchanged
 
 
 # ---- the profile: Nsight Compute's CSV and the report ------------------------------------

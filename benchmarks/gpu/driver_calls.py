@@ -20,10 +20,16 @@ from contenders import SM90_TILES  # noqa: E402
 # float32 output, empty groups' weight gradients).
 SETUP, BIAS_GRAD = "setup kernel", "bias-grad kernel"
 CUTLASS, UNALIGNED = "cutlass", "unaligned"
-# The GROUPGEMM_CUDA_KERNEL values the kit runs: CUTLASS 2.x (every GPU), and CUTLASS 3.x
-# (sm_90a, Hopper only) held to each of its tiles in turn, so that every instantiation
-# runs whatever the shapes (by itself, "sm90" lets each call's shape choose the tile).
+# The GROUPGEMM_CUDA_KERNEL values the sanitizer driver runs: CUTLASS 2.x (every GPU), and
+# CUTLASS 3.x (sm_90a, Hopper only) held to each of its tiles in turn, so that every
+# instantiation runs whatever the shapes (by itself, "sm90" lets each call's shape choose).
 FAMILIES = ("sm80", *SM90_TILES)
+# What tests/test_cuda.py runs every GEMM test under (its gemm_kernel fixture's ids, which
+# the GPU kit reads back from failed tests): GROUPGEMM_CUDA_KERNEL unset (on Hopper the
+# kernel table's choice per call), the 2.x kernels, the sm90 kernels by the table's shape
+# rule, and each tile.
+DEFAULT_KERNEL = "default"
+TEST_KERNELS = (DEFAULT_KERNEL, "sm80", "sm90", *SM90_TILES)
 
 
 def families_on(compute_capability):

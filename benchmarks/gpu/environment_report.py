@@ -1,8 +1,11 @@
-"""Prints what the GPU run ran on: GPU, driver, nvcc, compute-sanitizer, torch, jax, and
-whether each framework sees the GPU and groupgemm has its CUDA backend. Ends with
-"RESULT: PASS ..." when torch and JAX both see a GPU and CUDA is compiled in."""
+"""Prints what the GPU run ran on: GPU, driver, glibc, compute-sanitizer, torch, jax,
+whether each framework sees the GPU, and the groupgemm wheel installed (its tag, its CUDA
+architectures). Ends with "RESULT: PASS ..." when torch and JAX both see a GPU and CUDA is
+compiled in."""
 
+import importlib.metadata
 import os
+import platform
 import subprocess
 import sys
 
@@ -29,6 +32,7 @@ def main():
     facts["compute-sanitizer"] = first_line_with([sanitizer, "--version"], "Version") if sanitizer else "not found"
     facts["ncu"] = find_tool("ncu") or "not found"
     facts["python"] = sys.version.split()[0]
+    facts["glibc"] = " ".join(platform.libc_ver())
     try:
         import torch
 
@@ -54,6 +58,8 @@ def main():
         from groupgemm import _core
 
         facts["groupgemm"] = os.path.dirname(groupgemm.__file__)
+        wheel = importlib.metadata.distribution("groupgemm").read_text("WHEEL") or ""
+        facts["wheel tag"] = ", ".join(line.split()[1] for line in wheel.splitlines() if line.startswith("Tag:"))
         facts["cuda_compiled"] = groupgemm.cuda_compiled()
         facts["compiled for"] = _core.cuda_architectures() or "n/a"
     except ImportError as exc:

@@ -161,12 +161,37 @@ def report(times, ncu, environment, shape=SHAPE):
 
 # ---- on the GPU ---------------------------------------------------------------------------
 
-def _operands(torch, shape):
+def operands(torch, shape, sizes=None):
+    """bfloat16 x [M, K], w [G, K, N], dy [M, N] on the GPU and int32 group sizes (`sizes`,
+    or M / G each)."""
     g, m, k, n = shape["experts"], shape["tokens"], shape["hidden"], shape["ffn"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     rand = lambda *s: torch.randn(*s, device="cuda", generator=gen).mul_(0.1).to(torch.bfloat16)  # noqa: E731
-    sizes = torch.full((g,), m // g, dtype=torch.int32, device="cuda")
+    sizes = torch.tensor(sizes if sizes is not None else [m // g] * g, dtype=torch.int32, device="cuda")
     return rand(m, k), rand(g, k, n), rand(m, n), sizes
+
+
+def gemm_calls(torch, operands, num_groups):
+    """{op: fn} of groupgemm's three GEMMs of a training step; each picks its kernel from
+    GROUPGEMM_CUDA_KERNEL at the call."""
+    import groupgemm.torch as gt
+    x, w, dy, sizes = operands
+    return {"forward": lambda: gt.grouped_mm(x, w, sizes),
+            "dgrad": lambda: gt.grouped_mm(dy, w, sizes, transpose_weight=True),
+            "wgrad": lambda: gt.grouped_mm_wgrad(x, dy, sizes, num_groups)}
+
+
+def time_call(torch, fn, repeats=None):
+    """Median seconds of `repeats` calls (REPEATS by default), each between CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats or REPEATS):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(samples)
 
 
 def _calls(torch, families, grouped_mm, shape):
@@ -174,8 +199,7 @@ def _calls(torch, families, grouped_mm, shape):
     GROUPGEMM_CUDA_KERNEL at each call; torch._grouped_mm takes the same groups as
     cumulative ends, and computes the weight gradient as torch's own backward does (its
     contraction split at the ends)."""
-    import groupgemm.torch as gt
-    x, w, dy, sizes = _operands(torch, shape)
+    x, w, dy, sizes = operands(torch, shape)
     g = shape["experts"]
 
     def on(family, fn):
@@ -216,18 +240,6 @@ def _check_forward(torch, calls, operands, families):
     return problems
 
 
-def _time(torch, fn):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(REPEATS):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(samples)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--under-ncu", action="store_true", help="run each contender once inside the profiler's range")
@@ -259,7 +271,7 @@ def main(argv=None):
         print(f"RESULT: PASS ran {len(order)} contenders under the profiler")
         return 0
     problems = _check_forward(torch, calls, operands, families)
-    times = {key: _time(torch, calls[key]) for key in order}
+    times = {key: time_call(torch, calls[key]) for key in order}
     ncu = None
     if args.ncu_csv and os.path.exists(args.ncu_csv):
         with open(args.ncu_csv, errors="replace") as f:

@@ -71,6 +71,10 @@ def parse_args(argv):
                    help="run only these expert-layer cases (and the GEMM cases named by --cases)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu rehearses the same calls and checks on the CPU backend (no kernel is reached)")
+    p.add_argument("--part", default="all", metavar="PART", choices=["all", "layer", *FAMILIES],
+                   help="all (default); one GEMM kernel family alone (" + ", ".join(FAMILIES) + "); or layer: "
+                        "the expert-layer and FP8 kernels alone. The GPU kit runs the parts side by side, "
+                        "and a part's verdict names its family")
     return p.parse_args(argv)
 
 
@@ -280,6 +284,11 @@ def main(argv=None):
     expert_names = ((args.expert_cases or []) if chosen else
                     (expert.QUICK_EXPERT_CASES if args.quick else list(expert.ALL_EXPERT_CASES)))
     families = families_on(torch.cuda.get_device_capability()) if args.device == "cuda" else FAMILIES[:1]
+    if args.part != "all":  # one family's GEMMs, or the expert-layer and FP8 kernels without GEMMs
+        families = [f for f in families if f == args.part]
+        names = names if families else []
+        expert_names = expert_names if args.part == "layer" else []
+    layer = args.part in ("all", "layer")
     reached, failures, count = set(), [], 0
     for family in families:
         os.environ["GROUPGEMM_CUDA_KERNEL"] = family  # read by the core on every call
@@ -327,7 +336,7 @@ def main(argv=None):
     if expert_names:
         print(f"expert layer: {len(expert_names)} routing cases; {bitwise} of the {compared} results of passing "
               f"calls equal the CPU backend's bit for bit, the others are within the tolerances")
-    fp8_names = [] if chosen else (fp8.QUICK_FP8_CASES if args.quick else list(fp8.ALL_FP8_CASES))
+    fp8_names = [] if chosen or not layer else (fp8.QUICK_FP8_CASES if args.quick else list(fp8.ALL_FP8_CASES))
     hopper = args.device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     fp8_count, fp8_failures = fp8.run(torch, fp8_names, hopper, args.device)
     count += fp8_count
@@ -339,7 +348,7 @@ def main(argv=None):
         print(f"FP8: {fp8_count} calls over {len(fp8_names)} cases" +
               (" (quantization, and the sm_90a FP8 GEMMs)" if hopper else " (quantization; the GEMMs need Hopper)"))
     # On the CPU backend no kernel runs: the rehearsal checks the calls and the values only.
-    required = set().union(*map(required_kernels, families)) | required_expert_kernels()
+    required = set().union(*map(required_kernels, families)) | (required_expert_kernels() if layer else set())
     missing = sorted(map(describe, required - reached)) if args.device == "cuda" else []
     print(f"{count} calls over {len(names)} GEMM cases ({' and '.join(families)} kernels) and "
           f"{len(expert_names)} expert-layer cases on {args.device}, "

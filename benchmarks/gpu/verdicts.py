@@ -34,7 +34,6 @@ class Verdict:
     status: str  # PASS, FAIL, INCOMPLETE or SKIP
     reason: str
     seconds: float = 0.0
-    earlier: bool = False  # kept from an earlier run of the kit with the same scratch folder
 
 
 def parse_pytest_summary(text):
@@ -66,16 +65,18 @@ def describe_counts(counts):
     return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "no tests ran"
 
 
-def first_failure(text):
-    """The first test pytest's (last) short summary lists as failed or in error, or None;
+def failures(text):
+    """The tests pytest's (last) short summary lists as failed or in error, in its order;
     lines before it, a failing test's captured output among them, are not read."""
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if _PYTEST_SHORT_SUMMARY.match(line.strip())]
-    for line in lines[starts[-1] + 1:] if starts else []:
-        match = _PYTEST_FAILURE.match(line)
-        if match:
-            return match.group("test")
-    return None
+    found = [_PYTEST_FAILURE.match(line) for line in (lines[starts[-1] + 1:] if starts else [])]
+    return [m.group("test") for m in found if m]
+
+
+def first_failure(text):
+    """The first of failures(text), or None."""
+    return next(iter(failures(text)), None)
 
 
 def skips(text):
@@ -190,6 +191,5 @@ def render_table(verdicts):
     """The summary as a markdown table, one row per step, in run order."""
     lines = ["| step | verdict | seconds | details |", "|---|---|---|---|"]
     for v in verdicts:
-        reason = v.reason + (" (earlier run)" if v.earlier else "")
-        lines.append(f"| {v.step} | {v.status} | {v.seconds:.0f} | {_cell(reason)} |")
+        lines.append(f"| {v.step} | {v.status} | {v.seconds:.0f} | {_cell(v.reason)} |")
     return "\n".join(lines)

@@ -1,53 +1,61 @@
-"""The wheels a GPU machine needs beyond its own python3, and how to fetch them.
+"""The wheels a lent GPU machine needs beyond its own python3, gathered into one folder
+that travels with the working tree (./dev.sh gpu-wheels): the redistributable cp312
+groupgemm wheel (./dev.sh wheel 3.12 builds it into dist/) and its two runtime
+dependencies, oneDNN and OpenBLAS, cut to what runs there. The machine has no network and
+no room for a build: the kit installs exactly what a user would, and nothing is compiled.
 
-A GPU machine without network access has torch, jax (with its CUDA plugin), nanobind,
-scikit-build-core, cmake, ninja and pytest, but not the CPU GEMM libraries the extension
-links (oneDNN, OpenBLAS), the CUTLASS headers it compiles against, nor pytest-xdist, which
-runs the CPU-backend tests there in parallel. They are downloaded
-here, for that machine's CPython 3.12 on x86-64 Linux, into a folder that travels with
-the working tree. Standard library only: runs under any python3.
+The oneDNN wheel holds libdnnl.so three times (libdnnl.so, .so.3 and .so.3.2, none a link:
+38.9 MB) and OpenBLAS's its headers and CMake files; only libdnnl.so.3 and OpenBLAS's
+library and Python package are loaded, so the copies here keep just those (with their
+licences) and a RECORD that lists them. Standard library only.
 
-    python3 benchmarks/gpu/wheels.py [DEST]     (what ./dev.sh gpu-wheels runs)
+    python3 benchmarks/gpu/wheels.py [--dist DIST] [DEST]
 """
 
+import argparse
+import base64
+import fnmatch
+import glob
+import hashlib
 import os
 import subprocess
 import sys
+import tempfile
+import zipfile
 
-# Pinned: the same versions dev.sh installs (scipy-openblas32 at the version dev.sh's
-# ">=0.3.27" resolves to), so the GPU build links what the tests ran against here.
-REQUIRED = (
-    ("onednn-cpu-gomp", "2023.2.0"),
-    ("onednn-devel-cpu-gomp", "2023.2.0"),
-    ("scipy-openblas32", "0.3.34.481.3"),
-    ("nvidia-cutlass", "4.2.0.0"),  # headers only: installed with --no-deps
-    ("pytest-xdist", "3.8.0"),
-    ("execnet", "2.1.2"),  # pytest-xdist's one dependency besides pytest
-)
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DEFAULT_DEST = ".gpu-wheels"
-TARGET_PYTHON = "3.12"
+TARGET_PYTHON = "3.12"  # the lent machines' python3
+GROUPGEMM = "groupgemm"
+# Pinned: the versions the groupgemm wheel was built and tested against (dev.sh).
+DEPENDENCIES = (("onednn-cpu-gomp", "2023.2.0"), ("scipy-openblas32", "0.3.34.481.3"))
+# What each dependency's copy keeps besides its .dist-info (fnmatch patterns).
+KEEP = {"onednn-cpu-gomp": ("*/lib/libdnnl.so.3", "*/LICENSE*", "*/THIRD-PARTY-PROGRAMS"),
+        "scipy-openblas32": ("scipy_openblas32/lib/libscipy_openblas.so", "scipy_openblas32/*.py")}
 # manylinux tags the target accepts, newest first; pip also takes older ones (manylinux1).
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-# The wheels folder travels with the working tree to a machine without network; a cap keeps
-# that transfer small.
-SIZE_LIMIT_BYTES = 55 * 10**6
+# The working tree that travels (tracked files, untracked ones git does not ignore, and
+# the carried folder) may be 64 MiB; this keeps a margin.
+TRAVEL_LIMIT_BYTES = 60 * 2**20
 
 
-def wheel_prefix(name, version):
-    """How a wheel file of this distribution and version begins (PEP 427 escaping)."""
-    return f"{name.replace('-', '_')}-{version}-"
+def wheel_prefix(name, version=None):
+    """How a wheel file of this distribution (and version) begins (PEP 427 escaping)."""
+    return f"{name.replace('-', '_')}-" + (f"{version}-" if version else "")
 
 
 def find_wheels(folder):
-    """({name: path} of the required wheels present in `folder`, [name==version missing])."""
+    """({name: path} of the wheels the machine needs present in `folder`, [what is missing])."""
     files = sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []
+    wanted = [(GROUPGEMM, None, f"-cp{TARGET_PYTHON.replace('.', '')}-")] + [(n, v, "") for n, v in DEPENDENCIES]
     found, missing = {}, []
-    for name, version in REQUIRED:
-        match = [f for f in files if f.endswith(".whl") and f.lower().startswith(wheel_prefix(name, version).lower())]
+    for name, version, tag in wanted:
+        match = [f for f in files if f.endswith(".whl") and f.lower().startswith(wheel_prefix(name, version).lower())
+                 and tag in f]
         if match:
-            found[name] = os.path.join(folder, match[0])
+            found[name] = os.path.join(folder, match[-1])
         else:
-            missing.append(f"{name}=={version}")
+            missing.append(f"{name}=={version}" if version else f"{name} (cp{TARGET_PYTHON.replace('.', '')})")
     return found, missing
 
 
@@ -60,31 +68,78 @@ def download_command(name, version, dest, python=sys.executable):
     return command + ["-d", dest, f"{name}=={version}"]
 
 
-def main(argv=None):
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) > 1 or (args and args[0].startswith("-")):
-        print(f"usage: {os.path.basename(__file__)} [DEST] (default {DEFAULT_DEST})", file=sys.stderr)
-        return 2
-    dest = args[0] if args else DEFAULT_DEST
+def _record_line(name, data):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def trim(source, dest, keep):
+    """A copy of the wheel `source` at `dest` with only the files matching `keep` and its
+    .dist-info, whose RECORD then lists exactly those."""
+    with zipfile.ZipFile(source) as zin:
+        names = [n for n in zin.namelist() if ".dist-info/" in n or any(fnmatch.fnmatch(n, p) for p in keep)]
+        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
+            lines = []
+            for name in names:
+                if name == record or name.endswith("/"):
+                    continue
+                data = zin.read(name)
+                zout.writestr(zin.getinfo(name), data)
+                lines.append(_record_line(name, data))
+            zout.writestr(record, "\n".join(lines + [f"{record},,"]) + "\n")
+
+
+def travel_bytes(repo=REPO, carried=()):
+    """Bytes of what travels to the machine: the files git tracks or would track (not the
+    ignored ones), plus the carried folders."""
+    listed = subprocess.run(["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    total = sum(os.path.getsize(os.path.join(repo, f)) for f in listed if f and os.path.isfile(os.path.join(repo, f)))
+    for folder in carried:
+        for root, _, names in os.walk(folder):
+            total += sum(os.path.getsize(os.path.join(root, n)) for n in names)
+    return total
+
+
+def gather(dest, dist):
+    """Fills `dest`; returns the problems (empty when all is well)."""
     os.makedirs(dest, exist_ok=True)
-    for name, version in REQUIRED:
-        if subprocess.call(download_command(name, version, dest)) != 0:
-            print(f"download of {name}=={version} failed", file=sys.stderr)
-            return 1
-    found, missing = find_wheels(dest)
-    total = 0
-    for name, path in found.items():
-        size = os.path.getsize(path)
-        total += size
-        print(f"{size / 1e6:6.1f} MB  {os.path.basename(path)}")
-    print(f"{total / 1e6:6.1f} MB  in {dest} (limit {SIZE_LIMIT_BYTES / 1e6:.0f} MB)")
-    if missing:
-        print("missing after download: " + ", ".join(missing), file=sys.stderr)
-        return 1
-    if total > SIZE_LIMIT_BYTES:
-        print("the wheels are too large to travel with the working tree", file=sys.stderr)
-        return 1
-    return 0
+    for old in glob.glob(os.path.join(dest, "*.whl")):
+        os.remove(old)
+    ours = sorted(glob.glob(os.path.join(dist, f"{GROUPGEMM}-*-cp{TARGET_PYTHON.replace('.', '')}-*.whl")))
+    if not ours:
+        return [f"no cp{TARGET_PYTHON.replace('.', '')} groupgemm wheel in {dist}: run ./dev.sh wheel {TARGET_PYTHON}"]
+    with open(ours[-1], "rb") as f, open(os.path.join(dest, os.path.basename(ours[-1])), "wb") as g:
+        g.write(f.read())
+    with tempfile.TemporaryDirectory() as downloads:
+        for name, version in DEPENDENCIES:
+            if subprocess.call(download_command(name, version, downloads)) != 0:
+                return [f"download of {name}=={version} failed"]
+            (source,) = glob.glob(os.path.join(downloads, wheel_prefix(name, version) + "*.whl"))
+            trim(source, os.path.join(dest, os.path.basename(source)), KEEP[name])
+    return []
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dest", nargs="?", default=DEFAULT_DEST)
+    p.add_argument("--dist", default=os.path.join(REPO, "dist"), help="where ./dev.sh wheel put the wheels")
+    args = p.parse_args(argv)
+    problems = gather(args.dest, args.dist)
+    found, missing = find_wheels(args.dest)
+    for path in found.values():
+        print(f"{os.path.getsize(path) / 2**20:6.1f} MiB  {os.path.basename(path)}")
+    carried = sum(os.path.getsize(p) for p in found.values())
+    travelling = travel_bytes(REPO, [args.dest])
+    print(f"{carried / 2**20:6.1f} MiB  carried in {args.dest}")
+    print(f"{travelling / 2**20:6.1f} MiB  travel in all (the working tree and {args.dest}; "
+          f"limit {TRAVEL_LIMIT_BYTES / 2**20:.0f} MiB)")
+    problems += [f"missing: {', '.join(missing)}"] if missing else []
+    problems += ["what travels is over the limit"] if travelling > TRAVEL_LIMIT_BYTES else []
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
