@@ -8,11 +8,11 @@
 #   ./dev.sh setup  only set up: .venv, pinned dependencies, editable build
 #   ./dev.sh wheel [3.10 ...]  set up, then the redistributable manylinux wheels into dist/,
 #                   one per CPython (default 3.10 to 3.13), the CUDA code compiled once
-#   ./dev.sh gpu-wheels [DIR]  download the wheels a GPU machine without network needs (into
-#                   .gpu-wheels/, git-ignored: copy it along with the working tree)
-#   ./dev.sh gpu [--wheels DIR] [--out DIR] [--quick] [--dry-run]  on a machine with an NVIDIA
-#                   GPU, with its own python3 (torch, jax[cuda]): build against the copied wheels,
-#                   then CUDA tests, compute-sanitizer, graph capture, benchmark (benchmarks/gpu/)
+#   ./dev.sh gpu-wheels [DIR]  set up, then gather what a lent GPU machine installs: the cp312
+#                   wheel and its dependencies (into .gpu-wheels/, git-ignored: carried along)
+#   ./dev.sh gpu [check|extra] [--wheels DIR] [--out DIR] [--dry-run]  on a machine with an NVIDIA
+#                   GPU, with its own python3 (torch, jax[cuda]): the lease kit's two commands from
+#                   the carried wheels (benchmarks/gpu/; --dry-run prints the device call)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -97,7 +97,7 @@ wheel() {
   for version in ${*:-$WHEEL_PYTHONS}; do
     py=$(python_for "$version")
     PIP_CONSTRAINT=build/oldest-jax.txt "$py" -m pip wheel -q --no-deps -w "$raw" \
-      -C cmake.define.GROUPGEMM_PREBUILT_CORE="$core" -C build-dir="build/wheel-py$version" .
+      --config-settings=cmake.define.GROUPGEMM_PREBUILT_CORE="$core" --config-settings=build-dir="build/wheel-py$version" .
   done
   rm -f dist/groupgemm-*.whl
   auditwheel repair -w dist "$raw"/groupgemm-*.whl 2>&1 | grep -i "fixed-up wheel written" || true
@@ -172,15 +172,18 @@ case "${1:-}" in
     python benchmarks/bench.py
     ;;
   gpu-wheels)
-    # For the GPU machine's CPython 3.12 on x86-64 Linux, whatever this machine runs.
-    exec python3 benchmarks/gpu/wheels.py "${@:2}"
+    # For the GPU machine's CPython 3.12 on x86-64 Linux: the redistributable wheel and its
+    # dependencies, cut to what runs there.
+    setup
+    wheel 3.12
+    python benchmarks/gpu/wheels.py "${@:2}"
     ;;
   gpu)
     # The machine's own python3, never .venv: it carries the CUDA builds of torch and jax.
     exec python3 benchmarks/gpu/kit.py "${@:2}"
     ;;
   *)
-    echo "usage: ./dev.sh {demo|test|bench|docs|setup|wheel [VERSION...]|gpu-wheels [DIR]|gpu [--quick] [--dry-run] [--wheels DIR] [--out DIR]}" >&2
+    echo "usage: ./dev.sh {demo|test|bench|docs|setup|wheel [VERSION...]|gpu-wheels [DIR]|gpu [check|extra] [--dry-run] [--wheels DIR] [--out DIR]}" >&2
     exit 2
     ;;
 esac
