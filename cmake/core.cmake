@@ -48,7 +48,8 @@ set(GG_CORE_SOURCES
   core_cuda/src/fp8_api.cpp
   core_cuda/cpu/fp8_quantize.cpp
   core_cuda/cpu/fp8_gemm.cpp
-  core_cuda/cpu/run_time_libraries.cpp)
+  core_cuda/cpu/run_time_libraries.cpp
+  core_cuda/cpu/float_mode.cpp)
 
 # CUDA: compiled when nvcc is present (CUDACXX, PATH, or the default toolkit location)
 # and GROUPGEMM_CUDA is not OFF. The build says which it made and why.

@@ -35,6 +35,7 @@ from jax.interpreters import ad
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import expert_raw
 from groupgemm.jax_ext.primitives import (
+    _primitive,
     aval_of,
     cotangent,
     define,
@@ -223,12 +224,21 @@ def _activation_grad_formula(dout, h, kind):
     return grad.astype(h.dtype)
 
 
-def _activation_tangent(h, t, kind, width, batched):
+def _activation_tangent_formula(t, h, kind, width):
+    """``J(h) t`` with jax.numpy, from _activation_grad_formula: J is diagonal for the
+    elementwise activations; for swiglu (``silu(gate) * up``) the gate half of ``J^T``
+    applied to t's gate half plus the up half of ``J^T`` applied to t's up half."""
+    if contract.ACTIVATIONS[kind] != "swiglu":
+        return _activation_grad_formula(t, h, kind)
+    return (_activation_grad_formula(t[..., :width], h, kind)[..., :width]
+            + _activation_grad_formula(t[..., width:], h, kind)[..., width:])
+
+
+def _activation_tangent(t, h, *, batched, kind, width):
     """``J(h) t``, the activation's tangent, from the core's backward ``J^T`` (``batched``
-    flags t and h): J is diagonal for the elementwise activations; for swiglu
-    (``silu(gate) * up``) the backward of t's gate half gives ``t_gate * up * silu'(gate)``
-    in its gate half and of t's up half ``t_up * silu(gate)`` in its up half: their sum is
-    ``J t``."""
+    flags t and h): J is diagonal for the elementwise activations; for swiglu the backward
+    of t's gate half gives ``t_gate * up * silu'(gate)`` in its gate half and of t's up half
+    ``t_up * silu(gate)`` in its up half: their sum is ``J t``."""
     if contract.ACTIVATIONS[kind] != "swiglu":
         return activation_grad_p.bind(t, h, kind=kind, batched=batched)
     gate = activation_grad_p.bind(t[..., :width], h, kind=kind, batched=batched)[..., :width]
@@ -236,10 +246,41 @@ def _activation_tangent(h, t, kind, width, batched):
     return gate + up
 
 
+def _activation_tangent_abstract(t, h, *, batched, kind, width):
+    features = width if contract.ACTIVATIONS[kind] == "swiglu" else h.shape[-1]
+    shape = (t.shape[0],) * (any(batched) and not batched[1]) + h.shape[:-1] + (features,)
+    return jax.core.ShapedArray(shape, h.dtype)
+
+
+def _activation_tangent_jvp(primals, tangents, *, batched, kind, width):
+    (t, h), (t_t, t_h) = primals, tangents
+    out = activation_tangent_p.bind(t, h, batched=batched, kind=kind, width=width)
+    formula = lambda x, y, ty: jax.jvp(lambda z: _activation_tangent_formula(x, z, kind, width), (y,), (ty,))[1]  # noqa: E731
+    terms = [None if is_zero(t_t) else activation_tangent_p.bind(t_t, h, batched=batched, kind=kind, width=width),
+             None if is_zero(t_h) else _per_entry(formula, batched + batched[1:])(t, h, t_h)]
+    return out, sum_terms(terms, aval_of(out))
+
+
+def _activation_tangent_transpose(ct, t, h, *, batched, kind, width):
+    """``J^T ct``: one core call, as PyTorch's backward makes it (no arithmetic outside
+    the core, whose floating-point mode then decides every bit)."""
+    if is_zero(ct):
+        return [None, None]
+    t_b, h_b = batched
+    dt = activation_grad_p.bind(ct, h, kind=kind, batched=(any(batched), h_b))
+    return [cotangent(dt, t, t_b, any(batched)), None]
+
+
+# J t, linear in t: forward mode evaluates it (from two core calls for swiglu), reverse mode
+# transposes it into the core's J^T.
+activation_tangent_p = _primitive("groupgemm_activation_tangent", _activation_tangent, _activation_tangent_abstract,
+                                  _activation_tangent_jvp, _activation_tangent_transpose, False)
+
+
 def _activation_jvp(primals, tangents, *, batched, kind, width):
     (h,), (t,) = primals, tangents
     out = activation_p.bind(h, kind=kind, width=width, batched=batched)
-    term = None if is_zero(t) else _activation_tangent(h, t, kind, width, batched * 2)
+    term = None if is_zero(t) else activation_tangent_p.bind(t, h, batched=batched * 2, kind=kind, width=width)
     return out, sum_terms([term], aval_of(out))
 
 
@@ -261,7 +302,7 @@ def _activation_grad_transpose(ct, dout, h, *, batched, kind):
         return [None, None]
     dout_b, h_b = batched
     flags = (any(batched), h_b)
-    dh = _activation_tangent(h, ct.astype(h.dtype), kind, dout.aval.shape[-1], flags)
+    dh = activation_tangent_p.bind(ct.astype(h.dtype), h, batched=flags, kind=kind, width=dout.aval.shape[-1])
     return [cotangent(dh, dout, dout_b, any(flags)), None]
 
 

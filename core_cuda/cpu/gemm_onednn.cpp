@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "convert.h"
+#include "float_mode.h"
 #include "gemm.h"
 #include "lru_cache.h"
 #include "onednn.h"
@@ -182,6 +183,7 @@ Status execute(const GemmCall& c) {
     args.emplace(DNNL_ARG_SCRATCHPAD,
                  memory({{static_cast<memory::dim>(prim.scratchpad_bytes)}, memory::data_type::u8, {1}},
                         engine, aligned));
+    before_parallel_work();  // oneDNN's threads are OpenMP's: the core's floating-point mode
     prim.matmul.execute(stream, args);
     stream.wait();
   } catch (const std::exception& e) {

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "float_mode.h"
+
 namespace groupgemm {
 namespace cpu {
 
@@ -30,7 +32,8 @@ void* run_time_function(const char* soname, const char* name) {
 // the omp_* calls it makes, forwarded to libgomp.so.1 (their signatures are libgomp's
 // libgomp_g.h and omp.h). They are local to libgroupgemm_core.so (its export map): other
 // libraries' OpenMP calls never come here. A pragma that needs another entry point is an
-// undefined symbol at the core's link: add it here.
+// undefined symbol at the core's link: add it here. A region that may run on workers first
+// gives them the core's floating-point mode (float_mode.h).
 #define GG_OPENMP(name) GG_RUN_TIME_FUNCTION(::groupgemm::cpu::kOpenmpLibrary, name)
 
 extern "C" {
@@ -42,6 +45,7 @@ void GOMP_loop_end(void);
 void GOMP_loop_end_nowait(void);
 
 void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) {
+  if (num_threads != 1) groupgemm::cpu::before_parallel_work();  // 1: an `if` clause kept it serial
   GG_OPENMP(GOMP_parallel)(fn, data, num_threads, flags);
 }
 void GOMP_barrier(void) { GG_OPENMP(GOMP_barrier)(); }
@@ -60,3 +64,5 @@ int omp_get_thread_num(void) __GOMP_NOTHROW { return GG_OPENMP(omp_get_thread_nu
 int omp_in_parallel(void) __GOMP_NOTHROW { return GG_OPENMP(omp_in_parallel)(); }
 void omp_set_num_threads(int n) __GOMP_NOTHROW { GG_OPENMP(omp_set_num_threads)(n); }
 }
+
+void groupgemm::cpu::parallel_region(void (*fn)(void*), void* data) { GG_OPENMP(GOMP_parallel)(fn, data, 0, 0); }

@@ -22,6 +22,10 @@ constexpr const char* kOpenmpLibrary = "libgomp.so.1";
 // links the core without the package's set-up can get here.
 void* run_time_function(const char* soname, const char* name);
 
+// fn(data) on each thread of a parallel region over OpenMP's default team, made in libgomp
+// directly: without the core's own GOMP_parallel, which first sets the workers' mode.
+void parallel_region(void (*fn)(void*), void* data);
+
 }  // namespace cpu
 }  // namespace groupgemm
 

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "float_mode.h"
 #include "groupgemm/types.h"
 
 namespace groupgemm {
@@ -40,10 +41,14 @@ inline Status check_ptr(const void* p, int64_t elements, const char* name) {
   return Status::Ok();
 }
 
-// Runs the CPU or the CUDA backend (no_cuda.cpp in builds without nvcc) for already validated arguments.
+// Runs the CPU or the CUDA backend (no_cuda.cpp in builds without nvcc) for already
+// validated arguments; the CPU backend in the core's floating-point mode (float_mode.h).
 template <typename Args, typename Cpu, typename Cuda>
 Status dispatch(const Args& args, const ExecContext& ctx, Cpu cpu_fn, Cuda cuda_fn) {
-  if (ctx.device == Device::cpu) return cpu_fn(args);
+  if (ctx.device == Device::cpu) {
+    const CpuFloatModeScope mode;
+    return cpu_fn(args);
+  }
   return cuda_fn(args, ctx);
 }
 
