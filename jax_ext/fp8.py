@@ -29,13 +29,9 @@ def quantize_fp8(x, recipe, *, dtype=jnp.float8_e4m3fn, power_of_two=False):
     x = jnp.asarray(x)
     _, fp8_type, scaling = contract.quantize_fp8(fn, shape_and_dtype(x), recipe, dtype_name(dtype))
     params = dict(out_type=fp8_type, power_of_two=bool(power_of_two))
-    if x.ndim == 2:
-        return tuple(prims.quantize_rows_p.bind(x, scaling=scaling, batched=(False,), **params))
-    if recipe == "blockwise":
+    if x.ndim == 3 and recipe == "blockwise":
         return tuple(prims.quantize_blocks_p.bind(x, batched=(False,), **params))
-    g, n, k = x.shape
-    q, scale = prims.quantize_rows_p.bind(x.reshape(g * n, k), scaling=scaling, batched=(False,), **params)
-    return q.reshape(g, n, k), scale.reshape(g, n)
+    return tuple(prims.quantize_rows_p.bind(x, scaling=scaling, row_dims=x.ndim - 1, batched=(False,), **params))
 
 
 def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offset=None, dtype=jnp.float8_e4m3fn,

@@ -39,17 +39,19 @@ def _workspace(call, scaling, num_groups, m, k, n):
 # ---- quantization ---------------------------------------------------------------------
 
 
-def _quantize_rows_layout(*, scaling, **_):
-    # x [R, C] -> q [R, C], scale [R] or [R, ceil(C/128)]: each row on its own.
+def _quantize_rows_layout(*, scaling, row_dims, **_):
+    # x [R..., C] -> q [R..., C], scale [R...] or [R..., ceil(C/128)]: each row on its own;
+    # a weight's [G, N] rows are two factors (no reshape: either may be sharded).
+    rows = " ".join(f"r{i}" for i in range(row_dims))
     if scaling == ROWWISE:
-        return Layout(("r c",), ("r c", "r"), replicated=("c",))
-    return Layout(("r c",), ("r c", "r cb"), replicated=("c", "cb"))
+        return Layout((f"{rows} c",), (f"{rows} c", rows), replicated=("c",))
+    return Layout((f"{rows} c",), (f"{rows} c", f"{rows} cb"), replicated=("c", "cb"))
 
 
 @partitioned(_quantize_rows_layout)
-def fp8_quantize_rows(x, *, out_type, scaling, power_of_two):
-    rows, cols = x.shape
-    scale_shape = (rows,) if scaling == ROWWISE else (rows, contract.fp8_blocks(cols))
+def fp8_quantize_rows(x, *, out_type, scaling, power_of_two, row_dims):
+    *rows, cols = x.shape
+    scale_shape = tuple(rows) if scaling == ROWWISE else (*rows, contract.fp8_blocks(cols))
     call = jax.ffi.ffi_call("groupgemm_fp8_quantize_rows",
                             (jax.ShapeDtypeStruct(x.shape, FP8_JAX_DTYPES[out_type]),
                              jax.ShapeDtypeStruct(scale_shape, jnp.float32)))

@@ -32,17 +32,15 @@ class _Ops:
     def quantize_rows(x, recipe):
         return tuple(prims.quantize_rows_p.bind(x, out_type=recipe_steps.FP8_E4M3,
                                                 scaling=contract.fp8_recipe(recipe, "fp8"), power_of_two=False,
-                                                batched=(False,)))
+                                                row_dims=1, batched=(False,)))
 
     @staticmethod
     def quantize_weight(w, recipe):
         if recipe == "blockwise":
             return tuple(prims.quantize_blocks_p.bind(w, out_type=recipe_steps.FP8_E4M3, power_of_two=False,
                                                       batched=(False,)))
-        g, n, k = w.shape
-        q, scale = prims.quantize_rows_p.bind(w.reshape(g * n, k), out_type=recipe_steps.FP8_E4M3, scaling=0,
-                                              power_of_two=False, batched=(False,))
-        return q.reshape(g, n, k), scale.reshape(g, n)
+        return tuple(prims.quantize_rows_p.bind(w, out_type=recipe_steps.FP8_E4M3, scaling=0, power_of_two=False,
+                                                row_dims=2, batched=(False,)))
 
     @staticmethod
     def quantize_grouped(x, group_sizes, group_offset, num_groups, recipe):
@@ -78,22 +76,21 @@ def fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, trans
 
 def _fwd(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs):
     out = fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs)
-    bias_like = None if bias is None else primitives.placeholder(bias.dtype)  # residuals must be arrays
-    return out, (x, weight, group_sizes, group_offset, bias_like)
+    return out, (x, weight, group_sizes, group_offset, bias)
 
 
 def _bwd(recipe, transpose_rhs, residuals, dout):
-    x, weight, group_sizes, group_offset, bias_like = residuals
-    bias_dtype = None if bias_like is None else bias_like.dtype
+    """Each gradient typed like its primal (on a mesh with explicit axes, its sharding)."""
+    x, weight, group_sizes, group_offset, bias = residuals
     dout = dout.astype(x.dtype)  # a wider cotangent is rounded once, as for the 16-bit GEMMs
     g = weight.shape[0]
     dx = recipe_steps.input_grad(_Ops, dout, weight, group_sizes, group_offset, recipe, transpose_rhs, x.dtype)
     dweight = recipe_steps.weight_grad(_Ops, x, dout, group_sizes, group_offset, g, recipe, transpose_rhs,
                                        weight.dtype)
-    dbias = None if bias_dtype is None else primitives.bias_grad_p.bind(
-        dout.astype(bias_dtype), group_sizes, group_offset, num_groups=g, out_dtype=np.dtype(bias_dtype),
-        batched=(False,) * 3)
-    return dx, dweight, None, None, dbias
+    dbias = None if bias is None else primitives.typed_like(primitives.bias_grad_p.bind(
+        dout.astype(bias.dtype), group_sizes, group_offset, num_groups=g, out_dtype=np.dtype(bias.dtype),
+        batched=(False,) * 3), bias.aval)
+    return primitives.typed_like(dx, x.aval), primitives.typed_like(dweight, weight.aval), None, None, dbias
 
 
 fp8_grouped_matmul.defvjp(_fwd, _bwd)

@@ -243,7 +243,7 @@ def _local_call(fn, layout, static, mesh, axes, sizes, scatters):
 
 
 def _mapped(call, batched):
-    """``call`` once per entry of the leading axis of the ``batched`` operands (lax.map)."""
+    """``call`` once per entry of the leading axis of the ``batched`` operands."""
     if not any(batched):
         return call
 
@@ -252,9 +252,32 @@ def _mapped(call, batched):
             entries = iter(entries)
             return call(*(next(entries) if b else x for x, b in zip(operands, batched)))
 
-        return jax.lax.map(one, [x for x, b in zip(operands, batched) if b])
+        return map_leading(one, [x for x, b in zip(operands, batched) if b])
 
     return mapped
+
+
+def map_leading(fn, xs):
+    """jax.lax.map(fn, xs). On a mesh with explicit axes lax.map needs its axis unsharded:
+    the operands are typed so first, and the results get the axis's sharding back (a
+    custom-partitioned call never runs this body on a sharded axis: its shards are local)."""
+    lead = None
+    specs = [_explicit_spec(getattr(x, "aval", x)) for x in xs]
+    for i, (x, spec) in enumerate(zip(xs, specs)):
+        if spec is not None and spec[0] is not None:
+            mesh = x.aval.sharding.mesh
+            lead = lead or (mesh, spec[0])
+            xs = [*xs[:i], jax.sharding.reshard(x, NamedSharding(mesh, P(None, *spec[1:])))] + list(xs[i + 1:])
+    results = jax.lax.map(fn, xs)
+    if lead is None:
+        return results
+    mesh, axis = lead
+
+    def sharded(r):
+        spec = _explicit_spec(r.aval) or (None,) * r.ndim
+        return jax.sharding.reshard(r, NamedSharding(mesh, P(axis, *spec[1:])))
+
+    return jax.tree_util.tree_map(sharded, results)
 
 
 def _factor_sizes(layout, shapes):
@@ -436,7 +459,7 @@ class Partitioned:
                 return self.primitive.bind(*(next(xs) if d is not None else a for a, d in zip(args, dims)),
                                            batched=batched, **static)
 
-            outs = jax.lax.map(one, [jnp.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None])
+            outs = map_leading(one, [jnp.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None])
         else:
             args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
             outs = self.primitive.bind(*args, batched=tuple(d is not None for d in dims), **static)

@@ -30,7 +30,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from groupgemm.jax_ext import raw
-from groupgemm.jax_ext.partitioning import lowers_to_partitioned_calls, typed_like
+from groupgemm.jax_ext.partitioning import lowers_to_partitioned_calls, map_leading, typed_like
 from groupgemm.jax_ext.raw import placeholder
 
 
@@ -95,7 +95,7 @@ def _primitive(name, call, abstract, jvp, transpose, multiple_results):
                     full[i] = x
                 return prim.bind(*full, batched=batched, **params)
 
-            out = jax.lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
+            out = map_leading(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
             return out, [0] * len(out) if multiple_results else 0
         args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
         out = prim.bind(*args, batched=tuple(d is not None for d in dims), **params)

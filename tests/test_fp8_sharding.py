@@ -90,8 +90,8 @@ def test_blockwise_scaled_matmul_gathers_output_channels_its_scale_blocks_span()
     assert [ops[1] for _, ops in calls(compiled_text(forward, *args), MATMUL)] == [(G, N, K)]
 
 
-# Each device quantizes its rows of x and its expert's weight (rowwise: as [G * N, K] rows).
-QUANTIZED_SHARDS = {("x", "rowwise"): (4, K), ("x", "blockwise"): (4, K), ("w", "rowwise"): (N, K),
+# Each device quantizes its rows of x and its expert's weight (rowwise: its [N, K] rows, unreshaped).
+QUANTIZED_SHARDS = {("x", "rowwise"): (4, K), ("x", "blockwise"): (4, K), ("w", "rowwise"): (1, N, K),
                     ("w", "blockwise"): (1, N, K)}
 
 
@@ -166,3 +166,37 @@ def test_fp8_grouped_mlp_forward_runs_each_devices_tokens(recipe):
     text = compiled_text(mlp, sharded, w_in, w_out)
     assert gathered(text) == [] and reduced(text) == []
     assert [ops[0] for _, ops in calls(text, MATMUL)] == [(4, h), (4, f)]
+
+
+# ---- explicit axes ----------------------------------------------------------------------
+
+
+def explicit_mesh():
+    return jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_recipe_gives_weight_gradients_typed_like_the_weights_on_explicit_axes(recipe):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w_in, w_out = (rng.standard_normal(s).astype(np.float32) for s in ((G, K, 256), (G, 128, K)))
+    loss = lambda w_in, w_out: jnp.sum(gj.grouped_mlp(x, w_in, w_out, SIZES, fp8=recipe) ** 2)  # noqa: E731
+    want = jax.jit(jax.grad(loss, argnums=(0, 1)))(w_in, w_out)
+    mesh = explicit_mesh()
+    with jax.set_mesh(mesh):
+        sharded = (put(mesh, w_in, "x"), put(mesh, w_out, "x"))  # experts over the devices
+        got = jax.jit(jax.grad(loss, argnums=(0, 1)))(*sharded)
+    for g, w, primal in zip(got, want, sharded):
+        assert jax.typeof(g).sharding.spec == jax.typeof(primal).sharding.spec == P("x", None, None)
+        assert_same_bits(np.asarray(g), np.asarray(w), recipe)
+
+
+def test_rowwise_quantization_of_a_weight_sharded_along_n_on_explicit_axes():
+    w = np.random.default_rng(9).standard_normal((G, 256, K)).astype(np.float32)
+    want = jax.jit(lambda w: gj.quantize_fp8(w, "rowwise"))(w)
+    mesh = explicit_mesh()
+    with jax.set_mesh(mesh):
+        q, scale = jax.jit(lambda w: gj.quantize_fp8(w, "rowwise"))(put(mesh, w, None, "x"))
+    assert jax.typeof(q).sharding.spec == P(None, "x", None) and jax.typeof(scale).sharding.spec == P(None, "x")
+    assert_same_bits(np.asarray(q).view(np.uint8), np.asarray(want[0]).view(np.uint8), "q")
+    assert_same_bits(np.asarray(scale), np.asarray(want[1]), "scale")

@@ -506,6 +506,40 @@ def test_results_on_explicit_axes_are_typed_with_their_natural_sharding():
         assert jax.typeof(wgrad).sharding.spec == P(None, "x", None)
 
 
+def explicit_mesh():
+    return jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+def _batched_ops():
+    """Each op of one batch entry, for jax.vmap over a batch axis of 4 entries."""
+    d, rng = data(), np.random.default_rng(5)
+    sizes = jnp.asarray(SIZES, jnp.int32)
+    experts = jnp.asarray(rng.integers(-1, 4, (M, 2)), jnp.int32)
+    w_in, w_out = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((4, K, 2 * N), (4, N, K)))
+    return {
+        "grouped_matmul": (lambda x: gj.grouped_matmul(x, d["rhs"], sizes), (M, K)),
+        "grouped_matmul_wgrad": (lambda x: gj.grouped_matmul_wgrad(x, d["dout"], sizes, num_groups=4), (M, K)),
+        "grad": (lambda x: jax.grad(lambda x: jnp.sum(gj.grouped_matmul(x, d["rhs"], sizes) ** 2))(x), (M, K)),
+        "softmax_topk": (lambda x: gj.softmax_topk(x, 2), (M, K)),
+        "permute_unpermute": (lambda x: gj.unpermute(gj.permute(x, experts, 4)[0], gj.permute(x, experts, 4)[2]),
+                              (M, K)),
+        "grouped_mlp": (lambda x: gj.grouped_mlp(x, w_in, w_out, sizes), (M, K)),
+        "quantize_fp8": (lambda x: gj.quantize_fp8(x, "rowwise"), (M, K)),
+    }
+
+
+@pytest.mark.parametrize("op", list(_batched_ops()))
+def test_vmap_over_a_batch_axis_sharded_on_explicit_axes_matches_the_unsharded_call(op):
+    fn, shape = _batched_ops()[op]
+    mesh, x = explicit_mesh(), np.random.default_rng(6).standard_normal((4, *shape)).astype(np.float32)
+    want = jax.jit(jax.vmap(fn))(x)
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.vmap(fn))(put(mesh, x, "x"))
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert_same_bits(np.asarray(g), np.asarray(w), op)
+        assert jax.typeof(g).sharding.spec[0] == "x", op  # each device its own batch entries
+
+
 def test_jax_lax_ragged_dot_out_sharding_test_passes_against_groupgemm():
     """jax's own tests/lax_test.py test_ragged_dot_out_sharding and
     test_ragged_dot_general_out_sharding, on groupgemm's drop-ins."""

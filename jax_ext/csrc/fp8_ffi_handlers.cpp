@@ -6,6 +6,7 @@
 // enums, int64 for counts, bool for flags.
 #include <nanobind/nanobind.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -41,10 +42,14 @@ ffi::Error quantize_rows_ffi(Device device, void* stream, Buf x, Out q, Out scal
   QuantizeRowsArgs a;
   const auto out_type = fp8_type(q->element_type());
   if (!float_dtype(x.element_type(), &a.in_dtype) || !out_type) return dtype_error("fp8 quantize_rows");
-  if (x.dimensions().size() != 2) return invalid("x must be 2-D");
-  a.rows = x.dimensions()[0], a.cols = x.dimensions()[1];
+  // x [R..., C]: rows are every index but the last (a weight's [G, N] comes unreshaped).
+  const auto dims = x.dimensions();
+  if (dims.size() < 2) return invalid("x must be at least 2-D");
+  a.rows = 1, a.cols = dims[dims.size() - 1];
+  for (size_t i = 0; i + 1 < dims.size(); ++i) a.rows *= dims[i];
   a.out_type = *out_type, a.scaling = static_cast<Fp8Scaling>(scaling), a.power_of_two = power_of_two;
-  if (!shape_is(*q, {a.rows, a.cols})) return shape_error("q");
+  if (q->dimensions().size() != dims.size() || !std::equal(dims.begin(), dims.end(), q->dimensions().begin()))
+    return shape_error("q");
   if (!count_is(*scale, row_scale_count(a.scaling, a.rows, a.cols))) return shape_error("scale");
   a.x = x.untyped_data(), a.q = q->untyped_data(), a.scale = static_cast<float*>(scale->untyped_data());
   return to_ffi(groupgemm::quantize_rows(a, plain_context(device, stream)));
