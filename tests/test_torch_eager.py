@@ -135,6 +135,77 @@ def test_bad_input_raises_the_same_error_on_the_first_and_a_memoised_call():
             gt.grouped_mm(x, w.double(), torch.tensor([3, 5]))
 
 
+@pytest.mark.parametrize("bad", [True, 2.0])
+def test_a_group_offset_a_fresh_call_refuses_is_refused_after_an_int_one_too(bad):
+    # True == 1 and 2.0 == 2, with equal hashes: the memo must not take them for the ints.
+    x, w, sizes = torch.randn(8, 4), torch.randn(2, 4, 3), torch.tensor([3, 5, 0])
+    with pytest.raises(TypeError) as fresh:
+        with _CountCopies():  # the ops' own check
+            gt.grouped_mm(x, w, sizes, group_offset=bad)
+    gt.grouped_mm(x, w, sizes, group_offset=int(bad))  # memoises the int's key
+    with pytest.raises(TypeError) as memoised:
+        gt.grouped_mm(x, w, sizes, group_offset=bad)
+    assert str(memoised.value) == str(fresh.value) and "group_offset" in str(fresh.value)
+
+
+def test_a_negated_view_is_read_as_its_values():
+    x, w, sizes = torch.randn(8, 4), torch.randn(2, 4, 3), torch.tensor([3, 5])
+    gt.grouped_mm(x, w, sizes)  # the same key, memoised
+    for args in ((torch._neg_view(x), w), (x, torch._neg_view(w))):
+        assert args[0].is_neg() or args[1].is_neg()
+        eager_out, ops_out = _both_paths(lambda: gt.grouped_mm(*args, sizes))
+        assert torch.equal(eager_out, ops_out)
+        assert torch.equal(eager_out, gt.grouped_mm(-x, w, sizes))
+
+
+def test_inference_mode_records_no_graph_even_with_grad_mode_on_inside():
+    x, w, sizes = torch.randn(8, 4, requires_grad=True), torch.randn(2, 4, 3, requires_grad=True), torch.tensor([3, 5])
+    with torch.inference_mode(), torch.enable_grad():
+        eager_out, ops_out = _both_paths(lambda: gt.grouped_mm(x, w, sizes))
+        want = torch.mm(x, w[0])  # torch's own op, for what it records here
+    for out in (eager_out, ops_out):
+        assert out.grad_fn is None and not out.requires_grad and out.is_inference()
+    assert want.grad_fn is None and torch.equal(eager_out, ops_out)
+
+
+def test_the_cached_workspace_outlives_the_kernels_it_is_handed_to(monkeypatch):
+    # On CUDA the plan hands the core the address of the stream's cached workspace; another
+    # thread on the stream that grows the cache drops the old buffer, which must stay alive
+    # (held by the caller) until the core has enqueued its kernels. Played on the CPU with
+    # a stand-in stream, workspace and core.
+    import gc
+    import weakref
+
+    from groupgemm.torch_ext import device_scratch
+
+    cache = {}
+
+    def workspace(device, nbytes, stream):
+        if stream not in cache or cache[stream].numel() < nbytes:
+            cache[stream] = torch.empty(nbytes, dtype=torch.uint8)
+        return cache[stream]
+
+    monkeypatch.setattr(device_scratch, "stream", lambda device: 7)
+    monkeypatch.setattr(device_scratch, "workspace", workspace)
+    seen = []
+
+    class Core:
+        def run(self, *addresses):
+            handed = weakref.ref(cache[7])
+            workspace(None, 2 * cache[7].numel(), 7)  # another thread grows the cache
+            gc.collect()
+            seen.append(handed() is not None and handed().data_ptr() == addresses[-2])
+
+    plan = eager._Plan.__new__(eager._Plan)
+    plan.device, plan.cuda, plan.workspace_bytes = torch.device("cpu"), True, 64
+    plan.out_shape, plan.out_dtype, plan.forward_core, plan.backward_core = (2, 3), torch.float32, Core(), Core()
+    plan.flip, plan.num_groups, plan.bias_dtype = False, 2, None
+    x, w, sizes = torch.randn(2, 4), torch.randn(2, 4, 3), torch.tensor([1, 1])
+    plan.forward(x, w, sizes, None, None)
+    plan.backward(torch.randn(2, 3), x, w, sizes, None, (True, True, False, False))
+    assert seen == [True, True]
+
+
 def _copies_in(fn):
     """The aten ops that copy tensor data, recorded while fn runs (the eager path included:
     the profiler sees every dispatcher call without changing the call's path)."""

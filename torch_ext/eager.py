@@ -35,14 +35,21 @@ _PLAIN = (Tensor, torch.nn.Parameter, type(None))  # tensor subclasses take the 
 
 
 def takes_eager_path(*tensors) -> bool:
-    """Whether a call with these tensors (None for an absent one) is a plain eager call."""
+    """Whether a call with these tensors (None for an absent one) is a plain eager call: no
+    trace, mode, transform, subclass, or tensor whose values are not its memory (a negated
+    view, torch._neg_view: the ops resolve it)."""
     if torch.compiler.is_compiling():  # first: a trace folds it and reads no further
         return False
     for t in tensors:
         if type(t) not in _PLAIN:
             return False
-    return not (torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack()
-                or forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active())
+    if (torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack()
+            or forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()):
+        return False
+    for t in tensors:  # after the modes, which would see is_neg
+        if t is not None and t.is_neg():
+            return False
+    return True
 
 
 def readable_weight(weight: Tensor, transpose: bool) -> tuple[Tensor, bool]:
@@ -83,16 +90,22 @@ class _Plan:
         self.backward_core = _core.BackwardPlan(*dims, dtype, _CORE_DTYPES[weight.dtype],
                                                 _CORE_DTYPES[self.bias_dtype or input.dtype], *groups)
 
-    def _stream_and_workspace(self) -> tuple[int, int]:
+    def _stream_and_workspace(self) -> tuple[int, Tensor | None]:
+        """The current stream and the workspace tensor, which the caller holds until the core
+        has enqueued its kernels: the stream-ordered allocator may then hand its memory to a
+        later call, whose work the stream orders after ours, but not before (another thread
+        on the stream that grows the cached buffer drops this one)."""
+        if not self.cuda:
+            return 0, None
         stream = device_scratch.stream(self.device)
-        return stream, device_scratch.workspace(self.device, self.workspace_bytes, stream).data_ptr()
+        return stream, device_scratch.workspace(self.device, self.workspace_bytes, stream)
 
     def forward(self, input, weight, sizes, bias, offset) -> Tensor:
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
-        stream, workspace = self._stream_and_workspace() if self.cuda else (0, 0)
+        stream, workspace = self._stream_and_workspace()
         self.forward_core.run(input.data_ptr(), weight.data_ptr(), sizes.data_ptr(), out.data_ptr(),
                               0 if bias is None else bias.data_ptr(), 0 if offset is None else offset.data_ptr(),
-                              workspace, stream)
+                              0 if workspace is None else workspace.data_ptr(), stream)
         return out
 
     def backward(self, grad, input, weight, sizes, offset, needs) -> tuple:
@@ -111,10 +124,10 @@ class _Plan:
         if needs[3] and self.bias_dtype is not None:
             dbias = torch.empty((self.num_groups, self.out_shape[1]), dtype=self.bias_dtype, device=self.device)
             dbias_at = dbias.data_ptr()
-        stream, workspace = self._stream_and_workspace() if self.cuda else (0, 0)
+        stream, workspace = self._stream_and_workspace()
         self.backward_core.run(input.data_ptr(), weight.data_ptr(), grad.data_ptr(), sizes.data_ptr(),
                                0 if offset is None else offset.data_ptr(), dinput_at, dweight_at, dbias_at,
-                               workspace, stream)
+                               0 if workspace is None else workspace.data_ptr(), stream)
         return dinput, dweight.mT if self.flip and dweight is not None else dweight, dbias
 
     def ops_backward(self, grad, input, weight, sizes, offset, needs) -> tuple:
@@ -131,7 +144,8 @@ def _key(input, weight, sizes, bias, offset, transpose, out_dtype, ends):
     return (input.shape, input.stride(), input.dtype, input.device, weight.shape, weight.stride(), weight.dtype,
             weight.device, sizes.shape, sizes.stride(), sizes.dtype, sizes.device,
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-            (offset.shape, offset.dtype, offset.device) if isinstance(offset, Tensor) else offset,
+            # An int offset by type too: True and 2.0 equal 1 and 2, and are refused.
+            (offset.shape, offset.dtype, offset.device) if isinstance(offset, Tensor) else (type(offset), offset),
             transpose, out_dtype, ends)
 
 
@@ -160,8 +174,9 @@ def grouped_mm(input, weight, sizes, bias, offset, transpose, out_dtype, ends, c
         return None
     if plan.offset is not None:  # made from the call's static offset, part of the key
         offset = plan.offset
-    if torch._C.is_grad_enabled() and (input.requires_grad or weight.requires_grad
-                                       or (bias is not None and bias.requires_grad)):
+    # Inference mode records no graph, even with grad mode on inside it, as torch's ops do.
+    if torch._C.is_grad_enabled() and (input.requires_grad or weight.requires_grad or (
+            bias is not None and bias.requires_grad)) and not torch._C.is_inference_mode_enabled():
         return _apply(input, weight, sizes, bias, offset, plan)
     return plan.forward(input, weight, sizes, bias, offset)
 
