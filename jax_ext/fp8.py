@@ -57,12 +57,7 @@ def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offse
 
 
 def _local_groups(group_sizes, group_offset, num_groups, fn):
-    if num_groups is not None:
-        return num_groups
-    if group_offset is not None:
-        raise TypeError(f"{fn}: num_groups is required with group_offset (the window's group count)")
-    shape = jnp.shape(group_sizes)
-    return shape[0] if len(shape) == 1 else 0  # not 1-D: _index_operands says so
+    return contract.local_group_count(num_groups, jnp.shape(group_sizes), group_offset is not None, fn)
 
 
 def _requested(dtype):

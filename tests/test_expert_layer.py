@@ -363,3 +363,13 @@ def test_bad_expert_layer_input_raises_naming_the_argument(frontend, call, error
     with pytest.raises(error, match=match):
         with frontend.precision("float64"):  # JAX: int64 row maps need x64
             call(frontend, base_arguments(frontend))
+
+
+@pytest.mark.parametrize("layout", ["to_sparse", "to_mkldnn"])
+def test_torch_expert_layer_refuses_tensors_that_are_not_dense_naming_them(layout):
+    import torch
+    tokens, indices = getattr(torch.randn(6, 4), layout)(), torch.zeros(6, 2, dtype=torch.int32)
+    with pytest.raises(TypeError, match="permute: tokens must be a dense tensor"):
+        torch_frontend.permute(tokens, indices, 3)
+    with pytest.raises(TypeError, match="softmax_topk: logits must be a dense tensor"):
+        torch_frontend.softmax_topk(tokens, 2)

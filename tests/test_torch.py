@@ -279,9 +279,42 @@ def test_concurrent_calls_from_threads_are_correct(dtype):
      "group_sizes must be 1-D"),
     (lambda: torch.ops.groupgemm.permute(torch.randn(4, 3), torch.zeros(4, 2, dtype=torch.int32), 2**40),
      "num_experts = 1099511627776 exceeds 2147483646"),
+    (lambda: torch.ops.groupgemm.fp8_quantize_rows(torch.randn(4, 128), 5, 0),
+     r"out_type must be one of 0 \(float8_e4m3fn\), 1 \(float8_e5m2\), got 5"),
+    (lambda: torch.ops.groupgemm.fp8_quantize_grouped(torch.randn(4, 128), torch.tensor([4]), 1, 0, 2),
+     r"scaling must be one of 0 \(rowwise\), 1 \(blockwise\), got 2"),
+    (lambda: torch.ops.groupgemm.scaled_grouped_mm(*_fp8_operands(rhs_scale=torch.ones(8, 2).T), 0, torch.float32),
+     "rhs_scale must be contiguous"),
+    (lambda: torch.ops.groupgemm.scaled_grouped_mm_wgrad(*_fp8_operands(wgrad=True, lhs_scale=torch.ones(4, 2).T), 1,
+                                                         0, torch.float32), "lhs_scale must be contiguous"),
 ])
 def test_raw_ops_check_their_inputs_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=f"groupgemm::.*{match}"):
+        call()
+
+
+def _fp8_operands(wgrad=False, **scales):
+    """Float8 operands of a raw scaled GEMM (the forward form, or the weight-gradient form)
+    with unit scales, some replaced by ``scales``."""
+    e4m3 = torch.float8_e4m3fn
+    if wgrad:  # lhs [K, M], rhs [N, M], scales per (group, channel)
+        operands = dict(lhs=torch.zeros(2, 4, dtype=e4m3), rhs=torch.zeros(2, 4, dtype=e4m3),
+                        lhs_scale=torch.ones(1, 2), rhs_scale=torch.ones(1, 2))
+    else:  # lhs [M, K], rhs [G, N, K], scales per row
+        operands = dict(lhs=torch.zeros(4, 16, dtype=e4m3), rhs=torch.zeros(2, 8, 16, dtype=e4m3),
+                        lhs_scale=torch.ones(4), rhs_scale=torch.ones(2, 8))
+    operands.update(scales)
+    return (*operands.values(), torch.tensor([4] if wgrad else [2, 2], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: torch.ops.groupgemm.grouped_mm(torch.randn(6, 4).to_sparse(), torch.randn(1, 4, 5), torch.tensor([6]),
+                                            None, None, False, torch.float32), TypeError, "input must be a dense tensor"),
+    (lambda: torch.ops.groupgemm.scaled_grouped_mm(torch.zeros(4, 16), *_fp8_operands()[1:], 0, torch.float32),
+     TypeError, r"lhs must be float8 \(float8_e4m3fn, float8_e5m2\), got torch.float32"),
+])
+def test_raw_ops_refuse_what_they_cannot_read_naming_the_argument(call, error, match):
+    with pytest.raises(error, match=f"groupgemm::.*{match}"):
         call()
 
 

@@ -15,9 +15,16 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def shape_and_dtype(t, name, fn):
+    dense(t, name, fn)
+    return tuple(t.shape), dtype_name(t.dtype)
+
+
+def dense(t, name, fn):
+    """t is a tensor whose values are its memory: not sparse, not an MKL-DNN tensor."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    return tuple(t.shape), dtype_name(t.dtype)
+    if t.layout != torch.strided:
+        raise TypeError(f"{fn}: {name} must be a dense tensor (layout torch.strided), got {t.layout}")
 
 
 def same_device(t, name, device, fn):
@@ -40,6 +47,7 @@ def index_operands(group_sizes, group_offset, num_groups: int, device, fn: str):
     """Checked group_sizes / group_offset as the core's operands (group_offset may be None)."""
     if not isinstance(group_sizes, Tensor):
         raise TypeError(f"{fn}: group_sizes must be a 1-D integer tensor, got {type(group_sizes).__name__}")
+    dense(group_sizes, "group_sizes", fn)
     contract.check_group_sizes(tuple(group_sizes.shape), dtype_name(group_sizes.dtype), num_groups,
                                group_offset is not None, fn)
     same_device(group_sizes, "group_sizes", device, fn)
@@ -48,6 +56,7 @@ def index_operands(group_sizes, group_offset, num_groups: int, device, fn: str):
     if not isinstance(group_offset, Tensor):  # a Python or NumPy scalar
         group_offset = torch.tensor(contract.static_group_offset(group_offset, num_groups, group_sizes.shape[0],
                                                                  fn), device=device)
+    dense(group_offset, "group_offset", fn)
     contract.check_group_offset_array(tuple(group_offset.shape), dtype_name(group_offset.dtype), fn)
     same_device(group_offset, "group_offset", device, fn)
     return index_tensor(group_sizes), index_tensor(group_offset.reshape(())).to(torch.int64)

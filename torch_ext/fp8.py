@@ -64,10 +64,8 @@ def quantize_fp8_grouped(x: Tensor, group_sizes: Tensor, recipe: str, *, num_gro
     """
     fn = "quantize_fp8_grouped"
     shape_and_dtype(x, "x", fn)
-    if num_groups is None:
-        num_groups = group_sizes.shape[0] if isinstance(group_sizes, Tensor) and group_offset is None else None
-        if num_groups is None:
-            raise TypeError(f"{fn}: num_groups is required with group_offset (the local groups' count)")
+    sizes_shape = tuple(group_sizes.shape) if isinstance(group_sizes, Tensor) else None
+    num_groups = contract.local_group_count(num_groups, sizes_shape, group_offset is not None, fn)
     *_, fp8_type, scaling = contract.quantize_fp8_grouped(fn, shape_and_dtype(x, "x", fn), recipe, dtype_name(dtype),
                                                            num_groups)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, x.device, fn)
@@ -170,10 +168,8 @@ def _weight_gradient_form(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, bi
     ends = offs is not None
     if ends:
         group_sizes = offs_convention.checked_ends(offs, None, group_offset is not None, mat_a.device, fn)
-    if num_groups is None:
-        if group_offset is not None:
-            raise TypeError(f"{fn}: num_groups is required with group_offset (the window's group count)")
-        num_groups = group_sizes.shape[0] if isinstance(group_sizes, Tensor) else 0
+    num_groups = contract.local_group_count(num_groups, tuple(group_sizes.shape) if isinstance(group_sizes, Tensor)
+                                            else None, group_offset is not None, fn)
     _, shape, _, _, scaling = contract.scaled_wgrad(
         fn, NAMES, shape_and_dtype(_row_major(mat_a, "mat_a", fn), "mat_a", fn), shape_and_dtype(rhs, "mat_b", fn),
         shape_and_dtype(scale_a, "scale_a", fn), shape_and_dtype(scale_b, "scale_b", fn), recipe, num_groups)

@@ -15,7 +15,7 @@ from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.torch_ext import device_scratch
 from groupgemm.torch_ext.op_library import define
-from groupgemm.torch_ext.raw import _capsule, _require, _stream
+from groupgemm.torch_ext.raw import _capsule, _require, _require_count, _stream
 
 Tensor = torch.Tensor
 FP8_TORCH_DTYPES = tuple(getattr(torch, name) for name in contract.FP8_DTYPES)
@@ -49,6 +49,22 @@ def _no_derivatives(op, name):
     op.register_derivatives(_not_differentiable(name), setup_context=None, jvp=_not_differentiable(name))
 
 
+def _enum(op: str, name: str, value: int, names) -> int:
+    """An int the op takes for one of `names` (the core's enum values are their indices)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(names):
+        choices = ", ".join(f"{i} ({n})" for i, n in enumerate(names))
+        raise ValueError(f"groupgemm::{op}: {name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def _out_type(op: str, out_type: int) -> torch.dtype:
+    return FP8_TORCH_DTYPES[_enum(op, "out_type", out_type, contract.FP8_DTYPES)]
+
+
+def _scaling(op: str, scaling: int) -> int:
+    return _enum(op, "scaling", scaling, contract.FP8_RECIPES)
+
+
 def _scale_shape_rows(x, scaling):
     return (x.shape[0],) if scaling == 0 else (x.shape[0], contract.fp8_blocks(x.shape[1]))
 
@@ -57,8 +73,9 @@ def _scale_shape_rows(x, scaling):
 def fp8_quantize_rows_op(x: Tensor, out_type: int, scaling: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
     """x [R, C] -> (q [R, C] float8, scale [R] rowwise or [R, ceil(C/128)])."""
     _require("fp8_quantize_rows", (x, 2, "x"))
-    q = torch.empty(x.shape, dtype=FP8_TORCH_DTYPES[out_type], device=x.device)
-    scale = torch.empty(_scale_shape_rows(x, scaling), dtype=torch.float32, device=x.device)
+    q = torch.empty(x.shape, dtype=_out_type("fp8_quantize_rows", out_type), device=x.device)
+    scale = torch.empty(_scale_shape_rows(x, _scaling("fp8_quantize_rows", scaling)), dtype=torch.float32,
+                        device=x.device)
     _core.fp8_quantize_rows(_capsule(x), _bytes(q), _capsule(scale), _core.Fp8Type(out_type),
                             _core.Fp8Scaling(scaling), power_of_two, stream=_stream(x.device))
     return q, scale
@@ -67,8 +84,8 @@ def fp8_quantize_rows_op(x: Tensor, out_type: int, scaling: int, power_of_two: b
 @fp8_quantize_rows_op.register_fake
 def _(x, out_type, scaling, power_of_two=False):
     _require("fp8_quantize_rows", (x, 2, "x"))
-    return (x.new_empty(x.shape, dtype=FP8_TORCH_DTYPES[out_type]),
-            x.new_empty(_scale_shape_rows(x, scaling), dtype=torch.float32))
+    return (x.new_empty(x.shape, dtype=_out_type("fp8_quantize_rows", out_type)),
+            x.new_empty(_scale_shape_rows(x, _scaling("fp8_quantize_rows", scaling)), dtype=torch.float32))
 
 
 def _block_scale_shape(x):
@@ -79,7 +96,7 @@ def _block_scale_shape(x):
 def fp8_quantize_blocks_op(x: Tensor, out_type: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
     """x [B, R, C] -> (q [B, R, C] float8, scale [B, ceil(R/128), ceil(C/128)])."""
     _require("fp8_quantize_blocks", (x, 3, "x"))
-    q = torch.empty(x.shape, dtype=FP8_TORCH_DTYPES[out_type], device=x.device)
+    q = torch.empty(x.shape, dtype=_out_type("fp8_quantize_blocks", out_type), device=x.device)
     scale = torch.empty(_block_scale_shape(x), dtype=torch.float32, device=x.device)
     _core.fp8_quantize_blocks(_capsule(x), _bytes(q), _capsule(scale), _core.Fp8Type(out_type), power_of_two,
                               stream=_stream(x.device))
@@ -89,12 +106,14 @@ def fp8_quantize_blocks_op(x: Tensor, out_type: int, power_of_two: bool = False)
 @fp8_quantize_blocks_op.register_fake
 def _(x, out_type, power_of_two=False):
     _require("fp8_quantize_blocks", (x, 3, "x"))
-    return x.new_empty(x.shape, dtype=FP8_TORCH_DTYPES[out_type]), x.new_empty(_block_scale_shape(x),
-                                                                                dtype=torch.float32)
+    return (x.new_empty(x.shape, dtype=_out_type("fp8_quantize_blocks", out_type)),
+            x.new_empty(_block_scale_shape(x), dtype=torch.float32))
 
 
 def _grouped_shapes(x, num_groups, scaling):
+    _require_count("fp8_quantize_grouped", num_groups)
     m, c = x.shape
+    scaling = _scaling("fp8_quantize_grouped", scaling)
     rows = num_groups if scaling == 0 else contract.fp8_token_block_bound(m, num_groups)
     return (c, m), (rows, c)
 
@@ -105,7 +124,7 @@ def fp8_quantize_grouped_op(x: Tensor, group_sizes: Tensor, num_groups: int, out
     """x [M, C] -> (q [C, M] float8, scale [G, C] rowwise or [token_block_bound(M, G), C])."""
     _require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
     q_shape, scale_shape = _grouped_shapes(x, num_groups, scaling)
-    q = torch.empty(q_shape, dtype=FP8_TORCH_DTYPES[out_type], device=x.device)
+    q = torch.empty(q_shape, dtype=_out_type("fp8_quantize_grouped", out_type), device=x.device)
     scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
     _core.fp8_quantize_grouped(_capsule(x), _bytes(q), _capsule(scale), _capsule(group_sizes), num_groups,
                                _core.Fp8Type(out_type), _core.Fp8Scaling(scaling), power_of_two,
@@ -120,15 +139,26 @@ def fp8_quantize_grouped_op(x: Tensor, group_sizes: Tensor, num_groups: int, out
 def _(x, group_sizes, num_groups, out_type, scaling, power_of_two=False, group_offset=None):
     _require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
     q_shape, scale_shape = _grouped_shapes(x, num_groups, scaling)
-    return x.new_empty(q_shape, dtype=FP8_TORCH_DTYPES[out_type]), x.new_empty(scale_shape, dtype=torch.float32)
+    return (x.new_empty(q_shape, dtype=_out_type("fp8_quantize_grouped", out_type)),
+            x.new_empty(scale_shape, dtype=torch.float32))
 
 
-def _fp8_type(t: Tensor) -> int:
+def _fp8_type(op: str, t: Tensor, name: str) -> int:
+    if t.dtype not in FP8_TORCH_DTYPES:
+        raise TypeError(f"groupgemm::{op}: {name} must be float8 ({', '.join(contract.FP8_DTYPES)}), got {t.dtype}")
     return FP8_TORCH_DTYPES.index(t.dtype)
 
 
-def _require_matmul(lhs, rhs, group_sizes, bias):
-    _require("scaled_grouped_mm", (lhs, 2, "lhs"), (rhs, 3, "rhs"), (group_sizes, 1, "group_sizes"), (bias, 2, "bias"))
+def _require_scaled(op, lhs, rhs, lhs_scale, rhs_scale, scaling, *others):
+    """The scaled GEMMs' operands: float8 lhs and rhs, dense contiguous scales of any rank,
+    a known scaling; `others` as _require takes them."""
+    _require(op, (lhs, 2, "lhs"), (lhs_scale, None, "lhs_scale"), (rhs_scale, None, "rhs_scale"), *others)
+    _fp8_type(op, lhs, "lhs"), _fp8_type(op, rhs, "rhs"), _scaling(op, scaling)
+
+
+def _require_matmul(lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, bias):
+    _require_scaled("scaled_grouped_mm", lhs, rhs, lhs_scale, rhs_scale, scaling, (rhs, 3, "rhs"),
+                    (group_sizes, 1, "group_sizes"), (bias, 2, "bias"))
 
 
 @define("scaled_grouped_mm")
@@ -137,12 +167,14 @@ def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale:
                          group_offset: Tensor | None = None, group_ends: bool = False) -> Tensor:
     """out [M, N] = scaled lhs [M, K] @ rhs[g]^T ([G, N, K]) per group (+ bias[g]). group_ends:
     group_sizes holds cumulative group ends."""
-    _require_matmul(lhs, rhs, group_sizes, bias)
+    op = "scaled_grouped_mm"
+    _require_matmul(lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, bias)
     (m, k), (g, n, _) = lhs.shape, rhs.shape
     out = torch.empty((m, n), dtype=out_dtype, device=lhs.device)
     _core.scaled_grouped_matmul(_bytes(lhs), _bytes(rhs), _capsule(lhs_scale), _capsule(rhs_scale),
-                                _capsule(group_sizes), _capsule(out), _core.Fp8Type(_fp8_type(lhs)),
-                                _core.Fp8Type(_fp8_type(rhs)), _core.Fp8Scaling(scaling), bias=_capsule(bias),
+                                _capsule(group_sizes), _capsule(out), _core.Fp8Type(_fp8_type(op, lhs, "lhs")),
+                                _core.Fp8Type(_fp8_type(op, rhs, "rhs")), _core.Fp8Scaling(scaling),
+                                bias=_capsule(bias),
                                 group_offset=_capsule(group_offset), group_ends=group_ends,
                                 workspace=_capsule(_workspace(lhs.device, _core.Fp8Call.matmul, scaling, g, m, k, n)),
                                 stream=_stream(lhs.device))
@@ -152,21 +184,21 @@ def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale:
 @scaled_grouped_mm_op.register_fake
 def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out_dtype, bias=None, group_offset=None,
       group_ends=False):
-    _require_matmul(lhs, rhs, group_sizes, bias)
+    _require_matmul(lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, bias)
     return lhs.new_empty((lhs.shape[0], rhs.shape[1]), dtype=out_dtype)
 
 
-def _require_wgrad(op, lhs, rhs, group_sizes, num_groups):
-    if num_groups < 0:
-        raise ValueError(f"groupgemm::{op}: num_groups must be non-negative, got {num_groups}")
-    _require(op, (lhs, 2, "lhs"), (rhs, 2, "rhs"), (group_sizes, 1, "group_sizes"))
+def _require_wgrad(op, lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups):
+    _require_count(op, num_groups)
+    _require_scaled(op, lhs, rhs, lhs_scale, rhs_scale, scaling, (rhs, 2, "rhs"), (group_sizes, 1, "group_sizes"))
 
 
 def _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, accumulate, group_ends):
     g, k, n = out.shape
     _core.scaled_grouped_matmul_wgrad(
         _bytes(lhs), _bytes(rhs), _capsule(lhs_scale), _capsule(rhs_scale), _capsule(group_sizes), _capsule(out),
-        _core.Fp8Type(_fp8_type(lhs)), _core.Fp8Type(_fp8_type(rhs)), _core.Fp8Scaling(scaling),
+        _core.Fp8Type(FP8_TORCH_DTYPES.index(lhs.dtype)), _core.Fp8Type(FP8_TORCH_DTYPES.index(rhs.dtype)),
+        _core.Fp8Scaling(scaling),
         group_offset=_capsule(group_offset), accumulate=accumulate, group_ends=group_ends,
         workspace=_capsule(_workspace(lhs.device, _core.Fp8Call.wgrad, scaling, g, lhs.shape[1], k, n)),
         stream=_stream(lhs.device))
@@ -177,7 +209,7 @@ def scaled_grouped_mm_wgrad_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_
                                num_groups: int, scaling: int, out_dtype: torch.dtype,
                                group_offset: Tensor | None = None, group_ends: bool = False) -> Tensor:
     """out [G, K, N]: out[g] = scaled lhs[:, rows_g] @ rhs[:, rows_g]^T (lhs [K, M], rhs [N, M])."""
-    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, group_sizes, num_groups)
+    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups)
     out = torch.empty((num_groups, lhs.shape[0], rhs.shape[0]), dtype=out_dtype, device=lhs.device)
     _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, False, group_ends)
     return out
@@ -186,7 +218,7 @@ def scaled_grouped_mm_wgrad_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_
 @scaled_grouped_mm_wgrad_op.register_fake
 def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, num_groups, scaling, out_dtype, group_offset=None,
       group_ends=False):
-    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, group_sizes, num_groups)
+    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups)
     return lhs.new_empty((num_groups, lhs.shape[0], rhs.shape[0]), dtype=out_dtype)
 
 
@@ -195,7 +227,7 @@ def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, num_groups, scaling, out_dtyp
 def scaled_grouped_mm_wgrad_accumulate_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale: Tensor,
                                           group_sizes: Tensor, scaling: int, accumulate_into: Tensor,
                                           group_offset: Tensor | None = None, group_ends: bool = False) -> None:
-    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, group_sizes, 0)
+    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, 0)
     _require("scaled_grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
     _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into, group_offset, True,
                group_ends)
@@ -203,7 +235,7 @@ def scaled_grouped_mm_wgrad_accumulate_op(lhs: Tensor, rhs: Tensor, lhs_scale: T
 
 @scaled_grouped_mm_wgrad_accumulate_op.register_fake
 def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into, group_offset=None, group_ends=False):
-    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, group_sizes, 0)
+    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, 0)
     return None
 
 

@@ -29,12 +29,14 @@ def _workspace(device: torch.device, num_groups: int) -> Tensor | None:
 
 
 def _require(op: str, *tensors) -> None:
-    """(tensor, rank, name) triples: the ranks an op's shape arithmetic relies on, and the
-    contiguity the core needs (it takes no strides)."""
+    """(tensor, rank, name) triples: the ranks an op's shape arithmetic relies on (None: any),
+    and the dense, contiguous memory the core needs (it takes no strides)."""
     for t, rank, name in tensors:
         if t is None:
             continue
-        if t.dim() != rank:
+        if t.layout != torch.strided:
+            raise TypeError(f"groupgemm::{op}: {name} must be a dense tensor (layout torch.strided), got {t.layout}")
+        if rank is not None and t.dim() != rank:
             raise ValueError(f"groupgemm::{op}: {name} must be {rank}-D, got shape {tuple(t.shape)}")
         if not t.is_contiguous():
             raise ValueError(f"groupgemm::{op}: {name} must be contiguous")

@@ -510,6 +510,17 @@ def quantize_fp8(fn, x, recipe, dtype):
     return scale, fp8_type, scaling
 
 
+def local_group_count(num_groups, sizes_shape, has_offset, fn):
+    """The local groups of a call that takes ``num_groups``: given, or without group_offset
+    ``len(group_sizes)`` (``sizes_shape``, None when group_sizes has no shape: the
+    group_sizes check then names it)."""
+    if num_groups is not None:
+        return num_groups
+    if has_offset:
+        raise TypeError(f"{fn}: num_groups is required with group_offset (the window's group count)")
+    return sizes_shape[0] if sizes_shape is not None and len(sizes_shape) == 1 else 0
+
+
 def quantize_fp8_grouped(fn, x, recipe, dtype, num_groups):
     """Checks ``quantize_fp8_grouped``: x ``[M, C]`` -> q ``[C, M]``, scales ``[G, C]``
     (rowwise) or ``[fp8_token_block_bound(M, G), C]`` (blockwise). Returns (q shape, scale
