@@ -34,6 +34,7 @@ from jax.interpreters import ad
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import expert_raw
+from groupgemm.jax_ext.partitioning import varying_count
 from groupgemm.jax_ext.primitives import (
     _primitive,
     aval_of,
@@ -247,9 +248,13 @@ def _activation_tangent(t, h, *, batched, kind, width):
 
 
 def _activation_tangent_abstract(t, h, *, batched, kind, width):
+    """The type of the operand with the result's rank (t when only t is batched), or of
+    the one varying along more shard_map axes, with the activation's output shape."""
     features = width if contract.ACTIVATIONS[kind] == "swiglu" else h.shape[-1]
-    shape = (t.shape[0],) * (any(batched) and not batched[1]) + h.shape[:-1] + (features,)
-    return jax.core.ShapedArray(shape, h.dtype)
+    only_t = batched[0] and not batched[1]
+    shape = (t.shape[0],) * only_t + h.shape[:-1] + (features,)
+    base = t if only_t else max((h, t), key=varying_count)
+    return base.update(shape=shape, dtype=h.dtype, weak_type=False)
 
 
 def _activation_tangent_jvp(primals, tangents, *, batched, kind, width):
