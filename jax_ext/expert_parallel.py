@@ -1,0 +1,122 @@
+"""Expert parallelism in JAX: token dispatch and combine between the devices of a mesh axis
+inside ``jax.shard_map``, and an MoE layer on top (router, dispatch, the grouped expert MLP
+of the device's experts, combine).
+
+The mode is capacity: static shapes, one ``jax.jit`` compile for any routing, no host
+copy. Rows move by the core's permute and unpermute (exact copies, exact zeros where
+nothing is sent) and ``jax.lax.all_to_all`` of the padded chunks, which XLA implements on
+every platform, CPU included; which rows is groupgemm/_dispatch_plan.py, shared with
+PyTorch, so both frameworks move the same rows and compute the same bits.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from groupgemm import _dispatch_plan as rules
+from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
+from groupgemm.jax_ext.functional import grouped_matmul
+
+
+class _Ops:
+    """The plan's array functions, for jax.numpy."""
+
+    @staticmethod
+    def arange(n, like):
+        return jnp.arange(n, dtype=jnp.int32)
+
+    where = staticmethod(jnp.where)
+
+    @staticmethod
+    def cumsum(x, axis):
+        return jnp.cumsum(x, axis, dtype=jnp.int32)
+
+    take = staticmethod(jnp.take)
+
+    @staticmethod
+    def int32(x):
+        return x.astype(jnp.int32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DispatchPlan:
+    """What combine needs to send dispatch's rows back: returned by dispatch."""
+    row_map: jax.Array  # [T, k]: the first permute's, for the weighted sum
+    received_rows: jax.Array  # [ep * capacity, 1]: where each received row went, sorted by local expert
+    return_rows: jax.Array  # [T * k, 1]: the returned row holding each permuted row's result, -1: none
+    dropped: jax.Array  # int32 scalar: this device's slots past capacity
+    axis_name: str = dataclasses.field(metadata=dict(static=True))
+
+
+def _axis_size(axis_name):
+    return jax.lax.axis_size(axis_name) if hasattr(jax.lax, "axis_size") else jax.lax.psum(1, axis_name)
+
+
+def _exchange(x, axis_name):
+    """Chunk r of x's leading axis to device r; chunk s of the result from device s."""
+    return jax.lax.all_to_all(x, axis_name, 0, 0, tiled=True)
+
+
+def dispatch(tokens, expert_indices, num_experts, *, axis_name, capacity):
+    """Sends each (token, slot) to the device holding its expert, inside ``jax.shard_map``
+    over ``axis_name``; returns ``(expert_input [ep * capacity, H], group_sizes [E_local],
+    plan)``, the rows grouped by local expert as ``grouped_mlp`` takes them.
+
+    ``tokens [T, H]`` and ``expert_indices [T, k]`` are this device's (global expert ids;
+    one outside ``[0, num_experts)`` is a dropped slot, as in ``permute``). Device d holds
+    experts ``[d * E_local, (d + 1) * E_local)``, ``E_local = num_experts / ep``. Every pair
+    of devices exchanges ``capacity`` rows: nothing is dropped when ``capacity`` is at least
+    ``T * k`` (``dropless_capacity``); past it, a device's rows for one peer are dropped
+    from the last, in permute's order (expert ascending, then slot), and counted in
+    ``plan.dropped``. Rows owned by no local expert (padding) are exact zeros. T = 0, a
+    device that sends or receives nothing, and idle experts are ordinary input.
+    Differentiable: the backward is the reverse exchange.
+    """
+    fn = "dispatch"
+    ep = _axis_size(axis_name)
+    e_local = rules.check(num_experts, ep, capacity, fn)
+    permuted, group_sizes, row_map = permute(tokens, expert_indices, num_experts)
+    send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)
+    received = _exchange(sent, axis_name)  # [source, local expert]
+    chunks = _exchange(unpermute(permuted, send_rows), axis_name)
+    expert_input, local_sizes, received_rows = permute(chunks, rules.receive_plan(_Ops, received, capacity), e_local)
+    return_rows = rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0])
+    return expert_input, local_sizes, DispatchPlan(row_map, received_rows, return_rows, dropped, axis_name)
+
+
+def combine(expert_output, plan, probs=None):
+    """``out [T, H]``: each token's ``sum over j of probs[t, j] * expert_output`` of its slot
+    j, accumulated in float32 in slot order (unpermute), from dispatch's ``plan``; a slot
+    that was dropped adds nothing. Differentiable."""
+    back = _exchange(unpermute(expert_output, plan.received_rows), plan.axis_name)
+    return unpermute(unpermute(back, plan.return_rows), plan.row_map, probs)
+
+
+def dropless_capacity(num_tokens, top_k):
+    """The capacity at which dispatch drops nothing, whatever the routing: ``T * k``."""
+    return rules.dropless_capacity(num_tokens, top_k)
+
+
+def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation="swiglu", transpose_rhs=False,
+              allowed=None, fp8=None):
+    """An expert-parallel MoE layer inside ``jax.shard_map`` over ``axis_name``: softmax
+    top-k router, dispatch, the grouped MLP of this device's experts, combine. Returns
+    ``(out [T, H], dropped)``.
+
+    ``params``: ``router [H, E]`` (replicated), ``w_in [E_local, H, F_in]`` and
+    ``w_out [E_local, F, H]`` (this device's experts; with ``transpose_rhs`` the torch
+    layout ``[E_local, F_in, H]``, ``[E_local, H, F]``). The router's logits are a core
+    GEMM (one group of every token), so every step with arithmetic runs in the core and
+    PyTorch's ExpertParallelMoE gives the same bits. ``allowed`` (broadcastable to
+    ``[T, E]``) bars experts from routing: a token with none allowed goes nowhere.
+    """
+    logits = grouped_matmul(x, params["router"][None], jnp.full((1,), x.shape[0], jnp.int32))
+    if allowed is not None:
+        logits = jnp.where(allowed, logits, -jnp.inf)
+    probs, experts = softmax_topk(logits, top_k)
+    expert_input, group_sizes, plan = dispatch(x, experts, num_experts, axis_name=axis_name, capacity=capacity)
+    y = grouped_mlp(expert_input, params["w_in"], params["w_out"], group_sizes, activation=activation,
+                    transpose_rhs=transpose_rhs, fp8=fp8)
+    return combine(y, plan, probs), plan.dropped

@@ -1,0 +1,194 @@
+"""Expert parallelism as a library feature: dispatch, combine and the MoE layer over 2, 3
+and 4 gloo processes (groupgemm.torch.ExpertParallelMoE) and 4 CPU devices inside
+shard_map (groupgemm.jax.moe_layer), through the cases of helpers/ep_cases.py: a rank that
+sends no tokens, a rank that receives none (its experts idle), all tokens to one expert,
+and in PyTorch a rank with T = 0. Each step completes (a hang fails at the subprocess's
+timeout); outputs and expert weight gradients equal the single-process layer's bit for bit
+(the per-expert row order is the same), token and router gradients agree with a float64
+reference; every parameter on every rank has a full-shape gradient, idle experts exact
+zeros; JAX and PyTorch give the same bits; counts of dropped slots are exact."""
+
+import os
+import subprocess
+import sys
+
+import ep_cases as cases
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import groupgemm.jax as gj
+import groupgemm.torch as gt
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "ep_layer_worker.py")
+DEVICES = 4
+
+
+def run_torch(world, mode, out_dir):
+    """Per rank, {"step/name": array} of the worker's run."""
+    subprocess.run([sys.executable, WORKER, str(world), str(out_dir), mode], check=True, timeout=240)
+    return [dict(np.load(out_dir / f"rank{rank}.npz")) for rank in range(world)]
+
+
+@pytest.fixture(scope="module")
+def torch_four_ranks(tmp_path_factory):
+    return run_torch(DEVICES, "capacity", tmp_path_factory.mktemp("ep4"))
+
+
+def gathered(ranks, step, name):
+    """The ranks' results of one step put together: tokens and experts in rank order, the
+    replicated router's gradient summed (as the data-parallel all-reduce would)."""
+    parts = [r[f"{step}/{name}"].astype(np.float64) for r in ranks]
+    return sum(parts) if name == "router" else np.concatenate(parts)
+
+
+def check_against_single_process(ranks, world, steps):
+    params = cases.init_params(world)
+    for step in range(steps):
+        x, dy, allowed = cases.batch(step, world)
+        want, exact = cases.single_process(params, x, dy, allowed), cases.single_process(params, x, dy, allowed,
+                                                                                      "float64")
+        for name in ("out", "fc1", "fc2"):  # the same rows per expert in the same order: the same bits
+            np.testing.assert_array_equal(gathered(ranks, step, name), want[name], err_msg=f"step {step} {name}")
+        for name in ("dx", "router"):  # partial sums per rank: float32 rounding
+            np.testing.assert_allclose(gathered(ranks, step, name), exact[name], rtol=1e-4, atol=1e-5,
+                                       err_msg=f"step {step} {name}")
+        for rank, r in enumerate(ranks):
+            assert r[f"{step}/fc1"].shape == params["fc1"][cases.local_experts(rank)].shape
+            assert r[f"{step}/router"].shape == params["router"].shape and int(r[f"{step}/dropped"]) == 0
+        for e in cases.idle_experts(step, world):
+            rank, local = divmod(e, cases.LOCAL_EXPERTS)
+            assert (ranks[rank][f"{step}/fc1"][local] == 0).all() and (ranks[rank][f"{step}/fc2"][local] == 0).all()
+
+
+@pytest.mark.parametrize("world, mode", [(2, "capacity"), (3, "capacity"), (2, "dropless"), (3, "dropless"),
+                                         (4, "dropless")])
+def test_torch_layer_matches_one_process_through_every_case(world, mode, tmp_path):
+    check_against_single_process(run_torch(world, mode, tmp_path), world, cases.STEPS)
+
+
+def test_torch_layer_on_four_ranks_matches_one_process(torch_four_ranks):
+    check_against_single_process(torch_four_ranks, DEVICES, cases.STEPS)
+
+
+def test_torch_capacity_mode_counts_every_dropped_slot(tmp_path):
+    ranks = run_torch(3, "overflow", tmp_path)
+    params = cases.init_params(3)
+    seen = 0
+    for step in range(cases.STEPS):
+        want = cases.expected_dropped(params, step, 3, 2)
+        assert [int(r[f"{step}/dropped"]) for r in ranks] == want, step
+        seen += sum(want)
+    assert seen > 0  # the capacity did drop slots
+
+
+def test_torch_capacity_mode_compiles_with_fullgraph_to_the_eager_bits(tmp_path):
+    run_torch(2, "compiled", tmp_path)  # the worker asserts each step's results equal eager's
+
+
+# ---- JAX: shard_map over four CPU devices ------------------------------------------------
+
+
+def jax_layer(capacity, trace_counter=None):
+    """The layer as one jitted shard_map over DEVICES CPU devices: (params, x, allowed) ->
+    (out, dropped per device)."""
+    mesh = Mesh(np.array(jax.devices("cpu")[:DEVICES]), ("ep",))
+    experts = DEVICES * cases.LOCAL_EXPERTS
+
+    def local(params, x, allowed):
+        if trace_counter is not None:
+            trace_counter.append(1)
+        out, dropped = gj.moe_layer(params, x, num_experts=experts, top_k=cases.TOP_K, axis_name="ep",
+                                    capacity=capacity, transpose_rhs=True, allowed=allowed)
+        return out, dropped[None]
+
+    specs = ({"router": P(), "w_in": P("ep"), "w_out": P("ep")}, P("ep"), P("ep"))
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P("ep"), P("ep"))))
+
+
+def jax_params():
+    p = cases.init_params(DEVICES)
+    return {"router": jnp.asarray(p["router"]), "w_in": jnp.asarray(p["fc1"]), "w_out": jnp.asarray(p["fc2"])}
+
+
+def jax_step(layer, step):
+    x, dy, allowed = cases.batch(step, DEVICES)
+    loss = lambda params, x: jnp.sum(layer(params, x, jnp.asarray(allowed))[0] * dy)  # noqa: E731
+    out, dropped = layer(jax_params(), jnp.asarray(x), jnp.asarray(allowed))
+    grads, dx = jax.grad(loss, argnums=(0, 1))(jax_params(), jnp.asarray(x))
+    return {"out": out, "dx": dx, "router": grads["router"], "fc1": grads["w_in"], "fc2": grads["w_out"],
+            "dropped": dropped}
+
+
+def test_jax_layer_gives_pytorchs_bits_and_matches_one_process(torch_four_ranks):
+    layer = jax_layer(gj.dropless_capacity(cases.TOKENS_PER_RANK, cases.TOP_K))
+    params = cases.init_params(DEVICES)
+    for step in range(cases.SAME_SHAPE_STEPS):
+        got = {k: np.asarray(v, np.float64) for k, v in jax_step(layer, step).items()}
+        x, dy, allowed = cases.batch(step, DEVICES)
+        exact = cases.single_process(params, x, dy, allowed, "float64")
+        for name in ("out", "fc1", "fc2"):  # the same core calls on the same rows: PyTorch's bits
+            np.testing.assert_array_equal(got[name], gathered(torch_four_ranks, step, name), err_msg=f"{step} {name}")
+        np.testing.assert_array_equal(got["dx"], gathered(torch_four_ranks, step, "dx"), err_msg=f"{step} dx")
+        for name in ("dx", "router"):
+            np.testing.assert_allclose(got[name], exact[name], rtol=1e-4, atol=1e-5, err_msg=f"{step} {name}")
+        assert got["fc1"].shape == params["fc1"].shape and (got["dropped"] == 0).all()
+        for e in cases.idle_experts(step, DEVICES):
+            assert (got["fc1"][e] == 0).all() and (got["fc2"][e] == 0).all()
+
+
+def test_jax_layer_compiles_once_for_any_routing_and_counts_dropped_slots_exactly():
+    traces = []
+    layer = jax_layer(2, traces)  # too small: slots are dropped
+    params = cases.init_params(DEVICES)
+    seen = 0
+    for step in range(cases.SAME_SHAPE_STEPS):
+        x, _, allowed = cases.batch(step, DEVICES)
+        _, dropped = layer(jax_params(), jnp.asarray(x), jnp.asarray(allowed))
+        want = cases.expected_dropped(params, step, DEVICES, 2)
+        assert np.asarray(dropped).tolist() == want, step
+        seen += sum(want)
+    assert seen > 0 and len(traces) == 1  # every routing through one trace
+
+
+def test_jax_layer_runs_with_no_tokens_anywhere():
+    layer = jax_layer(1)
+    x = jnp.zeros((0, cases.HIDDEN), jnp.float32)
+    allowed = jnp.ones((0, DEVICES * cases.LOCAL_EXPERTS), bool)
+    grads = jax.grad(lambda p: jnp.sum(layer(p, x, allowed)[0]))(jax_params())
+    assert all(g.shape == p.shape and not np.asarray(g).any() for g, p in zip(jax.tree.leaves(grads),
+                                                                            jax.tree.leaves(jax_params())))
+
+
+def test_a_num_experts_the_devices_do_not_divide_and_a_bad_capacity_are_refused_naming_them():
+    mesh = Mesh(np.array(jax.devices("cpu")[:DEVICES]), ("ep",))
+
+    def dispatch(num_experts, capacity):
+        call = lambda x, e: gj.dispatch(x, e, num_experts, axis_name="ep", capacity=capacity)[1]  # noqa: E731
+        return jax.shard_map(call, mesh=mesh, in_specs=(P("ep"), P("ep")), out_specs=P("ep"))(
+            jnp.zeros((8, 4)), jnp.zeros((8, 1), jnp.int32))
+
+    with pytest.raises(ValueError, match="dispatch: num_experts = 6 is not a multiple of the expert-parallel "
+                                         "group's 4 ranks"):
+        dispatch(6, 2)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=f"dispatch: capacity must be a positive int .*, got {bad!r}"):
+            dispatch(8, bad)
+
+
+def test_torch_layer_refuses_a_bad_capacity_naming_it(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="ExpertParallelMoE: capacity must be a positive int"):
+            gt.ExpertParallelMoE(4, 8, 6, 2, capacity=-1)
+        tokens = torch.randn(5, 8)
+        out, dropped = gt.ExpertParallelMoE(4, 8, 6, 2)(tokens)  # one rank holds every expert
+        assert out.shape == tokens.shape and int(dropped) == 0
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,208 @@
+"""Expert parallelism in PyTorch: token dispatch and combine between the ranks of a
+``torch.distributed`` process group, and an MoE layer on top (router, dispatch, the
+grouped expert MLP of the rank's experts, combine).
+
+Rows move by the core's permute and unpermute (exact copies, exact zeros where nothing is
+sent) and torch's functional all-to-all (``torch.distributed._functional_collectives``,
+differentiable and traceable by torch.compile); which rows is groupgemm/_dispatch_plan.py,
+shared with JAX, so both frameworks move the same rows and compute the same bits. Two modes:
+
+- capacity (``capacity=int``): every pair of ranks exchanges ``capacity`` rows; static
+  shapes, no host copy, CUDA-graph and ``torch.compile(fullgraph=True)`` friendly;
+- dropless (``capacity=None``): each rank sends exactly its rows; the split sizes the
+  collective takes are Python ints, so each dispatch copies its counts to the host once
+  (the sync Megatron's dropless all-to-all dispatcher makes).
+"""
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as collectives
+from torch import Tensor, nn
+
+from groupgemm import _dispatch_plan as rules
+from groupgemm.torch_ext import expert
+from groupgemm.torch_ext.functional import grouped_mm
+from groupgemm.torch_ext.module import GroupedMLP
+
+
+class _Ops:
+    """The plan's array functions, for torch."""
+
+    @staticmethod
+    def arange(n, like):
+        return torch.arange(n, dtype=torch.int32, device=like.device)
+
+    where = staticmethod(torch.where)
+
+    @staticmethod
+    def cumsum(x, axis):
+        return torch.cumsum(x, axis, dtype=torch.int32)
+
+    @staticmethod
+    def take(x, index):
+        return x[index]
+
+    @staticmethod
+    def int32(x):
+        return x.to(torch.int32)
+
+
+@dataclasses.dataclass
+class DispatchPlan:
+    """What combine needs to send dispatch's rows back: returned by dispatch."""
+    row_map: Tensor  # [T, k]: the first permute's, for the weighted sum
+    received_rows: Tensor  # where each received row went, sorted by local expert
+    return_rows: Tensor | None  # capacity: [T * k, 1], the returned row of each permuted row, -1: none
+    dropped: Tensor  # int scalar: this rank's slots past capacity (0 when dropless)
+    group: dist.ProcessGroup
+    splits: "_Splits | None" = None  # dropless: the rows exchanged with each peer
+
+
+def _exchange(x: Tensor, group, send=None, receive=None) -> Tensor:
+    """Chunk r of x's rows to rank r (equal chunks, or ``send[r]`` rows), chunk s of the
+    result from rank s; differentiable."""
+    return collectives.wait_tensor(collectives.all_to_all_single_autograd(x, receive, send, group))
+
+
+def _exchange_counts(counts: Tensor, group) -> Tensor:
+    return collectives.wait_tensor(collectives.all_to_all_single(counts.contiguous(), None, None, group))
+
+
+def dispatch(tokens: Tensor, expert_indices: Tensor, num_experts: int, group=None, *,
+             capacity: int | None = None) -> tuple[Tensor, Tensor, DispatchPlan]:
+    """Sends each (token, slot) to the rank holding its expert; returns
+    ``(expert_input, group_sizes [E_local], plan)``, the rows grouped by local expert as
+    ``GroupedMLP`` takes them.
+
+    ``tokens [T, H]`` and ``expert_indices [T, k]`` are this rank's (global expert ids; one
+    outside ``[0, num_experts)`` is a dropped slot, as in ``permute``). ``group`` (default
+    the world) is the expert-parallel group; rank r holds experts
+    ``[r * E_local, (r + 1) * E_local)``, ``E_local = num_experts / group size``.
+
+    ``capacity=int``: every pair of ranks exchanges ``capacity`` rows, ``expert_input`` is
+    ``[ep * capacity, H]`` with zero padding rows last; nothing is dropped when capacity is
+    at least ``T * k`` (``dropless_capacity``), past it a rank's rows for one peer are
+    dropped from the last, in permute's order (expert ascending, then slot), and counted in
+    ``plan.dropped``. No host copy. ``capacity=None``: dropless, ``expert_input`` holds
+    exactly the received rows; this copies the token counts to the host once (the split
+    sizes of ``all_to_all_single`` are Python ints). Either way T = 0, a rank that sends or
+    receives nothing, and idle experts are ordinary input, and every rank takes part in
+    each collective. Differentiable: the backward is the reverse exchange.
+    """
+    fn = "dispatch"
+    group = group or dist.group.WORLD
+    ep = dist.get_world_size(group)
+    e_local = rules.check(num_experts, ep, capacity, fn)
+    permuted, group_sizes, row_map = expert.permute(tokens, expert_indices, num_experts)
+    if capacity is None:
+        return _dispatch_dropless(permuted, group_sizes, row_map, ep, e_local, group)
+    send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)
+    received = _exchange_counts(sent.reshape(-1), group).reshape(ep, e_local)
+    chunks = _exchange(expert.unpermute(permuted, send_rows), group)
+    expert_input, local_sizes, received_rows = expert.permute(chunks, rules.receive_plan(_Ops, received, capacity),
+                                                              e_local)
+    return_rows = rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0])
+    return expert_input, local_sizes, DispatchPlan(row_map, received_rows, return_rows, dropped, group)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Splits:
+    """A dropless exchange's rows per peer (Python ints). Where a rank's send or receive
+    buffer would be empty, it also sends itself one zero row, dropped on arrival: the
+    collective then never sees a zero-size buffer (which has hung all_to_all_single on some
+    backends), and no peer's sizes change."""
+    send: tuple
+    receive: tuple
+    rank: int
+
+    @property
+    def spare(self):
+        return sum(self.send) == 0 or sum(self.receive) == 0
+
+    def _sizes(self, counts):
+        return [c + int(self.spare and r == self.rank) for r, c in enumerate(counts)]
+
+    def _end_of_own_chunk(self, counts):
+        return sum(counts[:self.rank + 1])
+
+    def _exchange(self, x, group, send, receive):
+        if self.spare:
+            at = self._end_of_own_chunk(send)
+            x = torch.cat([x[:at], x.new_zeros((1, x.shape[1])), x[at:]])
+        y = _exchange(x, group, self._sizes(send), self._sizes(receive))
+        if self.spare:
+            at = self._end_of_own_chunk(receive)
+            y = torch.cat([y[:at], y[at + 1:]])
+        return y
+
+    def forward(self, x, group):
+        return self._exchange(x, group, self.send, self.receive)
+
+    def backward(self, x, group):
+        return self._exchange(x, group, self.receive, self.send)
+
+
+def _dispatch_dropless(permuted, group_sizes, row_map, ep, e_local, group):
+    sent = group_sizes.reshape(ep, e_local)
+    received = _exchange_counts(sent.reshape(-1), group).reshape(ep, e_local)
+    counts = torch.cat([sent.sum(1), received.sum(1)]).tolist()  # the one host copy of a dispatch
+    splits = _Splits(tuple(counts[:ep]), tuple(counts[ep:]), dist.get_rank(group))
+    arrived = splits.forward(permuted[:sum(splits.send)], group)  # the slots kept come first
+    local_expert = torch.arange(e_local, dtype=torch.int32, device=permuted.device).repeat(ep)
+    ids = local_expert.repeat_interleave(received.reshape(-1), output_size=arrived.shape[0])
+    expert_input, local_sizes, received_rows = expert.permute(arrived, ids[:, None], e_local)
+    nothing = torch.zeros((), dtype=torch.int32, device=permuted.device)
+    return expert_input, local_sizes, DispatchPlan(row_map, received_rows, None, nothing, group, splits)
+
+
+def combine(expert_output: Tensor, plan: DispatchPlan, probs: Tensor | None = None) -> Tensor:
+    """``out [T, H]``: each token's ``sum over j of probs[t, j] * expert_output`` of its slot
+    j, accumulated in float32 in slot order (unpermute), from dispatch's ``plan``; a slot
+    that was dropped adds nothing. Differentiable."""
+    back_local = expert.unpermute(expert_output, plan.received_rows)
+    if plan.splits is None:
+        permuted = expert.unpermute(_exchange(back_local, plan.group), plan.return_rows)
+    else:
+        back = plan.splits.backward(back_local, plan.group)
+        dropped_slots = back.new_zeros((plan.row_map.numel() - back.shape[0], back.shape[1]))  # no result
+        permuted = torch.cat([back, dropped_slots])
+    return expert.unpermute(permuted, plan.row_map, probs)
+
+
+def dropless_capacity(num_tokens: int, top_k: int) -> int:
+    """The capacity at which dispatch drops nothing, whatever the routing: ``T * k``."""
+    return rules.dropless_capacity(num_tokens, top_k)
+
+
+class ExpertParallelMoE(nn.Module):
+    """An expert-parallel MoE layer: softmax top-k router (``router [H, E]``, replicated
+    over the group), dispatch, ``GroupedMLP`` of this rank's ``E_local = num_experts /
+    group size`` experts (``experts``), combine. ``forward(x, allowed=None)`` returns
+    ``(out [T, H], dropped)``; ``allowed`` (broadcastable to ``[T, E]``) bars experts from
+    routing. The router's logits are a core GEMM (one group of every token), so every step
+    with arithmetic runs in the core and groupgemm.jax.moe_layer gives the same bits.
+    ``capacity`` as in dispatch (None: dropless). The router's gradient is this rank's
+    tokens' share: all-reduce it over the data-parallel ranks as for any replicated weight.
+    """
+
+    def __init__(self, num_experts, hidden_size, ffn_hidden_size, top_k, group=None, *, capacity=None,
+                 activation="swiglu", fp8=None, device=None, dtype=None):
+        super().__init__()
+        self.group = group or dist.group.WORLD
+        self.num_experts, self.top_k, self.capacity = num_experts, top_k, capacity
+        e_local = rules.check(num_experts, dist.get_world_size(self.group), capacity, "ExpertParallelMoE")
+        self.router = nn.Parameter(torch.empty(hidden_size, num_experts, device=device, dtype=dtype))
+        nn.init.normal_(self.router, std=0.02)
+        self.experts = GroupedMLP(e_local, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
+                                  device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, allowed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
+        logits = grouped_mm(x, self.router[None], every_token)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        probs, experts = expert.softmax_topk(logits, self.top_k)
+        expert_input, group_sizes, plan = dispatch(x, experts, self.num_experts, self.group, capacity=self.capacity)
+        return combine(self.experts(expert_input, group_sizes), plan, probs), plan.dropped
