@@ -197,3 +197,14 @@ def test_fp8_benchmark_runs_and_checks_its_results_on_the_cpu():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| groupgemm fp8 blockwise forward+backward |" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1].startswith("RESULT: PASS")
+
+
+def test_the_dispatch_benchmark_checks_every_contender_and_reports_ratios():
+    # benchmarks/ep_dispatch.py on a tiny shape: every contender's result equals the
+    # hand-written dispatch's before timing, and one table gives each one's ratio to it.
+    script = os.path.join(os.path.dirname(BENCH), "ep_dispatch.py")
+    proc = subprocess.run([sys.executable, script, "--tokens", "32", "--hidden", "8", "--repeats", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| groupgemm") or "hand-written" in line]
+    assert len(rows) == 4 and rows[-1].endswith("| 1.00x |"), proc.stdout
