@@ -64,20 +64,25 @@ def run(rank, world, args, store, results):
     logits = torch.randn(args.tokens, args.experts, generator=gen)
     probs, experts = gt.softmax_topk(logits, args.top_k)
 
-    def library(capacity):
+    dropped = {}
+
+    def library(name, capacity):
         def call():
             expert_input, _, plan = gt.dispatch(x, experts, args.experts, capacity=capacity)
+            dropped[name] = int(plan.dropped) if not dropped.get(name) else dropped[name]
             return gt.combine(expert_input, plan, probs)
-        return call
+        return name, call
 
     balanced = args.tokens * args.top_k // world  # a peer's rows under even routing
-    calls = {f"groupgemm, capacity {CAPACITY_FACTOR} x balanced": library(math.ceil(CAPACITY_FACTOR * balanced)),
-             "groupgemm, capacity T * k (drops nothing)": library(gt.dropless_capacity(args.tokens, args.top_k)),
-             "groupgemm, dropless": library(None),
-             HAND_WRITTEN: lambda: hand_written(torch, dist, dist_fn, x, experts, probs, args.experts, world)}
+    calls = dict([library(f"groupgemm, capacity {CAPACITY_FACTOR} x balanced", math.ceil(CAPACITY_FACTOR * balanced)),
+                  library("groupgemm, capacity T * k (drops nothing)", gt.dropless_capacity(args.tokens, args.top_k)),
+                  library("groupgemm, dropless", None)])
+    calls[HAND_WRITTEN] = lambda: hand_written(torch, dist, dist_fn, x, experts, probs, args.experts, world)
     want = calls[HAND_WRITTEN]()
     for name, fn in calls.items():
-        torch.testing.assert_close(fn(), want, rtol=1e-6, atol=1e-6, msg=name)
+        got = fn()
+        if not dropped.get(name):  # a capacity below a peer's load drops slots: another result
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=name)
     medians = interleaved_medians(calls, args.repeats, shuffle_seed=SHUFFLE_SEED)
     if rank == 0:
         results.update({name: seconds for name, (seconds, _) in medians.items()})
