@@ -38,6 +38,8 @@ setup() {
   # jax.export's serialisation (docs/guides/export.md), and the documentation's tools.
   pip install -q flatbuffers==25.12.19 sphinx==9.0.4 myst-parser==5.2.0 alabaster==1.0.0 docutils==0.22.4 \
     markdown-it-py==4.3.0 mdit-py-plugins==0.7.0 Pygments==2.21.0
+  # tests/test_lint.py: names in code only a GPU runs are checked here too.
+  pip install -q ruff==0.17.6
   if [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi

@@ -4,9 +4,10 @@ and dropless modes) against the hand-written all-to-all of the guide's earlier v
 regroup by local expert, and the same back), over gloo processes on the CPU, one
 interleaved run. Capacity mode exchanges ``capacity`` rows per pair of ranks whatever the
 routing: at 1.25x a peer's share under even routing (no slot dropped here), and at T * k,
-which drops nothing under any routing and so moves ``world`` times the rows. The experts are the identity, so the time is the exchange's: every
-contender moves the same rows between the same ranks, and each result is checked against
-the hand-written one before timing.
+which drops nothing under any routing and so moves ``world`` times the rows. The experts
+are the identity, so the time is the exchange's: every contender moves the same rows
+between the same ranks, and each result is checked against the hand-written one before
+timing.
 
     python benchmarks/ep_dispatch.py [--world 2] [--tokens 2048] [--hidden 256] [--experts 8]
 """

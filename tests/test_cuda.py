@@ -26,9 +26,9 @@ from bits import assert_same_bits
 from capture_check import capture
 from cases import CASE_IDS, CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
 from driver_calls import DEFAULT_KERNEL, TEST_KERNELS
+from fp8_reference import LAYER_CASES, RECIPES, layer_inputs
 from kernel_table import SM80
 from kernel_table import read as read_kernel_table
-from fp8_reference import LAYER_CASES, RECIPES, layer_inputs
 from reference import assert_close, empty_groups, padding_rows
 from test_expert_layer import IDS as ROUTING_IDS
 from test_expert_layer import (

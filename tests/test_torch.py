@@ -285,8 +285,9 @@ def test_concurrent_calls_from_threads_are_correct(dtype):
      r"scaling must be one of 0 \(rowwise\), 1 \(blockwise\), got 2"),
     (lambda: torch.ops.groupgemm.scaled_grouped_mm(*_raw_fp8_operands(rhs_scale=torch.ones(8, 2).T), 0, torch.float32),
      "rhs_scale must be contiguous"),
-    (lambda: torch.ops.groupgemm.scaled_grouped_mm_wgrad(*_raw_fp8_operands(wgrad=True, lhs_scale=torch.ones(4, 2).T), 1,
-                                                         0, torch.float32), "lhs_scale must be contiguous"),
+    (lambda: torch.ops.groupgemm.scaled_grouped_mm_wgrad(
+        *_raw_fp8_operands(wgrad=True, lhs_scale=torch.ones(4, 2).T), 1, 0, torch.float32),
+     "lhs_scale must be contiguous"),
 ])
 def test_raw_ops_check_their_inputs_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=f"groupgemm::.*{match}"):
@@ -309,7 +310,8 @@ def _raw_fp8_operands(wgrad=False, **scales):
 
 @pytest.mark.parametrize("call, error, match", [
     (lambda: torch.ops.groupgemm.grouped_mm(torch.randn(6, 4).to_sparse(), torch.randn(1, 4, 5), torch.tensor([6]),
-                                            None, None, False, torch.float32), TypeError, "input must be a dense tensor"),
+                                            None, None, False, torch.float32),
+     TypeError, "input must be a dense tensor"),
     (lambda: torch.ops.groupgemm.scaled_grouped_mm(torch.zeros(4, 16), *_raw_fp8_operands()[1:], 0, torch.float32),
      TypeError, r"lhs must be float8 \(float8_e4m3fn, float8_e5m2\), got torch.float32"),
 ])

@@ -5,13 +5,23 @@ Runs against the real torchtitan package, which ./dev.sh setup installs (pinned,
 its dependencies); bfloat16 throughout, as torchtitan's experts compute."""
 
 import copy
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 from clients import require
 
 from groupgemm.integrations import torchtitan as integration
-from groupgemm.integrations.torchtitan import experts_class, grouped_mm, use_groupgemm
+from groupgemm.integrations.torchtitan import (
+    experts_class,
+    grouped_mm,
+    token_dispatcher_class,
+    use_groupgemm,
+    use_groupgemm_dispatch,
+)
 
 titan_moe = require("torchtitan.models.common.moe")
 config_utils = require("torchtitan.models.common.config_utils")
@@ -78,39 +88,88 @@ def test_the_seam_reads_torchtitans_transposed_weight_in_place(monkeypatch):
     assert seen == [(weight.data_ptr(), True, True)]
 
 
-def test_use_groupgemm_switches_every_experts_config_of_a_moe_layer_and_matches_it_bitwise():
-    dim, hidden, experts, top_k = 32, 64, 8, 2
-    config = make_moe_config(
+def _moe_config(dim=32, hidden=64, experts=8, top_k=2):
+    return make_moe_config(
         num_experts=experts,
         router=make_router_config(dim=dim, num_experts=experts, gate_param_init={}, top_k=top_k, score_func="softmax"),
         routed_experts=make_routed_experts_config(dim=dim, hidden_dim=hidden, num_experts=experts, top_k=top_k,
                                                   param_init={}, comm_backend="standard"))
+
+
+def _run_side_by_side(config, switched_config, dim=32):
+    """Both layers on the same weights (experts 0-2 never chosen) and tokens: their
+    outputs, input gradients and named parameter gradients."""
+    titan, ours = config.build(), switched_config.build()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in titan.parameters():
+            p.normal_(0, 0.2)
+        titan.expert_bias_E[:3] = -1e4
+    ours.load_state_dict(titan.state_dict())
+    results = []
+    for layer in (titan, ours):
+        x = torch.randn(2, 8, dim, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        y = layer(x)
+        y.square().sum().backward()
+        results.append((y, x.grad, dict(layer.named_parameters())))
+    return titan, ours, results
+
+
+def test_use_groupgemm_switches_every_experts_config_of_a_moe_layer_and_matches_it_bitwise():
+    config = _moe_config()
     switched_config = use_groupgemm(copy.deepcopy(config))
     experts_configs = lambda: [c for _, c, _, _ in switched_config.traverse(titan_moe.GroupedExperts.Config)]
     switched = experts_configs()
     assert use_groupgemm(switched_config) is switched_config  # switching twice changes nothing
     again = experts_configs()
     assert len(again) == len(switched) > 0 and all(a is b for a, b in zip(again, switched))
-    titan, ours = config.build(), switched_config.build()
+    titan, ours, ((y1, dx1, params1), (y2, dx2, params2)) = _run_side_by_side(config, switched_config)
     assert type(ours.routed_experts.inner_experts).__name__ == "GroupGemmGroupedExperts"
     assert type(titan.routed_experts.inner_experts) is titan_moe.GroupedExperts
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in titan.parameters():
-            p.normal_(0, 0.2)
-        titan.expert_bias_E[:3] = -1e4  # experts 0-2 never chosen
-    ours.load_state_dict(titan.state_dict())
-    x = torch.randn(2, 8, dim)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    y1, y2 = titan(x1), ours(x2)
-    y1.square().sum().backward()
-    y2.square().sum().backward()
-    assert torch.equal(y1, y2) and torch.equal(x1.grad, x2.grad)
-    for (name, p1), p2 in zip(titan.named_parameters(), ours.parameters()):
-        assert torch.equal(p1.grad, p2.grad), name
+    assert torch.equal(y1, y2) and torch.equal(dx1, dx2)
+    for name, p1 in params1.items():
+        assert torch.equal(p1.grad, params2[name].grad), name
     assert (ours.routed_experts.inner_experts.w2_EDF.grad[:3] == 0).all()
+
+
+def test_use_groupgemm_dispatch_switches_the_token_dispatcher_and_matches_torchtitans_local_path():
+    # Without an expert-parallel mesh the dispatcher only permutes, with the core's ops.
+    config = _moe_config()
+    switched_config = use_groupgemm_dispatch(copy.deepcopy(config), capacity=None)
+    dispatcher_cls = token_dispatcher_class()
+    configs = [c for _, c, _, _ in switched_config.traverse(dispatcher_cls.Config)]
+    assert len(configs) == 1 and configs[0].num_experts == 8 and configs[0].top_k == 2
+    assert use_groupgemm_dispatch(switched_config) is switched_config
+    _, ours, ((y1, dx1, params1), (y2, dx2, params2)) = _run_side_by_side(config, switched_config)
+    assert type(ours.routed_experts.token_dispatcher) is dispatcher_cls
+    torch.testing.assert_close(y2, y1, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dx2, dx1, rtol=1e-5, atol=1e-6)
+    for name, p1 in params1.items():
+        torch.testing.assert_close(params2[name].grad, p1.grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert (params2["routed_experts.inner_experts.w2_EDF"].grad[:3] == 0).all()
 
 
 def test_experts_class_refuses_a_class_without_the_seam():
     with pytest.raises(TypeError, match="experts_cls"):
         experts_class(torch.nn.Linear)
+
+
+def test_groupgemm_token_dispatcher_matches_torchtitans_all_to_all_over_two_ranks(tmp_path):
+    # Two gloo processes run torchtitan's AllToAllTokenDispatcher and groupgemm's (dropless,
+    # and with a capacity that drops nothing) on the same tokens and experts; at step 1 no
+    # token goes to rank 1's experts. Rows, outputs and weight gradients are the same bits;
+    # the score gradients are dot products whose order differs.
+    require("torchtitan.models.common.token_dispatcher")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "torchtitan_ep_worker.py")
+    subprocess.run([sys.executable, worker, str(tmp_path)], check=True, timeout=240)
+    for rank in range(2):
+        saved = np.load(tmp_path / f"rank{rank}.npz")
+        for mode in ("groupgemm dropless", "groupgemm capacity"):
+            for step in range(2):
+                theirs = lambda what: saved[f"torchtitan/{step}/{what}"]
+                ours = lambda what: saved[f"{mode}/{step}/{what}"]
+                for what in ("out", "dx", "dweights"):
+                    assert np.array_equal(ours(what), theirs(what)), (rank, mode, step, what)
+                np.testing.assert_allclose(ours("dscores"), theirs("dscores"), rtol=1e-5, atol=1e-5)
+            idle = saved[f"{mode}/1/dweights"]
+            assert (idle == 0).all() if rank == 1 else idle.any(axis=(1, 2)).all(), (rank, mode)

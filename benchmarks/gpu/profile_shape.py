@@ -199,8 +199,7 @@ def _calls(torch, families, grouped_mm, shape):
     GROUPGEMM_CUDA_KERNEL at each call; torch._grouped_mm takes the same groups as
     cumulative ends, and computes the weight gradient as torch's own backward does (its
     contraction split at the ends)."""
-    x, w, dy, sizes = operands(torch, shape)
-    g = shape["experts"]
+    x, w, dy, sizes = arrays = operands(torch, shape)
 
     def on(family, fn):
         def call():
@@ -208,9 +207,7 @@ def _calls(torch, families, grouped_mm, shape):
                 return fn()
         return call
 
-    grouped = {"forward": lambda: gt.grouped_mm(x, w, sizes),
-               "dgrad": lambda: gt.grouped_mm(dy, w, sizes, transpose_weight=True),
-               "wgrad": lambda: gt.grouped_mm_wgrad(x, dy, sizes, g)}
+    grouped = gemm_calls(torch, arrays, shape["experts"])
     ends = torch.cumsum(sizes, 0, dtype=torch.int32)
     torch_grouped = {"forward": lambda: torch._grouped_mm(x, w, offs=ends),
                      "dgrad": lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends),

@@ -14,6 +14,12 @@ input gradients.
 Replacing ``torch._grouped_mm`` itself by ``groupgemm.torch.grouped_mm(A, B, offs=offs)``
 would work too, but would copy each expert weight on every call: ``B_t`` is a transposed
 view, which groupgemm reads in place only when told it is the transposed layout.
+
+Its MoE layers' token exchange between expert-parallel ranks is a token dispatcher
+(``torchtitan.models.common.token_dispatcher``: ``dispatch(x, scores, expert_ids, counts)``
+and ``combine(expert_out, metadata, x)``). :func:`token_dispatcher_class` is one on
+groupgemm's dispatch and combine (capacity or dropless), and :func:`use_groupgemm_dispatch`
+switches a model config's dispatchers to it.
 """
 
 from dataclasses import dataclass, fields
@@ -22,9 +28,10 @@ import torch
 
 from groupgemm.torch_ext.functional import grouped_mm as _grouped_mm
 
-__all__ = ["experts_class", "grouped_mm", "use_groupgemm"]
+__all__ = ["experts_class", "grouped_mm", "token_dispatcher_class", "use_groupgemm", "use_groupgemm_dispatch"]
 
 _EXPERTS_CLASSES: dict[type, type] = {}
+_DISPATCHER: list = []  # the one dispatcher class, made on first use
 
 
 def grouped_mm(*, A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -97,3 +104,71 @@ def use_groupgemm(model_config, experts_config_cls=None):
             setattr(parent, attr, new_config)
     return model_config
 
+
+
+def token_dispatcher_class() -> type:
+    """torchtitan's expert-parallel token dispatcher on groupgemm.torch's dispatch and combine.
+
+    A ``BaseEPTokenDispatcher`` whose ``Config`` adds ``capacity`` (None: dropless, one host
+    copy of the counts per step, as torchtitan's all-to-all dispatcher makes; an int: every
+    pair of ranks exchanges that many rows, static shapes, no host copy). ``dispatch``
+    returns the rows grouped by local expert with their counts, as torchtitan's experts
+    take them (in capacity mode, zero padding rows after them, which the experts' grouped
+    GEMMs leave alone); ``combine`` sums ``scores * expert_out`` per token in float32 in slot
+    order. Zero tokens on a rank, or for its experts, are ordinary input. Without an EP mesh
+    (EP = 1) the rows are only permuted, with the same core ops.
+    """
+    if _DISPATCHER:
+        return _DISPATCHER[0]
+    from torchtitan.models.common.token_dispatcher import BaseEPTokenDispatcher
+
+    import groupgemm.torch as gt
+
+    class GroupgemmTokenDispatcher(BaseEPTokenDispatcher):
+        @dataclass(kw_only=True, slots=True)
+        class Config(BaseEPTokenDispatcher.Config):
+            capacity: int | None = None
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.capacity = config.capacity
+
+        def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E):
+            del num_local_tokens_per_expert_E  # recounted on the device by permute
+            if self.ep_mesh is None:
+                rows, sizes, row_map = gt.permute(x_TD, topk_expert_ids_TK, self.num_experts)
+                return rows, sizes, (row_map, topk_scores_TK)
+            rows, sizes, plan = gt.dispatch(x_TD, topk_expert_ids_TK, self.num_experts, self.ep_mesh.get_group(),
+                                            capacity=self.capacity)
+            return rows, sizes, (plan, topk_scores_TK)
+
+        def combine(self, routed_output_RD, metadata, x_TD):
+            plan, scores = metadata
+            if self.ep_mesh is None:
+                return gt.unpermute(routed_output_RD, plan, scores)
+            return gt.combine(routed_output_RD, plan, scores)
+
+    GroupgemmTokenDispatcher.__module__ = __name__
+    _DISPATCHER.append(GroupgemmTokenDispatcher)
+    return GroupgemmTokenDispatcher
+
+
+def use_groupgemm_dispatch(model_config, capacity=None):
+    """Switches every token-dispatcher config in a torchtitan model config to
+    :func:`token_dispatcher_class`'s (keeping ``num_experts`` and ``top_k``), with
+    ``capacity`` (None: dropless). Call it on ``ModelSpec.model`` before the model is built.
+    Returns the config (a new object when the root itself was a dispatcher config)."""
+    from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
+
+    new_cls = token_dispatcher_class().Config
+    for _, config, parent, attr in list(model_config.traverse(LocalTokenDispatcher.Config)):
+        if isinstance(config, new_cls):
+            continue
+        new_config = new_cls(num_experts=config.num_experts, top_k=config.top_k, capacity=capacity)
+        if parent is None:
+            model_config = new_config
+        elif isinstance(parent, list):
+            parent[attr] = new_config
+        else:
+            setattr(parent, attr, new_config)
+    return model_config
