@@ -7,8 +7,11 @@ Runs against the real megatron-core package, which ./dev.sh setup installs (pinn
 its dependencies), in this process with a one-rank gloo group."""
 
 import os
+import subprocess
+import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -24,7 +27,12 @@ with warnings.catch_warnings():
     from megatron.core.transformer.moe.experts import GroupedMLPSubmodules, SequentialMLP, TEGroupedMLP
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-from groupgemm.integrations.megatron import ColumnParallelGroupedLinear, RowParallelGroupedLinear
+from groupgemm.integrations.megatron import (
+    ColumnParallelGroupedLinear,
+    RowParallelGroupedLinear,
+    token_dispatcher_class,
+    use_groupgemm_dispatcher,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 EXPERTS, HIDDEN, FFN = 4, 16, 32
@@ -131,3 +139,59 @@ def test_distributed_checkpointing_is_refused_not_silently_wrong(process_groups)
     _, experts = _pair(process_groups, fusion=False)
     with pytest.raises(NotImplementedError, match="distributed checkpointing"):
         experts.sharded_state_dict()
+
+
+def test_groupgemm_token_dispatcher_matches_megatrons_all_to_all_over_two_ranks(tmp_path):
+    # Two gloo processes (expert-parallel size 2) run Megatron's MoEAlltoAllTokenDispatcher
+    # and groupgemm's (dropless, and with a capacity that drops nothing) through MoELayer's
+    # six steps on the same tokens, routing and experts; at step 1 no token goes to rank 1's
+    # experts. The rows and probs each expert gets, the outputs and every gradient are the
+    # same bits.
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "megatron_ep_worker.py")
+    subprocess.run([sys.executable, worker, str(tmp_path)], check=True, timeout=240)
+    for rank in range(2):
+        saved = np.load(tmp_path / f"rank{rank}.npz")
+        for mode in ("groupgemm dropless", "groupgemm capacity"):
+            for step in range(2):
+                for what in ("rows", "row_probs", "out", "dx", "dprobs", "dweights"):
+                    ours, theirs = saved[f"{mode}/{step}/{what}"], saved[f"megatron/{step}/{what}"]
+                    assert ours.shape == theirs.shape and np.array_equal(ours, theirs), (rank, mode, step, what)
+            idle = saved[f"{mode}/1/dweights"]
+            assert (idle == 0).all() if rank == 1 else idle.any(axis=(1, 2)).all(), (rank, mode)
+        assert saved["groupgemm dropless/1/rows"].shape[0] == (0 if rank == 1 else 24)
+
+
+def test_use_groupgemm_dispatcher_puts_it_into_a_moe_layer_with_the_same_bits(process_groups, monkeypatch):
+    # One rank: Megatron's all-gather dispatcher only permutes, and so does groupgemm's.
+    from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # Megatron's router moves its weight there
+    config = _config(moe_router_topk=2, moe_token_dispatcher_type="allgather")
+    spec = MoESubmodules(experts=ModuleSpec(module=TEGroupedMLP, submodules=GroupedMLPSubmodules(
+        linear_fc1=ColumnParallelGroupedLinear, linear_fc2=RowParallelGroupedLinear)))
+    torch.manual_seed(0)
+    theirs, ours = MoELayer(config, spec, pg_collection=process_groups), MoELayer(config, spec,
+                                                                                   pg_collection=process_groups)
+    ours.load_state_dict(theirs.state_dict())
+    assert use_groupgemm_dispatcher(ours) is ours and type(ours.token_dispatcher) is token_dispatcher_class()
+    x = torch.randn(5, 2, HIDDEN, dtype=torch.bfloat16)
+    results = []
+    for layer in (theirs, ours):
+        x_grad = x.clone().requires_grad_()
+        y, _ = layer(x_grad)
+        y.float().square().sum().backward()
+        results.append((y, x_grad.grad, [p.grad for p in layer.parameters()]))
+    (y1, dx1, grads1), (y2, dx2, grads2) = results
+    assert torch.equal(y1, y2) and torch.equal(dx1, dx2)
+    assert all(torch.equal(g1, g2) for g1, g2 in zip(grads1, grads2))
+
+
+def test_token_dispatcher_refuses_what_it_does_not_implement(process_groups):
+    dispatcher_cls = token_dispatcher_class()
+    config = _config()
+    config.moe_permute_fusion = True  # TransformerConfig itself refuses it without TransformerEngine
+    with pytest.raises(NotImplementedError, match="moe_permute_fusion"):
+        dispatcher_cls(EXPERTS, list(range(EXPERTS)), config, process_groups)
+    with pytest.raises(ValueError, match="local_expert_indices"):
+        dispatcher_cls(2, [1, 2], _config(), process_groups)

@@ -51,13 +51,18 @@ class _Ops:
 
 @dataclasses.dataclass
 class DispatchPlan:
-    """What combine needs to send dispatch's rows back: returned by dispatch."""
+    """What combine needs to send dispatch's rows back, and dispatch_probs to send more
+    per-slot values the same way: returned by dispatch."""
+    expert_indices: Tensor  # [T, k]: dispatch's
+    num_experts: int
     row_map: Tensor  # [T, k]: the first permute's, for the weighted sum
-    received_rows: Tensor  # where each received row went, sorted by local expert
+    receive_experts: Tensor  # [received rows, 1]: the local expert of each received row, -1 padding
+    send_rows: Tensor | None  # capacity: [ep * capacity, 1], the permuted row of each sent row, -1 padding
     return_rows: Tensor | None  # capacity: [T * k, 1], the returned row of each permuted row, -1: none
     dropped: Tensor  # int scalar: this rank's slots past capacity (0 when dropless)
     group: dist.ProcessGroup
     splits: "_Splits | None" = None  # dropless: the rows exchanged with each peer
+    received_rows: Tensor | None = None  # where each received row went, sorted by local expert
 
 
 def _exchange(x: Tensor, group, send=None, receive=None) -> Tensor:
@@ -96,15 +101,45 @@ def dispatch(tokens: Tensor, expert_indices: Tensor, num_experts: int, group=Non
     ep = dist.get_world_size(group)
     e_local = rules.check(num_experts, ep, capacity, fn)
     permuted, group_sizes, row_map = expert.permute(tokens, expert_indices, num_experts)
+    sent_counts = group_sizes.reshape(ep, e_local)
+    nothing = torch.zeros((), dtype=torch.int32, device=permuted.device)
     if capacity is None:
-        return _dispatch_dropless(permuted, group_sizes, row_map, ep, e_local, group)
-    send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)
-    received = _exchange_counts(sent.reshape(-1), group).reshape(ep, e_local)
-    chunks = _exchange(expert.unpermute(permuted, send_rows), group)
-    expert_input, local_sizes, received_rows = expert.permute(chunks, rules.receive_plan(_Ops, received, capacity),
-                                                              e_local)
-    return_rows = rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0])
-    return expert_input, local_sizes, DispatchPlan(row_map, received_rows, return_rows, dropped, group)
+        received = _exchange_counts(sent_counts.reshape(-1), group).reshape(ep, e_local)
+        counts = torch.cat([sent_counts.sum(1), received.sum(1)]).tolist()  # the one host copy of a dispatch
+        splits = _Splits(tuple(counts[:ep]), tuple(counts[ep:]), dist.get_rank(group))
+        local_expert = torch.arange(e_local, dtype=torch.int32, device=permuted.device).repeat(ep)
+        receive_experts = local_expert.repeat_interleave(received.reshape(-1), output_size=sum(splits.receive))
+        plan = DispatchPlan(expert_indices, num_experts, row_map, receive_experts[:, None], None, None, nothing,
+                            group, splits)
+    else:
+        send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)
+        received = _exchange_counts(sent.reshape(-1), group).reshape(ep, e_local)
+        plan = DispatchPlan(expert_indices, num_experts, row_map, rules.receive_plan(_Ops, received, capacity),
+                            send_rows, rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0]),
+                            dropped, group)
+    expert_input, local_sizes, plan.received_rows = _to_experts(permuted, plan)
+    return expert_input, local_sizes, plan
+
+
+def _to_experts(permuted: Tensor, plan: DispatchPlan) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows in permute's order on this rank -> the rows its peers' experts receive, grouped
+    by local expert: permute's three results on the received rows."""
+    if plan.splits is None:
+        arrived = _exchange(expert.unpermute(permuted, plan.send_rows), plan.group)
+    else:
+        arrived = plan.splits.forward(permuted[:sum(plan.splits.send)], plan.group)  # the slots kept come first
+    e_local = plan.num_experts // dist.get_world_size(plan.group)
+    return expert.permute(arrived, plan.receive_experts, e_local)
+
+
+def dispatch_probs(probs: Tensor, plan: DispatchPlan) -> Tensor:
+    """``probs [T, k]`` (one value per slot) sent where dispatch sent the slots' rows:
+    ``[rows of expert_input]``, 0 on padding rows; for experts that weight their own rows
+    (Megatron-core's take the probs with the rows). One more all-to-all, of one column;
+    no host copy. Differentiable in ``probs``."""
+    slots = probs.reshape(-1, 1)
+    permuted, _, _ = expert.permute(slots, plan.expert_indices.reshape(-1, 1), plan.num_experts)
+    return _to_experts(permuted, plan)[0][:, 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,19 +177,6 @@ class _Splits:
 
     def backward(self, x, group):
         return self._exchange(x, group, self.receive, self.send)
-
-
-def _dispatch_dropless(permuted, group_sizes, row_map, ep, e_local, group):
-    sent = group_sizes.reshape(ep, e_local)
-    received = _exchange_counts(sent.reshape(-1), group).reshape(ep, e_local)
-    counts = torch.cat([sent.sum(1), received.sum(1)]).tolist()  # the one host copy of a dispatch
-    splits = _Splits(tuple(counts[:ep]), tuple(counts[ep:]), dist.get_rank(group))
-    arrived = splits.forward(permuted[:sum(splits.send)], group)  # the slots kept come first
-    local_expert = torch.arange(e_local, dtype=torch.int32, device=permuted.device).repeat(ep)
-    ids = local_expert.repeat_interleave(received.reshape(-1), output_size=arrived.shape[0])
-    expert_input, local_sizes, received_rows = expert.permute(arrived, ids[:, None], e_local)
-    nothing = torch.zeros((), dtype=torch.int32, device=permuted.device)
-    return expert_input, local_sizes, DispatchPlan(row_map, received_rows, None, nothing, group, splits)
 
 
 def combine(expert_output: Tensor, plan: DispatchPlan, probs: Tensor | None = None) -> Tensor:

@@ -6,16 +6,16 @@ reverse and forward mode (torch.autograd.forward_ad and the torch.func transform
 ``grouped_mm`` also takes torch._grouped_mm's ``offs=`` (cumulative group ends).
 FP8: ``scaled_grouped_mm`` (torch.nn.functional.scaled_grouped_mm's signature),
 ``quantize_fp8`` / ``quantize_fp8_grouped``, and ``fp8=`` on the modules. Expert parallelism over
-a ``torch.distributed`` group: ``dispatch``, ``combine``, ``ExpertParallelMoE`` and
-``dropless_capacity``.
+a ``torch.distributed`` group: ``dispatch``, ``dispatch_probs``, ``combine``,
+``ExpertParallelMoE`` and ``dropless_capacity``.
 """
 
 from groupgemm.torch_ext.expert import permute, softmax_topk, unpermute
-from groupgemm.torch_ext.expert_parallel import ExpertParallelMoE, combine, dispatch, dropless_capacity
+from groupgemm.torch_ext.expert_parallel import ExpertParallelMoE, combine, dispatch, dispatch_probs, dropless_capacity
 from groupgemm.torch_ext.fp8 import quantize_fp8, quantize_fp8_grouped, scaled_grouped_mm
 from groupgemm.torch_ext.functional import grouped_mm, grouped_mm_wgrad
 from groupgemm.torch_ext.module import GroupedLinear, GroupedMLP
 
-__all__ = ["ExpertParallelMoE", "GroupedLinear", "GroupedMLP", "combine", "dispatch", "dropless_capacity", "grouped_mm",
-           "grouped_mm_wgrad", "permute", "quantize_fp8", "quantize_fp8_grouped", "scaled_grouped_mm", "softmax_topk",
-           "unpermute"]
+__all__ = ["ExpertParallelMoE", "GroupedLinear", "GroupedMLP", "combine", "dispatch", "dispatch_probs",
+           "dropless_capacity", "grouped_mm", "grouped_mm_wgrad", "permute", "quantize_fp8", "quantize_fp8_grouped",
+           "scaled_grouped_mm", "softmax_topk", "unpermute"]

@@ -30,16 +30,26 @@ Not supported (each refused with an error naming the option): ``delay_wgrad_comp
 ``overlap_dispatch_backward_with_experts_wgrad`` (the deferred weight gradient), FP8 / FP4
 training, and Megatron-core's distributed checkpointing of these weights
 (``sharded_state_dict``; ``state_dict()`` works).
+
+The exchange of tokens between expert-parallel ranks is ``MoELayer.token_dispatcher``
+(``megatron.core.transformer.moe.token_dispatcher.MoETokenDispatcher``'s six steps).
+:func:`token_dispatcher_class` is one on groupgemm.torch's ``dispatch``, ``dispatch_probs``
+and ``combine``, and :func:`use_groupgemm_dispatcher` puts it into a built ``MoELayer``.
 """
 
 import torch
 
 from groupgemm.torch_ext import module
 
-__all__ = ["ColumnParallelGroupedLinear", "RowParallelGroupedLinear"]
+__all__ = ["ColumnParallelGroupedLinear", "RowParallelGroupedLinear", "token_dispatcher_class",
+           "use_groupgemm_dispatcher"]
 
 # TransformerConfig options whose behaviour these layers do not implement.
 _UNSUPPORTED_OPTIONS = ("delay_wgrad_compute", "overlap_dispatch_backward_with_experts_wgrad", "fp8", "fp4")
+# ... and those the token dispatcher does not (the TE/DeepEP paths, quantization padding).
+_UNSUPPORTED_DISPATCH_OPTIONS = ("moe_router_padding_for_quantization", "moe_shared_expert_overlap",
+                                 "moe_pad_expert_input_to_capacity", "moe_permute_fusion", "fp8", "fp4")
+_DISPATCHER: list = []  # the one dispatcher class, made on first use
 
 
 def _group_size(group) -> int:
@@ -162,3 +172,98 @@ class RowParallelGroupedLinear(_MegatronGroupedLinear):
 
     parallel_mode = "row"
 
+
+
+def token_dispatcher_class() -> type:
+    """Megatron-core's token dispatcher contract on groupgemm.torch's expert parallelism.
+
+    A ``MoETokenDispatcher`` built as Megatron's own, ``(num_local_experts,
+    local_expert_indices, config=..., pg_collection=...)``, plus ``capacity`` (None:
+    dropless, one host copy of the counts per step, the sync Megatron's all-to-all
+    dispatcher makes; an int: every pair of ranks exchanges that many rows, static shapes,
+    no host copy, slots past it dropped and counted in ``dropped``). Tokens go to their
+    experts' ranks in Megatron's order (expert, then source rank, then token), each with its
+    routing probability for the experts to weight (``TEGroupedMLP`` does); combine sums each
+    token's expert outputs in float32 in slot order. Zero tokens on a rank, or for all its
+    experts, are ordinary input; every rank takes part in each collective. Refuses, naming
+    the option, expert tensor parallelism and the TransformerConfig options it does not
+    implement (quantization padding, the fused permute, shared-expert overlap).
+    """
+    if _DISPATCHER:
+        return _DISPATCHER[0]
+    from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
+
+    import groupgemm.torch as gt
+
+    class GroupgemmTokenDispatcher(MoETokenDispatcher):
+        def __init__(self, num_local_experts, local_expert_indices, config, pg_collection=None, *, capacity=None):
+            fn = type(self).__name__
+            for option in _UNSUPPORTED_DISPATCH_OPTIONS:
+                if getattr(config, option, None):
+                    raise NotImplementedError(f"{fn}: config.{option} is not supported by groupgemm's token "
+                                              "dispatcher; use Megatron-core's for it")
+            super().__init__(config=config, pg_collection=pg_collection)
+            if self.tp_size > 1:
+                raise NotImplementedError(f"{fn}: expert tensor parallelism (expt_tp size {self.tp_size}) is not "
+                                          "supported by groupgemm's token dispatcher")
+            self.num_experts = config.num_moe_experts
+            if list(local_expert_indices) != [self.ep_rank * num_local_experts + i for i in range(num_local_experts)]:
+                raise ValueError(f"{fn}: local_expert_indices must be this rank's contiguous block of "
+                                 f"{num_local_experts} experts, got {list(local_expert_indices)}")
+            self.top_k, self.capacity = config.moe_router_topk, capacity
+            self.dropped = None
+
+        def dispatch_preprocess(self, tokens, routing_map, probs):
+            """Megatron's router gives a [T, E] mask and [T, E] probs; groupgemm's dispatch
+            takes each token's k experts (ascending, a dropped slot as E) and their probs,
+            both computed on the device."""
+            self.hidden_shape = tokens.shape
+            hidden = tokens.reshape(-1, tokens.shape[-1])
+            experts = torch.arange(self.num_experts, dtype=torch.int32, device=routing_map.device)
+            chosen = torch.where(routing_map, experts, self.num_experts)
+            self.expert_indices = chosen.sort(dim=1).values[:, :self.top_k]
+            in_range = self.expert_indices < self.num_experts
+            slot_probs = probs.gather(1, torch.where(in_range, self.expert_indices, 0).long())
+            return hidden, torch.where(in_range, slot_probs, 0)
+
+        def token_dispatch(self, hidden_states, probs):
+            expert_input, self.tokens_per_expert, self.plan = gt.dispatch(
+                hidden_states, self.expert_indices, self.num_experts, self.ep_group, capacity=self.capacity)
+            self.dropped = self.plan.dropped
+            return expert_input, gt.dispatch_probs(probs, self.plan)
+
+        def dispatch_postprocess(self, hidden_states, probs):
+            return hidden_states, self.tokens_per_expert, probs
+
+        def combine_preprocess(self, hidden_states):
+            return hidden_states
+
+        def token_combine(self, hidden_states, *args, **kwargs):
+            del args, kwargs  # Megatron's asynchronous-finish options: the exchange here is synchronous
+            return gt.combine(hidden_states, self.plan)
+
+        def combine_postprocess(self, hidden_states):
+            return hidden_states.view(self.hidden_shape)
+
+    GroupgemmTokenDispatcher.__module__ = __name__
+    _DISPATCHER.append(GroupgemmTokenDispatcher)
+    return GroupgemmTokenDispatcher
+
+
+def use_groupgemm_dispatcher(moe_layer, capacity=None):
+    """Replaces a built Megatron-core ``MoELayer``'s token dispatcher by
+    :func:`token_dispatcher_class`'s, on the layer's own process groups, with ``capacity``
+    (None: dropless). Returns the layer."""
+    old = moe_layer.token_dispatcher
+    moe_layer.token_dispatcher = token_dispatcher_class()(
+        moe_layer.num_local_experts, moe_layer.local_expert_indices, config=moe_layer.config,
+        pg_collection=_collection_of(old), capacity=capacity)
+    return moe_layer
+
+
+def _collection_of(dispatcher):
+    """The ProcessGroupCollection a Megatron-core dispatcher was built with (it keeps the
+    groups, not the collection)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    return ProcessGroupCollection(ep=dispatcher.ep_group, expt_tp=dispatcher.tp_group, tp_ep=dispatcher.tp_ep_group)
