@@ -4,9 +4,13 @@ of the device's experts, combine).
 
 The mode is capacity: static shapes, one ``jax.jit`` compile for any routing, no host
 copy. Rows move by the core's permute and unpermute (exact copies, exact zeros where
-nothing is sent) and ``jax.lax.all_to_all`` of the padded chunks, which XLA implements on
-every platform, CPU included; which rows is groupgemm/_dispatch_plan.py, shared with
-PyTorch, so both frameworks move the same rows and compute the same bits.
+nothing is sent) and one of two collectives, chosen when the program is lowered for its
+platform (``jax.lax.platform_dependent``): ``jax.lax.ragged_all_to_all``, which sends each
+peer only its valid rows into a zeroed buffer of ``capacity`` rows per source, and, on the
+CPU, where XLA does not implement it, ``jax.lax.all_to_all`` of the padded chunks. Both
+leave the same rows in the same places, so the results are the same bits. Which rows is
+groupgemm/_dispatch_plan.py, shared with PyTorch, so both frameworks move the same rows and
+compute the same bits.
 """
 
 import dataclasses
@@ -16,7 +20,7 @@ import jax.numpy as jnp
 
 from groupgemm import _dispatch_plan as rules
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
-from groupgemm.jax_ext.functional import grouped_matmul
+from groupgemm.jax_ext.functional import grouped_matmul, same_varying_axes
 
 
 class _Ops:
@@ -47,6 +51,8 @@ class DispatchPlan:
     received_rows: jax.Array  # [ep * capacity, 1]: where each received row went, sorted by local expert
     return_rows: jax.Array  # [T * k, 1]: the returned row holding each permuted row's result, -1: none
     dropped: jax.Array  # int32 scalar: this device's slots past capacity
+    sent: jax.Array  # [ep]: the rows this device sent each peer
+    received: jax.Array  # [ep]: the rows it received from each
     axis_name: str = dataclasses.field(metadata=dict(static=True))
 
 
@@ -57,6 +63,23 @@ def _axis_size(axis_name):
 def _exchange(x, axis_name):
     """Chunk r of x's leading axis to device r; chunk s of the result from device s."""
     return jax.lax.all_to_all(x, axis_name, 0, 0, tiled=True)
+
+
+def _exchange_chunks(rows, starts, sizes, received, *, chunks_of, axis_name, capacity):
+    """``[ep * capacity, H]``: chunk s holds the ``received[s]`` rows device s sent this one,
+    then zeros. This device sends peer r the ``sizes[r]`` rows of ``rows`` from
+    ``starts[r]``; ``chunks_of(rows)`` is the same as ``[ep * capacity, H]`` padded chunks,
+    for the all_to_all."""
+    def padded(rows, *_):
+        return _exchange(chunks_of(rows), axis_name)
+
+    def ragged(rows, starts, sizes, received):
+        ep = sizes.shape[0]
+        (buffer,) = same_varying_axes((jnp.zeros((ep * capacity, rows.shape[1]), rows.dtype),), (rows,))
+        here = jnp.full((ep,), jax.lax.axis_index(axis_name) * capacity, jnp.int32)
+        return jax.lax.ragged_all_to_all(rows, buffer, starts, sizes, here, received, axis_name=axis_name)
+
+    return jax.lax.platform_dependent(rows, starts, sizes, received, cpu=padded, default=ragged)
 
 
 def dispatch(tokens, expert_indices, num_experts, *, axis_name, capacity):
@@ -80,17 +103,26 @@ def dispatch(tokens, expert_indices, num_experts, *, axis_name, capacity):
     permuted, group_sizes, row_map = permute(tokens, expert_indices, num_experts)
     send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)
     received = _exchange(sent, axis_name)  # [source, local expert]
-    chunks = _exchange(unpermute(permuted, send_rows), axis_name)
+    rows_to, rows_from = sent.sum(1), received.sum(1)
+    bound_for = group_sizes.reshape(ep, e_local).sum(1)  # each peer's run of the permuted rows
+    chunks = _exchange_chunks(permuted, _Ops.cumsum(bound_for, 0) - bound_for, rows_to, rows_from,
+                              chunks_of=lambda rows: unpermute(rows, send_rows), axis_name=axis_name,
+                              capacity=capacity)
     expert_input, local_sizes, received_rows = permute(chunks, rules.receive_plan(_Ops, received, capacity), e_local)
     return_rows = rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0])
-    return expert_input, local_sizes, DispatchPlan(row_map, received_rows, return_rows, dropped, axis_name)
+    return expert_input, local_sizes, DispatchPlan(row_map, received_rows, return_rows, dropped, rows_to, rows_from,
+                                                   axis_name)
 
 
 def combine(expert_output, plan, probs=None):
     """``out [T, H]``: each token's ``sum over j of probs[t, j] * expert_output`` of its slot
     j, accumulated in float32 in slot order (unpermute), from dispatch's ``plan``; a slot
     that was dropped adds nothing. Differentiable."""
-    back = _exchange(unpermute(expert_output, plan.received_rows), plan.axis_name)
+    results = unpermute(expert_output, plan.received_rows)  # chunk s: the rows device s sent, then zeros
+    ep = plan.sent.shape[0]
+    capacity = results.shape[0] // ep
+    back = _exchange_chunks(results, jnp.arange(ep, dtype=jnp.int32) * capacity, plan.received, plan.sent,
+                            chunks_of=lambda rows: rows, axis_name=plan.axis_name, capacity=capacity)
     return unpermute(unpermute(back, plan.return_rows), plan.row_map, probs)
 
 

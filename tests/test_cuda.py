@@ -571,6 +571,41 @@ def test_torch_cuda_graph_replays_an_fp8_layer_with_changing_routing():
             assert (replayed[1][e] == 0).all()
 
 
+@needs_jax_gpu
+@pytest.mark.parametrize("capacity", [24, 5], ids=["dropless", "dropping"])
+def test_jax_gpu_dispatch_through_ragged_all_to_all_moves_the_cpus_rows(capacity):
+    # On a GPU, groupgemm.jax.dispatch and combine exchange rows with ragged_all_to_all (the
+    # CPU, which lacks it, with all_to_all of padded chunks): the same rows in the same
+    # places, and the same sums, forward and backward.
+    rng = np.random.default_rng(0)
+    tokens = rng.standard_normal((12, 16)).astype(np.float32)
+    experts = rng.integers(0, 4, (12, 2)).astype(np.int32)
+    experts[3] = [4, 1]  # one slot routed nowhere
+    probs = rng.random((12, 2)).astype(np.float32)
+
+    def run(device):
+        mesh = jax.sharding.Mesh(np.array([device]), ("ep",))
+
+        def layer(x, e, p):
+            rows, sizes, plan = gj.dispatch(x, e, 4, axis_name="ep", capacity=capacity)
+            return rows, sizes, plan.dropped[None], gj.combine(rows * 2.0, plan, p)
+
+        spec = jax.sharding.PartitionSpec("ep")
+        step = jax.jit(jax.shard_map(layer, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec,) * 4))
+        out = step(tokens, experts, probs)
+        grads = jax.grad(lambda x, p: jnp.sum(step(x, experts, p)[3] ** 2), argnums=(0, 1))(tokens, probs)
+        text = step.lower(tokens, experts, probs).as_text()
+        return [np.asarray(a) for a in (*out, *grads)], text
+
+    (gpu, gpu_text), (cpu, cpu_text) = run(_jax_gpu()), run(jax.devices("cpu")[0])
+    assert "ragged_all_to_all" in gpu_text and "ragged_all_to_all" not in cpu_text
+    for what, a, b in zip(("rows", "group_sizes", "dropped"), gpu, cpu):
+        assert_same_bits(a, b, what)  # copies
+    assert int(gpu[2][0]) == (0 if capacity == 24 else 24 - 1 - capacity)
+    for what, a, b in zip(("out", "dtokens", "dprobs"), gpu[3:], cpu[3:]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=what)
+
+
 @needs_torch_cuda
 @pytest.mark.skipif(_hopper(), reason=NOT_ON_HOPPER)
 def test_cuda_fp8_gemm_refuses_a_gpu_without_fp8_tensor_cores():

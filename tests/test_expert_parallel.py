@@ -9,6 +9,7 @@ reference; every parameter on every rank has a full-shape gradient, idle experts
 zeros; JAX and PyTorch give the same bits; counts of dropped slots are exact."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -161,6 +162,23 @@ def test_jax_layer_runs_with_no_tokens_anywhere():
     grads = jax.grad(lambda p: jnp.sum(layer(p, x, allowed)[0]))(jax_params())
     assert all(g.shape == p.shape and not np.asarray(g).any() for g, p in zip(jax.tree.leaves(grads),
                                                                             jax.tree.leaves(jax_params())))
+
+
+def test_jax_layer_exchanges_rows_with_ragged_all_to_all_where_the_platform_has_it():
+    # Lowered for a GPU (no GPU needed to lower), each exchange of rows, forward and
+    # backward, is one ragged_all_to_all, and the only all_to_alls left move int32 counts
+    # and offsets; for the CPU, which lacks it, all_to_all of the padded chunks.
+    layer = jax_layer(3)
+    x, dy, allowed = cases.batch(0, DEVICES)
+    loss = lambda params, x: jnp.sum(layer(params, x, jnp.asarray(allowed))[0] * dy)  # noqa: E731
+    traced = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(jax_params(), jnp.asarray(x))
+    programs = {platform: traced.lower(lowering_platforms=(platform,)).as_text() for platform in ("cuda", "cpu")}
+    all_to_all = re.compile(r'"stablehlo.all_to_all".*-> tensor<([^>]*)>')
+    assert programs["cuda"].count("@ragged_all_to_all(") == 4  # dispatch and combine, each transposed
+    int_exchanges = all_to_all.findall(programs["cuda"])
+    assert int_exchanges and all(t.endswith("xi32") for t in int_exchanges)
+    assert "ragged_all_to_all" not in programs["cpu"]
+    assert any(t.endswith("xf32") for t in all_to_all.findall(programs["cpu"]))
 
 
 def test_a_num_experts_the_devices_do_not_divide_and_a_bad_capacity_are_refused_naming_them():
