@@ -139,7 +139,7 @@ install_matrix() {
 oldest_versions_subset() {
   local jax_site
   jax_site=$(.venvs/py312-jax/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  env -u CUDA_HOME -u CUDA_PATH -u LD_LIBRARY_PATH PATH=/usr/local/bin:/usr/bin:/bin PYTHONPATH="$jax_site" \
+  env -u CUDA_HOME -u CUDA_PATH -u LD_LIBRARY_PATH PATH=/usr/bin:/bin PYTHONPATH="$jax_site" \
     .venvs/py312-torch/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_frontends.py tests/test_parity.py tests/test_expert_layer.py \
     -k "forward_and_gradients_match_reference or bitwise_identical or zero_token_case or expert_layer or permute"

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
+from groupgemm.jax_ext.arguments import index_array, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert_primitives import activation_p, permute_p, router_p, unpermute_p
-from groupgemm.jax_ext.functional import grouped_matmul, index_array, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.functional import grouped_matmul
 from groupgemm.jax_ext.primitives import placeholder
 
 
@@ -28,8 +29,7 @@ def softmax_topk(logits, k, *, renormalize=True):
     fn = "softmax_topk"
     logits = jnp.asarray(logits)
     k, probs_dtype = contract.softmax_topk(fn, shape_and_dtype(logits), k, renormalize)
-    return tuple(router_p.bind(logits, k=k, renormalize=renormalize, probs_dtype=jnp.dtype(probs_dtype),
-                                batched=(False,)))
+    return tuple(router_p.bind(logits, k=k, renormalize=renormalize, probs_dtype=jnp.dtype(probs_dtype)))
 
 
 def permute(tokens, expert_indices, num_experts):
@@ -47,7 +47,7 @@ def permute(tokens, expert_indices, num_experts):
     *_, num_experts = contract.permute(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), num_experts)
     expert_indices = index_array(expert_indices)
     (tokens,) = same_varying_axes((tokens,), (expert_indices,))
-    return tuple(permute_p.bind(tokens, expert_indices, num_experts=num_experts, batched=(False,) * 2))
+    return tuple(permute_p.bind(tokens, expert_indices, num_experts=num_experts))
 
 
 def unpermute(permuted, row_map, probs=None):
@@ -66,14 +66,14 @@ def unpermute(permuted, row_map, probs=None):
     contract.unpermute(fn, shape_and_dtype(permuted), shape_and_dtype(row_map), probs_arg)
     permuted, probs = same_varying_axes((permuted, probs), (row_map,))
     return unpermute_p.bind(permuted, row_map, placeholder(permuted.dtype) if probs is None else probs,
-                            has_weights=probs is not None, batched=(False,) * 3)
+                            has_weights=probs is not None)
 
 
 def _activate(h, name, fn):
     """The expert MLP's activation of ``h [M, F_in]``, computed in the core (see
     grouped_mlp). Zero rows stay exactly zero."""
     width = contract.activation_width(name, h.shape[1], fn)
-    return activation_p.bind(h, kind=contract.activation_kind(name, fn), width=width, batched=(False,))
+    return activation_p.bind(h, kind=contract.activation_kind(name, fn), width=width)
 
 
 def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, b_out=None, group_offset=None,

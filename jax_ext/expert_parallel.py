@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from groupgemm import _dispatch_plan as rules
+from groupgemm.jax_ext.arguments import same_varying_axes
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
-from groupgemm.jax_ext.functional import grouped_matmul, same_varying_axes
+from groupgemm.jax_ext.functional import grouped_matmul
 
 
 class _Ops:

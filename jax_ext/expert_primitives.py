@@ -2,7 +2,7 @@
 for the grouped GEMMs (primitives.py): jit, vmap, forward and reverse mode to any order.
 
 Token movement: three multilinear maps of (rows, slot weights, per-token values), each
-lowered to one core call (expert_raw.py), each one's transposes the other two:
+lowered to one core call (expert_ffi_calls.py), each one's transposes the other two:
 - ``unpermute_p``: ``out[t] = sum over j of w[t, j] * values[row_map[t, j]]`` (unpermute);
 - ``scatter_p``: ``out[r] = sum over the slots s = (t, j) naming row r, in slot order, of
   w[s] * dout[t]`` (unpermute's backward for dpermuted; with weight 1, permute's tangent);
@@ -21,7 +21,7 @@ Jacobians change with ``h`` or the logits (second order and up) is differentiate
 from the same formulas written with jax.numpy below.
 
 Each primitive is ``define``d as the grouped GEMMs are (primitives.py): it lowers to its
-partitioned raw call, and its ``batched`` parameter flags the operands that carry a
+partitioned FFI call, and its ``batched`` parameter flags the operands that carry a
 leading vmapped axis (a tangent has its primal's flag, a result is batched when any
 operand is, and a transpose sums the cotangent of an operand without that axis over it).
 """
@@ -33,16 +33,16 @@ import jax.numpy as jnp
 from jax.interpreters import ad
 
 from groupgemm import _contract as contract
-from groupgemm.jax_ext import expert_raw
+from groupgemm.jax_ext import expert_ffi_calls
 from groupgemm.jax_ext.partitioning import varying_count
 from groupgemm.jax_ext.primitives import (
-    _primitive,
     aval_of,
     cotangent,
     define,
     every_operand_present,
     is_zero,
     placeholder,
+    primitive,
     sum_terms,
     zero_tangent,
 )
@@ -84,12 +84,12 @@ def _permute_transpose(cts, tokens, expert_indices, *, batched, num_experts):
     return [cotangent(dtokens, tokens, tokens_b, any(flags)), None]
 
 
-permute_p = define("groupgemm_permute", expert_raw.permute, every_operand_present, _permute_jvp, _permute_transpose,
-                   multiple_results=True)
+permute_p = define("groupgemm_permute", expert_ffi_calls.permute, every_operand_present, _permute_jvp,
+                   _permute_transpose, multiple_results=True)
 
 
 def _weighted_present(operands, batched, params):
-    """Unpermute and its scatter: the weights are left out of the raw call when absent."""
+    """Unpermute and its scatter: the weights are left out of the FFI call when absent."""
     n = 3 if params["has_weights"] else 2
     return operands[:n], batched[:n], {name: v for name, v in params.items() if name != "has_weights"}
 
@@ -128,7 +128,7 @@ def _unpermute_transpose(ct, values, row_map, weights, *, batched, has_weights):
     return results
 
 
-unpermute_p = define("groupgemm_unpermute", expert_raw.unpermute, _weighted_present, _unpermute_jvp,
+unpermute_p = define("groupgemm_unpermute", expert_ffi_calls.unpermute, _weighted_present, _unpermute_jvp,
                      _unpermute_transpose)
 
 
@@ -163,7 +163,7 @@ def _scatter_transpose(ct, dout, row_map, weights, *, batched, num_rows, has_wei
     return results
 
 
-scatter_p = define("groupgemm_unpermute_scatter", expert_raw.unpermute_scatter, _weighted_present, _scatter_jvp,
+scatter_p = define("groupgemm_unpermute_scatter", expert_ffi_calls.unpermute_scatter, _weighted_present, _scatter_jvp,
                    _scatter_transpose)
 
 
@@ -195,7 +195,7 @@ def _slot_dots_transpose(ct, values, dout, row_map, *, batched, dots_dtype):
     return results
 
 
-slot_dots_p = define("groupgemm_unpermute_slot_dots", expert_raw.unpermute_slot_dots, every_operand_present,
+slot_dots_p = define("groupgemm_unpermute_slot_dots", expert_ffi_calls.unpermute_slot_dots, every_operand_present,
                      _slot_dots_jvp, _slot_dots_transpose)
 
 
@@ -278,7 +278,7 @@ def _activation_tangent_transpose(ct, t, h, *, batched, kind, width):
 
 # J t, linear in t: forward mode evaluates it (from two core calls for swiglu), reverse mode
 # transposes it into the core's J^T.
-activation_tangent_p = _primitive("groupgemm_activation_tangent", _activation_tangent, _activation_tangent_abstract,
+activation_tangent_p = primitive("groupgemm_activation_tangent", _activation_tangent, _activation_tangent_abstract,
                                   _activation_tangent_jvp, _activation_tangent_transpose, False)
 
 
@@ -289,7 +289,7 @@ def _activation_jvp(primals, tangents, *, batched, kind, width):
     return out, sum_terms([term], aval_of(out))
 
 
-activation_p = define("groupgemm_activation", expert_raw.activation, every_operand_present, _activation_jvp)
+activation_p = define("groupgemm_activation", expert_ffi_calls.activation, every_operand_present, _activation_jvp)
 
 
 def _activation_grad_jvp(primals, tangents, *, batched, kind):
@@ -311,7 +311,7 @@ def _activation_grad_transpose(ct, dout, h, *, batched, kind):
     return [cotangent(dh, dout, dout_b, any(flags)), None]
 
 
-activation_grad_p = define("groupgemm_activation_grad", expert_raw.activation_backward, every_operand_present,
+activation_grad_p = define("groupgemm_activation_grad", expert_ffi_calls.activation_backward, every_operand_present,
                            _activation_grad_jvp, _activation_grad_transpose)
 
 
@@ -353,7 +353,7 @@ def _router_jvp(primals, tangents, *, batched, **params):
     return outs, [sum_terms([t_probs], aval_of(probs)), zero_tangent(aval_of(indices))]
 
 
-router_p = define("groupgemm_softmax_topk", expert_raw.softmax_topk, every_operand_present, _router_jvp,
+router_p = define("groupgemm_softmax_topk", expert_ffi_calls.softmax_topk, every_operand_present, _router_jvp,
                   multiple_results=True)
 
 
@@ -384,8 +384,8 @@ def _router_tangent_transpose(ct, logits, indices, tlogits, *, batched, renormal
     return [None, None, cotangent(dtlogits, tlogits, tlogits_b, any(flags))]
 
 
-router_tangent_p = define("groupgemm_softmax_topk_tangent", expert_raw.softmax_topk_tangent, every_operand_present,
-                          _router_tangent_jvp, _router_tangent_transpose)
+router_tangent_p = define("groupgemm_softmax_topk_tangent", expert_ffi_calls.softmax_topk_tangent,
+                          every_operand_present, _router_tangent_jvp, _router_tangent_transpose)
 
 
 def _router_grad_jvp(primals, tangents, *, batched, renormalize):
@@ -411,5 +411,5 @@ def _router_grad_transpose(ct, logits, indices, dprobs, *, batched, renormalize)
     return [None, None, cotangent(ddprobs, dprobs, dprobs_b, any(flags))]
 
 
-router_grad_p = define("groupgemm_softmax_topk_grad", expert_raw.softmax_topk_backward, every_operand_present,
+router_grad_p = define("groupgemm_softmax_topk_grad", expert_ffi_calls.softmax_topk_backward, every_operand_present,
                        _router_grad_jvp, _router_grad_transpose)

@@ -9,8 +9,8 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_primitives as prims
-from groupgemm.jax_ext.functional import _index_operands, dtype_name, same_varying_axes, shape_and_dtype
-from groupgemm.jax_ext.raw import placeholder
+from groupgemm.jax_ext.arguments import dtype_name, index_operands, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.ffi_calls import placeholder
 
 NAMES = contract.FP8_JAX_NAMES
 
@@ -30,8 +30,8 @@ def quantize_fp8(x, recipe, *, dtype=jnp.float8_e4m3fn, power_of_two=False):
     _, fp8_type, scaling = contract.quantize_fp8(fn, shape_and_dtype(x), recipe, dtype_name(dtype))
     params = dict(out_type=fp8_type, power_of_two=bool(power_of_two))
     if x.ndim == 3 and recipe == "blockwise":
-        return tuple(prims.quantize_blocks_p.bind(x, batched=(False,), **params))
-    return tuple(prims.quantize_rows_p.bind(x, scaling=scaling, row_dims=x.ndim - 1, batched=(False,), **params))
+        return tuple(prims.quantize_blocks_p.bind(x, **params))
+    return tuple(prims.quantize_rows_p.bind(x, scaling=scaling, row_dims=x.ndim - 1, **params))
 
 
 def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offset=None, dtype=jnp.float8_e4m3fn,
@@ -49,11 +49,10 @@ def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offse
     num_groups = _local_groups(group_sizes, group_offset, num_groups, fn)
     *_, fp8_type, scaling = contract.quantize_fp8_grouped(fn, shape_and_dtype(x), recipe, dtype_name(dtype),
                                                           num_groups)
-    group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, x.shape[0], fn)
+    group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, x.shape[0], fn)
     (x,) = same_varying_axes((x,), (group_sizes, group_offset))
     return tuple(prims.quantize_grouped_p.bind(x, group_sizes, group_offset, num_groups=num_groups, out_type=fp8_type,
-                                               scaling=scaling, power_of_two=bool(power_of_two),
-                                               batched=(False,) * 3))
+                                               scaling=scaling, power_of_two=bool(power_of_two)))
 
 
 def _local_groups(group_sizes, group_offset, num_groups, fn):
@@ -88,12 +87,12 @@ def scaled_grouped_matmul(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, recipe
     num_groups, _, out, _, _, scaling = contract.scaled_matmul(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), shape_and_dtype(lhs_scale), shape_and_dtype(rhs_scale),
         recipe, None if bias is None else shape_and_dtype(bias), _requested(preferred_element_type))
-    group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
+    group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     lhs, rhs, lhs_scale, rhs_scale, bias = same_varying_axes((lhs, rhs, lhs_scale, rhs_scale, bias),
                                                               (group_sizes, group_offset))
     return prims.scaled_matmul_p.bind(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
                                       placeholder(out) if bias is None else bias, scaling=scaling,
-                                      out_dtype=np.dtype(out), has_bias=bias is not None, batched=(False,) * 7)
+                                      out_dtype=np.dtype(out), has_bias=bias is not None)
 
 
 def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, recipe, num_groups=None,
@@ -120,7 +119,7 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
     num_groups, shape, _, _, scaling = contract.scaled_wgrad(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), shape_and_dtype(lhs_scale), shape_and_dtype(rhs_scale),
         recipe, num_groups)
-    group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, lhs.shape[1], fn)
+    group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, lhs.shape[1], fn)
     if accumulate_into is None:
         out = contract.fp8_output_dtype(_requested(preferred_element_type), fn, NAMES["out_dtype"])
     else:
@@ -134,4 +133,4 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
     return prims.scaled_wgrad_p.bind(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
                                      placeholder(out) if accumulate_into is None else accumulate_into,
                                      num_groups=num_groups, scaling=scaling, out_dtype=np.dtype(out),
-                                     accumulate=accumulate_into is not None, batched=(False,) * 7)
+                                     accumulate=accumulate_into is not None)

@@ -1,4 +1,4 @@
-"""The FP8 calls as JAX primitives over their partitioned raw calls (fp8_raw.py), made
+"""The FP8 calls as JAX primitives over their partitioned FFI calls (fp8_ffi_calls.py), made
 like the grouped GEMMs' (primitives.py's ``define``), so jit, vmap and sharding treat them
 alike:
 
@@ -14,7 +14,7 @@ layer instead. Asking for one raises, naming the primitive. An absent bias or
 accumulator is a size-0 placeholder.
 """
 
-from groupgemm.jax_ext import fp8_raw
+from groupgemm.jax_ext import fp8_ffi_calls
 from groupgemm.jax_ext.primitives import define, every_operand_present
 
 
@@ -31,9 +31,11 @@ def _define(name, raw_call, present=every_operand_present, multiple_results=Fals
     return define(name, raw_call, present, _not_differentiable(name), multiple_results=multiple_results)
 
 
-quantize_rows_p = _define("groupgemm_fp8_quantize_rows", fp8_raw.fp8_quantize_rows, multiple_results=True)
-quantize_blocks_p = _define("groupgemm_fp8_quantize_blocks", fp8_raw.fp8_quantize_blocks, multiple_results=True)
-quantize_grouped_p = _define("groupgemm_fp8_quantize_grouped", fp8_raw.fp8_quantize_grouped, multiple_results=True)
+quantize_rows_p = _define("groupgemm_fp8_quantize_rows", fp8_ffi_calls.fp8_quantize_rows, multiple_results=True)
+quantize_blocks_p = _define("groupgemm_fp8_quantize_blocks", fp8_ffi_calls.fp8_quantize_blocks,
+                            multiple_results=True)
+quantize_grouped_p = _define("groupgemm_fp8_quantize_grouped", fp8_ffi_calls.fp8_quantize_grouped,
+                             multiple_results=True)
 
 
 def _scaled_matmul_present(operands, batched, params):
@@ -41,7 +43,7 @@ def _scaled_matmul_present(operands, batched, params):
     return operands[:n], batched[:n], dict(scaling=params["scaling"], out_dtype=params["out_dtype"])
 
 
-scaled_matmul_p = _define("groupgemm_scaled_matmul", fp8_raw.scaled_matmul, _scaled_matmul_present)
+scaled_matmul_p = _define("groupgemm_scaled_matmul", fp8_ffi_calls.scaled_matmul, _scaled_matmul_present)
 
 
 def _scaled_wgrad_present(operands, batched, params):
@@ -50,4 +52,4 @@ def _scaled_wgrad_present(operands, batched, params):
                                            out_dtype=params["out_dtype"])
 
 
-scaled_wgrad_p = _define("groupgemm_scaled_wgrad", fp8_raw.scaled_wgrad, _scaled_wgrad_present)
+scaled_wgrad_p = _define("groupgemm_scaled_wgrad", fp8_ffi_calls.scaled_wgrad, _scaled_wgrad_present)

@@ -14,7 +14,8 @@ from groupgemm import _contract as contract
 from groupgemm import _fp8_recipe as recipe_steps
 from groupgemm.jax_ext import fp8_primitives as prims
 from groupgemm.jax_ext import primitives
-from groupgemm.jax_ext.functional import NAMES, _index_operands, dtype_name, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import dtype_name, index_operands, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.functional import NAMES
 
 
 class _Ops:
@@ -32,29 +33,27 @@ class _Ops:
     def quantize_rows(x, recipe):
         return tuple(prims.quantize_rows_p.bind(x, out_type=recipe_steps.FP8_E4M3,
                                                 scaling=contract.fp8_recipe(recipe, "fp8"), power_of_two=False,
-                                                row_dims=1, batched=(False,)))
+                                                row_dims=1))
 
     @staticmethod
     def quantize_weight(w, recipe):
         if recipe == "blockwise":
-            return tuple(prims.quantize_blocks_p.bind(w, out_type=recipe_steps.FP8_E4M3, power_of_two=False,
-                                                      batched=(False,)))
-        return tuple(prims.quantize_rows_p.bind(w, out_type=recipe_steps.FP8_E4M3, scaling=0, power_of_two=False,
-                                                row_dims=2, batched=(False,)))
+            return tuple(prims.quantize_blocks_p.bind(w, out_type=recipe_steps.FP8_E4M3, power_of_two=False))
+        return tuple(prims.quantize_rows_p.bind(w, out_type=recipe_steps.FP8_E4M3, scaling=contract.FP8_ROWWISE,
+                                                power_of_two=False, row_dims=2))
 
     @staticmethod
     def quantize_grouped(x, group_sizes, group_offset, num_groups, recipe):
         return tuple(prims.quantize_grouped_p.bind(x, group_sizes, group_offset, num_groups=num_groups,
                                                    out_type=recipe_steps.FP8_E4M3,
-                                                   scaling=contract.fp8_recipe(recipe, "fp8"), power_of_two=False,
-                                                   batched=(False,) * 3))
+                                                   scaling=contract.fp8_recipe(recipe, "fp8"), power_of_two=False))
 
     @staticmethod
     def scaled_mm(q, qw, s, sw, group_sizes, group_offset, bias, recipe, dtype):
         return prims.scaled_matmul_p.bind(q, qw, s, sw, group_sizes, group_offset,
                                           primitives.placeholder(dtype) if bias is None else bias,
                                           scaling=contract.fp8_recipe(recipe, "fp8"), out_dtype=np.dtype(dtype),
-                                          has_bias=bias is not None, batched=(False,) * 7)
+                                          has_bias=bias is not None)
 
     @staticmethod
     def scaled_wgrad(a, b, sa, sb, group_sizes, group_offset, num_groups, recipe, dtype, accumulate_into):
@@ -63,7 +62,7 @@ class _Ops:
         assert accumulate_into is None
         return prims.scaled_wgrad_p.bind(a, b, sa, sb, group_sizes, group_offset, primitives.placeholder(dtype),
                                          num_groups=num_groups, scaling=contract.fp8_recipe(recipe, "fp8"),
-                                         out_dtype=np.dtype(dtype), accumulate=False, batched=(False,) * 7)
+                                         out_dtype=np.dtype(dtype), accumulate=False)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
@@ -88,8 +87,7 @@ def _bwd(recipe, transpose_rhs, residuals, dout):
     dweight = recipe_steps.weight_grad(_Ops, x, dout, group_sizes, group_offset, g, recipe, transpose_rhs,
                                        weight.dtype)
     dbias = None if bias is None else primitives.typed_like(primitives.bias_grad_p.bind(
-        dout.astype(bias.dtype), group_sizes, group_offset, num_groups=g, out_dtype=np.dtype(bias.dtype),
-        batched=(False,) * 3), bias.aval)
+        dout.astype(bias.dtype), group_sizes, group_offset, num_groups=g, out_dtype=np.dtype(bias.dtype)), bias.aval)
     return primitives.typed_like(dx, x.aval), primitives.typed_like(dweight, weight.aval), None, None, dbias
 
 
@@ -101,6 +99,6 @@ def checked_fp8_grouped_matmul(x, weight, group_sizes, *, bias, transpose_rhs, g
     num_groups, n, _ = contract.matmul(fn, NAMES, shape_and_dtype(x), shape_and_dtype(weight), bool(transpose_rhs),
                                        None if bias is None else shape_and_dtype(bias))
     contract.fp8_layer(fn, recipe, dtype_name(x.dtype), x.shape[1], n)
-    group_sizes, group_offset = _index_operands(group_sizes, group_offset, num_groups, x.shape[0], fn)
+    group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, x.shape[0], fn)
     x, weight, bias = same_varying_axes((x, weight, bias), (group_sizes, group_offset))
     return fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, bool(transpose_rhs))

@@ -1,6 +1,6 @@
-"""How each raw call partitions itself under ``jax.jit`` with sharded operands.
+"""How each FFI call partitions itself under ``jax.jit`` with sharded operands.
 
-A raw call (raw.py, expert_raw.py) is a function of its array operands and static
+An FFI call (ffi_calls.py, expert_ffi_calls.py) is a function of its array operands and static
 arguments that returns a tuple of results through ``jax.ffi.ffi_call``. Decorated with
 ``@partitioned(layout)`` it becomes a JAX primitive whose lowering is an XLA
 custom-partitioned call (``jax.experimental.custom_partitioning``): under jit each device
@@ -32,7 +32,7 @@ wins (the experts factor is resolved first, so weights stay put); a mesh axis se
 factor at most. Under Shardy the layout is the sharding rule propagation reads; under
 GSPMD (the default before jax 0.7) the same resolution answers GSPMD's callbacks.
 
-A new raw call is its function with ``@partitioned(Layout(...))`` above it; a layout that
+A new FFI call is its function with ``@partitioned(Layout(...))`` above it; a layout that
 depends on the static arguments is a function of them and ``num_operands`` (optional
 trailing operands, such as a bias, are left out of the call and of the strings).
 """
@@ -392,7 +392,7 @@ def _explicit_spec(aval):
 
 
 class Partitioned:
-    """A raw call ``fn(*operands, **static) -> tuple of results`` as a JAX primitive whose
+    """An FFI call ``fn(*operands, **static) -> tuple of results`` as a JAX primitive whose
     lowering is the custom-partitioned call (see the module docstring). ``layout`` is a
     ``Layout``, or a function of the static arguments and ``num_operands`` returning one.
     Static arguments are hashable."""
@@ -467,7 +467,7 @@ class Partitioned:
 
 
 def partitioned(layout):
-    """Decorator: the raw call ``fn`` as the ``Partitioned`` call ``groupgemm_<fn's name>``."""
+    """Decorator: the FFI call ``fn`` as the ``Partitioned`` call ``groupgemm_<fn's name>``."""
     return lambda fn: Partitioned(f"groupgemm_{fn.__name__}", fn, layout)
 
 

@@ -2,7 +2,7 @@
 vmap, forward and reverse mode to any order (jvp, vjp, jacfwd, jacrev, hessian,
 linear_transpose).
 
-The primitives, each lowered to its XLA FFI calls (raw.py):
+The primitives, each lowered to its XLAn FFI calls (ffi_calls.py):
 - ``matmul_p``: ``out[r] = lhs[r] @ rhs[g] (+ bias[g])``, bilinear in (lhs, rhs), affine in bias;
 - ``wgrad_p``: ``out[g] = lhs_g^T @ grad_g (+ acc[g])``, bilinear in (lhs, grad), affine in acc;
 - ``bias_grad_p``: ``out[g] = sum of grad_g's rows``, linear in grad;
@@ -13,12 +13,13 @@ past every group stay padding throughout), so a gradient of any order keeps the 
 zeros of the first, and the first-order gradients are the very calls the PyTorch
 frontend makes (same bits). An absent bias or accumulator is a size-0 placeholder.
 
-Each lowers to its raw call, partitioned under jit with sharded operands (partitioning.py).
+Each lowers to its FFI call, partitioned under jit with sharded operands (partitioning.py).
 The ``batched`` parameter flags the operands that carry a leading vmapped axis: vmap binds
-the primitive once for the whole batch (the raw call maps over it on each device, so a
+the primitive once for the whole batch (the FFI call maps over it on each device, so a
 sharded batch axis stays where it is), and a transpose sums the cotangent of an operand
-without that axis over it. ``define`` and the helpers beside it make the expert layer's
-primitives the same way (expert_primitives.py).
+without that axis over it. It defaults to no operand batched, so only the rules pass it.
+``define`` and the helpers beside it make the expert layer's primitives the same way
+(expert_primitives.py).
 """
 
 import functools
@@ -29,9 +30,9 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from groupgemm.jax_ext import raw
+from groupgemm.jax_ext import ffi_calls
+from groupgemm.jax_ext.ffi_calls import placeholder
 from groupgemm.jax_ext.partitioning import lowers_to_partitioned_calls, map_leading, typed_like
-from groupgemm.jax_ext.raw import placeholder
 
 
 def aval_of(x):
@@ -63,10 +64,10 @@ def every_operand_present(operands, batched, params):
 
 
 def define(name, raw_call, present, jvp, transpose=None, multiple_results=False):
-    """A primitive lowered to the partitioned raw call (raw.py, expert_raw.py);
-    ``present(operands, batched, params)`` picks the operands the raw call takes with their
+    """A primitive lowered to the partitioned FFI call (ffi_calls.py, expert_ffi_calls.py);
+    ``present(operands, batched, params)`` picks the operands the FFI call takes with their
     flags (an absent bias or accumulator is left out) and its static arguments. It has the
-    raw call's first result, or all of them."""
+    FFI call's first result, or all of them."""
     pick = (lambda results: list(results)) if multiple_results else (lambda results: results[0])
 
     def call(*operands, batched, **params):
@@ -77,11 +78,19 @@ def define(name, raw_call, present, jvp, transpose=None, multiple_results=False)
         args, flags, static = present(avals, batched, params)
         return pick(raw_call.abstract(*args, batched=flags, **static))
 
-    return _primitive(name, call, abstract, jvp, transpose, multiple_results)
+    return primitive(name, call, abstract, jvp, transpose, multiple_results)
 
 
-def _primitive(name, call, abstract, jvp, transpose, multiple_results):
-    """A primitive computed by ``call`` (raw calls and other primitives), with the batching
+class GroupgemmPrimitive(Primitive):
+    """A primitive whose ``batched`` parameter defaults to no operand batched: callers
+    outside the batching rules bind it with its operands and static parameters only."""
+
+    def bind(self, *operands, batched=None, **params):
+        return super().bind(*operands, batched=(False,) * len(operands) if batched is None else batched, **params)
+
+
+def primitive(name, call, abstract, jvp, transpose, multiple_results):
+    """A primitive computed by ``call`` (FFI calls and other primitives), with the batching
     rule every groupgemm primitive has: one bind for the whole batch, the ``batched``
     parameter flagging the operands that carry it."""
 
@@ -101,7 +110,7 @@ def _primitive(name, call, abstract, jvp, transpose, multiple_results):
         out = prim.bind(*args, batched=tuple(d is not None for d in dims), **params)
         return out, [0] * len(out) if multiple_results else 0
 
-    prim = Primitive(name)
+    prim = GroupgemmPrimitive(name)
     prim.multiple_results = multiple_results
     prim.def_abstract_eval(abstract)
     mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=multiple_results))
@@ -111,9 +120,6 @@ def _primitive(name, call, abstract, jvp, transpose, multiple_results):
         ad.primitive_transposes[prim] = transpose
     batching.primitive_batchers[prim] = vmapped
     return prim
-
-
-UNBATCHED = (False,) * 5
 
 
 # ---- matmul ---------------------------------------------------------------------------
@@ -181,7 +187,7 @@ def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_d
     return results
 
 
-matmul_p = define("groupgemm_matmul", raw.matmul, _matmul_present, _matmul_jvp, _matmul_transpose)
+matmul_p = define("groupgemm_matmul", ffi_calls.matmul, _matmul_present, _matmul_jvp, _matmul_transpose)
 
 
 # ---- the matmul's tangent, whose transpose is the backward ----------------------------------
@@ -225,7 +231,7 @@ def _tangent_abstract(*avals, **params):
     ops, p = _tangent_terms(*avals, **params)[0]
     shaped = [core_aval(x) for x in ops]
     args, flags, static = _matmul_present(shaped, p["batched"], p)
-    return raw.matmul.abstract(*args, batched=flags, **static)[0]
+    return ffi_calls.matmul.abstract(*args, batched=flags, **static)[0]
 
 
 def core_aval(x):
@@ -278,7 +284,7 @@ def _tangent_transpose(ct, t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, tra
         + [None] * 4
 
 
-matmul_tangent_p = _primitive("groupgemm_matmul_tangent", _tangent_call, _tangent_abstract, _tangent_jvp,
+matmul_tangent_p = primitive("groupgemm_matmul_tangent", _tangent_call, _tangent_abstract, _tangent_jvp,
                               _tangent_transpose, multiple_results=False)
 
 
@@ -313,7 +319,7 @@ def _backward_jvp(primals, tangents, *, batched, transpose_rhs, want_dlhs, want_
     return outs, tangents_out
 
 
-backward_p = define("groupgemm_matmul_backward", raw.matmul_backward, every_operand_present, _backward_jvp,
+backward_p = define("groupgemm_matmul_backward", ffi_calls.matmul_backward, every_operand_present, _backward_jvp,
                     multiple_results=True)
 
 
@@ -362,7 +368,7 @@ def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype
     return results
 
 
-wgrad_p = define("groupgemm_wgrad", raw.wgrad, _wgrad_present, _wgrad_jvp, _wgrad_transpose)
+wgrad_p = define("groupgemm_wgrad", ffi_calls.wgrad, _wgrad_present, _wgrad_jvp, _wgrad_transpose)
 
 
 # ---- bias_grad ------------------------------------------------------------------------
@@ -387,5 +393,5 @@ def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype, batc
     return [cotangent(rows, grad, grad_b, any(batched)), None, None]
 
 
-bias_grad_p = define("groupgemm_bias_grad", raw.bias_grad, every_operand_present, _bias_grad_jvp,
+bias_grad_p = define("groupgemm_bias_grad", ffi_calls.bias_grad, every_operand_present, _bias_grad_jvp,
                      _bias_grad_transpose)

@@ -1,5 +1,5 @@
 """FP8 under jax.jit with sharded inputs on 4 CPU devices: the FP8 calls partition by
-their layouts (jax_ext/fp8_raw.py) as the 16-bit GEMMs do (test_jax_sharding.py). In the
+their layouts (jax_ext/fp8_ffi_calls.py) as the 16-bit GEMMs do (test_jax_sharding.py). In the
 compiled program each device's custom call sees its shard (rows, experts, the rowwise
 recipe's output channels, the weight gradient's tokens), nothing is all-gathered that the
 layout can keep sharded, and what a scale block spans whole is gathered. Values are the

@@ -84,7 +84,7 @@ def run_in(variable, script):
         pytest.skip(f"{variable} is not set: ./dev.sh test builds that environment")
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "XLA_FLAGS", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH")}
-    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"  # no nvcc
+    env["PATH"] = "/usr/bin:/bin"  # no nvcc (this machine has a wrapper for it in /usr/local/bin)
     # Outside the checkout, so that the installed wheel is imported, not the sources.
     result = subprocess.run([python, "-c", textwrap.dedent(script)], capture_output=True, text=True,
                             cwd=os.path.expanduser("~"), env=env, timeout=300)

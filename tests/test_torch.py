@@ -209,7 +209,7 @@ def test_a_torch_function_mode_sees_each_op_call_as_it_was_made():
     # must record its derivative as an ordinary op would.
     from torch.overrides import TorchFunctionMode
 
-    from groupgemm.torch_ext.raw import grouped_mm_op
+    from groupgemm.torch_ext.gemm_ops import grouped_mm_op
 
     class GradModeOn(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):

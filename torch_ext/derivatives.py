@@ -18,7 +18,7 @@ dtype once, and every gradient uses it (the JAX frontend does the same).
 
 import torch
 
-from groupgemm.torch_ext.raw import (
+from groupgemm.torch_ext.gemm_ops import (
     grouped_bias_grad_op,
     grouped_mm_backward_op,
     grouped_mm_op,

@@ -1,10 +1,10 @@
 """groupgemm for PyTorch, the expert layer: the router's softmax top-k and token permute /
-unpermute (rules from groupgemm._contract), then the raw custom ops. Indices and row maps stay on their device."""
+unpermute (rules from groupgemm._contract), then the custom ops. Indices and row maps stay on their device."""
 
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import expert_raw
+from groupgemm.torch_ext import expert_ops
 from groupgemm.torch_ext.arguments import index_tensor, same_device, shape_and_dtype
 
 Tensor = torch.Tensor
@@ -16,7 +16,7 @@ def softmax_topk(logits: Tensor, k: int, *, renormalize: bool = True) -> tuple[T
     lower expert, ``-inf`` logits are never chosen). Differentiable in ``logits``."""
     fn = "softmax_topk"
     k, _ = contract.softmax_topk(fn, shape_and_dtype(logits, "logits", fn), k, renormalize)
-    return expert_raw.softmax_topk_op(logits.contiguous(), k, renormalize)
+    return expert_ops.softmax_topk_op(logits.contiguous(), k, renormalize)
 
 
 def permute(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -27,7 +27,7 @@ def permute(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[T
     *_, num_experts = contract.permute(fn, shape_and_dtype(tokens, "tokens", fn),
                                        shape_and_dtype(expert_indices, "expert_indices", fn), num_experts)
     same_device(expert_indices, "expert_indices", tokens.device, fn)
-    return expert_raw.permute_op(tokens.contiguous(), index_tensor(expert_indices), num_experts)
+    return expert_ops.permute_op(tokens.contiguous(), index_tensor(expert_indices), num_experts)
 
 
 def unpermute(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) -> Tensor:
@@ -40,7 +40,7 @@ def unpermute(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) ->
     for t, name in ((row_map, "row_map"), (probs, "probs")):
         if t is not None:
             same_device(t, name, permuted.device, fn)
-    return expert_raw.unpermute_op(permuted.contiguous(), row_map.contiguous(),
+    return expert_ops.unpermute_op(permuted.contiguous(), row_map.contiguous(),
                                    None if probs is None else probs.contiguous())
 
 
@@ -49,4 +49,4 @@ def activate(h: Tensor, activation: str) -> Tensor:
     GroupedMLP). Zero rows stay exactly zero."""
     fn = "GroupedMLP"
     kind = contract.activation_kind(activation, fn)
-    return expert_raw.activation_op(h.contiguous(), kind, contract.activation_width(activation, h.shape[1], fn))
+    return expert_ops.activation_op(h.contiguous(), kind, contract.activation_width(activation, h.shape[1], fn))

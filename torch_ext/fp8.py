@@ -5,7 +5,7 @@ signature, plus ``group_sizes`` / ``group_offset``), ``quantize_fp8`` and
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import fp8_raw
+from groupgemm.torch_ext import fp8_ops
 from groupgemm.torch_ext import offs as offs_convention
 from groupgemm.torch_ext.arguments import dtype_name, index_operands, same_device, shape_and_dtype
 
@@ -43,11 +43,11 @@ def quantize_fp8(x: Tensor, recipe: str, *, dtype: torch.dtype = torch.float8_e4
     _, fp8_type, scaling = contract.quantize_fp8(fn, shape_and_dtype(x, "x", fn), recipe, dtype_name(dtype))
     x = x.contiguous()
     if x.dim() == 2:
-        return fp8_raw.fp8_quantize_rows_op(x, fp8_type, scaling, power_of_two)
+        return fp8_ops.fp8_quantize_rows_op(x, fp8_type, scaling, power_of_two)
     if recipe == "blockwise":
-        return fp8_raw.fp8_quantize_blocks_op(x, fp8_type, power_of_two)
+        return fp8_ops.fp8_quantize_blocks_op(x, fp8_type, power_of_two)
     g, n, k = x.shape
-    q, scale = fp8_raw.fp8_quantize_rows_op(x.reshape(g * n, k), fp8_type, scaling, power_of_two)
+    q, scale = fp8_ops.fp8_quantize_rows_op(x.reshape(g * n, k), fp8_type, scaling, power_of_two)
     return q.reshape(g, n, k), scale.reshape(g, n)
 
 
@@ -69,7 +69,7 @@ def quantize_fp8_grouped(x: Tensor, group_sizes: Tensor, recipe: str, *, num_gro
     *_, fp8_type, scaling = contract.quantize_fp8_grouped(fn, shape_and_dtype(x, "x", fn), recipe, dtype_name(dtype),
                                                            num_groups)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, x.device, fn)
-    return fp8_raw.fp8_quantize_grouped_op(x.contiguous(), group_sizes, int(num_groups), fp8_type, scaling,
+    return fp8_ops.fp8_quantize_grouped_op(x.contiguous(), group_sizes, int(num_groups), fp8_type, scaling,
                                            power_of_two, group_offset)
 
 
@@ -154,7 +154,7 @@ def scaled_grouped_mm(mat_a: Tensor, mat_b: Tensor, scale_a, scale_recipe_a, sca
     if ends:
         group_sizes = offs_convention.checked_ends(offs, num_groups, group_offset is not None, mat_a.device, fn)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, mat_a.device, fn)
-    return fp8_raw.scaled_grouped_mm_op(mat_a, rhs, scale_a.contiguous(), scale_b.contiguous(), group_sizes, scaling,
+    return fp8_ops.scaled_grouped_mm_op(mat_a, rhs, scale_a.contiguous(), scale_b.contiguous(), group_sizes, scaling,
                                         getattr(torch, out), None if bias is None else bias.contiguous(), group_offset,
                                         ends)
 
@@ -178,12 +178,12 @@ def _weight_gradient_form(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, bi
     if accumulate_into is None:
         out = contract.fp8_output_dtype(None if output_dtype is None else dtype_name(output_dtype), fn,
                                         NAMES["out_dtype"])
-        return fp8_raw.scaled_grouped_mm_wgrad_op(mat_a, rhs, scale_a, scale_b, group_sizes, num_groups, scaling,
+        return fp8_ops.scaled_grouped_mm_wgrad_op(mat_a, rhs, scale_a, scale_b, group_sizes, num_groups, scaling,
                                                   getattr(torch, out), group_offset, ends)
     acc_shape, acc_dtype = shape_and_dtype(accumulate_into, "accumulate_into", fn)
     contract.fp8_accumulator(fn, acc_shape, acc_dtype, shape, contiguous=accumulate_into.is_contiguous(),
                              requires_grad=accumulate_into.requires_grad)
     same_device(accumulate_into, "accumulate_into", mat_a.device, fn)
-    fp8_raw.scaled_grouped_mm_wgrad_accumulate_op(mat_a, rhs, scale_a, scale_b, group_sizes, scaling, accumulate_into,
+    fp8_ops.scaled_grouped_mm_wgrad_accumulate_op(mat_a, rhs, scale_a, scale_b, group_sizes, scaling, accumulate_into,
                                                   group_offset, ends)
     return accumulate_into

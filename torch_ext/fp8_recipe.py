@@ -1,5 +1,5 @@
 """GroupedLinear(fp8=...): the FP8 training recipe (groupgemm/_fp8_recipe.py) as a
-torch.autograd.Function over the raw FP8 ops, with Megatron-core's main_grad accumulation
+torch.autograd.Function over the FP8 ops, with Megatron-core's main_grad accumulation
 (main_grad.py) kept: the weight gradient is then added into the float32 main_grad by the
 FP8 weight-gradient GEMM itself. Reverse mode only (the FP8 GEMMs are the derivative)."""
 
@@ -8,7 +8,7 @@ from torch.autograd import forward_ad
 
 from groupgemm import _contract as contract
 from groupgemm import _fp8_recipe as recipe_steps
-from groupgemm.torch_ext import fp8_raw, main_grad, raw
+from groupgemm.torch_ext import fp8_ops, gemm_ops, main_grad
 
 Tensor = torch.Tensor
 
@@ -26,33 +26,33 @@ class _Ops:
 
     @staticmethod
     def quantize_rows(x, recipe):
-        return fp8_raw.fp8_quantize_rows_op(x, recipe_steps.FP8_E4M3, contract.fp8_recipe(recipe, "fp8"))
+        return fp8_ops.fp8_quantize_rows_op(x, recipe_steps.FP8_E4M3, contract.fp8_recipe(recipe, "fp8"))
 
     @staticmethod
     def quantize_weight(w, recipe):
         if recipe == "blockwise":
-            return fp8_raw.fp8_quantize_blocks_op(w, recipe_steps.FP8_E4M3)
+            return fp8_ops.fp8_quantize_blocks_op(w, recipe_steps.FP8_E4M3)
         g, n, k = w.shape
-        q, scale = fp8_raw.fp8_quantize_rows_op(w.reshape(g * n, k), recipe_steps.FP8_E4M3, 0)
+        q, scale = fp8_ops.fp8_quantize_rows_op(w.reshape(g * n, k), recipe_steps.FP8_E4M3, 0)
         return q.reshape(g, n, k), scale.reshape(g, n)
 
     @staticmethod
     def quantize_grouped(x, group_sizes, group_offset, num_groups, recipe):
-        return fp8_raw.fp8_quantize_grouped_op(x, group_sizes, num_groups, recipe_steps.FP8_E4M3,
+        return fp8_ops.fp8_quantize_grouped_op(x, group_sizes, num_groups, recipe_steps.FP8_E4M3,
                                                contract.fp8_recipe(recipe, "fp8"), False, group_offset)
 
     @staticmethod
     def scaled_mm(q, qw, s, sw, group_sizes, group_offset, bias, recipe, dtype):
-        return fp8_raw.scaled_grouped_mm_op(q, qw, s, sw, group_sizes, contract.fp8_recipe(recipe, "fp8"), dtype, bias,
+        return fp8_ops.scaled_grouped_mm_op(q, qw, s, sw, group_sizes, contract.fp8_recipe(recipe, "fp8"), dtype, bias,
                                             group_offset)
 
     @staticmethod
     def scaled_wgrad(a, b, sa, sb, group_sizes, group_offset, num_groups, recipe, dtype, accumulate_into):
         scaling = contract.fp8_recipe(recipe, "fp8")
         if accumulate_into is None:
-            return fp8_raw.scaled_grouped_mm_wgrad_op(a, b, sa, sb, group_sizes, num_groups, scaling, dtype,
+            return fp8_ops.scaled_grouped_mm_wgrad_op(a, b, sa, sb, group_sizes, num_groups, scaling, dtype,
                                                       group_offset)
-        fp8_raw.scaled_grouped_mm_wgrad_accumulate_op(a, b, sa, sb, group_sizes, scaling, accumulate_into,
+        fp8_ops.scaled_grouped_mm_wgrad_accumulate_op(a, b, sa, sb, group_sizes, scaling, accumulate_into,
                                                       group_offset)
         return accumulate_into
 
@@ -75,7 +75,7 @@ class _Fp8GroupedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         input, weight, group_sizes = ctx.saved_tensors
-        grad = raw.incoming_grad(grad, input.dtype)
+        grad = gemm_ops.incoming_grad(grad, input.dtype)
         g = weight.shape[0]
         dinput = dweight = dbias = None
         if ctx.needs_input_grad[0]:
@@ -87,7 +87,7 @@ class _Fp8GroupedLinear(torch.autograd.Function):
         elif ctx.needs_input_grad[1]:
             dweight = recipe_steps.weight_grad(_Ops, input, grad, group_sizes, None, g, ctx.recipe, True, weight.dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
-            dbias = raw.grouped_bias_grad_op(grad, group_sizes, g, None, ctx.bias_dtype)
+            dbias = gemm_ops.grouped_bias_grad_op(grad, group_sizes, g, None, ctx.bias_dtype)
         return dinput, dweight, None, dbias, None, None, None
 
 

@@ -1,11 +1,11 @@
 """groupgemm for PyTorch: the checked public functions (rules from groupgemm._contract),
-then the raw ops (importing this module registers their derivatives)."""
+then the ops (importing this module registers their derivatives)."""
 
 
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import derivatives, eager, raw  # noqa: F401 - derivatives registers the ops' autograd
+from groupgemm.torch_ext import derivatives, eager, gemm_ops  # noqa: F401 - derivatives registers the ops' autograd
 from groupgemm.torch_ext import offs as offs_convention
 from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_operands, same_device, shape_and_dtype
 
@@ -58,7 +58,7 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor | None = None,
     group_sizes, group_offset, out_dtype = _checked(input, weight, sizes, bias, group_offset, transpose, out_dtype,
                                                     ends)
     weight, transpose = eager.readable_weight(weight, transpose)
-    return raw.grouped_mm_op(input.contiguous(), weight, group_sizes, None if bias is None else bias.contiguous(),
+    return gemm_ops.grouped_mm_op(input.contiguous(), weight, group_sizes, None if bias is None else bias.contiguous(),
                              group_offset, transpose, out_dtype, ends)
 
 
@@ -94,8 +94,8 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
                              contiguous=accumulate_into.is_contiguous(),
                              requires_grad=accumulate_into.requires_grad, aliases=aliased)
         same_device(accumulate_into, "accumulate_into", input.device, fn)
-    input, grad = input.contiguous(), raw.incoming_grad(grad, grad.dtype)
+    input, grad = input.contiguous(), gemm_ops.incoming_grad(grad, grad.dtype)
     if accumulate_into is None:
-        return raw.grouped_mm_wgrad_op(input, grad, group_sizes, num_groups, group_offset, input.dtype)
-    raw.grouped_mm_wgrad_accumulate_op(input, grad, group_sizes, accumulate_into, group_offset)
+        return gemm_ops.grouped_mm_wgrad_op(input, grad, group_sizes, num_groups, group_offset, input.dtype)
+    gemm_ops.grouped_mm_wgrad_accumulate_op(input, grad, group_sizes, accumulate_into, group_offset)
     return accumulate_into

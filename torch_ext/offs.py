@@ -18,7 +18,7 @@ which count as 0 like any negative group size.
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import raw
+from groupgemm.torch_ext import gemm_ops
 from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_tensor, same_device, shape_and_dtype
 
 Tensor = torch.Tensor
@@ -49,5 +49,5 @@ def ragged_contraction(input: Tensor, weight: Tensor, offs, *, bias, transpose_w
         has_offset=group_offset is not None)
     same_device(weight, NAMES["rhs"], input.device, fn)
     ends = checked_ends(offs, None, False, input.device, fn)
-    return raw.grouped_mm_wgrad_op(input.t().contiguous(), weight.contiguous(), ends, ends.shape[0], None,
+    return gemm_ops.grouped_mm_wgrad_op(input.t().contiguous(), weight.contiguous(), ends, ends.shape[0], None,
                                    getattr(torch, out), True)

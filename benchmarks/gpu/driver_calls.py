@@ -180,7 +180,7 @@ def describe(kernel):
     return f"{kind} {dtype}->{out} {layout}" + (f" {c}" if c else "")
 
 
-# ---- the expert layer (core_cuda/cuda/moe_backend.cu, permute.cu, unpermute.cu, activation.cu,
+# ---- the expert layer (core_cuda/cuda/expert_backend.cu, permute.cu, unpermute.cu, activation.cu,
 # router.cu)
 
 PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN, PERMUTE_ASSIGN, PERMUTE_FILL = (

@@ -3,7 +3,7 @@
 #include "dtypes.cuh"
 #include "groupgemm/activation.h"
 #include "kernels.h"
-#include "moe_kernels.h"
+#include "expert_kernels.h"
 
 namespace groupgemm {
 namespace cuda {

@@ -3,7 +3,7 @@
 // chunks), then the fill, which copies rows as raw bits. No atomics, no host
 // synchronisation.
 #include "counting_sort.cuh"
-#include "moe_kernels.h"
+#include "expert_kernels.h"
 #include "permute_workspace.h"
 
 namespace groupgemm {

@@ -6,7 +6,7 @@
 #include "counting_sort.cuh"
 #include "dtypes.cuh"
 #include "groupgemm/permute.h"
-#include "moe_kernels.h"
+#include "expert_kernels.h"
 #include "permute_workspace.h"
 
 namespace groupgemm {

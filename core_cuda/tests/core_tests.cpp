@@ -1522,8 +1522,8 @@ bool invalid_naming(const Status& s, const char* word) {
   return s.code == Status::Code::invalid_argument && s.message.find(word) != std::string::npos;
 }
 
-void test_moe_errors() {
-  g_case = "moe_errors";
+void test_expert_errors() {
+  g_case = "expert_errors";
   float x[8] = {};
   int32_t i32[8] = {};
   const int64_t idx[4] = {0, 1, 0, 1};
@@ -1647,7 +1647,7 @@ int main() {
   test_router_nan_is_masked();
   test_router_out_of_range_index_is_dropped();
   test_activation_derivatives();
-  test_moe_errors();
+  test_expert_errors();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -1,15 +1,22 @@
-// The XLA FFI handlers' shared glue: a core Status as an ffi::Error, XLA dtypes as core
-// dtypes, index buffers as IndexArrays, shape checks, the execution context of a call.
-// Used by ffi_handlers.cpp (the GEMMs), moe_ffi_handlers.cpp (the expert layer's ops) and
-// fp8_ffi_handlers.cpp (the FP8 calls). The core gets pointers and sizes only, so the
-// handlers check each buffer's shape against the sizes they pass: a custom call built
-// with other shapes gets an error, never an access past a buffer.
+// The XLA FFI handlers' side of the bindings, one style for every op.
+//
+// An op is one function, `ffi::Error op(Device, void* stream, operands..., results...,
+// attributes...)`: it makes ArgViews (python/csrc/arg_view.h) of its buffers, unpacks them
+// with the code the array entry points share (gemm_args.h, expert_args.h, fp8_args.h) and
+// calls the core. Everything else is generated from that signature: XLA's binding
+// (ffi::Ffi::BindTo reads operands, results and named attributes off the parameter types),
+// the CPU variant (no stream) and the CUDA one (XLA's stream, declared command-buffer
+// compatible: the core reads group sizes on the device and allocates nothing; workspaces
+// are extra results), a refused argument as XLA's invalid-argument error, and the
+// target's entry in the capsule dicts groupgemm.jax registers (FfiTargets::add).
 #pragma once
 
-#include <initializer_list>
+#include <nanobind/nanobind.h>
+
 #include <optional>
 #include <string>
 
+#include "arg_view.h"
 #include "dtype_table.h"
 #include "groupgemm/groupgemm.h"
 #include "xla/ffi/api/ffi.h"
@@ -18,6 +25,58 @@ namespace groupgemm {
 namespace ffi_args {
 
 namespace ffi = xla::ffi;
+namespace nb = nanobind;
+
+using Buf = ffi::AnyBuffer;
+using Out = ffi::Result<ffi::AnyBuffer>;
+using glue::ArgView;
+// A named attribute: `Attribute<bool, kHasBias> has_bias`, read as *has_bias.
+template <typename T, const char* name>
+using Attribute = ffi::Attr<T, name>;
+
+inline glue::Element element_of(ffi::DataType t, DType* dtype) {
+  if (const std::optional<DType> d = dtype_from_xla(t)) return *dtype = *d, glue::Element::floating;
+  switch (t) {
+    case ffi::DataType::S32: return glue::Element::int32;
+    case ffi::DataType::S64: return glue::Element::int64;
+    case ffi::DataType::U8: return glue::Element::uint8;
+    case ffi::DataType::F8E4M3FN: return glue::Element::float8_e4m3;
+    case ffi::DataType::F8E5M2: return glue::Element::float8_e5m2;
+    default: return glue::Element::other;
+  }
+}
+
+inline ArgView view(const Buf& b, const char* name) {
+  ArgView v;
+  v.name = name, v.data = b.untyped_data(), v.element = element_of(b.element_type(), &v.dtype);
+  const auto dims = b.dimensions();
+  if (dims.size() > static_cast<size_t>(ArgView::kMaxRank)) glue::refuse(v, "has too many dimensions");
+  v.rank = static_cast<int>(dims.size());
+  for (int i = 0; i < v.rank; ++i) v.dims[i] = dims[i];
+  return v;
+}
+inline ArgView view(Out& b, const char* name) { return view(*b, name); }
+
+// An optional operand or result: XLA passes a size-0 placeholder when it is not `given`.
+template <typename B>
+ArgView optional(B& b, const char* name, bool given) {
+  if (given) return view(b, name);
+  ArgView v;
+  v.name = name;
+  return v;
+}
+
+inline ExecContext context(Device device, void* stream) {
+  ExecContext ctx;
+  ctx.device = device, ctx.stream = stream;
+  return ctx;
+}
+inline ExecContext context(Device device, void* stream, Out& workspace) {
+  ExecContext ctx = context(device, stream);
+  ctx.workspace = workspace->untyped_data();
+  ctx.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());
+  return ctx;
+}
 
 inline ffi::Error to_ffi(const Status& s) {
   if (s.ok()) return ffi::Error::Success();
@@ -27,56 +86,74 @@ inline ffi::Error to_ffi(const Status& s) {
   return ffi::Error(code, "groupgemm: " + s.message);
 }
 
-inline bool float_dtype(ffi::DataType t, DType* out) {
-  const std::optional<DType> dtype = dtype_from_xla(t);
-  if (dtype) *out = *dtype;
-  return dtype.has_value();
+// XLA's stream, the first parameter of an op's CUDA variant.
+struct Stream {
+  Stream(void* stream) : ptr(stream) {}  // NOLINT: decoded from PlatformStream<void*>
+  void* ptr;
+};
+
+}  // namespace ffi_args
+}  // namespace groupgemm
+
+template <>
+struct xla::ffi::CtxBinding<groupgemm::ffi_args::Stream> {
+  using Ctx = PlatformStream<void*>;
+};
+
+namespace groupgemm {
+namespace ffi_args {
+
+template <typename Run>
+ffi::Error refusing_bad_arguments(Run run) {
+  try {
+    return run();
+  } catch (const glue::ArgError& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("groupgemm: ") + e.what());
+  }
 }
 
-inline bool index_array(const ffi::AnyBuffer& b, IndexArray* out) {
-  if (b.element_type() != ffi::DataType::S32 && b.element_type() != ffi::DataType::S64) return false;
-  *out = {b.untyped_data(), b.element_type() == ffi::DataType::S32 ? IndexType::i32 : IndexType::i64,
-          static_cast<int64_t>(b.element_count())};
-  return true;
+// The CPU and CUDA variants of an op.
+template <auto Op>
+struct Platforms;
+template <typename... P, ffi::Error (*Op)(Device, void*, P...)>
+struct Platforms<Op> {
+  static ffi::Error cpu(P... p) {
+    return refusing_bad_arguments([&] { return Op(Device::cpu, nullptr, p...); });
+  }
+  static ffi::Error cuda(Stream stream, P... p) {
+    return refusing_bad_arguments([&] { return Op(Device::cuda, stream.ptr, p...); });
+  }
+};
+
+template <auto Variant, bool kOnCuda>
+XLA_FFI_Error* handler(XLA_FFI_CallFrame* call_frame) {
+  static auto* bound = [] {
+    if constexpr (kOnCuda)
+      return ffi::Ffi::BindTo(Variant, {ffi::Traits::kCmdBufferCompatible}).release();
+    else
+      return ffi::Ffi::BindTo(Variant).release();
+  }();
+  return bound->Call(call_frame);
 }
 
-inline ffi::Error invalid(const std::string& message) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "groupgemm: " + message);
-}
+// The handler capsules by platform, then target name, as groupgemm.jax registers them.
+class FfiTargets {
+ public:
+  template <auto Op>
+  void add(const char* target) {
+    cpu_[target] = capsule(&handler<&Platforms<Op>::cpu, false>);
+    cuda_[target] = capsule(&handler<&Platforms<Op>::cuda, true>);
+  }
+  nb::dict by_platform() const {
+    nb::dict out;
+    out["cpu"] = cpu_, out["CUDA"] = cuda_;
+    return out;
+  }
 
-// A buffer's dimensions against the expected ones.
-inline bool shape_is(const ffi::AnyBuffer& b, std::initializer_list<int64_t> want) {
-  const auto d = b.dimensions();
-  if (d.size() != want.size()) return false;
-  size_t i = 0;
-  for (int64_t w : want)
-    if (d[i++] != w) return false;
-  return true;
-}
-
-inline ffi::Error shape_error(const char* name) { return invalid(std::string(name) + " has an unexpected shape"); }
-
-inline bool count_is(const ffi::AnyBuffer& b, int64_t want) { return static_cast<int64_t>(b.element_count()) == want; }
-
-inline ffi::Error dtype_error(const char* what) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                    std::string("groupgemm: unsupported dtype for ") + what);
-}
-
-// The context of a call without a workspace.
-inline ExecContext plain_context(Device device, void* stream) {
-  ExecContext ctx;
-  ctx.device = device, ctx.stream = stream;
-  return ctx;
-}
-
-inline ExecContext context(Device device, void* stream, ffi::AnyBuffer* workspace) {
-  ExecContext ctx;
-  ctx.device = device, ctx.stream = stream;
-  ctx.workspace = workspace->untyped_data();
-  ctx.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());
-  return ctx;
-}
+ private:
+  static nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
+  nb::dict cpu_, cuda_;
+};
 
 }  // namespace ffi_args
 }  // namespace groupgemm

@@ -1,12 +1,17 @@
-// groupgemm._core: what both frontends share (the build's CUDA facts, the Device enum,
-// workspace sizes, the Activation enum), the core's array entry points (used by the PyTorch
-// frontend's ops and the tests), the call plans of its eager path and, once registered by
-// groupgemm.jax, its XLA FFI handlers.
+// groupgemm._core: what both frontends share (the build's CUDA facts, the Device,
+// Activation and FP8 enums, workspace sizes), the core's array entry points (used by the
+// PyTorch frontend's ops and the tests), the call plans of its eager path and, once
+// registered by groupgemm.jax, its XLA FFI handlers. Both bindings unpack each op's
+// arguments with the same code (gemm_args.h, expert_args.h, fp8_args.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <exception>
 #include <string>
 
+#include "arg_view.h"
+#include "groupgemm/fp8.h"
+#include "groupgemm/fp8_blocks.h"
 #include "groupgemm/groupgemm.h"
 
 namespace nb = nanobind;
@@ -14,7 +19,7 @@ namespace nb = nanobind;
 namespace groupgemm {
 void bind_array_entry_points(nb::module_& m);
 void bind_call_plans(nb::module_& m);
-void bind_moe_array_entry_points(nb::module_& m);
+void bind_expert_array_entry_points(nb::module_& m);
 void bind_ffi_handlers(nb::module_& m);
 void bind_fp8_array_entry_points(nb::module_& m);
 void bind_fp8_ffi_handlers(nb::module_& m);
@@ -26,6 +31,14 @@ NB_MODULE(_core, m) {
   // nodes of tensors still alive at exit): at interpreter teardown nanobind would report
   // them as leaks on every run.
   nb::set_leak_warnings(false);
+  // An argument the array entry points refuse: TypeError for a wrong dtype, else ValueError.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const groupgemm::glue::ArgError& e) {
+      PyErr_SetString(e.wrong_type ? PyExc_TypeError : PyExc_ValueError, e.what());
+    }
+  });
   m.def("cuda_compiled", &groupgemm::cuda_compiled, "True when the CUDA backend was compiled in.");
   m.def(
       "cuda_capture_record",
@@ -63,9 +76,25 @@ NB_MODULE(_core, m) {
       .value("gelu", groupgemm::Activation::gelu, "exact (erf) gelu")
       .value("relu", groupgemm::Activation::relu)
       .value("silu", groupgemm::Activation::silu, "x * sigmoid(x)");
+  nb::enum_<groupgemm::Fp8Type>(m, "Fp8Type", nb::is_arithmetic(), "A float8 format.")
+      .value("e4m3", groupgemm::Fp8Type::e4m3, "float8_e4m3fn")
+      .value("e5m2", groupgemm::Fp8Type::e5m2, "float8_e5m2");
+  nb::enum_<groupgemm::Fp8Scaling>(m, "Fp8Scaling", nb::is_arithmetic(), "How FP8 scales are laid over an operand.")
+      .value("rowwise", groupgemm::Fp8Scaling::rowwise)
+      .value("blockwise", groupgemm::Fp8Scaling::blockwise);
+  nb::enum_<groupgemm::Fp8Call>(m, "Fp8Call", "An FP8 entry point, for fp8_workspace_bytes.")
+      .value("matmul", groupgemm::Fp8Call::matmul)
+      .value("wgrad", groupgemm::Fp8Call::wgrad)
+      .value("quantize_grouped", groupgemm::Fp8Call::quantize_grouped);
+  m.def(
+      "fp8_workspace_bytes", &groupgemm::fp8_workspace_bytes, nb::arg("device"), nb::arg("call"), nb::arg("scaling"),
+      nb::arg("num_groups"), nb::arg("m"), nb::arg("k"), nb::arg("n"), nb::arg("device_index") = -1,
+      "Bytes of workspace an FP8 call needs on `device` (0 on the CPU); (m, k, n) as groupgemm/fp8.h says.");
+  m.def("fp8_token_block_bound", &groupgemm::token_block_bound, nb::arg("m"), nb::arg("num_groups"),
+        "Scale rows of the blockwise weight gradient: floor((m + 127 G) / 128).");
   groupgemm::bind_array_entry_points(m);
   groupgemm::bind_call_plans(m);
-  groupgemm::bind_moe_array_entry_points(m);
+  groupgemm::bind_expert_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
   groupgemm::bind_fp8_array_entry_points(m);
   groupgemm::bind_fp8_ffi_handlers(m);

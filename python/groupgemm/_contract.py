@@ -369,6 +369,7 @@ def ragged_contraction(fn, names, lhs, rhs, out_dtype=None, *, bias=False, trans
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # the core's Fp8Type, in its order; e5m2 for the lhs only (a gradient)
 FP8_RECIPES = ("rowwise", "blockwise")  # the core's Fp8Scaling, in its order
+FP8_ROWWISE = FP8_RECIPES.index("rowwise")
 FP8_OUTPUTS = ("bfloat16", "float32")
 FP8_INPUTS = ("float32", "bfloat16", "float16")  # what is quantized
 FP8_BLOCK = 128

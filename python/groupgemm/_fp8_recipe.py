@@ -14,7 +14,7 @@ operand quantized right before its GEMM, every one K-major as FP8 tensor cores r
 
 Every quantization uses float8_e4m3fn (DeepSeek-V3 keeps E4M3 for gradients too: its
 fine-grained scales give them the range). An empty expert's weight gradient is exactly
-zero and padding rows stay zero throughout. ``ops`` is a frontend's adapter over its raw
+zero and padding rows stay zero throughout. ``ops`` is a frontend's adapter over its
 FP8 ops (torch_ext/fp8_recipe.py, jax_ext/fp8_recipe.py), with the methods used below;
 weights are ``[G, N, K]`` when ``k_major`` (the nn.Linear layout) and ``[G, K, N]`` otherwise.
 """

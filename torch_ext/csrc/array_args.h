@@ -1,7 +1,9 @@
-// The array entry points' shared argument handling: DLPack arrays checked for dtype,
-// rank, shape and device, turned into core arguments, and a core call run without the
-// GIL with its Status turned into a Python exception. Used by array_bindings.cpp (the
-// GEMMs) and moe_array_bindings.cpp (the expert layer's ops).
+// The array entry points' side of the bindings: DLPack arrays (torch tensors, NumPy
+// arrays) as ArgViews (python/csrc/arg_view.h), all of one call on one device, and a core
+// call run without the GIL with its Status raised as a Python exception. Each op's
+// arguments are unpacked from the views by the code the XLA FFI handlers share
+// (gemm_args.h, expert_args.h, fp8_args.h); a refused argument (glue::ArgError) is raised
+// as TypeError or ValueError by the translator module.cpp registers.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -12,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "arg_view.h"
 #include "dtype_table.h"
 #include "groupgemm/groupgemm.h"
 
@@ -21,75 +24,69 @@ namespace array_args {
 namespace nb = nanobind;
 
 using Array = nb::ndarray<nb::c_contig>;
+using glue::ArgView;
 
-inline DType float_dtype(const Array& a, const char* name) {
-  if (const std::optional<DType> t = dtype_from_dlpack(a.dtype())) return *t;
-  throw nb::type_error((std::string(name) + " must be " + accepted_dtype_names()).c_str());
+inline glue::Element element_of(nb::dlpack::dtype t, DType* dtype) {
+  using Code = nb::dlpack::dtype_code;
+  if (const std::optional<DType> d = dtype_from_dlpack(t)) return *dtype = *d, glue::Element::floating;
+  if (t.lanes != 1) return glue::Element::other;
+  if (t.code == static_cast<uint8_t>(Code::Int) && (t.bits == 32 || t.bits == 64))
+    return t.bits == 32 ? glue::Element::int32 : glue::Element::int64;
+  if (t.code == static_cast<uint8_t>(Code::UInt) && t.bits == 8) return glue::Element::uint8;
+  return glue::Element::other;
 }
 
-// cumulative: the array holds cumulative group ends rather than sizes (IndexArray).
-inline IndexArray index_array(const Array& a, const char* name, bool cumulative = false) {
-  const nb::dlpack::dtype t = a.dtype();
-  if (t.lanes != 1 || t.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ||
-      (t.bits != 32 && t.bits != 64))
-    throw nb::type_error((std::string(name) + " must be int32 or int64").c_str());
-  return {a.data(), t.bits == 32 ? IndexType::i32 : IndexType::i64, static_cast<int64_t>(a.size()), cumulative};
-}
-
-inline void expect_rank(const Array& a, size_t rank, const char* name) {
-  if (a.ndim() != rank)
-    throw nb::value_error(
-        (std::string(name) + " must have rank " + std::to_string(rank) + ", got " + std::to_string(a.ndim()))
-            .c_str());
-}
-
-inline void expect_dim(const Array& a, size_t axis, int64_t want, const char* name) {
-  if (static_cast<int64_t>(a.shape(axis)) != want)
-    throw nb::value_error((std::string(name) + " dimension " + std::to_string(axis) + " is " +
-                           std::to_string(a.shape(axis)) + ", expected " + std::to_string(want))
-                              .c_str());
-}
-
-// All arrays of one call live on one device; that device and the stream make the context.
-class ContextBuilder {
+// The views of one call's arrays. All live on one device; that device and the stream
+// make the call's context.
+class ArrayViews {
  public:
-  explicit ContextBuilder(uintptr_t stream) { ctx_.stream = reinterpret_cast<void*>(stream); }
-  void add(const Array& a, const char* name) {
-    const int type = a.device_type();
-    const int id = a.device_id();
-    if (type != nb::device::cpu::value && type != nb::device::cuda::value)
-      throw nb::value_error((std::string(name) + " must be on the CPU or a CUDA device").c_str());
-    if (!first_) {
-      if (type != type_ || (type == nb::device::cuda::value && id != id_))
-        throw nb::value_error((std::string(name) + " is on a different device than " + first_name_).c_str());
-      return;
-    }
-    first_ = false, type_ = type, id_ = id, first_name_ = name;
-    ctx_.device = type == nb::device::cuda::value ? Device::cuda : Device::cpu;
-    ctx_.device_index = type == nb::device::cuda::value ? id : -1;
+  explicit ArrayViews(uintptr_t stream) { ctx_.stream = reinterpret_cast<void*>(stream); }
+
+  ArgView operator()(const Array& a, const char* name) {
+    add_device(a, name);
+    ArgView v;
+    v.name = name, v.data = a.data(), v.element = element_of(a.dtype(), &v.dtype);
+    if (a.ndim() > static_cast<size_t>(ArgView::kMaxRank))
+      throw nb::value_error((std::string(name) + " has too many dimensions").c_str());
+    v.rank = static_cast<int>(a.ndim());
+    for (int i = 0; i < v.rank; ++i) v.dims[i] = static_cast<int64_t>(a.shape(i));
+    return v;
   }
-  // The caller-allocated scratch the CUDA backend writes its per-group setup into.
+  // An optional argument: a view with given() false when it is None.
+  ArgView operator()(const std::optional<Array>& a, const char* name) {
+    if (a) return (*this)(*a, name);
+    ArgView v;
+    v.name = name;
+    return v;
+  }
+  // The caller-allocated scratch the CUDA backend writes its per-call setup into.
   void set_workspace(const std::optional<Array>& workspace) {
     if (!workspace) return;
-    add(*workspace, "workspace");
+    add_device(*workspace, "workspace");
     ctx_.workspace = workspace->data();
     ctx_.workspace_bytes = static_cast<int64_t>(workspace->nbytes());
   }
   const ExecContext& context() const { return ctx_; }
 
  private:
+  void add_device(const Array& a, const char* name) {
+    const int type = a.device_type(), id = a.device_id();
+    if (type != nb::device::cpu::value && type != nb::device::cuda::value)
+      throw nb::value_error((std::string(name) + " must be on the CPU or a CUDA device").c_str());
+    if (!first_name_.empty()) {
+      if (type != type_ || (type == nb::device::cuda::value && id != id_))
+        throw nb::value_error((std::string(name) + " is on a different device than " + first_name_).c_str());
+      return;
+    }
+    type_ = type, id_ = id, first_name_ = name;
+    ctx_.device = type == nb::device::cuda::value ? Device::cuda : Device::cpu;
+    ctx_.device_index = type == nb::device::cuda::value ? id : -1;
+  }
+
   ExecContext ctx_;
-  bool first_ = true;
   int type_ = 0, id_ = 0;
   std::string first_name_;
 };
-
-inline IndexArray optional_offset(const std::optional<Array>& offset, ContextBuilder& devices) {
-  if (!offset) return {};
-  if (offset->size() != 1) throw nb::value_error("group_offset must be a scalar");
-  devices.add(*offset, "group_offset");
-  return index_array(*offset, "group_offset");
-}
 
 // Runs a core entry point without the GIL (other Python threads keep going) and turns
 // its status into ValueError (bad argument), NotImplementedError (a backend this build

@@ -8,10 +8,9 @@
 #include <nanobind/stl/string.h>
 
 #include <optional>
-#include <stdexcept>
-#include <string>
 
 #include "array_args.h"
+#include "gemm_args.h"
 #include "groupgemm/groupgemm.h"
 
 namespace nb = nanobind;
@@ -24,68 +23,31 @@ using namespace array_args;
 void grouped_matmul_array(Array lhs, Array rhs, Array group_sizes, Array out, std::optional<Array> bias,
                           std::optional<Array> group_offset, bool transpose_rhs, bool group_ends,
                           std::optional<Array> workspace, uintptr_t stream) {
-  ContextBuilder devices(stream);
-  for (auto [a, name] : {std::pair{&lhs, "lhs"}, {&rhs, "rhs"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
-    devices.add(*a, name);
-  expect_rank(lhs, 2, "lhs"), expect_rank(rhs, 3, "rhs"), expect_rank(out, 2, "out");
-  expect_rank(group_sizes, 1, "group_sizes");
-  MatmulArgs a;
-  a.m = lhs.shape(0), a.k = lhs.shape(1), a.num_groups = rhs.shape(0);
-  a.n = rhs.shape(transpose_rhs ? 1 : 2);
-  expect_dim(rhs, transpose_rhs ? 2 : 1, a.k, "rhs");
-  expect_dim(out, 0, a.m, "out"), expect_dim(out, 1, a.n, "out");
-  a.in_dtype = float_dtype(lhs, "lhs"), a.out_dtype = float_dtype(out, "out");
-  if (float_dtype(rhs, "rhs") != a.in_dtype) throw nb::type_error("rhs must have the dtype of lhs");
-  if (bias) {
-    devices.add(*bias, "bias");
-    expect_rank(*bias, 2, "bias"), expect_dim(*bias, 0, a.num_groups, "bias"),
-        expect_dim(*bias, 1, a.n, "bias");
-    if (float_dtype(*bias, "bias") != a.in_dtype) throw nb::type_error("bias must have the dtype of lhs");
-    a.bias = bias->data();
-  }
-  a.lhs = lhs.data(), a.rhs = rhs.data(), a.out = out.data(), a.transpose_rhs = transpose_rhs;
-  a.group_sizes = index_array(group_sizes, "group_sizes", group_ends);
-  a.group_offset = optional_offset(group_offset, devices);
-  devices.set_workspace(workspace);
-  run_core(grouped_matmul, a, devices.context());
+  ArrayViews v(stream);
+  const MatmulArgs a = glue::matmul_args(v(lhs, "lhs"), v(rhs, "rhs"), v(group_sizes, "group_sizes"),
+                                         v(group_offset, "group_offset"), v(bias, "bias"), v(out, "out"),
+                                         transpose_rhs, group_ends);
+  v.set_workspace(workspace);
+  run_core(grouped_matmul, a, v.context());
 }
 
 void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array out,
                                 std::optional<Array> group_offset, bool accumulate, bool group_ends,
                                 std::optional<Array> workspace, uintptr_t stream) {
-  ContextBuilder devices(stream);
-  for (auto [a, name] :
-       {std::pair{&lhs, "lhs"}, {&grad, "grad"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
-    devices.add(*a, name);
-  expect_rank(lhs, 2, "lhs"), expect_rank(grad, 2, "grad"), expect_rank(out, 3, "out");
-  expect_rank(group_sizes, 1, "group_sizes");
-  WgradArgs a;
-  a.m = lhs.shape(0), a.k = lhs.shape(1), a.n = grad.shape(1), a.num_groups = out.shape(0);
-  expect_dim(grad, 0, a.m, "grad"), expect_dim(out, 1, a.k, "out"), expect_dim(out, 2, a.n, "out");
-  a.in_dtype = float_dtype(lhs, "lhs"), a.out_dtype = float_dtype(out, "out");
-  if (float_dtype(grad, "grad") != a.in_dtype) throw nb::type_error("grad must have the dtype of lhs");
-  a.lhs = lhs.data(), a.grad = grad.data(), a.out = out.data(), a.accumulate = accumulate;
-  a.group_sizes = index_array(group_sizes, "group_sizes", group_ends);
-  a.group_offset = optional_offset(group_offset, devices);
-  devices.set_workspace(workspace);
-  run_core(grouped_matmul_wgrad, a, devices.context());
+  ArrayViews v(stream);
+  const WgradArgs a = glue::wgrad_args(v(lhs, "lhs"), v(grad, "grad"), v(group_sizes, "group_sizes"),
+                                       v(group_offset, "group_offset"), v(out, "out"), accumulate, group_ends);
+  v.set_workspace(workspace);
+  run_core(grouped_matmul_wgrad, a, v.context());
 }
 
 void grouped_bias_grad_array(Array grad, Array group_sizes, Array out, std::optional<Array> group_offset,
                              bool group_ends, std::optional<Array> workspace, uintptr_t stream) {
-  ContextBuilder devices(stream);
-  for (auto [a, name] : {std::pair{&grad, "grad"}, {&group_sizes, "group_sizes"}, {&out, "out"}})
-    devices.add(*a, name);
-  expect_rank(grad, 2, "grad"), expect_rank(out, 2, "out"), expect_rank(group_sizes, 1, "group_sizes");
-  BiasGradArgs a;
-  a.m = grad.shape(0), a.n = grad.shape(1), a.num_groups = out.shape(0);
-  expect_dim(out, 1, a.n, "out");
-  a.in_dtype = float_dtype(grad, "grad"), a.out_dtype = float_dtype(out, "out");
-  a.grad = grad.data(), a.out = out.data();
-  a.group_sizes = index_array(group_sizes, "group_sizes", group_ends);
-  a.group_offset = optional_offset(group_offset, devices);
-  devices.set_workspace(workspace);
-  run_core(grouped_bias_grad, a, devices.context());
+  ArrayViews v(stream);
+  const BiasGradArgs a = glue::bias_grad_args(v(grad, "grad"), v(group_sizes, "group_sizes"),
+                                              v(group_offset, "group_offset"), v(out, "out"), group_ends);
+  v.set_workspace(workspace);
+  run_core(grouped_bias_grad, a, v.context());
 }
 
 // Each gradient is given as its output array, or None when it is not wanted.
@@ -93,43 +55,12 @@ void grouped_matmul_backward_array(Array lhs, Array rhs, Array grad, Array group
                                    std::optional<Array> drhs, std::optional<Array> dbias,
                                    std::optional<Array> group_offset, bool transpose_rhs, bool accumulate,
                                    bool group_ends, std::optional<Array> workspace, uintptr_t stream) {
-  ContextBuilder devices(stream);
-  for (auto [a, name] :
-       {std::pair{&lhs, "lhs"}, {&rhs, "rhs"}, {&grad, "grad"}, {&group_sizes, "group_sizes"}})
-    devices.add(*a, name);
-  expect_rank(lhs, 2, "lhs"), expect_rank(rhs, 3, "rhs"), expect_rank(grad, 2, "grad");
-  expect_rank(group_sizes, 1, "group_sizes");
-  BackwardArgs a;
-  a.m = lhs.shape(0), a.k = lhs.shape(1), a.num_groups = rhs.shape(0);
-  a.n = rhs.shape(transpose_rhs ? 1 : 2);
-  expect_dim(rhs, transpose_rhs ? 2 : 1, a.k, "rhs");
-  expect_dim(grad, 0, a.m, "grad"), expect_dim(grad, 1, a.n, "grad");
-  a.in_dtype = float_dtype(lhs, "lhs");
-  if (float_dtype(rhs, "rhs") != a.in_dtype) throw nb::type_error("rhs must have the dtype of lhs");
-  if (float_dtype(grad, "grad") != a.in_dtype) throw nb::type_error("grad must have the dtype of lhs");
-  if (dlhs) {
-    devices.add(*dlhs, "dlhs");
-    expect_rank(*dlhs, 2, "dlhs"), expect_dim(*dlhs, 0, a.m, "dlhs"), expect_dim(*dlhs, 1, a.k, "dlhs");
-    if (float_dtype(*dlhs, "dlhs") != a.in_dtype) throw nb::type_error("dlhs must have the dtype of lhs");
-    a.dlhs = dlhs->data();
-  }
-  if (drhs) {
-    devices.add(*drhs, "drhs");
-    expect_rank(*drhs, 3, "drhs");
-    for (size_t axis = 0; axis < 3; ++axis) expect_dim(*drhs, axis, rhs.shape(axis), "drhs");
-    a.drhs_dtype = float_dtype(*drhs, "drhs"), a.drhs = drhs->data();
-  }
-  if (dbias) {
-    devices.add(*dbias, "dbias");
-    expect_rank(*dbias, 2, "dbias"), expect_dim(*dbias, 0, a.num_groups, "dbias"), expect_dim(*dbias, 1, a.n, "dbias");
-    a.dbias_dtype = float_dtype(*dbias, "dbias"), a.dbias = dbias->data();
-  }
-  a.lhs = lhs.data(), a.rhs = rhs.data(), a.grad = grad.data();
-  a.transpose_rhs = transpose_rhs, a.accumulate = accumulate;
-  a.group_sizes = index_array(group_sizes, "group_sizes", group_ends);
-  a.group_offset = optional_offset(group_offset, devices);
-  devices.set_workspace(workspace);
-  run_core(grouped_matmul_backward, a, devices.context());
+  ArrayViews v(stream);
+  const BackwardArgs a = glue::matmul_backward_args(
+      v(lhs, "lhs"), v(rhs, "rhs"), v(grad, "grad"), v(group_sizes, "group_sizes"), v(group_offset, "group_offset"),
+      v(dlhs, "dlhs"), v(drhs, "drhs"), v(dbias, "dbias"), transpose_rhs, accumulate, group_ends);
+  v.set_workspace(workspace);
+  run_core(grouped_matmul_backward, a, v.context());
 }
 
 }  // namespace

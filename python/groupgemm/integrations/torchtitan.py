@@ -90,12 +90,23 @@ def use_groupgemm(model_config, experts_config_cls=None):
         from torchtitan.models.common.moe import GroupedExperts
 
         experts_config_cls = GroupedExperts.Config
-    for _, config, parent, attr in list(model_config.traverse(experts_config_cls)):
+
+    def switched(config):
         owner = type(config)._owner
         if owner in _EXPERTS_CLASSES.values():
-            continue  # already switched
-        new_cls = experts_class(owner).Config
-        new_config = new_cls(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+            return None  # already switched
+        return experts_class(owner).Config(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+
+    return _replace_configs(model_config, experts_config_cls, switched)
+
+
+def _replace_configs(model_config, config_cls, replacement):
+    """Each config of ``config_cls`` in the tree under ``model_config`` replaced, in place, by
+    ``replacement(config)`` (None: kept). Returns the root, a new object when it was one."""
+    for _, config, parent, attr in list(model_config.traverse(config_cls)):
+        new_config = replacement(config)
+        if new_config is None:
+            continue
         if parent is None:
             model_config = new_config
         elif isinstance(parent, list):
@@ -103,7 +114,6 @@ def use_groupgemm(model_config, experts_config_cls=None):
         else:
             setattr(parent, attr, new_config)
     return model_config
-
 
 
 def token_dispatcher_class() -> type:
@@ -161,14 +171,5 @@ def use_groupgemm_dispatch(model_config, capacity=None):
     from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
     new_cls = token_dispatcher_class().Config
-    for _, config, parent, attr in list(model_config.traverse(LocalTokenDispatcher.Config)):
-        if isinstance(config, new_cls):
-            continue
-        new_config = new_cls(num_experts=config.num_experts, top_k=config.top_k, capacity=capacity)
-        if parent is None:
-            model_config = new_config
-        elif isinstance(parent, list):
-            parent[attr] = new_config
-        else:
-            setattr(parent, attr, new_config)
-    return model_config
+    return _replace_configs(model_config, LocalTokenDispatcher.Config, lambda config: None if isinstance(
+        config, new_cls) else new_cls(num_experts=config.num_experts, top_k=config.top_k, capacity=capacity))

@@ -1,7 +1,7 @@
-"""The raw FP8 calls of groupgemm for PyTorch: custom ops (namespace ``groupgemm``) for
+"""The FP8 ops of groupgemm for PyTorch: custom ops (namespace ``groupgemm``) for
 quantization and the scaled grouped GEMMs (groupgemm/fp8.h).
 
-Like raw.py's ops, each allocates its outputs with torch and hands every tensor to the
+Like gemm_ops.py's ops, each allocates its outputs with torch and hands every tensor to the
 core zero-copy, float8 tensors as their uint8 bytes (``.view(torch.uint8)``, which every
 torch version exports through DLPack) with the format passed as an int (the core's
 Fp8Type: the index in ``_contract.FP8_DTYPES``). The public functions check every argument
@@ -14,15 +14,15 @@ import torch
 from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.torch_ext import device_scratch
+from groupgemm.torch_ext.core_args import capsule, require, require_count
 from groupgemm.torch_ext.op_library import define
-from groupgemm.torch_ext.raw import _capsule, _require, _require_count, _stream
 
 Tensor = torch.Tensor
 FP8_TORCH_DTYPES = tuple(getattr(torch, name) for name in contract.FP8_DTYPES)
 
 
 def _bytes(t: Tensor):
-    return _capsule(t.view(torch.uint8))
+    return capsule(t.view(torch.uint8))
 
 
 def _workspace(device: torch.device, call, scaling: int, num_groups: int, m: int, k: int, n: int) -> Tensor | None:
@@ -33,7 +33,7 @@ def _workspace(device: torch.device, call, scaling: int, num_groups: int, m: int
     index = -1 if device.index is None else device.index
     nbytes = _core.fp8_workspace_bytes(_core.Device.cuda, call, _core.Fp8Scaling(scaling), num_groups, m, k, n,
                                        device_index=index)
-    return device_scratch.workspace(device, nbytes, _stream(device))
+    return device_scratch.workspace(device, nbytes, device_scratch.stream(device))
 
 
 def _not_differentiable(op_name):
@@ -66,24 +66,24 @@ def _scaling(op: str, scaling: int) -> int:
 
 
 def _scale_shape_rows(x, scaling):
-    return (x.shape[0],) if scaling == 0 else (x.shape[0], contract.fp8_blocks(x.shape[1]))
+    return (x.shape[0],) if scaling == contract.FP8_ROWWISE else (x.shape[0], contract.fp8_blocks(x.shape[1]))
 
 
 @define("fp8_quantize_rows")
 def fp8_quantize_rows_op(x: Tensor, out_type: int, scaling: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
     """x [R, C] -> (q [R, C] float8, scale [R] rowwise or [R, ceil(C/128)])."""
-    _require("fp8_quantize_rows", (x, 2, "x"))
+    require("fp8_quantize_rows", (x, 2, "x"))
     q = torch.empty(x.shape, dtype=_out_type("fp8_quantize_rows", out_type), device=x.device)
     scale = torch.empty(_scale_shape_rows(x, _scaling("fp8_quantize_rows", scaling)), dtype=torch.float32,
                         device=x.device)
-    _core.fp8_quantize_rows(_capsule(x), _bytes(q), _capsule(scale), _core.Fp8Type(out_type),
-                            _core.Fp8Scaling(scaling), power_of_two, stream=_stream(x.device))
+    _core.fp8_quantize_rows(capsule(x), _bytes(q), capsule(scale), _core.Fp8Type(out_type),
+                            _core.Fp8Scaling(scaling), power_of_two, stream=device_scratch.stream(x.device))
     return q, scale
 
 
 @fp8_quantize_rows_op.register_fake
 def _(x, out_type, scaling, power_of_two=False):
-    _require("fp8_quantize_rows", (x, 2, "x"))
+    require("fp8_quantize_rows", (x, 2, "x"))
     return (x.new_empty(x.shape, dtype=_out_type("fp8_quantize_rows", out_type)),
             x.new_empty(_scale_shape_rows(x, _scaling("fp8_quantize_rows", scaling)), dtype=torch.float32))
 
@@ -95,26 +95,26 @@ def _block_scale_shape(x):
 @define("fp8_quantize_blocks")
 def fp8_quantize_blocks_op(x: Tensor, out_type: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
     """x [B, R, C] -> (q [B, R, C] float8, scale [B, ceil(R/128), ceil(C/128)])."""
-    _require("fp8_quantize_blocks", (x, 3, "x"))
+    require("fp8_quantize_blocks", (x, 3, "x"))
     q = torch.empty(x.shape, dtype=_out_type("fp8_quantize_blocks", out_type), device=x.device)
     scale = torch.empty(_block_scale_shape(x), dtype=torch.float32, device=x.device)
-    _core.fp8_quantize_blocks(_capsule(x), _bytes(q), _capsule(scale), _core.Fp8Type(out_type), power_of_two,
-                              stream=_stream(x.device))
+    _core.fp8_quantize_blocks(capsule(x), _bytes(q), capsule(scale), _core.Fp8Type(out_type), power_of_two,
+                              stream=device_scratch.stream(x.device))
     return q, scale
 
 
 @fp8_quantize_blocks_op.register_fake
 def _(x, out_type, power_of_two=False):
-    _require("fp8_quantize_blocks", (x, 3, "x"))
+    require("fp8_quantize_blocks", (x, 3, "x"))
     return (x.new_empty(x.shape, dtype=_out_type("fp8_quantize_blocks", out_type)),
             x.new_empty(_block_scale_shape(x), dtype=torch.float32))
 
 
 def _grouped_shapes(x, num_groups, scaling):
-    _require_count("fp8_quantize_grouped", num_groups)
+    require_count("fp8_quantize_grouped", num_groups)
     m, c = x.shape
     scaling = _scaling("fp8_quantize_grouped", scaling)
-    rows = num_groups if scaling == 0 else contract.fp8_token_block_bound(m, num_groups)
+    rows = num_groups if scaling == contract.FP8_ROWWISE else contract.fp8_token_block_bound(m, num_groups)
     return (c, m), (rows, c)
 
 
@@ -122,22 +122,22 @@ def _grouped_shapes(x, num_groups, scaling):
 def fp8_quantize_grouped_op(x: Tensor, group_sizes: Tensor, num_groups: int, out_type: int, scaling: int,
                             power_of_two: bool = False, group_offset: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """x [M, C] -> (q [C, M] float8, scale [G, C] rowwise or [token_block_bound(M, G), C])."""
-    _require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
+    require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
     q_shape, scale_shape = _grouped_shapes(x, num_groups, scaling)
     q = torch.empty(q_shape, dtype=_out_type("fp8_quantize_grouped", out_type), device=x.device)
     scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
-    _core.fp8_quantize_grouped(_capsule(x), _bytes(q), _capsule(scale), _capsule(group_sizes), num_groups,
+    _core.fp8_quantize_grouped(capsule(x), _bytes(q), capsule(scale), capsule(group_sizes), num_groups,
                                _core.Fp8Type(out_type), _core.Fp8Scaling(scaling), power_of_two,
-                               group_offset=_capsule(group_offset),
-                               workspace=_capsule(_workspace(x.device, _core.Fp8Call.quantize_grouped, scaling,
+                               group_offset=capsule(group_offset),
+                               workspace=capsule(_workspace(x.device, _core.Fp8Call.quantize_grouped, scaling,
                                                              num_groups, x.shape[0], 0, 0)),
-                               stream=_stream(x.device))
+                               stream=device_scratch.stream(x.device))
     return q, scale
 
 
 @fp8_quantize_grouped_op.register_fake
 def _(x, group_sizes, num_groups, out_type, scaling, power_of_two=False, group_offset=None):
-    _require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
+    require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
     q_shape, scale_shape = _grouped_shapes(x, num_groups, scaling)
     return (x.new_empty(q_shape, dtype=_out_type("fp8_quantize_grouped", out_type)),
             x.new_empty(scale_shape, dtype=torch.float32))
@@ -152,7 +152,7 @@ def _fp8_type(op: str, t: Tensor, name: str) -> int:
 def _require_scaled(op, lhs, rhs, lhs_scale, rhs_scale, scaling, *others):
     """The scaled GEMMs' operands: float8 lhs and rhs, dense contiguous scales of any rank,
     a known scaling; `others` as _require takes them."""
-    _require(op, (lhs, 2, "lhs"), (lhs_scale, None, "lhs_scale"), (rhs_scale, None, "rhs_scale"), *others)
+    require(op, (lhs, 2, "lhs"), (lhs_scale, None, "lhs_scale"), (rhs_scale, None, "rhs_scale"), *others)
     _fp8_type(op, lhs, "lhs"), _fp8_type(op, rhs, "rhs"), _scaling(op, scaling)
 
 
@@ -171,13 +171,13 @@ def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale:
     _require_matmul(lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, bias)
     (m, k), (g, n, _) = lhs.shape, rhs.shape
     out = torch.empty((m, n), dtype=out_dtype, device=lhs.device)
-    _core.scaled_grouped_matmul(_bytes(lhs), _bytes(rhs), _capsule(lhs_scale), _capsule(rhs_scale),
-                                _capsule(group_sizes), _capsule(out), _core.Fp8Type(_fp8_type(op, lhs, "lhs")),
+    _core.scaled_grouped_matmul(_bytes(lhs), _bytes(rhs), capsule(lhs_scale), capsule(rhs_scale),
+                                capsule(group_sizes), capsule(out), _core.Fp8Type(_fp8_type(op, lhs, "lhs")),
                                 _core.Fp8Type(_fp8_type(op, rhs, "rhs")), _core.Fp8Scaling(scaling),
-                                bias=_capsule(bias),
-                                group_offset=_capsule(group_offset), group_ends=group_ends,
-                                workspace=_capsule(_workspace(lhs.device, _core.Fp8Call.matmul, scaling, g, m, k, n)),
-                                stream=_stream(lhs.device))
+                                bias=capsule(bias),
+                                group_offset=capsule(group_offset), group_ends=group_ends,
+                                workspace=capsule(_workspace(lhs.device, _core.Fp8Call.matmul, scaling, g, m, k, n)),
+                                stream=device_scratch.stream(lhs.device))
     return out
 
 
@@ -189,19 +189,19 @@ def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out_dtype, bias=None
 
 
 def _require_wgrad(op, lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups):
-    _require_count(op, num_groups)
+    require_count(op, num_groups)
     _require_scaled(op, lhs, rhs, lhs_scale, rhs_scale, scaling, (rhs, 2, "rhs"), (group_sizes, 1, "group_sizes"))
 
 
 def _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, accumulate, group_ends):
     g, k, n = out.shape
     _core.scaled_grouped_matmul_wgrad(
-        _bytes(lhs), _bytes(rhs), _capsule(lhs_scale), _capsule(rhs_scale), _capsule(group_sizes), _capsule(out),
+        _bytes(lhs), _bytes(rhs), capsule(lhs_scale), capsule(rhs_scale), capsule(group_sizes), capsule(out),
         _core.Fp8Type(FP8_TORCH_DTYPES.index(lhs.dtype)), _core.Fp8Type(FP8_TORCH_DTYPES.index(rhs.dtype)),
         _core.Fp8Scaling(scaling),
-        group_offset=_capsule(group_offset), accumulate=accumulate, group_ends=group_ends,
-        workspace=_capsule(_workspace(lhs.device, _core.Fp8Call.wgrad, scaling, g, lhs.shape[1], k, n)),
-        stream=_stream(lhs.device))
+        group_offset=capsule(group_offset), accumulate=accumulate, group_ends=group_ends,
+        workspace=capsule(_workspace(lhs.device, _core.Fp8Call.wgrad, scaling, g, lhs.shape[1], k, n)),
+        stream=device_scratch.stream(lhs.device))
 
 
 @define("scaled_grouped_mm_wgrad")
@@ -228,7 +228,7 @@ def scaled_grouped_mm_wgrad_accumulate_op(lhs: Tensor, rhs: Tensor, lhs_scale: T
                                           group_sizes: Tensor, scaling: int, accumulate_into: Tensor,
                                           group_offset: Tensor | None = None, group_ends: bool = False) -> None:
     _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, 0)
-    _require("scaled_grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
+    require("scaled_grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
     _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into, group_offset, True,
                group_ends)
 

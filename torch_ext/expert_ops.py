@@ -1,8 +1,8 @@
-"""The raw calls of the expert layer for PyTorch: custom ops (namespace ``groupgemm``) for
+"""The expert layer's ops for PyTorch: custom ops (namespace ``groupgemm``) for
 token permute / unpermute, the activation and the router's softmax top-k (with its
 forward-mode derivative), and their autograd.
 
-Like raw.py's ops, each allocates its outputs with torch and hands every tensor to the
+Like gemm_ops.py's ops, each allocates its outputs with torch and hands every tensor to the
 core zero-copy; derivatives, reverse and forward mode, are built from the same ops and
 never read indices on the host. The public functions check every argument first
 (expert.py).
@@ -12,8 +12,9 @@ import torch
 
 from groupgemm import _contract as contract
 from groupgemm import _core
+from groupgemm.torch_ext import device_scratch
+from groupgemm.torch_ext.core_args import capsule, require
 from groupgemm.torch_ext.op_library import define
-from groupgemm.torch_ext.raw import _capsule, _require, _stream
 
 Tensor = torch.Tensor
 
@@ -26,7 +27,7 @@ def _permute_workspace(device: torch.device, num_slots: int, num_experts: int) -
 
 
 def _permute_outputs(tokens, expert_indices, num_experts, empty):
-    _require("permute", (tokens, 2, "tokens"), (expert_indices, 2, "expert_indices"))
+    require("permute", (tokens, 2, "tokens"), (expert_indices, 2, "expert_indices"))
     contract.check_num_experts(num_experts, "groupgemm::permute")
     t, k = expert_indices.shape
     return (empty((t * k, tokens.shape[1]), tokens.dtype), empty((num_experts,), torch.int32),
@@ -37,9 +38,9 @@ def _permute_outputs(tokens, expert_indices, num_experts, empty):
 def permute_op(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=tokens.device)
     permuted, group_sizes, row_map = _permute_outputs(tokens, expert_indices, num_experts, empty)
-    _core.permute(*map(_capsule, (tokens, expert_indices, permuted, group_sizes, row_map)),
-                  workspace=_capsule(_permute_workspace(tokens.device, permuted.shape[0], num_experts)),
-                  stream=_stream(tokens.device))
+    _core.permute(*map(capsule, (tokens, expert_indices, permuted, group_sizes, row_map)),
+                  workspace=capsule(_permute_workspace(tokens.device, permuted.shape[0], num_experts)),
+                  stream=device_scratch.stream(tokens.device))
     return permuted, group_sizes, row_map
 
 
@@ -50,15 +51,15 @@ def _(tokens, expert_indices, num_experts):
 
 
 def _unpermute_checks(op, permuted, row_map, probs):
-    _require(op, (permuted, 2, "permuted"), (row_map, 2, "row_map"), (probs, 2, "probs"))
+    require(op, (permuted, 2, "permuted"), (row_map, 2, "row_map"), (probs, 2, "probs"))
 
 
 @define("unpermute")
 def unpermute_op(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) -> Tensor:
     _unpermute_checks("unpermute", permuted, row_map, probs)
     out = torch.empty((row_map.shape[0], permuted.shape[1]), dtype=permuted.dtype, device=permuted.device)
-    _core.unpermute(_capsule(permuted), _capsule(row_map), _capsule(out), probs=_capsule(probs),
-                    stream=_stream(permuted.device))
+    _core.unpermute(capsule(permuted), capsule(row_map), capsule(out), probs=capsule(probs),
+                    stream=device_scratch.stream(permuted.device))
     return out
 
 
@@ -88,9 +89,9 @@ def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
     empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=permuted.device)
     dpermuted, dprobs = empty(permuted.shape, permuted.dtype), _dprobs_like(permuted, probs, empty)
     workspace = _unpermute_backward_workspace(permuted.device, row_map.numel())
-    _core.unpermute_backward(*map(_capsule, (dout, permuted, row_map, dpermuted)), probs=_capsule(probs),
-                             dprobs=None if probs is None else _capsule(dprobs), workspace=_capsule(workspace),
-                             stream=_stream(permuted.device))
+    _core.unpermute_backward(*map(capsule, (dout, permuted, row_map, dpermuted)), probs=capsule(probs),
+                             dprobs=None if probs is None else capsule(dprobs), workspace=capsule(workspace),
+                             stream=device_scratch.stream(permuted.device))
     return dpermuted, dprobs
 
 
@@ -103,29 +104,29 @@ def _(dout, permuted, row_map, probs=None):
 
 @define("activation")
 def activation_op(h: Tensor, kind: int, width: int) -> Tensor:
-    _require("activation", (h, 2, "h"))
+    require("activation", (h, 2, "h"))
     out = torch.empty((h.shape[0], width), dtype=h.dtype, device=h.device)
-    _core.activation(_capsule(h), _capsule(out), kind, stream=_stream(h.device))
+    _core.activation(capsule(h), capsule(out), kind, stream=device_scratch.stream(h.device))
     return out
 
 
 @activation_op.register_fake
 def _(h, kind, width):
-    _require("activation", (h, 2, "h"))
+    require("activation", (h, 2, "h"))
     return h.new_empty((h.shape[0], width))
 
 
 @define("activation_backward")
 def activation_backward_op(dout: Tensor, h: Tensor, kind: int) -> Tensor:
-    _require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
+    require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
     dh = torch.empty_like(h)
-    _core.activation_backward(_capsule(dout), _capsule(h), _capsule(dh), kind, stream=_stream(h.device))
+    _core.activation_backward(capsule(dout), capsule(h), capsule(dh), kind, stream=device_scratch.stream(h.device))
     return dh
 
 
 @activation_backward_op.register_fake
 def _(dout, h, kind):
-    _require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
+    require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
     return torch.empty_like(h)
 
 
@@ -134,7 +135,7 @@ def _router_probs_dtype(logits: Tensor) -> torch.dtype:
 
 
 def _softmax_topk_outputs(logits, k, empty):
-    _require("softmax_topk", (logits, 2, "logits"))
+    require("softmax_topk", (logits, 2, "logits"))
     if not 0 <= k <= logits.shape[1]:
         raise ValueError(f"groupgemm::softmax_topk: k must be in [0, {logits.shape[1]}], got {k}")
     shape = (logits.shape[0], k)
@@ -146,8 +147,8 @@ def softmax_topk_op(logits: Tensor, k: int, renormalize: bool = True) -> tuple[T
     """(probs, expert_indices)."""
     probs, indices = _softmax_topk_outputs(logits, k, lambda shape, dtype: torch.empty(shape, dtype=dtype,
                                                                                         device=logits.device))
-    _core.softmax_topk(_capsule(logits), _capsule(indices), _capsule(probs), renormalize,
-                       stream=_stream(logits.device))
+    _core.softmax_topk(capsule(logits), capsule(indices), capsule(probs), renormalize,
+                       stream=device_scratch.stream(logits.device))
     return probs, indices
 
 
@@ -159,11 +160,11 @@ def _(logits, k, renormalize=True):
 @define("softmax_topk_backward")
 def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Tensor,
                              renormalize: bool = True) -> Tensor:
-    _require("softmax_topk_backward", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"),
+    require("softmax_topk_backward", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"),
              (dprobs, 2, "dprobs"))
     dlogits = torch.empty_like(logits)
-    _core.softmax_topk_backward(*map(_capsule, (logits, expert_indices, dprobs, dlogits)), renormalize,
-                                stream=_stream(logits.device))
+    _core.softmax_topk_backward(*map(capsule, (logits, expert_indices, dprobs, dlogits)), renormalize,
+                                stream=device_scratch.stream(logits.device))
     return dlogits
 
 
@@ -173,7 +174,7 @@ def _(logits, expert_indices, dprobs, renormalize=True):
 
 
 def _tprobs_like(logits, expert_indices, empty):
-    _require("softmax_topk_tangent", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"))
+    require("softmax_topk_tangent", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"))
     return empty(expert_indices.shape, _router_probs_dtype(logits))
 
 
@@ -183,8 +184,8 @@ def softmax_topk_tangent_op(logits: Tensor, expert_indices: Tensor, tlogits: Ten
     """The tangent of softmax_topk's probs for the logits' tangent (forward mode)."""
     tprobs = _tprobs_like(logits, expert_indices, lambda shape, dtype: torch.empty(shape, dtype=dtype,
                                                                                    device=logits.device))
-    _core.softmax_topk_tangent(*map(_capsule, (logits, expert_indices, tlogits, tprobs)), renormalize,
-                               stream=_stream(logits.device))
+    _core.softmax_topk_tangent(*map(capsule, (logits, expert_indices, tlogits, tprobs)), renormalize,
+                               stream=device_scratch.stream(logits.device))
     return tprobs
 
 

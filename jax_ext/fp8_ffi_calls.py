@@ -1,4 +1,4 @@
-"""The raw FP8 calls of groupgemm for JAX: the XLA FFI targets of groupgemm/fp8.h,
+"""The FP8 calls of groupgemm for JAX: the XLA FFI targets of groupgemm/fp8.h,
 registered at import, and one custom call each, partitioned by its layout
 (partitioning.py); fp8_primitives.py makes primitives of them. float8 arrays carry their
 format as their dtype; scales are float32; on CUDA the workspace is an extra result (a
@@ -19,8 +19,8 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm import _core
+from groupgemm.jax_ext.ffi_calls import placeholder, register_targets
 from groupgemm.jax_ext.partitioning import Layout, partitioned
-from groupgemm.jax_ext.raw import placeholder, register_targets
 
 FP8_JAX_DTYPES = tuple(jnp.dtype(name) for name in contract.FP8_DTYPES)  # by the core's Fp8Type
 ROWWISE = 0  # the core's Fp8Scaling

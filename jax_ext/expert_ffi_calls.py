@@ -1,6 +1,6 @@
-"""The raw calls of the expert layer for JAX: token permute / unpermute, the activation
-and the router's softmax top-k, and their derivatives, as XLA FFI calls (targets
-registered by raw.py), each partitioned by its layout (partitioning.py);
+"""The FFI calls of the expert layer for JAX: token permute / unpermute, the activation
+and the router's softmax top-k, and their derivatives, as XLAn FFI calls (targets
+registered by ffi_calls.py), each partitioned by its layout (partitioning.py);
 expert_primitives.py makes them differentiable primitives.
 
 Arguments arrive checked (expert.py); the core re-checks what it can see.
@@ -12,8 +12,8 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm import _core
+from groupgemm.jax_ext.ffi_calls import placeholder
 from groupgemm.jax_ext.partitioning import Layout, partitioned
-from groupgemm.jax_ext.raw import placeholder
 
 
 def _permute_workspace(num_slots, num_experts):

@@ -6,7 +6,7 @@
 
 #include "backends.h"
 #include "device_checks.h"
-#include "moe_kernels.h"
+#include "expert_kernels.h"
 #include "permute_workspace.h"
 
 namespace groupgemm {

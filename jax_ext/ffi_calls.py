@@ -1,4 +1,4 @@
-"""The raw calls of groupgemm for JAX: XLA FFI targets registered at import, and the
+"""The FFI calls of groupgemm for JAX: XLA FFI targets registered at import, and the
 custom calls, each partitioned by its layout (partitioning.py); primitives.py makes the
 grouped GEMMs differentiable primitives of them.
 

@@ -1,4 +1,4 @@
-"""The raw calls of groupgemm for PyTorch: the GEMM ops (namespace ``groupgemm``; their
+"""The GEMM ops of groupgemm for PyTorch (namespace ``groupgemm``; their
 derivatives are in derivatives.py).
 
 Each op allocates its outputs with torch (so CUDA-graph memory pools work) and hands
@@ -11,69 +11,38 @@ schema default: ``torch.ops.groupgemm.grouped_mm(x, w, group_sizes)`` works.
 
 
 import torch
-from torch.utils.dlpack import to_dlpack
 
 from groupgemm import _core
 from groupgemm.torch_ext import device_scratch
+from groupgemm.torch_ext.core_args import capsule, require, require_count
 from groupgemm.torch_ext.op_library import define
 
 Tensor = torch.Tensor
 
 
-def _stream(device: torch.device) -> int:
-    return device_scratch.stream(device)
-
-
 def _workspace(device: torch.device, num_groups: int) -> Tensor | None:
-    return device_scratch.gemm_workspace(device, num_groups, _stream(device))
-
-
-def _require(op: str, *tensors) -> None:
-    """(tensor, rank, name) triples: the ranks an op's shape arithmetic relies on (None: any),
-    and the dense, contiguous memory the core needs (it takes no strides)."""
-    for t, rank, name in tensors:
-        if t is None:
-            continue
-        if t.layout != torch.strided:
-            raise TypeError(f"groupgemm::{op}: {name} must be a dense tensor (layout torch.strided), got {t.layout}")
-        if rank is not None and t.dim() != rank:
-            raise ValueError(f"groupgemm::{op}: {name} must be {rank}-D, got shape {tuple(t.shape)}")
-        if not t.is_contiguous():
-            raise ValueError(f"groupgemm::{op}: {name} must be contiguous")
-
-
-def _require_count(op: str, num_groups: int) -> None:
-    if num_groups < 0:
-        raise ValueError(f"groupgemm::{op}: num_groups must be non-negative, got {num_groups}")
+    return device_scratch.gemm_workspace(device, num_groups, device_scratch.stream(device))
 
 
 def _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight) -> int:
-    _require("grouped_mm", (input, 2, "input"), (weight, 3, "weight"), (group_sizes, 1, "group_sizes"),
+    require("grouped_mm", (input, 2, "input"), (weight, 3, "weight"), (group_sizes, 1, "group_sizes"),
              (bias, 2, "bias"))
     return weight.shape[1] if transpose_weight else weight.shape[2]
 
 
 def _require_wgrad(op, input, grad, group_sizes, num_groups) -> None:
-    _require_count(op, num_groups)
-    _require(op, (input, 2, "input"), (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
+    require_count(op, num_groups)
+    require(op, (input, 2, "input"), (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
 
 
 def _require_accumulate(input, grad, group_sizes, accumulate_into) -> None:
     _require_wgrad("grouped_mm_wgrad_accumulate", input, grad, group_sizes, 0)
-    _require("grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
+    require("grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
 
 
 def _require_bias_grad(grad, group_sizes, num_groups) -> None:
-    _require_count("grouped_bias_grad", num_groups)
-    _require("grouped_bias_grad", (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
-
-
-def _capsule(t: Tensor | None):
-    """A tensor as a DLPack capsule for the core (zero-copy). The legacy to_dlpack is used
-    on purpose: it is several times cheaper than Tensor.__dlpack__, which would be most
-    of an empty call's time (README, call overhead), and it accepts tensors that require
-    grad."""
-    return None if t is None else to_dlpack(t)
+    require_count("grouped_bias_grad", num_groups)
+    require("grouped_bias_grad", (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
 
 
 @define("grouped_mm")
@@ -83,10 +52,10 @@ def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tens
     """out_dtype None: the input dtype. group_ends: group_sizes holds cumulative group ends."""
     n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
     out = torch.empty((input.shape[0], n), dtype=out_dtype or input.dtype, device=input.device)
-    _core.grouped_matmul(*map(_capsule, (input, weight, group_sizes, out)), bias=_capsule(bias),
-                         group_offset=_capsule(group_offset), transpose_rhs=transpose_weight, group_ends=group_ends,
-                         workspace=_capsule(_workspace(input.device, weight.shape[0])),
-                         stream=_stream(input.device))
+    _core.grouped_matmul(*map(capsule, (input, weight, group_sizes, out)), bias=capsule(bias),
+                         group_offset=capsule(group_offset), transpose_rhs=transpose_weight, group_ends=group_ends,
+                         workspace=capsule(_workspace(input.device, weight.shape[0])),
+                         stream=device_scratch.stream(input.device))
     return out
 
 
@@ -105,10 +74,10 @@ def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_gr
     _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
     out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype or input.dtype,
                       device=input.device)
-    _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, out)),
-                               group_offset=_capsule(group_offset), accumulate=False, group_ends=group_ends,
-                               workspace=_capsule(_workspace(input.device, num_groups)),
-                               stream=_stream(input.device))
+    _core.grouped_matmul_wgrad(*map(capsule, (input, grad, group_sizes, out)),
+                               group_offset=capsule(group_offset), accumulate=False, group_ends=group_ends,
+                               workspace=capsule(_workspace(input.device, num_groups)),
+                               stream=device_scratch.stream(input.device))
     return out
 
 
@@ -124,10 +93,10 @@ def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Ten
                                    accumulate_into: Tensor, group_offset: Tensor | None = None,
                                    group_ends: bool = False) -> None:
     _require_accumulate(input, grad, group_sizes, accumulate_into)
-    _core.grouped_matmul_wgrad(*map(_capsule, (input, grad, group_sizes, accumulate_into)),
-                               group_offset=_capsule(group_offset), accumulate=True, group_ends=group_ends,
-                               workspace=_capsule(_workspace(input.device, accumulate_into.shape[0])),
-                               stream=_stream(input.device))
+    _core.grouped_matmul_wgrad(*map(capsule, (input, grad, group_sizes, accumulate_into)),
+                               group_offset=capsule(group_offset), accumulate=True, group_ends=group_ends,
+                               workspace=capsule(_workspace(input.device, accumulate_into.shape[0])),
+                               stream=device_scratch.stream(input.device))
 
 
 @grouped_mm_wgrad_accumulate_op.register_fake
@@ -142,9 +111,9 @@ def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int, gro
     """out_dtype None: grad's dtype."""
     _require_bias_grad(grad, group_sizes, num_groups)
     out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype or grad.dtype, device=grad.device)
-    _core.grouped_bias_grad(*map(_capsule, (grad, group_sizes, out)), group_offset=_capsule(group_offset),
-                            group_ends=group_ends, workspace=_capsule(_workspace(grad.device, num_groups)),
-                            stream=_stream(grad.device))
+    _core.grouped_bias_grad(*map(capsule, (grad, group_sizes, out)), group_offset=capsule(group_offset),
+                            group_ends=group_ends, workspace=capsule(_workspace(grad.device, num_groups)),
+                            stream=device_scratch.stream(grad.device))
     return out
 
 
@@ -157,7 +126,7 @@ def _(grad, group_sizes, num_groups, group_offset=None, out_dtype=None, group_en
 def _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad, weight_grad, bias_dtype,
                       accumulate_into, empty):
     n = _grouped_mm_columns(input, weight, group_sizes, None, transpose_weight)
-    _require("grouped_mm_backward", (grad, 2, "grad"), (accumulate_into, 3, "accumulate_into"))
+    require("grouped_mm_backward", (grad, 2, "grad"), (accumulate_into, 3, "accumulate_into"))
     none = lambda: empty((0,), input.dtype)  # one each: a custom op's outputs may not alias
     return (empty(tuple(input.shape), input.dtype) if input_grad else none(),
             empty(tuple(weight.shape), weight.dtype) if weight_grad and accumulate_into is None else none(),
@@ -180,13 +149,13 @@ def grouped_mm_backward_op(input: Tensor, weight: Tensor, grad: Tensor, group_si
     dinput, dweight, dbias = _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad,
                                                weight_grad, bias_dtype, accumulate_into, empty)
     drhs = accumulate_into if weight_grad and accumulate_into is not None else dweight if weight_grad else None
-    _core.grouped_matmul_backward(*map(_capsule, (input, weight, grad, group_sizes)),
-                                  dlhs=_capsule(dinput) if input_grad else None, drhs=_capsule(drhs),
-                                  dbias=_capsule(dbias) if bias_dtype is not None else None,
-                                  group_offset=_capsule(group_offset), transpose_rhs=transpose_weight,
+    _core.grouped_matmul_backward(*map(capsule, (input, weight, grad, group_sizes)),
+                                  dlhs=capsule(dinput) if input_grad else None, drhs=capsule(drhs),
+                                  dbias=capsule(dbias) if bias_dtype is not None else None,
+                                  group_offset=capsule(group_offset), transpose_rhs=transpose_weight,
                                   accumulate=accumulate_into is not None, group_ends=group_ends,
-                                  workspace=_capsule(_workspace(input.device, weight.shape[0])),
-                                  stream=_stream(input.device))
+                                  workspace=capsule(_workspace(input.device, weight.shape[0])),
+                                  stream=device_scratch.stream(input.device))
     return dinput, dweight, dbias
 
 

@@ -1,0 +1,56 @@
+"""JAX arguments in the terms of groupgemm._contract: shapes and dtype names, the integer
+operands (group sizes, offsets) as the arrays the core reads, and the varying axes every
+operand of a call shares inside shard_map. Shared by the checked public functions
+(functional.py, expert.py, fp8.py, fp8_recipe.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from groupgemm import _contract as contract
+from groupgemm.jax_ext import ffi_calls
+
+
+def dtype_name(dtype):
+    return np.dtype(dtype).name
+
+
+def shape_and_dtype(x):
+    return tuple(x.shape), dtype_name(x.dtype)
+
+
+def index_array(x):
+    """An integer operand as the int32/int64 array the core reads, its value kept."""
+    conversion = contract.index_conversion(dtype_name(x.dtype))
+    if conversion is None:
+        return x
+    target, saturate = conversion
+    if target == "int64" and not jax.config.jax_enable_x64:
+        target = "int32"  # without int64, saturate at int32's maximum instead
+    if saturate:
+        x = jnp.minimum(x, np.iinfo(target).max)
+    return x.astype(target)
+
+
+def index_operands(group_sizes, group_offset, num_groups, num_rows, fn):
+    """group_sizes / group_offset as the core's operands (group_offset 0 when absent)."""
+    if isinstance(group_sizes, (list, tuple)):
+        group_sizes = contract.static_group_sizes(group_sizes, num_rows, fn)
+    group_sizes = jnp.asarray(group_sizes)
+    contract.check_group_sizes(group_sizes.shape, dtype_name(group_sizes.dtype), num_groups,
+                               group_offset is not None, fn)
+    group_sizes = index_array(group_sizes)
+    if group_offset is None:
+        return group_sizes, jnp.zeros((), jnp.int32)
+    if not isinstance(group_offset, (jax.Array, np.ndarray)):  # a Python or NumPy scalar
+        group_offset = contract.static_group_offset(group_offset, num_groups, group_sizes.shape[0], fn)
+    group_offset = jnp.asarray(group_offset)
+    contract.check_group_offset_array(group_offset.shape, dtype_name(group_offset.dtype), fn)
+    return group_sizes, index_array(group_offset.reshape(()))
+
+
+def same_varying_axes(operands, index_operands):
+    """Inside shard_map, the float operands get the varying axes of all operands: the
+    primitives type results like them, and cotangents must match their primals' types."""
+    axes = ffi_calls.varying_axes(*operands, *index_operands)
+    return [None if x is None else ffi_calls.mark_varying(x, axes) for x in operands]
