@@ -115,22 +115,28 @@ wheel() {
 # environment (the oldest torch and jax that install here). tests/test_install.py runs in
 # each, with no CUDA toolkit in sight; the case table and parity tests run with both (the
 # jax environment's packages on the torch one's path).
-install_matrix() {
-  local py started=$SECONDS whl
+# The torch-only and jax-only Python 3.12 environments' frameworks (the oldest torch and
+# jax that install here): downloads and unpacking, so `test` runs this beside the build.
+install_check_frameworks() {
+  local py env frameworks
   py=$(python_for 3.12)
-  wheel 3.12
-  whl=$(ls dist/groupgemm-*-cp312-*.whl)
-  local env frameworks
   for env in torch jax; do
     frameworks="torch==$OLDEST_TORCH"
     [ "$env" = jax ] && frameworks="jax==$OLDEST_JAX jaxlib==$OLDEST_JAX"
     [ -x ".venvs/py312-$env/bin/python" ] || "$py" -m venv ".venvs/py312-$env"
     # shellcheck disable=SC2086
     ".venvs/py312-$env/bin/pip" install -q $frameworks pytest hypothesis
+  done
+}
+install_matrix() {
+  local started=$SECONDS whl env
+  wheel 3.12
+  whl=$(ls dist/groupgemm-*-cp312-*.whl)
+  for env in torch jax; do
     ".venvs/py312-$env/bin/pip" install -q "$whl"  # its dependencies
     ".venvs/py312-$env/bin/pip" install -q --force-reinstall --no-deps "$whl"  # this build's bits
   done
-  echo "torch-only and jax-only Python 3.12 environments ready in $((SECONDS - started)) s"
+  echo "the wheel installed into the torch-only and jax-only Python 3.12 environments in $((SECONDS - started)) s"
   export GROUPGEMM_TORCH_ONLY_PYTHON="$PWD/.venvs/py312-torch/bin/python"
   export GROUPGEMM_JAX_ONLY_PYTHON="$PWD/.venvs/py312-jax/bin/python"
 }
@@ -152,8 +158,11 @@ case "${1:-}" in
     wheel "${@:2}"
     ;;
   test)
+    install_check_frameworks > .venvs-frameworks.log 2>&1 &  # beside the build: mostly downloads
+    frameworks=$!
     setup
     core_tests
+    wait "$frameworks" || { cat .venvs-frameworks.log; exit 1; }
     install_matrix
     # One pytest worker per core: the suite is many small independent tests.
     python -m pytest tests -q -n "$(nproc)"

@@ -19,11 +19,11 @@ constexpr char kHasProbs[] = "has_probs", kHasDpermuted[] = "has_dpermuted", kHa
 
 // (tokens [T, H], expert_indices [T, k]) -> (permuted [T*k, H], group_sizes [E], row_map [T, k],
 // workspace: permute_workspace_bytes(...) bytes, empty on CPU).
-ffi::Error permute_op(Device device, void* stream, Buf tokens, Buf expert_indices, Out permuted, Out group_sizes,
-                      Out row_map, Out workspace) {
-  const PermuteArgs a =
-      glue::permute_args(view(tokens, "tokens"), view(expert_indices, "expert_indices"),
-                         view(permuted, "permuted"), view(group_sizes, "group_sizes"), view(row_map, "row_map"));
+ffi::Error permute_op(Device device, void* stream, Buf tokens, Buf expert_indices, Out permuted,
+                      Out group_sizes, Out row_map, Out workspace) {
+  const PermuteArgs a = glue::permute_args(view(tokens, "tokens"), view(expert_indices, "expert_indices"),
+                                           view(permuted, "permuted"), view(group_sizes, "group_sizes"),
+                                           view(row_map, "row_map"));
   return to_ffi(permute(a, context(device, stream, workspace)));
 }
 
@@ -39,7 +39,8 @@ ffi::Error unpermute_op(Device device, void* stream, Buf permuted, Buf row_map, 
 // dprobs [T, k], workspace: unpermute_backward_workspace_bytes(...) bytes, empty on CPU). An
 // absent operand or an output not asked for is a size-0 placeholder; the flags say which.
 ffi::Error unpermute_backward_op(Device device, void* stream, Buf dout, Buf permuted, Buf row_map, Buf probs,
-                                 Out dpermuted, Out dprobs, Out workspace, Attribute<bool, kHasProbs> has_probs,
+                                 Out dpermuted, Out dprobs, Out workspace,
+                                 Attribute<bool, kHasProbs> has_probs,
                                  Attribute<bool, kHasDpermuted> has_dpermuted,
                                  Attribute<bool, kHasDprobs> has_dprobs) {
   const UnpermuteBackwardArgs a = glue::unpermute_backward_args(
@@ -51,23 +52,24 @@ ffi::Error unpermute_backward_op(Device device, void* stream, Buf dout, Buf perm
 
 // h [M, F_in] -> out [M, F]; kind is Activation's value.
 ffi::Error activation_op(Device device, void* stream, Buf h, Out out, Attribute<int32_t, kKind> kind) {
-  const ActivationArgs a = glue::activation_args(view(h, "h"), view(out, "out"), static_cast<Activation>(*kind));
+  const ActivationArgs a =
+      glue::activation_args(view(h, "h"), view(out, "out"), static_cast<Activation>(*kind));
   return to_ffi(activation(a, context(device, stream)));
 }
 
 // (dout [M, F], h [M, F_in]) -> dh [M, F_in].
 ffi::Error activation_backward_op(Device device, void* stream, Buf dout, Buf h, Out dh,
                                   Attribute<int32_t, kKind> kind) {
-  const ActivationBackwardArgs a =
-      glue::activation_backward_args(view(dout, "dout"), view(h, "h"), view(dh, "dh"), static_cast<Activation>(*kind));
+  const ActivationBackwardArgs a = glue::activation_backward_args(
+      view(dout, "dout"), view(h, "h"), view(dh, "dh"), static_cast<Activation>(*kind));
   return to_ffi(activation_backward(a, context(device, stream)));
 }
 
 // logits [T, E] -> (expert_indices [T, k] int32, probs [T, k]).
 ffi::Error softmax_topk_op(Device device, void* stream, Buf logits, Out expert_indices, Out probs,
                            Attribute<bool, kRenormalize> renormalize) {
-  const SoftmaxTopkArgs a = glue::softmax_topk_args(view(logits, "logits"), view(expert_indices, "expert_indices"),
-                                                    view(probs, "probs"), *renormalize);
+  const SoftmaxTopkArgs a = glue::softmax_topk_args(
+      view(logits, "logits"), view(expert_indices, "expert_indices"), view(probs, "probs"), *renormalize);
   return to_ffi(softmax_topk(a, context(device, stream)));
 }
 

@@ -13,8 +13,10 @@
 
 #include <nanobind/nanobind.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "arg_view.h"
 #include "dtype_table.h"
@@ -154,6 +156,21 @@ class FfiTargets {
   static nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
   nb::dict cpu_, cuda_;
 };
+
+// `name()`, a function of the module returning the targets the `families` add.
+using AddTargets = void (*)(FfiTargets&);
+inline void def_targets(nb::module_& m, const char* name, std::initializer_list<AddTargets> families,
+                        const char* doc) {
+  const std::vector<AddTargets> all(families);
+  m.def(
+      name,
+      [all] {
+        FfiTargets targets;
+        for (AddTargets add : all) add(targets);
+        return targets.by_platform();
+      },
+      doc);
+}
 
 }  // namespace ffi_args
 }  // namespace groupgemm

@@ -13,8 +13,9 @@ namespace nb = nanobind;
 
 namespace groupgemm {
 
-// The expert layer's targets, registered beside the GEMMs' (expert_ffi_handlers.cpp).
+// The other families' targets (expert_ffi_handlers.cpp, fp8_ffi_handlers.cpp).
 void add_expert_ffi_targets(ffi_args::FfiTargets& targets);
+void add_fp8_ffi_targets(ffi_args::FfiTargets& targets);
 
 namespace {
 
@@ -27,9 +28,10 @@ constexpr char kTransposeRhs[] = "transpose_rhs", kHasBias[] = "has_bias", kAccu
 ffi::Error matmul(Device device, void* stream, Buf lhs, Buf rhs, Buf group_sizes, Buf group_offset, Buf bias,
                   Out out, Out workspace, Attribute<bool, kTransposeRhs> transpose_rhs,
                   Attribute<bool, kHasBias> has_bias) {
-  const MatmulArgs a = glue::matmul_args(view(lhs, "lhs"), view(rhs, "rhs"), view(group_sizes, "group_sizes"),
-                                         view(group_offset, "group_offset"), optional(bias, "bias", *has_bias),
-                                         view(out, "out"), *transpose_rhs, false);
+  const MatmulArgs a =
+      glue::matmul_args(view(lhs, "lhs"), view(rhs, "rhs"), view(group_sizes, "group_sizes"),
+                        view(group_offset, "group_offset"), optional(bias, "bias", *has_bias),
+                        view(out, "out"), *transpose_rhs, false);
   return to_ffi(grouped_matmul(a, context(device, stream, workspace)));
 }
 
@@ -39,8 +41,9 @@ ffi::Error matmul(Device device, void* stream, Buf lhs, Buf rhs, Buf group_sizes
 ffi::Error wgrad(Device device, void* stream, Buf lhs, Buf grad, Buf group_sizes, Buf group_offset, Buf acc,
                  Out out, Out workspace, Attribute<bool, kAccumulate> accumulate) {
   (void)acc;
-  const WgradArgs a = glue::wgrad_args(view(lhs, "lhs"), view(grad, "grad"), view(group_sizes, "group_sizes"),
-                                       view(group_offset, "group_offset"), view(out, "out"), *accumulate, false);
+  const WgradArgs a =
+      glue::wgrad_args(view(lhs, "lhs"), view(grad, "grad"), view(group_sizes, "group_sizes"),
+                       view(group_offset, "group_offset"), view(out, "out"), *accumulate, false);
   return to_ffi(grouped_matmul_wgrad(a, context(device, stream, workspace)));
 }
 
@@ -57,28 +60,30 @@ ffi::Error matmul_backward(Device device, void* stream, Buf lhs, Buf rhs, Buf gr
                            Buf group_offset, Out dlhs, Out drhs, Out dbias, Out workspace,
                            Attribute<bool, kTransposeRhs> transpose_rhs, Attribute<bool, kWantDlhs> want_dlhs,
                            Attribute<bool, kWantDrhs> want_drhs, Attribute<bool, kWantDbias> want_dbias) {
-  const BackwardArgs a = glue::matmul_backward_args(
-      view(lhs, "lhs"), view(rhs, "rhs"), view(grad, "grad"), view(group_sizes, "group_sizes"),
-      view(group_offset, "group_offset"), optional(dlhs, "dlhs", *want_dlhs), optional(drhs, "drhs", *want_drhs),
-      optional(dbias, "dbias", *want_dbias), *transpose_rhs, false, false);
+  const BackwardArgs a =
+      glue::matmul_backward_args(view(lhs, "lhs"), view(rhs, "rhs"), view(grad, "grad"),
+                                 view(group_sizes, "group_sizes"), view(group_offset, "group_offset"),
+                                 optional(dlhs, "dlhs", *want_dlhs), optional(drhs, "drhs", *want_drhs),
+                                 optional(dbias, "dbias", *want_dbias), *transpose_rhs, false, false);
   return to_ffi(grouped_matmul_backward(a, context(device, stream, workspace)));
 }
 
 }  // namespace
 
+void add_gemm_ffi_targets(ffi_args::FfiTargets& targets) {
+  targets.add<matmul>("groupgemm_matmul");
+  targets.add<wgrad>("groupgemm_wgrad");
+  targets.add<bias_grad>("groupgemm_bias_grad");
+  targets.add<matmul_backward>("groupgemm_matmul_backward");
+}
+
 void bind_ffi_handlers(nb::module_& m) {
-  m.def(
-      "ffi_handlers",
-      [] {
-        FfiTargets targets;
-        targets.add<matmul>("groupgemm_matmul");
-        targets.add<wgrad>("groupgemm_wgrad");
-        targets.add<bias_grad>("groupgemm_bias_grad");
-        targets.add<matmul_backward>("groupgemm_matmul_backward");
-        add_expert_ffi_targets(targets);
-        return targets.by_platform();
-      },
-      "XLA FFI handler capsules by platform, then target name.");
+  ffi_args::def_targets(
+      m, "ffi_handlers", {add_gemm_ffi_targets, add_expert_ffi_targets},
+      "XLA FFI handler capsules by platform, then target name (registered by groupgemm.jax).");
+  ffi_args::def_targets(m, "fp8_ffi_handlers", {add_fp8_ffi_targets},
+                        "The FP8 XLA FFI handler capsules by platform, then target name (registered by "
+                        "groupgemm.jax_ext.fp8_ffi_calls).");
 }
 
 }  // namespace groupgemm

@@ -1,17 +1,14 @@
-// XLA FFI handlers of the FP8 calls (groupgemm/fp8.h), in ffi_args.h's style, registered
-// by groupgemm.jax_ext.fp8_ffi_calls. float8 buffers carry their format as their XLA element type
-// (F8E4M3FN, F8E5M2), which the unpacking (fp8_args.h) reads; scales are F32. Attributes
-// are typed: int32 for enums, int64 for counts, bool for flags.
-#include <nanobind/nanobind.h>
-
+// XLA FFI handlers of the FP8 calls (groupgemm/fp8.h), in ffi_args.h's style (listed in
+// add_fp8_ffi_targets; groupgemm.jax_ext.fp8_ffi_calls registers them). float8 buffers
+// carry their format as their XLA element type (F8E4M3FN, F8E5M2), which the unpacking
+// (fp8_args.h) reads; scales are F32. Attributes are typed: int32 for enums, int64 for
+// counts, bool for flags.
 #include <cstdint>
 #include <optional>
 
 #include "ffi_args.h"
 #include "fp8_args.h"
 #include "groupgemm/fp8.h"
-
-namespace nb = nanobind;
 
 namespace groupgemm {
 namespace {
@@ -35,14 +32,15 @@ ffi::Error quantize_rows_op(Device device, void* stream, Buf x, Out q, Out scale
 
 ffi::Error quantize_blocks_op(Device device, void* stream, Buf x, Out q, Out scale,
                               Attribute<bool, kPowerOfTwo> power_of_two) {
-  const QuantizeBlocksArgs a =
-      glue::quantize_blocks_args(view(x, "x"), view(q, "q"), view(scale, "scale"), kFromBuffer, *power_of_two);
+  const QuantizeBlocksArgs a = glue::quantize_blocks_args(view(x, "x"), view(q, "q"), view(scale, "scale"),
+                                                          kFromBuffer, *power_of_two);
   return to_ffi(quantize_blocks(a, context(device, stream)));
 }
 
 ffi::Error quantize_grouped_op(Device device, void* stream, Buf x, Buf group_sizes, Buf group_offset, Out q,
                                Out scale, Out workspace, Attribute<int64_t, kNumGroups> num_groups,
-                               Attribute<int32_t, kScaling> scaling, Attribute<bool, kPowerOfTwo> power_of_two) {
+                               Attribute<int32_t, kScaling> scaling,
+                               Attribute<bool, kPowerOfTwo> power_of_two) {
   const QuantizeGroupedArgs a = glue::quantize_grouped_args(
       view(x, "x"), view(group_sizes, "group_sizes"), view(group_offset, "group_offset"), view(q, "q"),
       view(scale, "scale"), *num_groups, kFromBuffer, scaling_of(*scaling), *power_of_two);
@@ -73,19 +71,12 @@ ffi::Error scaled_wgrad_op(Device device, void* stream, Buf lhs, Buf rhs, Buf lh
 
 }  // namespace
 
-void bind_fp8_ffi_handlers(nb::module_& m) {
-  m.def(
-      "fp8_ffi_handlers",
-      [] {
-        FfiTargets targets;
-        targets.add<quantize_rows_op>("groupgemm_fp8_quantize_rows");
-        targets.add<quantize_blocks_op>("groupgemm_fp8_quantize_blocks");
-        targets.add<quantize_grouped_op>("groupgemm_fp8_quantize_grouped");
-        targets.add<scaled_matmul_op>("groupgemm_scaled_matmul");
-        targets.add<scaled_wgrad_op>("groupgemm_scaled_wgrad");
-        return targets.by_platform();
-      },
-      "The FP8 XLA FFI handler capsules by platform, then target name.");
+void add_fp8_ffi_targets(ffi_args::FfiTargets& targets) {
+  targets.add<quantize_rows_op>("groupgemm_fp8_quantize_rows");
+  targets.add<quantize_blocks_op>("groupgemm_fp8_quantize_blocks");
+  targets.add<quantize_grouped_op>("groupgemm_fp8_quantize_grouped");
+  targets.add<scaled_matmul_op>("groupgemm_scaled_matmul");
+  targets.add<scaled_wgrad_op>("groupgemm_scaled_wgrad");
 }
 
 }  // namespace groupgemm

@@ -29,7 +29,7 @@ struct ArgView {
   void* data = nullptr;
   Element element = Element::other;
   DType dtype = DType::f32;  // when element is floating
-  int rank = -1;              // -1: an optional argument that was not given
+  int rank = -1;             // -1: an optional argument that was not given
   int64_t dims[kMaxRank] = {};
 
   bool given() const { return rank >= 0; }
@@ -43,7 +43,8 @@ struct ArgView {
 // A refused argument. wrong_type: the bindings raise TypeError (else ValueError, or XLA's
 // invalid-argument error).
 struct ArgError : std::invalid_argument {
-  ArgError(const std::string& message, bool wrong_type) : std::invalid_argument(message), wrong_type(wrong_type) {}
+  ArgError(const std::string& message, bool wrong_type)
+      : std::invalid_argument(message), wrong_type(wrong_type) {}
   bool wrong_type;
 };
 

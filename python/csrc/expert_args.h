@@ -13,8 +13,9 @@ namespace glue {
 inline DType probs_dtype(const ArgView& v, DType values) {
   const DType t = float_dtype(v);
   if (t != values && t != DType::f32)
-    refuse(v, std::string("must be ") + dtype_name(values) + (values == DType::f32 ? "" : " or float32") +
-                  ", got " + dtype_name(t),
+    refuse(v,
+           std::string("must be ") + dtype_name(values) + (values == DType::f32 ? "" : " or float32") +
+               ", got " + dtype_name(t),
            true);
   return t;
 }
@@ -115,8 +116,8 @@ inline ActivationArgs activation_args(const ArgView& h, const ArgView& out, Acti
 }
 
 // dout [M, F], h [M, F_in] -> dh [M, F_in].
-inline ActivationBackwardArgs activation_backward_args(const ArgView& dout, const ArgView& h, const ArgView& dh,
-                                                       Activation kind) {
+inline ActivationBackwardArgs activation_backward_args(const ArgView& dout, const ArgView& h,
+                                                       const ArgView& dh, Activation kind) {
   ActivationBackwardArgs a;
   expect_rank(h, 2);
   a.kind = kind, a.rows = h.dims[0], a.in_features = h.dims[1];
@@ -151,7 +152,8 @@ inline SoftmaxTopkArgs softmax_topk_args(const ArgView& logits, const ArgView& e
 }
 
 // logits [T, E], expert_indices [T, k], dprobs [T, k] -> dlogits [T, E].
-inline SoftmaxTopkBackwardArgs softmax_topk_backward_args(const ArgView& logits, const ArgView& expert_indices,
+inline SoftmaxTopkBackwardArgs softmax_topk_backward_args(const ArgView& logits,
+                                                          const ArgView& expert_indices,
                                                           const ArgView& dprobs, const ArgView& dlogits,
                                                           bool renormalize) {
   SoftmaxTopkBackwardArgs a;

@@ -15,7 +15,8 @@ namespace glue {
 
 // x [R..., C] (rows: every index but the last) -> q (x's shape), scale.
 inline QuantizeRowsArgs quantize_rows_args(const ArgView& x, const ArgView& q, const ArgView& scale,
-                                           std::optional<Fp8Type> out_type, Fp8Scaling scaling, bool power_of_two) {
+                                           std::optional<Fp8Type> out_type, Fp8Scaling scaling,
+                                           bool power_of_two) {
   QuantizeRowsArgs a;
   if (x.rank < 2) refuse(x, "must have rank 2 or more, got " + std::to_string(x.rank));
   a.cols = x.dims[x.rank - 1], a.rows = 1;
@@ -43,8 +44,9 @@ inline QuantizeBlocksArgs quantize_blocks_args(const ArgView& x, const ArgView& 
 // x [M, C] -> q [C, M] (channel-major), scale per (group or token block, channel).
 inline QuantizeGroupedArgs quantize_grouped_args(const ArgView& x, const ArgView& group_sizes,
                                                  const ArgView& group_offset, const ArgView& q,
-                                                 const ArgView& scale, int64_t num_groups, std::optional<Fp8Type> out_type,
-                                                 Fp8Scaling scaling, bool power_of_two) {
+                                                 const ArgView& scale, int64_t num_groups,
+                                                 std::optional<Fp8Type> out_type, Fp8Scaling scaling,
+                                                 bool power_of_two) {
   QuantizeGroupedArgs a;
   expect_rank(x, 2), expect_rank(group_sizes, 1);
   if (num_groups < 0) throw ArgError("num_groups must be non-negative", false);
@@ -61,8 +63,9 @@ inline QuantizeGroupedArgs quantize_grouped_args(const ArgView& x, const ArgView
 // out [M, N] = scaled lhs [M, K] @ rhs[g]^T (rhs [G, N, K]) (+ bias [G, N] in out's dtype).
 inline ScaledMatmulArgs scaled_matmul_args(const ArgView& lhs, const ArgView& rhs, const ArgView& lhs_scale,
                                            const ArgView& rhs_scale, const ArgView& group_sizes,
-                                           const ArgView& group_offset, const ArgView& bias, const ArgView& out,
-                                           std::optional<Fp8Type> lhs_type, std::optional<Fp8Type> rhs_type, Fp8Scaling scaling,
+                                           const ArgView& group_offset, const ArgView& bias,
+                                           const ArgView& out, std::optional<Fp8Type> lhs_type,
+                                           std::optional<Fp8Type> rhs_type, Fp8Scaling scaling,
                                            bool group_ends) {
   ScaledMatmulArgs a;
   expect_rank(lhs, 2), expect_rank(rhs, 3), expect_rank(group_sizes, 1);
@@ -85,8 +88,9 @@ inline ScaledMatmulArgs scaled_matmul_args(const ArgView& lhs, const ArgView& rh
 // out [G, K, N] (+)= scaled lhs [K, M] @ rhs [N, M]^T over each group's tokens.
 inline ScaledWgradArgs scaled_wgrad_args(const ArgView& lhs, const ArgView& rhs, const ArgView& lhs_scale,
                                          const ArgView& rhs_scale, const ArgView& group_sizes,
-                                         const ArgView& group_offset, const ArgView& out, std::optional<Fp8Type> lhs_type,
-                                         std::optional<Fp8Type> rhs_type, Fp8Scaling scaling, bool accumulate, bool group_ends) {
+                                         const ArgView& group_offset, const ArgView& out,
+                                         std::optional<Fp8Type> lhs_type, std::optional<Fp8Type> rhs_type,
+                                         Fp8Scaling scaling, bool accumulate, bool group_ends) {
   ScaledWgradArgs a;
   expect_rank(lhs, 2), expect_rank(rhs, 2), expect_rank(out, 3), expect_rank(group_sizes, 1);
   a.k = lhs.dims[0], a.m = lhs.dims[1], a.n = rhs.dims[0], a.num_groups = out.dims[0];

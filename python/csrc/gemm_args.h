@@ -46,7 +46,8 @@ inline MatmulArgs matmul_args(const ArgView& lhs, const ArgView& rhs, const ArgV
 
 // out [G, K, N] = lhs_g^T @ grad_g, lhs [M, K], grad [M, N].
 inline WgradArgs wgrad_args(const ArgView& lhs, const ArgView& grad, const ArgView& group_sizes,
-                            const ArgView& group_offset, const ArgView& out, bool accumulate, bool group_ends) {
+                            const ArgView& group_offset, const ArgView& out, bool accumulate,
+                            bool group_ends) {
   WgradArgs a;
   expect_rank(lhs, 2), expect_rank(grad, 2), expect_rank(out, 3);
   a.m = lhs.dims[0], a.k = lhs.dims[1], a.n = grad.dims[1], a.num_groups = out.dims[0];
@@ -59,8 +60,8 @@ inline WgradArgs wgrad_args(const ArgView& lhs, const ArgView& grad, const ArgVi
 }
 
 // out [G, N] = the sum of each group's grad [M, N] rows.
-inline BiasGradArgs bias_grad_args(const ArgView& grad, const ArgView& group_sizes, const ArgView& group_offset,
-                                   const ArgView& out, bool group_ends) {
+inline BiasGradArgs bias_grad_args(const ArgView& grad, const ArgView& group_sizes,
+                                   const ArgView& group_offset, const ArgView& out, bool group_ends) {
   BiasGradArgs a;
   expect_rank(grad, 2), expect_rank(out, 2);
   a.m = grad.dims[0], a.n = grad.dims[1], a.num_groups = out.dims[0];

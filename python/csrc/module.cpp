@@ -22,7 +22,6 @@ void bind_call_plans(nb::module_& m);
 void bind_expert_array_entry_points(nb::module_& m);
 void bind_ffi_handlers(nb::module_& m);
 void bind_fp8_array_entry_points(nb::module_& m);
-void bind_fp8_ffi_handlers(nb::module_& m);
 }  // namespace groupgemm
 
 NB_MODULE(_core, m) {
@@ -79,7 +78,8 @@ NB_MODULE(_core, m) {
   nb::enum_<groupgemm::Fp8Type>(m, "Fp8Type", nb::is_arithmetic(), "A float8 format.")
       .value("e4m3", groupgemm::Fp8Type::e4m3, "float8_e4m3fn")
       .value("e5m2", groupgemm::Fp8Type::e5m2, "float8_e5m2");
-  nb::enum_<groupgemm::Fp8Scaling>(m, "Fp8Scaling", nb::is_arithmetic(), "How FP8 scales are laid over an operand.")
+  nb::enum_<groupgemm::Fp8Scaling>(m, "Fp8Scaling", nb::is_arithmetic(),
+                                   "How FP8 scales are laid over an operand.")
       .value("rowwise", groupgemm::Fp8Scaling::rowwise)
       .value("blockwise", groupgemm::Fp8Scaling::blockwise);
   nb::enum_<groupgemm::Fp8Call>(m, "Fp8Call", "An FP8 entry point, for fp8_workspace_bytes.")
@@ -87,8 +87,9 @@ NB_MODULE(_core, m) {
       .value("wgrad", groupgemm::Fp8Call::wgrad)
       .value("quantize_grouped", groupgemm::Fp8Call::quantize_grouped);
   m.def(
-      "fp8_workspace_bytes", &groupgemm::fp8_workspace_bytes, nb::arg("device"), nb::arg("call"), nb::arg("scaling"),
-      nb::arg("num_groups"), nb::arg("m"), nb::arg("k"), nb::arg("n"), nb::arg("device_index") = -1,
+      "fp8_workspace_bytes", &groupgemm::fp8_workspace_bytes, nb::arg("device"), nb::arg("call"),
+      nb::arg("scaling"), nb::arg("num_groups"), nb::arg("m"), nb::arg("k"), nb::arg("n"),
+      nb::arg("device_index") = -1,
       "Bytes of workspace an FP8 call needs on `device` (0 on the CPU); (m, k, n) as groupgemm/fp8.h says.");
   m.def("fp8_token_block_bound", &groupgemm::token_block_bound, nb::arg("m"), nb::arg("num_groups"),
         "Scale rows of the blockwise weight gradient: floor((m + 127 G) / 128).");
@@ -97,5 +98,4 @@ NB_MODULE(_core, m) {
   groupgemm::bind_expert_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
   groupgemm::bind_fp8_array_entry_points(m);
-  groupgemm::bind_fp8_ffi_handlers(m);
 }

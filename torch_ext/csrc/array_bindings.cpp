@@ -35,8 +35,9 @@ void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array 
                                 std::optional<Array> group_offset, bool accumulate, bool group_ends,
                                 std::optional<Array> workspace, uintptr_t stream) {
   ArrayViews v(stream);
-  const WgradArgs a = glue::wgrad_args(v(lhs, "lhs"), v(grad, "grad"), v(group_sizes, "group_sizes"),
-                                       v(group_offset, "group_offset"), v(out, "out"), accumulate, group_ends);
+  const WgradArgs a =
+      glue::wgrad_args(v(lhs, "lhs"), v(grad, "grad"), v(group_sizes, "group_sizes"),
+                       v(group_offset, "group_offset"), v(out, "out"), accumulate, group_ends);
   v.set_workspace(workspace);
   run_core(grouped_matmul_wgrad, a, v.context());
 }
@@ -51,14 +52,16 @@ void grouped_bias_grad_array(Array grad, Array group_sizes, Array out, std::opti
 }
 
 // Each gradient is given as its output array, or None when it is not wanted.
-void grouped_matmul_backward_array(Array lhs, Array rhs, Array grad, Array group_sizes, std::optional<Array> dlhs,
-                                   std::optional<Array> drhs, std::optional<Array> dbias,
-                                   std::optional<Array> group_offset, bool transpose_rhs, bool accumulate,
-                                   bool group_ends, std::optional<Array> workspace, uintptr_t stream) {
+void grouped_matmul_backward_array(Array lhs, Array rhs, Array grad, Array group_sizes,
+                                   std::optional<Array> dlhs, std::optional<Array> drhs,
+                                   std::optional<Array> dbias, std::optional<Array> group_offset,
+                                   bool transpose_rhs, bool accumulate, bool group_ends,
+                                   std::optional<Array> workspace, uintptr_t stream) {
   ArrayViews v(stream);
-  const BackwardArgs a = glue::matmul_backward_args(
-      v(lhs, "lhs"), v(rhs, "rhs"), v(grad, "grad"), v(group_sizes, "group_sizes"), v(group_offset, "group_offset"),
-      v(dlhs, "dlhs"), v(drhs, "drhs"), v(dbias, "dbias"), transpose_rhs, accumulate, group_ends);
+  const BackwardArgs a =
+      glue::matmul_backward_args(v(lhs, "lhs"), v(rhs, "rhs"), v(grad, "grad"), v(group_sizes, "group_sizes"),
+                                 v(group_offset, "group_offset"), v(dlhs, "dlhs"), v(drhs, "drhs"),
+                                 v(dbias, "dbias"), transpose_rhs, accumulate, group_ends);
   v.set_workspace(workspace);
   run_core(grouped_matmul_backward, a, v.context());
 }

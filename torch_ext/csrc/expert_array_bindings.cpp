@@ -24,9 +24,9 @@ using namespace array_args;
 void permute_array(Array tokens, Array expert_indices, Array permuted, Array group_sizes, Array row_map,
                    std::optional<Array> workspace, uintptr_t stream) {
   ArrayViews v(stream);
-  const PermuteArgs a = glue::permute_args(v(tokens, "tokens"), v(expert_indices, "expert_indices"),
-                                           v(permuted, "permuted"), v(group_sizes, "group_sizes"),
-                                           v(row_map, "row_map"));
+  const PermuteArgs a =
+      glue::permute_args(v(tokens, "tokens"), v(expert_indices, "expert_indices"), v(permuted, "permuted"),
+                         v(group_sizes, "group_sizes"), v(row_map, "row_map"));
   v.set_workspace(workspace);
   run_core(groupgemm::permute, a, v.context());
 }
@@ -57,7 +57,8 @@ void activation_array(Array h, Array out, Activation kind, uintptr_t stream) {
 
 void activation_backward_array(Array dout, Array h, Array dh, Activation kind, uintptr_t stream) {
   ArrayViews v(stream);
-  const ActivationBackwardArgs a = glue::activation_backward_args(v(dout, "dout"), v(h, "h"), v(dh, "dh"), kind);
+  const ActivationBackwardArgs a =
+      glue::activation_backward_args(v(dout, "dout"), v(h, "h"), v(dh, "dh"), kind);
   run_core(groupgemm::activation_backward, a, v.context());
 }
 

@@ -56,8 +56,8 @@ void scaled_grouped_matmul_array(Array lhs, Array rhs, Array lhs_scale, Array rh
   ArrayViews v(stream);
   const ScaledMatmulArgs a = glue::scaled_matmul_args(
       v(lhs, "lhs"), v(rhs, "rhs"), v(lhs_scale, "lhs_scale"), v(rhs_scale, "rhs_scale"),
-      v(group_sizes, "group_sizes"), v(group_offset, "group_offset"), v(bias, "bias"), v(out, "out"), lhs_type,
-      rhs_type, scaling, group_ends);
+      v(group_sizes, "group_sizes"), v(group_offset, "group_offset"), v(bias, "bias"), v(out, "out"),
+      lhs_type, rhs_type, scaling, group_ends);
   v.set_workspace(workspace);
   run_core(scaled_grouped_matmul, a, v.context());
 }
@@ -67,10 +67,10 @@ void scaled_grouped_matmul_wgrad_array(Array lhs, Array rhs, Array lhs_scale, Ar
                                        Fp8Scaling scaling, std::optional<Array> group_offset, bool accumulate,
                                        bool group_ends, std::optional<Array> workspace, uintptr_t stream) {
   ArrayViews v(stream);
-  const ScaledWgradArgs a = glue::scaled_wgrad_args(
-      v(lhs, "lhs"), v(rhs, "rhs"), v(lhs_scale, "lhs_scale"), v(rhs_scale, "rhs_scale"),
-      v(group_sizes, "group_sizes"), v(group_offset, "group_offset"), v(out, "out"), lhs_type, rhs_type, scaling,
-      accumulate, group_ends);
+  const ScaledWgradArgs a = glue::scaled_wgrad_args(v(lhs, "lhs"), v(rhs, "rhs"), v(lhs_scale, "lhs_scale"),
+                                                    v(rhs_scale, "rhs_scale"), v(group_sizes, "group_sizes"),
+                                                    v(group_offset, "group_offset"), v(out, "out"), lhs_type,
+                                                    rhs_type, scaling, accumulate, group_ends);
   v.set_workspace(workspace);
   run_core(scaled_grouped_matmul_wgrad, a, v.context());
 }
