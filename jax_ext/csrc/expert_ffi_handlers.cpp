@@ -1,8 +1,8 @@
 // XLA FFI handlers of the expert layer's ops: permute, unpermute and its backward, the
 // activation and its backward, the router's softmax top-k, its backward and its tangent;
-// in ffi_args.h's style, as the GEMMs' (ffi_handlers.cpp, which registers them beside its
-// own). Each op unpacks its buffers as the array entry points do (expert_args.h); the
-// workspaces of permute and unpermute's backward are extra results.
+// in ffi_args.h's style, listed with the GEMMs' (ffi_handlers.cpp) in ffi_handlers(). Each
+// op unpacks its buffers as the array entry points do (expert_args.h); the workspaces of
+// permute and unpermute's backward are extra results.
 #include <cstdint>
 
 #include "expert_args.h"
@@ -26,6 +26,7 @@ ffi::Error permute_op(Device device, void* stream, Buf tokens, Buf expert_indice
                                            view(row_map, "row_map"));
   return to_ffi(permute(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_permute", permute_op);
 
 // (permuted [R, H], row_map [T, k], probs [T, k] or a size-0 placeholder) -> out [T, H].
 ffi::Error unpermute_op(Device device, void* stream, Buf permuted, Buf row_map, Buf probs, Out out,
@@ -34,6 +35,7 @@ ffi::Error unpermute_op(Device device, void* stream, Buf permuted, Buf row_map, 
                                                optional(probs, "probs", *has_probs), view(out, "out"));
   return to_ffi(unpermute(a, context(device, stream)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_unpermute", unpermute_op);
 
 // (dout [T, H], permuted [R, H] (read for dprobs only), row_map [T, k], probs) -> (dpermuted [R, H],
 // dprobs [T, k], workspace: unpermute_backward_workspace_bytes(...) bytes, empty on CPU). An
@@ -49,6 +51,7 @@ ffi::Error unpermute_backward_op(Device device, void* stream, Buf dout, Buf perm
       optional(dprobs, "dprobs", *has_dprobs));
   return to_ffi(unpermute_backward(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_unpermute_backward", unpermute_backward_op);
 
 // h [M, F_in] -> out [M, F]; kind is Activation's value.
 ffi::Error activation_op(Device device, void* stream, Buf h, Out out, Attribute<int32_t, kKind> kind) {
@@ -56,6 +59,7 @@ ffi::Error activation_op(Device device, void* stream, Buf h, Out out, Attribute<
       glue::activation_args(view(h, "h"), view(out, "out"), static_cast<Activation>(*kind));
   return to_ffi(activation(a, context(device, stream)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_activation", activation_op);
 
 // (dout [M, F], h [M, F_in]) -> dh [M, F_in].
 ffi::Error activation_backward_op(Device device, void* stream, Buf dout, Buf h, Out dh,
@@ -64,6 +68,7 @@ ffi::Error activation_backward_op(Device device, void* stream, Buf dout, Buf h, 
       view(dout, "dout"), view(h, "h"), view(dh, "dh"), static_cast<Activation>(*kind));
   return to_ffi(activation_backward(a, context(device, stream)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_activation_backward", activation_backward_op);
 
 // logits [T, E] -> (expert_indices [T, k] int32, probs [T, k]).
 ffi::Error softmax_topk_op(Device device, void* stream, Buf logits, Out expert_indices, Out probs,
@@ -72,6 +77,7 @@ ffi::Error softmax_topk_op(Device device, void* stream, Buf logits, Out expert_i
       view(logits, "logits"), view(expert_indices, "expert_indices"), view(probs, "probs"), *renormalize);
   return to_ffi(softmax_topk(a, context(device, stream)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_softmax_topk", softmax_topk_op);
 
 // (logits [T, E], expert_indices [T, k], dprobs [T, k]) -> dlogits [T, E].
 ffi::Error softmax_topk_backward_op(Device device, void* stream, Buf logits, Buf expert_indices, Buf dprobs,
@@ -81,6 +87,7 @@ ffi::Error softmax_topk_backward_op(Device device, void* stream, Buf logits, Buf
                                        view(dprobs, "dprobs"), view(dlogits, "dlogits"), *renormalize);
   return to_ffi(softmax_topk_backward(a, context(device, stream)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_softmax_topk_backward", softmax_topk_backward_op);
 
 // Forward mode: (logits [T, E], expert_indices [T, k], tlogits [T, E]) -> tprobs [T, k].
 ffi::Error softmax_topk_tangent_op(Device device, void* stream, Buf logits, Buf expert_indices, Buf tlogits,
@@ -90,18 +97,8 @@ ffi::Error softmax_topk_tangent_op(Device device, void* stream, Buf logits, Buf 
                                       view(tlogits, "tlogits"), view(tprobs, "tprobs"), *renormalize);
   return to_ffi(softmax_topk_tangent(a, context(device, stream)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_softmax_topk_tangent", softmax_topk_tangent_op);
 
 }  // namespace
-
-void add_expert_ffi_targets(ffi_args::FfiTargets& targets) {
-  targets.add<permute_op>("groupgemm_permute");
-  targets.add<unpermute_op>("groupgemm_unpermute");
-  targets.add<unpermute_backward_op>("groupgemm_unpermute_backward");
-  targets.add<activation_op>("groupgemm_activation");
-  targets.add<activation_backward_op>("groupgemm_activation_backward");
-  targets.add<softmax_topk_op>("groupgemm_softmax_topk");
-  targets.add<softmax_topk_backward_op>("groupgemm_softmax_topk_backward");
-  targets.add<softmax_topk_tangent_op>("groupgemm_softmax_topk_tangent");
-}
 
 }  // namespace groupgemm

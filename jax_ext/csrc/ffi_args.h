@@ -8,12 +8,12 @@
 // the CPU variant (no stream) and the CUDA one (XLA's stream, declared command-buffer
 // compatible: the core reads group sizes on the device and allocates nothing; workspaces
 // are extra results), a refused argument as XLA's invalid-argument error, and the
-// target's entry in the capsule dicts groupgemm.jax registers (FfiTargets::add).
+// target's entry in the capsule dicts groupgemm.jax registers (GROUPGEMM_FFI_TARGET, one
+// line beside the op).
 #pragma once
 
 #include <nanobind/nanobind.h>
 
-#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -138,36 +138,48 @@ XLA_FFI_Error* handler(XLA_FFI_CallFrame* call_frame) {
   return bound->Call(call_frame);
 }
 
-// The handler capsules by platform, then target name, as groupgemm.jax registers them.
-class FfiTargets {
- public:
-  template <auto Op>
-  void add(const char* target) {
-    cpu_[target] = capsule(&handler<&Platforms<Op>::cpu, false>);
-    cuda_[target] = capsule(&handler<&Platforms<Op>::cuda, true>);
-  }
-  nb::dict by_platform() const {
-    nb::dict out;
-    out["cpu"] = cpu_, out["CUDA"] = cuda_;
-    return out;
-  }
-
- private:
-  static nb::capsule capsule(XLA_FFI_Handler* fn) { return nb::capsule(reinterpret_cast<void*>(fn)); }
-  nb::dict cpu_, cuda_;
+// Every target, registered beside its op's definition (GROUPGEMM_FFI_TARGET) into the list
+// of its module function (`listed_by`: "ffi_handlers", "fp8_ffi_handlers").
+struct Target {
+  const char* listed_by;
+  const char* name;
+  XLA_FFI_Handler* cpu;
+  XLA_FFI_Handler* cuda;
 };
 
-// `name()`, a function of the module returning the targets the `families` add.
-using AddTargets = void (*)(FfiTargets&);
-inline void def_targets(nb::module_& m, const char* name, std::initializer_list<AddTargets> families,
-                        const char* doc) {
-  const std::vector<AddTargets> all(families);
+inline std::vector<Target>& targets() {
+  static std::vector<Target> all;  // filled while the module loads, read once it has
+  return all;
+}
+
+struct TargetRegistration {
+  explicit TargetRegistration(Target t) { targets().push_back(t); }
+};
+
+template <auto Op>
+Target target(const char* listed_by, const char* name) {
+  return {listed_by, name, &handler<&Platforms<Op>::cpu, false>, &handler<&Platforms<Op>::cuda, true>};
+}
+
+#define GROUPGEMM_FFI_TARGET(listed_by, name, op)                    \
+  const ::groupgemm::ffi_args::TargetRegistration op##_registration( \
+      ::groupgemm::ffi_args::target<op>(listed_by, name))
+
+// `listed_by()`, a function of the module: the capsules of its targets by platform, then
+// target name, as groupgemm.jax registers them.
+inline void def_targets(nb::module_& m, const char* listed_by, const char* doc) {
+  const std::string list = listed_by;
   m.def(
-      name,
-      [all] {
-        FfiTargets targets;
-        for (AddTargets add : all) add(targets);
-        return targets.by_platform();
+      listed_by,
+      [list] {
+        nb::dict cpu, cuda, out;
+        for (const Target& t : targets()) {
+          if (list != t.listed_by) continue;
+          cpu[t.name] = nb::capsule(reinterpret_cast<void*>(t.cpu));
+          cuda[t.name] = nb::capsule(reinterpret_cast<void*>(t.cuda));
+        }
+        out["cpu"] = cpu, out["CUDA"] = cuda;
+        return out;
       },
       doc);
 }

@@ -13,10 +13,6 @@ namespace nb = nanobind;
 
 namespace groupgemm {
 
-// The other families' targets (expert_ffi_handlers.cpp, fp8_ffi_handlers.cpp).
-void add_expert_ffi_targets(ffi_args::FfiTargets& targets);
-void add_fp8_ffi_targets(ffi_args::FfiTargets& targets);
-
 namespace {
 
 using namespace ffi_args;
@@ -34,6 +30,7 @@ ffi::Error matmul(Device device, void* stream, Buf lhs, Buf rhs, Buf group_sizes
                         view(out, "out"), *transpose_rhs, false);
   return to_ffi(grouped_matmul(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_matmul", matmul);
 
 // out[g] = lhs_g^T @ grad_g, or acc[g] + that when accumulating: acc is aliased to out
 // (input_output_aliases), so XLA reuses a donated buffer or copies acc into out first, and
@@ -46,6 +43,7 @@ ffi::Error wgrad(Device device, void* stream, Buf lhs, Buf grad, Buf group_sizes
                        view(group_offset, "group_offset"), view(out, "out"), *accumulate, false);
   return to_ffi(grouped_matmul_wgrad(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_wgrad", wgrad);
 
 ffi::Error bias_grad(Device device, void* stream, Buf grad, Buf group_sizes, Buf group_offset, Out out,
                      Out workspace) {
@@ -53,6 +51,7 @@ ffi::Error bias_grad(Device device, void* stream, Buf grad, Buf group_sizes, Buf
                                               view(group_offset, "group_offset"), view(out, "out"), false);
   return to_ffi(grouped_bias_grad(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_bias_grad", bias_grad);
 
 // The gradients of a matmul from one core call; an unwanted gradient's result is a size-0
 // placeholder.
@@ -67,23 +66,16 @@ ffi::Error matmul_backward(Device device, void* stream, Buf lhs, Buf rhs, Buf gr
                                  optional(dbias, "dbias", *want_dbias), *transpose_rhs, false, false);
   return to_ffi(grouped_matmul_backward(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_matmul_backward", matmul_backward);
 
 }  // namespace
 
-void add_gemm_ffi_targets(ffi_args::FfiTargets& targets) {
-  targets.add<matmul>("groupgemm_matmul");
-  targets.add<wgrad>("groupgemm_wgrad");
-  targets.add<bias_grad>("groupgemm_bias_grad");
-  targets.add<matmul_backward>("groupgemm_matmul_backward");
-}
-
+// The GEMMs' and the expert layer's targets, registered by groupgemm.jax at import; the FP8
+// ones, by groupgemm.jax_ext.fp8_ffi_calls.
 void bind_ffi_handlers(nb::module_& m) {
-  ffi_args::def_targets(
-      m, "ffi_handlers", {add_gemm_ffi_targets, add_expert_ffi_targets},
-      "XLA FFI handler capsules by platform, then target name (registered by groupgemm.jax).");
-  ffi_args::def_targets(m, "fp8_ffi_handlers", {add_fp8_ffi_targets},
-                        "The FP8 XLA FFI handler capsules by platform, then target name (registered by "
-                        "groupgemm.jax_ext.fp8_ffi_calls).");
+  ffi_args::def_targets(m, "ffi_handlers", "XLA FFI handler capsules by platform, then target name.");
+  ffi_args::def_targets(m, "fp8_ffi_handlers",
+                        "The FP8 XLA FFI handler capsules by platform, then target name.");
 }
 
 }  // namespace groupgemm

@@ -1,5 +1,5 @@
 // XLA FFI handlers of the FP8 calls (groupgemm/fp8.h), in ffi_args.h's style (listed in
-// add_fp8_ffi_targets; groupgemm.jax_ext.fp8_ffi_calls registers them). float8 buffers
+// fp8_ffi_handlers(); groupgemm.jax_ext.fp8_ffi_calls registers them). float8 buffers
 // carry their format as their XLA element type (F8E4M3FN, F8E5M2), which the unpacking
 // (fp8_args.h) reads; scales are F32. Attributes are typed: int32 for enums, int64 for
 // counts, bool for flags.
@@ -29,6 +29,7 @@ ffi::Error quantize_rows_op(Device device, void* stream, Buf x, Out q, Out scale
                                                       kFromBuffer, scaling_of(*scaling), *power_of_two);
   return to_ffi(quantize_rows(a, context(device, stream)));
 }
+GROUPGEMM_FFI_TARGET("fp8_ffi_handlers", "groupgemm_fp8_quantize_rows", quantize_rows_op);
 
 ffi::Error quantize_blocks_op(Device device, void* stream, Buf x, Out q, Out scale,
                               Attribute<bool, kPowerOfTwo> power_of_two) {
@@ -36,6 +37,7 @@ ffi::Error quantize_blocks_op(Device device, void* stream, Buf x, Out q, Out sca
                                                           kFromBuffer, *power_of_two);
   return to_ffi(quantize_blocks(a, context(device, stream)));
 }
+GROUPGEMM_FFI_TARGET("fp8_ffi_handlers", "groupgemm_fp8_quantize_blocks", quantize_blocks_op);
 
 ffi::Error quantize_grouped_op(Device device, void* stream, Buf x, Buf group_sizes, Buf group_offset, Out q,
                                Out scale, Out workspace, Attribute<int64_t, kNumGroups> num_groups,
@@ -46,6 +48,7 @@ ffi::Error quantize_grouped_op(Device device, void* stream, Buf x, Buf group_siz
       view(scale, "scale"), *num_groups, kFromBuffer, scaling_of(*scaling), *power_of_two);
   return to_ffi(quantize_grouped(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("fp8_ffi_handlers", "groupgemm_fp8_quantize_grouped", quantize_grouped_op);
 
 ffi::Error scaled_matmul_op(Device device, void* stream, Buf lhs, Buf rhs, Buf lhs_scale, Buf rhs_scale,
                             Buf group_sizes, Buf group_offset, Buf bias, Out out, Out workspace,
@@ -56,6 +59,7 @@ ffi::Error scaled_matmul_op(Device device, void* stream, Buf lhs, Buf rhs, Buf l
       view(out, "out"), kFromBuffer, kFromBuffer, scaling_of(*scaling), false);
   return to_ffi(scaled_grouped_matmul(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("fp8_ffi_handlers", "groupgemm_scaled_matmul", scaled_matmul_op);
 
 // acc is aliased to out when accumulating (input_output_aliases): out already holds it.
 ffi::Error scaled_wgrad_op(Device device, void* stream, Buf lhs, Buf rhs, Buf lhs_scale, Buf rhs_scale,
@@ -68,15 +72,7 @@ ffi::Error scaled_wgrad_op(Device device, void* stream, Buf lhs, Buf rhs, Buf lh
       kFromBuffer, scaling_of(*scaling), *accumulate, false);
   return to_ffi(scaled_grouped_matmul_wgrad(a, context(device, stream, workspace)));
 }
+GROUPGEMM_FFI_TARGET("fp8_ffi_handlers", "groupgemm_scaled_wgrad", scaled_wgrad_op);
 
 }  // namespace
-
-void add_fp8_ffi_targets(ffi_args::FfiTargets& targets) {
-  targets.add<quantize_rows_op>("groupgemm_fp8_quantize_rows");
-  targets.add<quantize_blocks_op>("groupgemm_fp8_quantize_blocks");
-  targets.add<quantize_grouped_op>("groupgemm_fp8_quantize_grouped");
-  targets.add<scaled_matmul_op>("groupgemm_scaled_matmul");
-  targets.add<scaled_wgrad_op>("groupgemm_scaled_wgrad");
-}
-
 }  // namespace groupgemm
