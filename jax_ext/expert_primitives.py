@@ -30,7 +30,7 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.interpreters import ad
+from jax.interpreters import ad, mlir
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import expert_ffi_calls
@@ -278,8 +278,10 @@ def _activation_tangent_transpose(ct, t, h, *, batched, kind, width):
 
 # J t, linear in t: forward mode evaluates it (from two core calls for swiglu), reverse mode
 # transposes it into the core's J^T.
-activation_tangent_p = primitive("groupgemm_activation_tangent", _activation_tangent, _activation_tangent_abstract,
-                                  _activation_tangent_jvp, _activation_tangent_transpose, False)
+activation_tangent_p = primitive("groupgemm_activation_tangent",
+                                 mlir.lower_fun(_activation_tangent, multiple_results=False),
+                                 _activation_tangent_abstract, _activation_tangent_jvp, _activation_tangent_transpose,
+                                 False)
 
 
 def _activation_jvp(primals, tangents, *, batched, kind, width):

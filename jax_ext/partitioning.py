@@ -1,13 +1,14 @@
 """How each FFI call partitions itself under ``jax.jit`` with sharded operands.
 
-An FFI call (ffi_calls.py, expert_ffi_calls.py) is a function of its array operands and static
-arguments that returns a tuple of results through ``jax.ffi.ffi_call``. Decorated with
-``@partitioned(layout)`` it becomes a JAX primitive whose lowering is an XLA
-custom-partitioned call (``jax.experimental.custom_partitioning``): under jit each device
-runs the function on its own shard, and XLA gathers only what the layout cannot keep
-sharded. Inside shard_map and on one device the call is the function itself. Under vmap
-the batch axis is one more factor (each device maps over its entries), and on a mesh with
-explicit axes the results' types carry the shardings the call leaves.
+An FFI call (ffi_calls.py, expert_ffi_calls.py) is a function of its array operands and
+static arguments that returns a tuple of results through ``jax.ffi.ffi_call``. Decorated
+with ``@partitioned(layout)`` it becomes a ``PartitionedCall``, which the op's one JAX
+primitive (primitives.py's ``define``) lowers to an XLA custom-partitioned call
+(``jax.experimental.custom_partitioning``): under jit each device runs the function on its
+own shard, and XLA gathers only what the layout cannot keep sharded. Inside shard_map and
+on one device the call is the function itself. Under vmap the batch axis is one more
+factor (each device maps over its entries), and on a mesh with explicit axes the results'
+types carry the shardings the call leaves.
 
 A ``Layout`` says it declaratively, with one factor name per dimension of each operand
 and result (Shardy's einsum-like sharding rules: ``"m k"`` for ``lhs [M, K]``, ``""`` for a
@@ -45,8 +46,6 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -391,25 +390,14 @@ def _explicit_spec(aval):
     return _named_spec(sharding, len(aval.shape))
 
 
-class Partitioned:
-    """An FFI call ``fn(*operands, **static) -> tuple of results`` as a JAX primitive whose
-    lowering is the custom-partitioned call (see the module docstring). ``layout`` is a
-    ``Layout``, or a function of the static arguments and ``num_operands`` returning one.
-    Static arguments are hashable."""
+class PartitionedCall:
+    """An FFI call ``fn(*operands, **static) -> tuple of results`` partitioned by its layout
+    (see the module docstring): its results' abstract values, and the function a
+    primitive's lowering traces. ``layout`` is a ``Layout``, or a function of the static
+    arguments and ``num_operands`` returning one. Static arguments are hashable."""
 
-    def __init__(self, name, fn, layout):
+    def __init__(self, fn, layout):
         self.fn, self._layout = fn, layout
-        self.primitive = Primitive(name)
-        self.primitive.multiple_results = True
-        self.primitive.def_abstract_eval(self.abstract)
-        mlir.register_lowering(self.primitive, self._lowering)
-        batching.primitive_batchers[self.primitive] = self._batch
-        lowers_to_partitioned_calls(self.primitive)
-
-    def __call__(self, *operands, batched=None, **static):
-        """The results; ``batched`` flags operands that carry a leading vmapped axis."""
-        batched = (False,) * len(operands) if batched is None else tuple(batched)
-        return tuple(self.primitive.bind(*operands, batched=batched, **static))
 
     def abstract(self, *avals, batched, **static):
         """The results' abstract values: shapes and dtypes as ``fn`` makes them, typed like
@@ -421,6 +409,15 @@ class Partitioned:
         return [widest.update(shape=shape, dtype=dtype, weak_type=False) if s is None else
                 widest.update(shape=shape, dtype=dtype, weak_type=False, sharding=s)
                 for (shape, dtype), s in zip(shapes, shardings)]
+
+    def lowered(self, ctx, num_operands, batched, static):
+        """The function of the operands that a lowering with context ``ctx`` traces: the
+        custom-partitioned call, or under ``jax.export``, which cannot serialise a
+        partitioning callback, the call on gathered operands."""
+        if getattr(getattr(ctx.module_context, "lowering_parameters", None), "for_export", False):
+            return functools.partial(self._unpartitioned, batched=batched, **static)
+        return _custom_partitioned(self.fn, self._layout_of(num_operands, static), tuple(sorted(static.items())),
+                                   batched)
 
     def _layout_of(self, num_operands, static):
         chosen = self._layout(num_operands=num_operands, **static) if callable(self._layout) else self._layout
@@ -442,33 +439,10 @@ class Partitioned:
     def _unpartitioned(self, *operands, batched, **static):
         return tuple(_mapped(functools.partial(self.fn, **static), batched)(*operands))
 
-    def _lowering(self, ctx, *values, batched, **static):
-        layout = self._layout_of(len(values), static)
-        # jax.export cannot serialise a partitioning callback: an exported program gathers.
-        exporting = getattr(getattr(ctx.module_context, "lowering_parameters", None), "for_export", False)
-        if exporting:
-            call = functools.partial(self._unpartitioned, batched=batched, **static)
-        else:
-            call = _custom_partitioned(self.fn, layout, tuple(sorted(static.items())), batched)
-        return mlir.lower_fun(call, multiple_results=True)(ctx, *values)
-
-    def _batch(self, args, dims, *, batched, **static):
-        if any(batched):  # vmapped again: one call per entry of the new axis
-            def one(xs):
-                xs = iter(xs)
-                return self.primitive.bind(*(next(xs) if d is not None else a for a, d in zip(args, dims)),
-                                           batched=batched, **static)
-
-            outs = map_leading(one, [jnp.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None])
-        else:
-            args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-            outs = self.primitive.bind(*args, batched=tuple(d is not None for d in dims), **static)
-        return outs, [0] * len(outs)
-
 
 def partitioned(layout):
-    """Decorator: the FFI call ``fn`` as the ``Partitioned`` call ``groupgemm_<fn's name>``."""
-    return lambda fn: Partitioned(f"groupgemm_{fn.__name__}", fn, layout)
+    """Decorator: the FFI call ``fn`` partitioned by ``layout``."""
+    return lambda fn: PartitionedCall(fn, layout)
 
 
 @functools.cache

@@ -63,22 +63,25 @@ def every_operand_present(operands, batched, params):
     return operands, batched, params
 
 
-def define(name, raw_call, present, jvp, transpose=None, multiple_results=False):
-    """A primitive lowered to the partitioned FFI call (ffi_calls.py, expert_ffi_calls.py);
-    ``present(operands, batched, params)`` picks the operands the FFI call takes with their
-    flags (an absent bias or accumulator is left out) and its static arguments. It has the
-    FFI call's first result, or all of them."""
+def define(name, ffi_call, present, jvp, transpose=None, multiple_results=False):
+    """The primitive of a partitioned FFI call (ffi_calls.py, expert_ffi_calls.py), lowered
+    to the call; ``present(operands, batched, params)`` picks the operands the FFI call
+    takes with their flags (an absent bias or accumulator is left out) and its static
+    arguments. It has the FFI call's first result, or all of them."""
     pick = (lambda results: list(results)) if multiple_results else (lambda results: results[0])
-
-    def call(*operands, batched, **params):
-        args, flags, static = present(operands, batched, params)
-        return pick(raw_call(*args, batched=flags, **static))
 
     def abstract(*avals, batched, **params):
         args, flags, static = present(avals, batched, params)
-        return pick(raw_call.abstract(*args, batched=flags, **static))
+        return pick(ffi_call.abstract(*args, batched=flags, **static))
 
-    return primitive(name, call, abstract, jvp, transpose, multiple_results)
+    def lowering(ctx, *values, batched, **params):
+        def call(*operands):
+            args, flags, static = present(operands, batched, params)
+            return pick(ffi_call.lowered(ctx, len(args), flags, static)(*args))
+
+        return mlir.lower_fun(call, multiple_results=multiple_results)(ctx, *values)
+
+    return primitive(name, lowering, abstract, jvp, transpose, multiple_results)
 
 
 class GroupgemmPrimitive(Primitive):
@@ -89,10 +92,11 @@ class GroupgemmPrimitive(Primitive):
         return super().bind(*operands, batched=(False,) * len(operands) if batched is None else batched, **params)
 
 
-def primitive(name, call, abstract, jvp, transpose, multiple_results):
-    """A primitive computed by ``call`` (FFI calls and other primitives), with the batching
-    rule every groupgemm primitive has: one bind for the whole batch, the ``batched``
-    parameter flagging the operands that carry it."""
+def primitive(name, lowering, abstract, jvp, transpose, multiple_results):
+    """A primitive lowered by ``lowering`` (to FFI calls, or other primitives), with the
+    batching rule every groupgemm primitive has: one bind for the whole batch, the
+    ``batched`` parameter flagging the operands that carry it (an FFI call maps over it on
+    each device, so a sharded batch axis stays where it is)."""
 
     def vmapped(args, dims, *, batched, **params):
         if any(batched):  # vmapped again: one call per entry of the new axis
@@ -113,7 +117,7 @@ def primitive(name, call, abstract, jvp, transpose, multiple_results):
     prim = GroupgemmPrimitive(name)
     prim.multiple_results = multiple_results
     prim.def_abstract_eval(abstract)
-    mlir.register_lowering(prim, mlir.lower_fun(call, multiple_results=multiple_results))
+    mlir.register_lowering(prim, lowering)
     lowers_to_partitioned_calls(prim)
     ad.primitive_jvps[prim] = jvp
     if transpose is not None:
@@ -284,8 +288,8 @@ def _tangent_transpose(ct, t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, tra
         + [None] * 4
 
 
-matmul_tangent_p = primitive("groupgemm_matmul_tangent", _tangent_call, _tangent_abstract, _tangent_jvp,
-                              _tangent_transpose, multiple_results=False)
+matmul_tangent_p = primitive("groupgemm_matmul_tangent", mlir.lower_fun(_tangent_call, multiple_results=False),
+                              _tangent_abstract, _tangent_jvp, _tangent_transpose, multiple_results=False)
 
 
 def _backward_jvp(primals, tangents, *, batched, transpose_rhs, want_dlhs, want_drhs, want_dbias, dbias_dtype):
