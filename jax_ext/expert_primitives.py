@@ -94,19 +94,6 @@ def _weighted_present(operands, batched, params):
     return operands[:n], batched[:n], {name: v for name, v in params.items() if name != "has_weights"}
 
 
-def _unpermute_jvp(primals, tangents, *, batched, has_weights):
-    values, row_map, weights = primals
-    t_values, _, t_weights = tangents
-    out = unpermute_p.bind(values, row_map, weights, has_weights=has_weights, batched=batched)
-    terms = [
-        None if is_zero(t_values) else unpermute_p.bind(t_values, row_map, weights, has_weights=has_weights,
-                                                         batched=batched),
-        None if not has_weights or is_zero(t_weights) else unpermute_p.bind(values, row_map, t_weights,
-                                                                             has_weights=True, batched=batched),
-    ]
-    return out, sum_terms(terms, aval_of(out))
-
-
 def _unpermute_transpose(ct, values, row_map, weights, *, batched, has_weights):
     results = [None] * 3
     if is_zero(ct):
@@ -128,20 +115,8 @@ def _unpermute_transpose(ct, values, row_map, weights, *, batched, has_weights):
     return results
 
 
-unpermute_p = define("groupgemm_unpermute", expert_ffi_calls.unpermute, _weighted_present, _unpermute_jvp,
+unpermute_p = define("groupgemm_unpermute", expert_ffi_calls.unpermute, _weighted_present, (0, 2),
                      _unpermute_transpose)
-
-
-def _scatter_jvp(primals, tangents, *, batched, **params):
-    dout, row_map, weights = primals
-    t_dout, _, t_weights = tangents
-    out = scatter_p.bind(dout, row_map, weights, batched=batched, **params)
-    terms = [
-        None if is_zero(t_dout) else scatter_p.bind(t_dout, row_map, weights, batched=batched, **params),
-        None if not params["has_weights"] or is_zero(t_weights) else scatter_p.bind(dout, row_map, t_weights,
-                                                                                     batched=batched, **params),
-    ]
-    return out, sum_terms(terms, aval_of(out))
 
 
 def _scatter_transpose(ct, dout, row_map, weights, *, batched, num_rows, has_weights):
@@ -163,17 +138,8 @@ def _scatter_transpose(ct, dout, row_map, weights, *, batched, num_rows, has_wei
     return results
 
 
-scatter_p = define("groupgemm_unpermute_scatter", expert_ffi_calls.unpermute_scatter, _weighted_present, _scatter_jvp,
+scatter_p = define("groupgemm_unpermute_scatter", expert_ffi_calls.unpermute_scatter, _weighted_present, (0, 2),
                    _scatter_transpose)
-
-
-def _slot_dots_jvp(primals, tangents, *, batched, **params):
-    values, dout, row_map = primals
-    t_values, t_dout, _ = tangents
-    out = slot_dots_p.bind(values, dout, row_map, batched=batched, **params)
-    terms = [None if is_zero(t_values) else slot_dots_p.bind(t_values, dout, row_map, batched=batched, **params),
-             None if is_zero(t_dout) else slot_dots_p.bind(values, t_dout, row_map, batched=batched, **params)]
-    return out, sum_terms(terms, aval_of(out))
 
 
 def _slot_dots_transpose(ct, values, dout, row_map, *, batched, dots_dtype):
@@ -196,7 +162,7 @@ def _slot_dots_transpose(ct, values, dout, row_map, *, batched, dots_dtype):
 
 
 slot_dots_p = define("groupgemm_unpermute_slot_dots", expert_ffi_calls.unpermute_slot_dots, every_operand_present,
-                     _slot_dots_jvp, _slot_dots_transpose)
+                     (0, 1), _slot_dots_transpose)
 
 
 # ---- the activation ----------------------------------------------------------------------

@@ -67,8 +67,13 @@ def define(name, ffi_call, present, jvp, transpose=None, multiple_results=False)
     """The primitive of a partitioned FFI call (ffi_calls.py, expert_ffi_calls.py), lowered
     to the call; ``present(operands, batched, params)`` picks the operands the FFI call
     takes with their flags (an absent bias or accumulator is left out) and its static
-    arguments. It has the FFI call's first result, or all of them."""
+    arguments. It has the FFI call's first result, or all of them. ``jvp`` is a rule, or
+    the indices of the operands the call is linear in, each separately (bilinear in two):
+    its tangent is then the sum of the call with one present operand's tangent in its
+    place."""
     pick = (lambda results: list(results)) if multiple_results else (lambda results: results[0])
+    if isinstance(jvp, tuple):
+        jvp = _multilinear_jvp(lambda: prim, jvp, present)
 
     def abstract(*avals, batched, **params):
         args, flags, static = present(avals, batched, params)
@@ -81,7 +86,20 @@ def define(name, ffi_call, present, jvp, transpose=None, multiple_results=False)
 
         return mlir.lower_fun(call, multiple_results=multiple_results)(ctx, *values)
 
-    return primitive(name, lowering, abstract, jvp, transpose, multiple_results)
+    prim = primitive(name, lowering, abstract, jvp, transpose, multiple_results)
+    return prim
+
+
+def _multilinear_jvp(get_prim, linear, present):
+    def jvp(primals, tangents, *, batched, **params):
+        prim = get_prim()
+        out = prim.bind(*primals, batched=batched, **params)
+        taken = present(tuple(range(len(primals))), batched, params)[0]
+        terms = [prim.bind(*primals[:i], tangents[i], *primals[i + 1:], batched=batched, **params)
+                 for i in linear if i in taken and not is_zero(tangents[i])]
+        return out, sum_terms(terms, aval_of(out))
+
+    return jvp
 
 
 class GroupgemmPrimitive(Primitive):
@@ -378,14 +396,6 @@ wgrad_p = define("groupgemm_wgrad", ffi_calls.wgrad, _wgrad_present, _wgrad_jvp,
 # ---- bias_grad ------------------------------------------------------------------------
 
 
-def _bias_grad_jvp(primals, tangents, *, batched, **params):
-    grad, sizes, offset = primals
-    out = bias_grad_p.bind(*primals, batched=batched, **params)
-    t = tangents[0]
-    return out, sum_terms([None if is_zero(t) else bias_grad_p.bind(t, sizes, offset, batched=batched, **params)],
-                          aval_of(out))
-
-
 def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype, batched):
     if is_zero(ct) or not ad.is_undefined_primal(grad):
         return [None] * 3
@@ -397,5 +407,4 @@ def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype, batc
     return [cotangent(rows, grad, grad_b, any(batched)), None, None]
 
 
-bias_grad_p = define("groupgemm_bias_grad", ffi_calls.bias_grad, every_operand_present, _bias_grad_jvp,
-                     _bias_grad_transpose)
+bias_grad_p = define("groupgemm_bias_grad", ffi_calls.bias_grad, every_operand_present, (0,), _bias_grad_transpose)
