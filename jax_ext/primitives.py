@@ -72,7 +72,7 @@ def define(name, ffi_call, present, jvp, transpose=None, multiple_results=False)
     its tangent is then the sum of the call with one present operand's tangent in its
     place."""
     pick = (lambda results: list(results)) if multiple_results else (lambda results: results[0])
-    if isinstance(jvp, tuple):
+    if isinstance(jvp, tuple):  # the rule binds `prim`, made below
         jvp = _multilinear_jvp(lambda: prim, jvp, present)
 
     def abstract(*avals, batched, **params):
@@ -91,6 +91,8 @@ def define(name, ffi_call, present, jvp, transpose=None, multiple_results=False)
 
 
 def _multilinear_jvp(get_prim, linear, present):
+    """The jvp of a primitive linear in each operand of ``linear`` separately."""
+
     def jvp(primals, tangents, *, batched, **params):
         prim = get_prim()
         out = prim.bind(*primals, batched=batched, **params)
