@@ -14,7 +14,7 @@ from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.torch_ext import device_scratch
 from groupgemm.torch_ext.core_args import capsule, require
-from groupgemm.torch_ext.op_library import define
+from groupgemm.torch_ext.op_library import allocator, define, register_outputs
 
 Tensor = torch.Tensor
 
@@ -36,41 +36,40 @@ def _permute_outputs(tokens, expert_indices, num_experts, empty):
 
 @define("permute")
 def permute_op(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
-    empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=tokens.device)
-    permuted, group_sizes, row_map = _permute_outputs(tokens, expert_indices, num_experts, empty)
+    permuted, group_sizes, row_map = _permute_outputs(tokens, expert_indices, num_experts, allocator(tokens.device))
     _core.permute(*map(capsule, (tokens, expert_indices, permuted, group_sizes, row_map)),
                   workspace=capsule(_permute_workspace(tokens.device, permuted.shape[0], num_experts)),
                   stream=device_scratch.stream(tokens.device))
     return permuted, group_sizes, row_map
 
 
-@permute_op.register_fake
-def _(tokens, expert_indices, num_experts):
-    return _permute_outputs(tokens, expert_indices, num_experts, lambda shape, dtype: tokens.new_empty(shape,
-                                                                                                        dtype=dtype))
+register_outputs("permute", _permute_outputs)
 
 
 def _unpermute_checks(op, permuted, row_map, probs):
     require(op, (permuted, 2, "permuted"), (row_map, 2, "row_map"), (probs, 2, "probs"))
 
 
+def _unpermute_outputs(permuted, row_map, probs, empty):
+    _unpermute_checks("unpermute", permuted, row_map, probs)
+    return empty((row_map.shape[0], permuted.shape[1]), permuted.dtype)
+
+
 @define("unpermute")
 def unpermute_op(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) -> Tensor:
-    _unpermute_checks("unpermute", permuted, row_map, probs)
-    out = torch.empty((row_map.shape[0], permuted.shape[1]), dtype=permuted.dtype, device=permuted.device)
+    out = _unpermute_outputs(permuted, row_map, probs, allocator(permuted.device))
     _core.unpermute(capsule(permuted), capsule(row_map), capsule(out), probs=capsule(probs),
                     stream=device_scratch.stream(permuted.device))
     return out
 
 
-@unpermute_op.register_fake
-def _(permuted, row_map, probs=None):
-    _unpermute_checks("unpermute", permuted, row_map, probs)
-    return permuted.new_empty((row_map.shape[0], permuted.shape[1]))
+register_outputs("unpermute", _unpermute_outputs)
 
 
-def _dprobs_like(permuted, probs, empty):
-    return empty((0,), permuted.dtype) if probs is None else empty(probs.shape, probs.dtype)
+def _unpermute_backward_outputs(permuted, row_map, probs, empty):
+    _unpermute_checks("unpermute_backward", permuted, row_map, probs)
+    dprobs = empty((0,), permuted.dtype) if probs is None else empty(probs.shape, probs.dtype)
+    return empty(permuted.shape, permuted.dtype), dprobs
 
 
 def _unpermute_backward_workspace(device: torch.device, num_slots: int) -> Tensor | None:
@@ -85,9 +84,7 @@ def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
                           probs: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(dpermuted, dprobs); dprobs has no elements without probs. A row of dpermuted sums
     every slot that names it, in slot order."""
-    _unpermute_checks("unpermute_backward", permuted, row_map, probs)
-    empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=permuted.device)
-    dpermuted, dprobs = empty(permuted.shape, permuted.dtype), _dprobs_like(permuted, probs, empty)
+    dpermuted, dprobs = _unpermute_backward_outputs(permuted, row_map, probs, allocator(permuted.device))
     workspace = _unpermute_backward_workspace(permuted.device, row_map.numel())
     _core.unpermute_backward(*map(capsule, (dout, permuted, row_map, dpermuted)), probs=capsule(probs),
                              dprobs=None if probs is None else capsule(dprobs), workspace=capsule(workspace),
@@ -95,39 +92,37 @@ def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
     return dpermuted, dprobs
 
 
-@unpermute_backward_op.register_fake
-def _(dout, permuted, row_map, probs=None):
-    _unpermute_checks("unpermute_backward", permuted, row_map, probs)
-    return permuted.new_empty(permuted.shape), _dprobs_like(
-        permuted, probs, lambda shape, dtype: permuted.new_empty(shape, dtype=dtype))
+register_outputs("unpermute_backward", _unpermute_backward_outputs)
+
+
+def _activation_outputs(h, width, empty):
+    require("activation", (h, 2, "h"))
+    return empty((h.shape[0], width), h.dtype)
 
 
 @define("activation")
 def activation_op(h: Tensor, kind: int, width: int) -> Tensor:
-    require("activation", (h, 2, "h"))
-    out = torch.empty((h.shape[0], width), dtype=h.dtype, device=h.device)
+    out = _activation_outputs(h, width, allocator(h.device))
     _core.activation(capsule(h), capsule(out), kind, stream=device_scratch.stream(h.device))
     return out
 
 
-@activation_op.register_fake
-def _(h, kind, width):
-    require("activation", (h, 2, "h"))
-    return h.new_empty((h.shape[0], width))
+register_outputs("activation", _activation_outputs)
+
+
+def _activation_backward_outputs(dout, h, empty):
+    require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
+    return empty(h.shape, h.dtype)
 
 
 @define("activation_backward")
 def activation_backward_op(dout: Tensor, h: Tensor, kind: int) -> Tensor:
-    require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
-    dh = torch.empty_like(h)
+    dh = _activation_backward_outputs(dout, h, allocator(h.device))
     _core.activation_backward(capsule(dout), capsule(h), capsule(dh), kind, stream=device_scratch.stream(h.device))
     return dh
 
 
-@activation_backward_op.register_fake
-def _(dout, h, kind):
-    require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
-    return torch.empty_like(h)
+register_outputs("activation_backward", _activation_backward_outputs)
 
 
 def _router_probs_dtype(logits: Tensor) -> torch.dtype:
@@ -145,35 +140,34 @@ def _softmax_topk_outputs(logits, k, empty):
 @define("softmax_topk")
 def softmax_topk_op(logits: Tensor, k: int, renormalize: bool = True) -> tuple[Tensor, Tensor]:
     """(probs, expert_indices)."""
-    probs, indices = _softmax_topk_outputs(logits, k, lambda shape, dtype: torch.empty(shape, dtype=dtype,
-                                                                                        device=logits.device))
+    probs, indices = _softmax_topk_outputs(logits, k, allocator(logits.device))
     _core.softmax_topk(capsule(logits), capsule(indices), capsule(probs), renormalize,
                        stream=device_scratch.stream(logits.device))
     return probs, indices
 
 
-@softmax_topk_op.register_fake
-def _(logits, k, renormalize=True):
-    return _softmax_topk_outputs(logits, k, lambda shape, dtype: logits.new_empty(shape, dtype=dtype))
+register_outputs("softmax_topk", _softmax_topk_outputs)
+
+
+def _softmax_topk_backward_outputs(logits, expert_indices, dprobs, empty):
+    require("softmax_topk_backward", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"),
+             (dprobs, 2, "dprobs"))
+    return empty(logits.shape, logits.dtype)
 
 
 @define("softmax_topk_backward")
 def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Tensor,
                              renormalize: bool = True) -> Tensor:
-    require("softmax_topk_backward", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"),
-             (dprobs, 2, "dprobs"))
-    dlogits = torch.empty_like(logits)
+    dlogits = _softmax_topk_backward_outputs(logits, expert_indices, dprobs, allocator(logits.device))
     _core.softmax_topk_backward(*map(capsule, (logits, expert_indices, dprobs, dlogits)), renormalize,
                                 stream=device_scratch.stream(logits.device))
     return dlogits
 
 
-@softmax_topk_backward_op.register_fake
-def _(logits, expert_indices, dprobs, renormalize=True):
-    return torch.empty_like(logits)
+register_outputs("softmax_topk_backward", _softmax_topk_backward_outputs)
 
 
-def _tprobs_like(logits, expert_indices, empty):
+def _softmax_topk_tangent_outputs(logits, expert_indices, empty):
     require("softmax_topk_tangent", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"))
     return empty(expert_indices.shape, _router_probs_dtype(logits))
 
@@ -182,16 +176,13 @@ def _tprobs_like(logits, expert_indices, empty):
 def softmax_topk_tangent_op(logits: Tensor, expert_indices: Tensor, tlogits: Tensor,
                             renormalize: bool = True) -> Tensor:
     """The tangent of softmax_topk's probs for the logits' tangent (forward mode)."""
-    tprobs = _tprobs_like(logits, expert_indices, lambda shape, dtype: torch.empty(shape, dtype=dtype,
-                                                                                   device=logits.device))
+    tprobs = _softmax_topk_tangent_outputs(logits, expert_indices, allocator(logits.device))
     _core.softmax_topk_tangent(*map(capsule, (logits, expert_indices, tlogits, tprobs)), renormalize,
                                stream=device_scratch.stream(logits.device))
     return tprobs
 
 
-@softmax_topk_tangent_op.register_fake
-def _(logits, expert_indices, tlogits, renormalize=True):
-    return _tprobs_like(logits, expert_indices, lambda shape, dtype: logits.new_empty(shape, dtype=dtype))
+register_outputs("softmax_topk_tangent", _softmax_topk_tangent_outputs)
 
 
 def _incoming(grad: Tensor, dtype: torch.dtype) -> Tensor:

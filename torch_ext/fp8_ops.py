@@ -15,7 +15,7 @@ from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.torch_ext import device_scratch
 from groupgemm.torch_ext.core_args import capsule, require, require_count
-from groupgemm.torch_ext.op_library import define
+from groupgemm.torch_ext.op_library import allocator, define, register_outputs
 
 Tensor = torch.Tensor
 FP8_TORCH_DTYPES = tuple(getattr(torch, name) for name in contract.FP8_DTYPES)
@@ -65,67 +65,57 @@ def _scaling(op: str, scaling: int) -> int:
     return _enum(op, "scaling", scaling, contract.FP8_RECIPES)
 
 
-def _scale_shape_rows(x, scaling):
-    return (x.shape[0],) if scaling == contract.FP8_ROWWISE else (x.shape[0], contract.fp8_blocks(x.shape[1]))
+def _quantize_rows_outputs(x, out_type, scaling, empty):
+    require("fp8_quantize_rows", (x, 2, "x"))
+    rowwise = _scaling("fp8_quantize_rows", scaling) == contract.FP8_ROWWISE
+    scale_shape = (x.shape[0],) if rowwise else (x.shape[0], contract.fp8_blocks(x.shape[1]))
+    return empty(x.shape, _out_type("fp8_quantize_rows", out_type)), empty(scale_shape, torch.float32)
 
 
 @define("fp8_quantize_rows")
 def fp8_quantize_rows_op(x: Tensor, out_type: int, scaling: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
     """x [R, C] -> (q [R, C] float8, scale [R] rowwise or [R, ceil(C/128)])."""
-    require("fp8_quantize_rows", (x, 2, "x"))
-    q = torch.empty(x.shape, dtype=_out_type("fp8_quantize_rows", out_type), device=x.device)
-    scale = torch.empty(_scale_shape_rows(x, _scaling("fp8_quantize_rows", scaling)), dtype=torch.float32,
-                        device=x.device)
+    q, scale = _quantize_rows_outputs(x, out_type, scaling, allocator(x.device))
     _core.fp8_quantize_rows(capsule(x), _bytes(q), capsule(scale), _core.Fp8Type(out_type),
                             _core.Fp8Scaling(scaling), power_of_two, stream=device_scratch.stream(x.device))
     return q, scale
 
 
-@fp8_quantize_rows_op.register_fake
-def _(x, out_type, scaling, power_of_two=False):
-    require("fp8_quantize_rows", (x, 2, "x"))
-    return (x.new_empty(x.shape, dtype=_out_type("fp8_quantize_rows", out_type)),
-            x.new_empty(_scale_shape_rows(x, _scaling("fp8_quantize_rows", scaling)), dtype=torch.float32))
+register_outputs("fp8_quantize_rows", _quantize_rows_outputs)
 
 
-def _block_scale_shape(x):
-    return (x.shape[0], contract.fp8_blocks(x.shape[1]), contract.fp8_blocks(x.shape[2]))
+def _quantize_blocks_outputs(x, out_type, empty):
+    require("fp8_quantize_blocks", (x, 3, "x"))
+    scale_shape = (x.shape[0], contract.fp8_blocks(x.shape[1]), contract.fp8_blocks(x.shape[2]))
+    return empty(x.shape, _out_type("fp8_quantize_blocks", out_type)), empty(scale_shape, torch.float32)
 
 
 @define("fp8_quantize_blocks")
 def fp8_quantize_blocks_op(x: Tensor, out_type: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
     """x [B, R, C] -> (q [B, R, C] float8, scale [B, ceil(R/128), ceil(C/128)])."""
-    require("fp8_quantize_blocks", (x, 3, "x"))
-    q = torch.empty(x.shape, dtype=_out_type("fp8_quantize_blocks", out_type), device=x.device)
-    scale = torch.empty(_block_scale_shape(x), dtype=torch.float32, device=x.device)
+    q, scale = _quantize_blocks_outputs(x, out_type, allocator(x.device))
     _core.fp8_quantize_blocks(capsule(x), _bytes(q), capsule(scale), _core.Fp8Type(out_type), power_of_two,
                               stream=device_scratch.stream(x.device))
     return q, scale
 
 
-@fp8_quantize_blocks_op.register_fake
-def _(x, out_type, power_of_two=False):
-    require("fp8_quantize_blocks", (x, 3, "x"))
-    return (x.new_empty(x.shape, dtype=_out_type("fp8_quantize_blocks", out_type)),
-            x.new_empty(_block_scale_shape(x), dtype=torch.float32))
+register_outputs("fp8_quantize_blocks", _quantize_blocks_outputs)
 
 
-def _grouped_shapes(x, num_groups, scaling):
+def _quantize_grouped_outputs(x, group_sizes, num_groups, out_type, scaling, empty):
+    require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
     require_count("fp8_quantize_grouped", num_groups)
     m, c = x.shape
     scaling = _scaling("fp8_quantize_grouped", scaling)
     rows = num_groups if scaling == contract.FP8_ROWWISE else contract.fp8_token_block_bound(m, num_groups)
-    return (c, m), (rows, c)
+    return empty((c, m), _out_type("fp8_quantize_grouped", out_type)), empty((rows, c), torch.float32)
 
 
 @define("fp8_quantize_grouped")
 def fp8_quantize_grouped_op(x: Tensor, group_sizes: Tensor, num_groups: int, out_type: int, scaling: int,
                             power_of_two: bool = False, group_offset: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """x [M, C] -> (q [C, M] float8, scale [G, C] rowwise or [token_block_bound(M, G), C])."""
-    require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
-    q_shape, scale_shape = _grouped_shapes(x, num_groups, scaling)
-    q = torch.empty(q_shape, dtype=_out_type("fp8_quantize_grouped", out_type), device=x.device)
-    scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
+    q, scale = _quantize_grouped_outputs(x, group_sizes, num_groups, out_type, scaling, allocator(x.device))
     _core.fp8_quantize_grouped(capsule(x), _bytes(q), capsule(scale), capsule(group_sizes), num_groups,
                                _core.Fp8Type(out_type), _core.Fp8Scaling(scaling), power_of_two,
                                group_offset=capsule(group_offset),
@@ -135,12 +125,7 @@ def fp8_quantize_grouped_op(x: Tensor, group_sizes: Tensor, num_groups: int, out
     return q, scale
 
 
-@fp8_quantize_grouped_op.register_fake
-def _(x, group_sizes, num_groups, out_type, scaling, power_of_two=False, group_offset=None):
-    require("fp8_quantize_grouped", (x, 2, "x"), (group_sizes, 1, "group_sizes"))
-    q_shape, scale_shape = _grouped_shapes(x, num_groups, scaling)
-    return (x.new_empty(q_shape, dtype=_out_type("fp8_quantize_grouped", out_type)),
-            x.new_empty(scale_shape, dtype=torch.float32))
+register_outputs("fp8_quantize_grouped", _quantize_grouped_outputs)
 
 
 def _fp8_type(op: str, t: Tensor, name: str) -> int:
@@ -156,9 +141,10 @@ def _require_scaled(op, lhs, rhs, lhs_scale, rhs_scale, scaling, *others):
     _fp8_type(op, lhs, "lhs"), _fp8_type(op, rhs, "rhs"), _scaling(op, scaling)
 
 
-def _require_matmul(lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, bias):
+def _scaled_mm_outputs(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out_dtype, bias, empty):
     _require_scaled("scaled_grouped_mm", lhs, rhs, lhs_scale, rhs_scale, scaling, (rhs, 3, "rhs"),
                     (group_sizes, 1, "group_sizes"), (bias, 2, "bias"))
+    return empty((lhs.shape[0], rhs.shape[1]), out_dtype)
 
 
 @define("scaled_grouped_mm")
@@ -168,9 +154,9 @@ def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale:
     """out [M, N] = scaled lhs [M, K] @ rhs[g]^T ([G, N, K]) per group (+ bias[g]). group_ends:
     group_sizes holds cumulative group ends."""
     op = "scaled_grouped_mm"
-    _require_matmul(lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, bias)
+    out = _scaled_mm_outputs(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out_dtype, bias,
+                             allocator(lhs.device))
     (m, k), (g, n, _) = lhs.shape, rhs.shape
-    out = torch.empty((m, n), dtype=out_dtype, device=lhs.device)
     _core.scaled_grouped_matmul(_bytes(lhs), _bytes(rhs), capsule(lhs_scale), capsule(rhs_scale),
                                 capsule(group_sizes), capsule(out), _core.Fp8Type(_fp8_type(op, lhs, "lhs")),
                                 _core.Fp8Type(_fp8_type(op, rhs, "rhs")), _core.Fp8Scaling(scaling),
@@ -181,16 +167,22 @@ def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale:
     return out
 
 
-@scaled_grouped_mm_op.register_fake
-def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out_dtype, bias=None, group_offset=None,
-      group_ends=False):
-    _require_matmul(lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, bias)
-    return lhs.new_empty((lhs.shape[0], rhs.shape[1]), dtype=out_dtype)
+register_outputs("scaled_grouped_mm", _scaled_mm_outputs)
 
 
 def _require_wgrad(op, lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups):
     require_count(op, num_groups)
     _require_scaled(op, lhs, rhs, lhs_scale, rhs_scale, scaling, (rhs, 2, "rhs"), (group_sizes, 1, "group_sizes"))
+
+
+def _scaled_wgrad_outputs(lhs, rhs, lhs_scale, rhs_scale, group_sizes, num_groups, scaling, out_dtype, empty):
+    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups)
+    return empty((num_groups, lhs.shape[0], rhs.shape[0]), out_dtype)
+
+
+def _require_scaled_accumulate(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into):
+    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, 0)
+    require("scaled_grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
 
 
 def _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, accumulate, group_ends):
@@ -209,17 +201,13 @@ def scaled_grouped_mm_wgrad_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_
                                num_groups: int, scaling: int, out_dtype: torch.dtype,
                                group_offset: Tensor | None = None, group_ends: bool = False) -> Tensor:
     """out [G, K, N]: out[g] = scaled lhs[:, rows_g] @ rhs[:, rows_g]^T (lhs [K, M], rhs [N, M])."""
-    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups)
-    out = torch.empty((num_groups, lhs.shape[0], rhs.shape[0]), dtype=out_dtype, device=lhs.device)
+    out = _scaled_wgrad_outputs(lhs, rhs, lhs_scale, rhs_scale, group_sizes, num_groups, scaling, out_dtype,
+                                allocator(lhs.device))
     _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, False, group_ends)
     return out
 
 
-@scaled_grouped_mm_wgrad_op.register_fake
-def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, num_groups, scaling, out_dtype, group_offset=None,
-      group_ends=False):
-    _require_wgrad("scaled_grouped_mm_wgrad", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups)
-    return lhs.new_empty((num_groups, lhs.shape[0], rhs.shape[0]), dtype=out_dtype)
+register_outputs("scaled_grouped_mm_wgrad", _scaled_wgrad_outputs)
 
 
 # In place, so never differentiable: a torch.library.custom_op, which handles the mutation.
@@ -227,16 +215,12 @@ def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, num_groups, scaling, out_dtyp
 def scaled_grouped_mm_wgrad_accumulate_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale: Tensor,
                                           group_sizes: Tensor, scaling: int, accumulate_into: Tensor,
                                           group_offset: Tensor | None = None, group_ends: bool = False) -> None:
-    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, 0)
-    require("scaled_grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
+    _require_scaled_accumulate(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into)
     _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into, group_offset, True,
                group_ends)
 
 
-@scaled_grouped_mm_wgrad_accumulate_op.register_fake
-def _(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, accumulate_into, group_offset=None, group_ends=False):
-    _require_wgrad("scaled_grouped_mm_wgrad_accumulate", lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, 0)
-    return None
+register_outputs("scaled_grouped_mm_wgrad_accumulate", _require_scaled_accumulate)
 
 
 for _op, _name in ((fp8_quantize_rows_op, "fp8_quantize_rows"), (fp8_quantize_blocks_op, "fp8_quantize_blocks"),

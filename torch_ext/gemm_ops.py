@@ -15,7 +15,7 @@ import torch
 from groupgemm import _core
 from groupgemm.torch_ext import device_scratch
 from groupgemm.torch_ext.core_args import capsule, require, require_count
-from groupgemm.torch_ext.op_library import define
+from groupgemm.torch_ext.op_library import allocator, define, register_outputs
 
 Tensor = torch.Tensor
 
@@ -30,9 +30,19 @@ def _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight) -> i
     return weight.shape[1] if transpose_weight else weight.shape[2]
 
 
+def _grouped_mm_outputs(input, weight, group_sizes, bias, transpose_weight, out_dtype, empty):
+    n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
+    return empty((input.shape[0], n), out_dtype or input.dtype)
+
+
 def _require_wgrad(op, input, grad, group_sizes, num_groups) -> None:
     require_count(op, num_groups)
     require(op, (input, 2, "input"), (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
+
+
+def _wgrad_outputs(input, grad, group_sizes, num_groups, out_dtype, empty):
+    _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
+    return empty((num_groups, input.shape[1], grad.shape[1]), out_dtype or input.dtype)
 
 
 def _require_accumulate(input, grad, group_sizes, accumulate_into) -> None:
@@ -40,9 +50,10 @@ def _require_accumulate(input, grad, group_sizes, accumulate_into) -> None:
     require("grouped_mm_wgrad_accumulate", (accumulate_into, 3, "accumulate_into"))
 
 
-def _require_bias_grad(grad, group_sizes, num_groups) -> None:
+def _bias_grad_outputs(grad, group_sizes, num_groups, out_dtype, empty):
     require_count("grouped_bias_grad", num_groups)
     require("grouped_bias_grad", (grad, 2, "grad"), (group_sizes, 1, "group_sizes"))
+    return empty((num_groups, grad.shape[1]), out_dtype or grad.dtype)
 
 
 @define("grouped_mm")
@@ -50,8 +61,7 @@ def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tens
                   group_offset: Tensor | None = None, transpose_weight: bool = False,
                   out_dtype: torch.dtype | None = None, group_ends: bool = False) -> Tensor:
     """out_dtype None: the input dtype. group_ends: group_sizes holds cumulative group ends."""
-    n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
-    out = torch.empty((input.shape[0], n), dtype=out_dtype or input.dtype, device=input.device)
+    out = _grouped_mm_outputs(input, weight, group_sizes, bias, transpose_weight, out_dtype, allocator(input.device))
     _core.grouped_matmul(*map(capsule, (input, weight, group_sizes, out)), bias=capsule(bias),
                          group_offset=capsule(group_offset), transpose_rhs=transpose_weight, group_ends=group_ends,
                          workspace=capsule(_workspace(input.device, weight.shape[0])),
@@ -59,11 +69,7 @@ def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tens
     return out
 
 
-@grouped_mm_op.register_fake
-def _(input, weight, group_sizes, bias=None, group_offset=None, transpose_weight=False, out_dtype=None,
-      group_ends=False):
-    n = _grouped_mm_columns(input, weight, group_sizes, bias, transpose_weight)
-    return input.new_empty((input.shape[0], n), dtype=out_dtype or input.dtype)
+register_outputs("grouped_mm", _grouped_mm_outputs)
 
 
 @define("grouped_mm_wgrad")
@@ -71,9 +77,7 @@ def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_gr
                         group_offset: Tensor | None = None, out_dtype: torch.dtype | None = None,
                         group_ends: bool = False) -> Tensor:
     """out_dtype None: the input dtype."""
-    _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
-    out = torch.empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype or input.dtype,
-                      device=input.device)
+    out = _wgrad_outputs(input, grad, group_sizes, num_groups, out_dtype, allocator(input.device))
     _core.grouped_matmul_wgrad(*map(capsule, (input, grad, group_sizes, out)),
                                group_offset=capsule(group_offset), accumulate=False, group_ends=group_ends,
                                workspace=capsule(_workspace(input.device, num_groups)),
@@ -81,10 +85,7 @@ def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_gr
     return out
 
 
-@grouped_mm_wgrad_op.register_fake
-def _(input, grad, group_sizes, num_groups, group_offset=None, out_dtype=None, group_ends=False):
-    _require_wgrad("grouped_mm_wgrad", input, grad, group_sizes, num_groups)
-    return input.new_empty((num_groups, input.shape[1], grad.shape[1]), dtype=out_dtype or input.dtype)
+register_outputs("grouped_mm_wgrad", _wgrad_outputs)
 
 
 # In place, so never differentiable: a torch.library.custom_op, which handles the mutation.
@@ -99,28 +100,21 @@ def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Ten
                                stream=device_scratch.stream(input.device))
 
 
-@grouped_mm_wgrad_accumulate_op.register_fake
-def _(input, grad, group_sizes, accumulate_into, group_offset=None, group_ends=False):
-    _require_accumulate(input, grad, group_sizes, accumulate_into)
-    return None
+register_outputs("grouped_mm_wgrad_accumulate", _require_accumulate)
 
 
 @define("grouped_bias_grad")
 def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int, group_offset: Tensor | None = None,
                          out_dtype: torch.dtype | None = None, group_ends: bool = False) -> Tensor:
     """out_dtype None: grad's dtype."""
-    _require_bias_grad(grad, group_sizes, num_groups)
-    out = torch.empty((num_groups, grad.shape[1]), dtype=out_dtype or grad.dtype, device=grad.device)
+    out = _bias_grad_outputs(grad, group_sizes, num_groups, out_dtype, allocator(grad.device))
     _core.grouped_bias_grad(*map(capsule, (grad, group_sizes, out)), group_offset=capsule(group_offset),
                             group_ends=group_ends, workspace=capsule(_workspace(grad.device, num_groups)),
                             stream=device_scratch.stream(grad.device))
     return out
 
 
-@grouped_bias_grad_op.register_fake
-def _(grad, group_sizes, num_groups, group_offset=None, out_dtype=None, group_ends=False):
-    _require_bias_grad(grad, group_sizes, num_groups)
-    return grad.new_empty((num_groups, grad.shape[1]), dtype=out_dtype or grad.dtype)
+register_outputs("grouped_bias_grad", _bias_grad_outputs)
 
 
 def _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad, weight_grad, bias_dtype,
@@ -145,9 +139,8 @@ def grouped_mm_backward_op(input: Tensor, weight: Tensor, grad: Tensor, group_si
                            group_ends: bool = False, input_grad: bool = True, weight_grad: bool = True,
                            bias_dtype: torch.dtype | None = None,
                            accumulate_into: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=input.device)
     dinput, dweight, dbias = _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad,
-                                               weight_grad, bias_dtype, accumulate_into, empty)
+                                               weight_grad, bias_dtype, accumulate_into, allocator(input.device))
     drhs = accumulate_into if weight_grad and accumulate_into is not None else dweight if weight_grad else None
     _core.grouped_matmul_backward(*map(capsule, (input, weight, grad, group_sizes)),
                                   dlhs=capsule(dinput) if input_grad else None, drhs=capsule(drhs),
@@ -159,11 +152,7 @@ def grouped_mm_backward_op(input: Tensor, weight: Tensor, grad: Tensor, group_si
     return dinput, dweight, dbias
 
 
-@grouped_mm_backward_op.register_fake
-def _(input, weight, grad, group_sizes, group_offset=None, transpose_weight=False, group_ends=False,
-      input_grad=True, weight_grad=True, bias_dtype=None, accumulate_into=None):
-    return _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad, weight_grad,
-                             bias_dtype, accumulate_into, lambda shape, dtype: input.new_empty(shape, dtype=dtype))
+register_outputs("grouped_mm_backward", _backward_outputs)
 
 
 def incoming_grad(grad: Tensor, dtype: torch.dtype) -> Tensor:

@@ -18,6 +18,8 @@ silently zero.
 Under vmap each op runs once per batch entry (a registered loop, no batched kernel).
 """
 
+import inspect
+
 import torch
 from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd import forward_ad
@@ -63,10 +65,6 @@ class Op:
             return self.overload(*args, **kwargs)
         with torch._C._AutoDispatchBelowAutograd():
             return self.overload(*args)
-
-    def register_fake(self, fake):
-        torch.library.register_fake(self.qualname, fake, lib=LIBRARY)
-        return fake
 
     def register_derivatives(self, backward, *, setup_context, jvp):
         """``setup_context(ctx, inputs, output)`` saves what ``backward(ctx, *grads)`` (one
@@ -124,6 +122,32 @@ def _derivatives_function(op: Op):
     return type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
         "backward": staticmethod(backward), "jvp": staticmethod(jvp)})
+
+
+def allocator(device: torch.device):
+    """``empty(shape, dtype)`` on ``device``: how an op's kernel allocates its outputs."""
+    return lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)
+
+
+def register_outputs(name: str, outputs) -> None:
+    """Registers the fake kernel of ``groupgemm::<name>`` (what torch.compile, meta and fake
+    tensors run) as ``outputs``, the function its kernel checks its arguments and allocates
+    its outputs with: its parameters are some of the op's arguments, by name, and
+    ``empty(shape, dtype)``, which allocates like the first tensor argument. So the op's
+    signature and output shapes are written once."""
+    schema = getattr(torch.ops.groupgemm, name).default._schema
+    names = [a.name for a in schema.arguments]
+    defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    wanted = [p for p in inspect.signature(outputs).parameters if p != "empty"]
+    takes_empty = "empty" in inspect.signature(outputs).parameters
+
+    def fake(*args, **kwargs):
+        given = {**defaults, **dict(zip(names, args)), **kwargs}
+        like = next(given[n] for n in names if isinstance(given[n], Tensor))
+        empty = {"empty": lambda shape, dtype: like.new_empty(shape, dtype=dtype)} if takes_empty else {}
+        return outputs(**{p: given[p] for p in wanted}, **empty)
+
+    torch.library.register_fake(f"groupgemm::{name}", fake, lib=LIBRARY)
 
 
 def define(name: str):
