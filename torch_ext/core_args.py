@@ -28,6 +28,12 @@ def require_count(op: str, num_groups: int) -> None:
         raise ValueError(f"groupgemm::{op}: num_groups must be non-negative, got {num_groups}")
 
 
+def incoming_grad(grad: Tensor, dtype: torch.dtype) -> Tensor:
+    """An incoming gradient for an op: it may be wider, stride-0 (``y.sum().backward()``) or
+    strided, so one rounding to ``dtype``, then contiguous."""
+    return grad.to(dtype).contiguous()
+
+
 def capsule(t: Tensor | None):
     """A tensor as a DLPack capsule for the core (zero-copy). The legacy to_dlpack is used
     on purpose: it is several times cheaper than Tensor.__dlpack__, which would be most

@@ -18,13 +18,13 @@ dtype once, and every gradient uses it (the JAX frontend does the same).
 
 import torch
 
+from groupgemm.torch_ext.core_args import incoming_grad
 from groupgemm.torch_ext.gemm_ops import (
     grouped_bias_grad_op,
     grouped_mm_backward_op,
     grouped_mm_op,
     grouped_mm_wgrad_accumulate_op,
     grouped_mm_wgrad_op,
-    incoming_grad,
 )
 
 Tensor = torch.Tensor

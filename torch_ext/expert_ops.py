@@ -13,7 +13,7 @@ import torch
 from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.torch_ext import device_scratch
-from groupgemm.torch_ext.core_args import capsule, require
+from groupgemm.torch_ext.core_args import capsule, incoming_grad, require
 from groupgemm.torch_ext.op_library import allocator, define, register_outputs
 
 Tensor = torch.Tensor
@@ -185,11 +185,6 @@ def softmax_topk_tangent_op(logits: Tensor, expert_indices: Tensor, tlogits: Ten
 register_outputs("softmax_topk_tangent", _softmax_topk_tangent_outputs)
 
 
-def _incoming(grad: Tensor, dtype: torch.dtype) -> Tensor:
-    """Incoming gradients may be wider, stride-0 or strided: one rounding, then contiguous."""
-    return grad.to(dtype).contiguous()
-
-
 # ---- derivatives: each is another op ------------------------------------------------
 # permute and unpermute are linear in tokens, permuted and probs, so their tangents are the
 # same ops applied to the tangents. The activation's tangent is J @ t; its backward gives
@@ -208,7 +203,7 @@ def _permute_setup(ctx, inputs, output):
 def _permute_backward(ctx, dpermuted, _dsizes, _drow_map):
     (row_map,) = ctx.saved_tensors
     # Each token's gradient sums its k rows' gradients in slot order: unpermute without probs.
-    return unpermute_op(_incoming(dpermuted, ctx.tokens_dtype), row_map, None), None, None
+    return unpermute_op(incoming_grad(dpermuted, ctx.tokens_dtype), row_map, None), None, None
 
 
 def _permute_jvp(ctx, t_tokens, *_):
@@ -227,7 +222,7 @@ def _unpermute_setup(ctx, inputs, output):
 
 def _unpermute_backward(ctx, dout):
     permuted, row_map, probs = ctx.saved_tensors
-    dpermuted, dprobs = unpermute_backward_op(_incoming(dout, permuted.dtype), permuted, row_map, probs)
+    dpermuted, dprobs = unpermute_backward_op(incoming_grad(dout, permuted.dtype), permuted, row_map, probs)
     return dpermuted, None, None if probs is None else dprobs
 
 
@@ -253,7 +248,7 @@ def _activation_setup(ctx, inputs, output):
 
 def _activation_backward(ctx, dout):
     (h,) = ctx.saved_tensors
-    return activation_backward_op(_incoming(dout, h.dtype), h, ctx.kind), None, None
+    return activation_backward_op(incoming_grad(dout, h.dtype), h, ctx.kind), None, None
 
 
 def _activation_jvp(ctx, t_h, *_):
@@ -279,14 +274,14 @@ def _softmax_topk_setup(ctx, inputs, output):
 
 def _softmax_topk_backward(ctx, dprobs, _dindices):
     logits, indices = ctx.saved_tensors
-    dlogits = softmax_topk_backward_op(logits, indices, _incoming(dprobs, _router_probs_dtype(logits)),
+    dlogits = softmax_topk_backward_op(logits, indices, incoming_grad(dprobs, _router_probs_dtype(logits)),
                                        ctx.renormalize)
     return dlogits, None, None
 
 
 def _softmax_topk_jvp(ctx, t_logits, *_):
     logits, indices = ctx.saved_tensors
-    return softmax_topk_tangent_op(logits, indices, _incoming(t_logits, logits.dtype), ctx.renormalize), None
+    return softmax_topk_tangent_op(logits, indices, incoming_grad(t_logits, logits.dtype), ctx.renormalize), None
 
 
 softmax_topk_op.register_derivatives(_softmax_topk_backward, setup_context=_softmax_topk_setup,

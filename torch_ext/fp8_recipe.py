@@ -8,7 +8,7 @@ from torch.autograd import forward_ad
 
 from groupgemm import _contract as contract
 from groupgemm import _fp8_recipe as recipe_steps
-from groupgemm.torch_ext import fp8_ops, gemm_ops, main_grad
+from groupgemm.torch_ext import core_args, fp8_ops, gemm_ops, main_grad
 
 Tensor = torch.Tensor
 
@@ -75,7 +75,7 @@ class _Fp8GroupedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         input, weight, group_sizes = ctx.saved_tensors
-        grad = gemm_ops.incoming_grad(grad, input.dtype)
+        grad = core_args.incoming_grad(grad, input.dtype)
         g = weight.shape[0]
         dinput = dweight = dbias = None
         if ctx.needs_input_grad[0]:

@@ -5,7 +5,7 @@ then the ops (importing this module registers their derivatives)."""
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import derivatives, eager, gemm_ops  # noqa: F401 - derivatives registers the ops' autograd
+from groupgemm.torch_ext import core_args, derivatives, eager, gemm_ops  # noqa: F401 - derivatives registers the ops' autograd
 from groupgemm.torch_ext import offs as offs_convention
 from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_operands, same_device, shape_and_dtype
 
@@ -94,7 +94,7 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
                              contiguous=accumulate_into.is_contiguous(),
                              requires_grad=accumulate_into.requires_grad, aliases=aliased)
         same_device(accumulate_into, "accumulate_into", input.device, fn)
-    input, grad = input.contiguous(), gemm_ops.incoming_grad(grad, grad.dtype)
+    input, grad = input.contiguous(), core_args.incoming_grad(grad, grad.dtype)
     if accumulate_into is None:
         return gemm_ops.grouped_mm_wgrad_op(input, grad, group_sizes, num_groups, group_offset, input.dtype)
     gemm_ops.grouped_mm_wgrad_accumulate_op(input, grad, group_sizes, accumulate_into, group_offset)

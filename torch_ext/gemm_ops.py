@@ -153,8 +153,3 @@ def grouped_mm_backward_op(input: Tensor, weight: Tensor, grad: Tensor, group_si
 
 
 register_outputs("grouped_mm_backward", _backward_outputs)
-
-
-def incoming_grad(grad: Tensor, dtype: torch.dtype) -> Tensor:
-    """Incoming gradients may be wider, stride-0 (``y.sum().backward()``) or strided."""
-    return grad.to(dtype).contiguous()

@@ -31,7 +31,7 @@ from torch.autograd import forward_ad
 from torch.utils.weak import WeakIdKeyDictionary
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import derivatives, gemm_ops
+from groupgemm.torch_ext import core_args, derivatives, gemm_ops
 from groupgemm.torch_ext.arguments import dtype_name, shape_and_dtype
 
 Tensor = torch.Tensor
@@ -112,7 +112,7 @@ class _MainGradGroupedMM(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         input, weight, group_sizes = ctx.saved_tensors
-        grad = gemm_ops.incoming_grad(grad, input.dtype)
+        grad = core_args.incoming_grad(grad, input.dtype)
         # weight is [G, N, K]: main_grad[g] += grad_g^T @ input_g, beside dinput and dbias.
         dinput, _, dbias = derivatives.grouped_mm_grads(ctx, grad, input, weight.contiguous(), group_sizes, None,
                                                         accumulate_into=ctx.main_grad)
