@@ -101,14 +101,14 @@ def dispatch(tokens: Tensor, expert_indices: Tensor, num_experts: int, group=Non
     ep = dist.get_world_size(group)
     e_local = rules.check(num_experts, ep, capacity, fn)
     permuted, group_sizes, row_map = expert.permute(tokens, expert_indices, num_experts)
-    sent_counts = group_sizes.reshape(ep, e_local)
-    nothing = torch.zeros((), dtype=torch.int32, device=permuted.device)
     if capacity is None:
+        sent_counts = group_sizes.reshape(ep, e_local)
         received = _exchange_counts(sent_counts.reshape(-1), group).reshape(ep, e_local)
         counts = torch.cat([sent_counts.sum(1), received.sum(1)]).tolist()  # the one host copy of a dispatch
         splits = _Splits(tuple(counts[:ep]), tuple(counts[ep:]), dist.get_rank(group))
         local_expert = torch.arange(e_local, dtype=torch.int32, device=permuted.device).repeat(ep)
         receive_experts = local_expert.repeat_interleave(received.reshape(-1), output_size=sum(splits.receive))
+        nothing = torch.zeros((), dtype=torch.int32, device=permuted.device)
         plan = DispatchPlan(expert_indices, num_experts, row_map, receive_experts[:, None], None, None, nothing,
                             group, splits)
     else:

@@ -138,8 +138,9 @@ def register_outputs(name: str, outputs) -> None:
     schema = getattr(torch.ops.groupgemm, name).default._schema
     names = [a.name for a in schema.arguments]
     defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    wanted = [p for p in inspect.signature(outputs).parameters if p != "empty"]
-    takes_empty = "empty" in inspect.signature(outputs).parameters
+    parameters = inspect.signature(outputs).parameters
+    wanted = [p for p in parameters if p != "empty"]
+    takes_empty = "empty" in parameters
 
     def fake(*args, **kwargs):
         given = {**defaults, **dict(zip(names, args)), **kwargs}

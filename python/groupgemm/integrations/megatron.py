@@ -37,6 +37,8 @@ The exchange of tokens between expert-parallel ranks is ``MoELayer.token_dispatc
 and ``combine``, and :func:`use_groupgemm_dispatcher` puts it into a built ``MoELayer``.
 """
 
+import functools
+
 import torch
 
 from groupgemm.torch_ext import module
@@ -49,7 +51,6 @@ _UNSUPPORTED_OPTIONS = ("delay_wgrad_compute", "overlap_dispatch_backward_with_e
 # ... and those the token dispatcher does not (the TE/DeepEP paths, quantization padding).
 _UNSUPPORTED_DISPATCH_OPTIONS = ("moe_router_padding_for_quantization", "moe_shared_expert_overlap",
                                  "moe_pad_expert_input_to_capacity", "moe_permute_fusion", "fp8", "fp4")
-_DISPATCHER: list = []  # the one dispatcher class, made on first use
 
 
 def _group_size(group) -> int:
@@ -173,7 +174,7 @@ class RowParallelGroupedLinear(_MegatronGroupedLinear):
     parallel_mode = "row"
 
 
-
+@functools.cache  # one class, made on first use
 def token_dispatcher_class() -> type:
     """Megatron-core's token dispatcher contract on groupgemm.torch's expert parallelism.
 
@@ -189,8 +190,6 @@ def token_dispatcher_class() -> type:
     the option, expert tensor parallelism and the TransformerConfig options it does not
     implement (quantization padding, the fused permute, shared-expert overlap).
     """
-    if _DISPATCHER:
-        return _DISPATCHER[0]
     from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 
     import groupgemm.torch as gt
@@ -246,7 +245,6 @@ def token_dispatcher_class() -> type:
             return hidden_states.view(self.hidden_shape)
 
     GroupgemmTokenDispatcher.__module__ = __name__
-    _DISPATCHER.append(GroupgemmTokenDispatcher)
     return GroupgemmTokenDispatcher
 
 

@@ -22,6 +22,7 @@ groupgemm's dispatch and combine (capacity or dropless), and :func:`use_groupgem
 switches a model config's dispatchers to it.
 """
 
+import functools
 from dataclasses import dataclass, fields
 
 import torch
@@ -31,7 +32,6 @@ from groupgemm.torch_ext.functional import grouped_mm as _grouped_mm
 __all__ = ["experts_class", "grouped_mm", "token_dispatcher_class", "use_groupgemm", "use_groupgemm_dispatch"]
 
 _EXPERTS_CLASSES: dict[type, type] = {}
-_DISPATCHER: list = []  # the one dispatcher class, made on first use
 
 
 def grouped_mm(*, A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -116,6 +116,7 @@ def _replace_configs(model_config, config_cls, replacement):
     return model_config
 
 
+@functools.cache  # one class, made on first use
 def token_dispatcher_class() -> type:
     """torchtitan's expert-parallel token dispatcher on groupgemm.torch's dispatch and combine.
 
@@ -128,8 +129,6 @@ def token_dispatcher_class() -> type:
     order. Zero tokens on a rank, or for its experts, are ordinary input. Without an EP mesh
     (EP = 1) the rows are only permuted, with the same core ops.
     """
-    if _DISPATCHER:
-        return _DISPATCHER[0]
     from torchtitan.models.common.token_dispatcher import BaseEPTokenDispatcher
 
     import groupgemm.torch as gt
@@ -159,7 +158,6 @@ def token_dispatcher_class() -> type:
             return gt.combine(routed_output_RD, plan, scores)
 
     GroupgemmTokenDispatcher.__module__ = __name__
-    _DISPATCHER.append(GroupgemmTokenDispatcher)
     return GroupgemmTokenDispatcher
 
 
