@@ -1,10 +1,10 @@
-"""The Hopper kernel table (core/src/hopper_kernels.def) as data: its sm90 tiles, its
+"""The Hopper kernel table (core_cuda/src/hopper_kernels.def) as data: its sm90 tiles, its
 choice of kernel per class of GEMM call, and the rewrite of that choice from a GPU run's
 measurements. The core compiles the table; this module reads the same lines, so the tile
 list and the rule are written once. Standard library only.
 
 A class is a range of a call's smaller side: the smaller of its rows per group and its
-columns (core/src/kernel_choice.h's smaller_side). A row's bound is the largest
+columns (core_cuda/src/kernel_choice.h's smaller_side). A row's bound is the largest
 smaller side it takes, 0 for any size; the first row whose bound holds decides.
 """
 
@@ -13,7 +13,7 @@ import os
 import re
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-TABLE = os.path.join(ROOT, "core", "src", "hopper_kernels.def")
+TABLE = os.path.join(ROOT, "core_cuda", "src", "hopper_kernels.def")
 SM80 = "sm80"  # the CUTLASS 2.x kernels, the table's name for them
 SM90_BY_SHAPE = "sm90"  # GROUPGEMM_CUDA_KERNEL's value for the table's sm90 column
 

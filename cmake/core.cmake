@@ -1,4 +1,4 @@
-# The framework-free core (core/): its CPU libraries, its CUDA backend when nvcc is
+# The framework-free core (core_cuda/): its CPU libraries, its CUDA backend when nvcc is
 # found, and groupgemm_core_library(name STATIC|SHARED), which builds it. Included by
 # CMakeLists.txt wherever the core is compiled; a Python module linked against a core
 # built earlier (GROUPGEMM_PREBUILT_CORE) needs none of this.
@@ -6,7 +6,7 @@
 # The CPU GEMM libraries come from Python wheels (onednn-cpu-gomp + its devel headers,
 # scipy-openblas32); locate them through the installed distributions so isolated and
 # non-isolated builds both work. The core compiles against their headers and reaches the
-# libraries at run time (core/cpu/run_time_libraries.h): it links none of them.
+# libraries at run time (core_cuda/cpu/run_time_libraries.h): it links none of them.
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -c "
 import importlib.metadata as md, os
@@ -40,16 +40,16 @@ get_filename_component(ONEDNN_LIBRARY_DIR "${ONEDNN_LIBRARY}" DIRECTORY)
 get_filename_component(OPENBLAS_LIBRARY_DIR "${OPENBLAS_LIBRARY}" DIRECTORY)
 
 set(GG_CORE_SOURCES
-  core/src/api.cpp
-  core/cpu/backend.cpp
-  core/cpu/gemm.cpp
-  core/cpu/gemm_onednn.cpp
-  core/cpu/expert_ops.cpp
-  core/src/fp8_api.cpp
-  core/cpu/fp8_quantize.cpp
-  core/cpu/fp8_gemm.cpp
-  core/cpu/run_time_libraries.cpp
-  core/cpu/float_mode.cpp)
+  core_cuda/src/api.cpp
+  core_cuda/cpu/backend.cpp
+  core_cuda/cpu/gemm.cpp
+  core_cuda/cpu/gemm_onednn.cpp
+  core_cuda/cpu/expert_ops.cpp
+  core_cuda/src/fp8_api.cpp
+  core_cuda/cpu/fp8_quantize.cpp
+  core_cuda/cpu/fp8_gemm.cpp
+  core_cuda/cpu/run_time_libraries.cpp
+  core_cuda/cpu/float_mode.cpp)
 
 # CUDA: compiled when nvcc is present (CUDACXX, PATH, or the default toolkit location)
 # and GROUPGEMM_CUDA is not OFF. The build says which it made and why.
@@ -102,7 +102,7 @@ endif()
 if(GG_WITH_CUDA AND CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)90a")
   set(GG_SM90_UNITS "")
   # The tiles are the GG_SM90_TILE rows of the Hopper kernel table.
-  set(GG_KERNEL_TABLE "${CMAKE_CURRENT_SOURCE_DIR}/core/src/hopper_kernels.def")
+  set(GG_KERNEL_TABLE "${CMAKE_CURRENT_SOURCE_DIR}/core_cuda/src/hopper_kernels.def")
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${GG_KERNEL_TABLE}")
   file(STRINGS "${GG_KERNEL_TABLE}" GG_TILE_ROWS REGEX "^GG_SM90_TILE\\(")
   set(GG_SM90_TILES "")
@@ -114,7 +114,7 @@ if(GG_WITH_CUDA AND CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)90a")
     foreach(SM90_TILE IN LISTS GG_SM90_TILES)
       foreach(SM90_LAYOUT row_row row_col col_row)
         set(unit "${CMAKE_CURRENT_BINARY_DIR}/sm90/gemm_${SM90_DTYPE}_${SM90_TILE}_${SM90_LAYOUT}.cu")
-        configure_file(core/cuda/gemm_sm90_instance.cu.in "${unit}" @ONLY)
+        configure_file(core_cuda/cuda/gemm_sm90_instance.cu.in "${unit}" @ONLY)
         list(APPEND GG_SM90_UNITS "${unit}")
       endforeach()
     endforeach()
@@ -124,12 +124,12 @@ if(GG_WITH_CUDA AND CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)90a")
   foreach(FP8_LHS e4m3 e5m2)
     foreach(FP8_OUT bf16 f32)
       set(unit "${CMAKE_CURRENT_BINARY_DIR}/sm90/fp8_sm90_${FP8_LHS}_${FP8_OUT}.cu")
-      configure_file(core/cuda/fp8_sm90_instance.cu.in "${unit}" @ONLY)
+      configure_file(core_cuda/cuda/fp8_sm90_instance.cu.in "${unit}" @ONLY)
       list(APPEND GG_SM90_UNITS "${unit}")
     endforeach()
   endforeach()
   add_library(groupgemm_gemm_sm90 OBJECT ${GG_SM90_UNITS})
-  target_include_directories(groupgemm_gemm_sm90 PRIVATE core/include core/src core/cuda)
+  target_include_directories(groupgemm_gemm_sm90 PRIVATE core_cuda/include core_cuda/src core_cuda/cuda)
   target_include_directories(groupgemm_gemm_sm90 SYSTEM PRIVATE ${CUTLASS_INCLUDE_DIR})
   target_compile_options(groupgemm_gemm_sm90 PRIVATE -Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror)
   set_target_properties(groupgemm_gemm_sm90 PROPERTIES CUDA_ARCHITECTURES 90a-real CUDA_RUNTIME_LIBRARY Static)
@@ -137,8 +137,8 @@ endif()
 
 function(groupgemm_core_library name type)
   add_library(${name} ${type} ${GG_CORE_SOURCES})
-  # core/include is the public API; core/src holds the headers the backends share.
-  target_include_directories(${name} PUBLIC core/include PRIVATE core/src)
+  # core_cuda/include is the public API; core_cuda/src holds the headers the backends share.
+  target_include_directories(${name} PUBLIC core_cuda/include PRIVATE core_cuda/src)
   target_include_directories(${name} PRIVATE ${ONEDNN_INCLUDE_DIR} ${OPENBLAS_INCLUDE_DIR})
   # OpenMP's flags for the compiler only: its runtime is reached through run_time_libraries.cpp.
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${OpenMP_CXX_FLAGS}>)
@@ -146,17 +146,17 @@ function(groupgemm_core_library name type)
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror>
                                          $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
   if(NOT GG_WITH_CUDA)
-    target_sources(${name} PRIVATE core/src/no_cuda.cpp)
+    target_sources(${name} PRIVATE core_cuda/src/no_cuda.cpp)
   else()
     # One translation unit per input dtype so the CUTLASS instantiations build in parallel.
     target_sources(${name} PRIVATE
-      core/cuda/backend.cu core/cuda/device_info.cu core/cuda/setup.cu
-      core/cuda/bias_grad.cu core/cuda/gemm_unaligned.cu core/cuda/expert_backend.cu
-      core/cuda/permute.cu core/cuda/unpermute.cu core/cuda/activation.cu core/cuda/router.cu
-      core/cuda/gemm_bf16.cu core/cuda/gemm_f16.cu core/cuda/gemm_f32.cu)
-    target_sources(${name} PRIVATE core/cuda/gemm_sm90_dispatch.cu)
-    target_sources(${name} PRIVATE core/cuda/fp8_backend.cu core/cuda/fp8_setup.cu
-      core/cuda/fp8_quantize.cu core/cuda/fp8_sm90_dispatch.cu)
+      core_cuda/cuda/backend.cu core_cuda/cuda/device_info.cu core_cuda/cuda/setup.cu
+      core_cuda/cuda/bias_grad.cu core_cuda/cuda/gemm_unaligned.cu core_cuda/cuda/expert_backend.cu
+      core_cuda/cuda/permute.cu core_cuda/cuda/unpermute.cu core_cuda/cuda/activation.cu core_cuda/cuda/router.cu
+      core_cuda/cuda/gemm_bf16.cu core_cuda/cuda/gemm_f16.cu core_cuda/cuda/gemm_f32.cu)
+    target_sources(${name} PRIVATE core_cuda/cuda/gemm_sm90_dispatch.cu)
+    target_sources(${name} PRIVATE core_cuda/cuda/fp8_backend.cu core_cuda/cuda/fp8_setup.cu
+      core_cuda/cuda/fp8_quantize.cu core_cuda/cuda/fp8_sm90_dispatch.cu)
     if(TARGET groupgemm_gemm_sm90)
       target_sources(${name} PRIVATE $<TARGET_OBJECTS:groupgemm_gemm_sm90>)
       target_compile_definitions(${name} PRIVATE GROUPGEMM_WITH_SM90)

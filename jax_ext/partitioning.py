@@ -99,7 +99,7 @@ class Layout:
 
 def group_ends(group_sizes, num_rows):
     """``min(cumsum(max(sizes, 0)), num_rows)``, saturating instead of overflowing: the
-    schedule's clamped group ends (core/include/groupgemm/schedule.h)."""
+    schedule's clamped group ends (core_cuda/include/groupgemm/schedule.h)."""
     sizes = jnp.clip(group_sizes, 0, num_rows)
     return jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
 

@@ -1,5 +1,5 @@
 """The core computes in one floating-point mode whoever calls it: IEEE 754 with subnormals
-kept (core/src/float_mode.h). XLA's CPU threads flush subnormals to zero, torch's do
+kept (core_cuda/src/float_mode.h). XLA's CPU threads flush subnormals to zero, torch's do
 not, and OpenMP's workers keep the mode of the thread that first started them; so on inputs
 whose results are subnormal, JAX and PyTorch must give the same bits, in either order of
 first use within one process, and those bits must be the unflushed ones."""

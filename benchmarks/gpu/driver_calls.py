@@ -1,6 +1,6 @@
 """The calls the sanitizer driver makes, and which CUDA kernels of the core each reaches.
 
-The rules below restate the CUDA backend's call sequence in core/ (which calls return
+The rules below restate the CUDA backend's call sequence in core_cuda/ (which calls return
 before any launch, when the bias goes into the GEMM epilogue, when 16-bit operands take
 the unaligned kernel; for the expert layer, which of permute's steps run, the chunk count
 and when its scans span several tiles, which (values, probs) instantiation unpermute
@@ -146,7 +146,7 @@ def _gemm(call, out_dtype, k, n, layout, c, family):
 
 
 def _kind(kind, dtype, family):
-    """Which kernel runs a tensor-core GEMM under `family` (core/src/kernel_choice.h's
+    """Which kernel runs a tensor-core GEMM under `family` (core_cuda/src/kernel_choice.h's
     sm90_runs): the 3.x kernels take every aligned 16-bit GEMM; the rest stays on 2.x."""
     sm90 = is_sm90(family) and kind == CUTLASS and dtype in SIXTEEN_BIT
     return cutlass_kind(family) if sm90 else kind
@@ -180,7 +180,7 @@ def describe(kernel):
     return f"{kind} {dtype}->{out} {layout}" + (f" {c}" if c else "")
 
 
-# ---- the expert layer (core/cuda/expert_backend.cu, permute.cu, unpermute.cu, activation.cu,
+# ---- the expert layer (core_cuda/cuda/expert_backend.cu, permute.cu, unpermute.cu, activation.cu,
 # router.cu)
 
 PERMUTE_COUNT, PERMUTE_BUCKET_SCAN, PERMUTE_START_SCAN, PERMUTE_ASSIGN, PERMUTE_FILL = (

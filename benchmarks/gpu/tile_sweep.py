@@ -30,7 +30,7 @@ TOLERANCE = 2e-2  # bfloat16 outputs of two kernels, relative to the largest val
 
 def smaller_side(gemm, experts, tokens, hidden, ffn):
     """A GEMM's class in the kernel table: the smaller of its rows per group and its output
-    columns (core/src/kernel_choice.h's smaller_side, restated for the GEMMs of this
+    columns (core_cuda/src/kernel_choice.h's smaller_side, restated for the GEMMs of this
     sweep): forward [M/G, N], dgrad [M/G, K], weight gradient [K, N] per group."""
     rows_per_group = tokens // experts
     return {"forward": min(rows_per_group, ffn), "dgrad": min(rows_per_group, hidden),
