@@ -43,7 +43,7 @@ def main():
                 sizes[-1] += m - int(sizes.sum())
                 rhs = torch.randn(g, n, k) if transpose else torch.randn(g, k, n)
                 calls[g] = (lambda rhs=rhs.to(dtype), sizes=sizes:
-                            core.grouped_matmul(lhs, rhs, sizes, out, transpose_rhs=transpose))
+                            core.grouped_matmul(lhs, rhs, sizes, out=out, transpose_rhs=transpose))
             # Round-robin, so a slow-down of the machine hits the dense and grouped calls alike.
             times = interleaved_medians(calls, args.repeats)
             dense = times[1][0]

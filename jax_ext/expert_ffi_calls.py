@@ -12,21 +12,8 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm import _core
-from groupgemm.jax_ext.ffi_calls import placeholder
+from groupgemm.jax_ext.ffi_calls import placeholder, workspace
 from groupgemm.jax_ext.partitioning import Layout, partitioned
-
-
-def _permute_workspace(num_slots, num_experts):
-    """The CUDA counting sort's scratch, an extra XLA output like the GEMMs' workspace."""
-    nbytes = _core.permute_workspace_bytes(_core.Device.cuda, num_slots, num_experts) if _core.cuda_compiled() else 0
-    return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
-
-
-def _unpermute_backward_workspace(num_slots):
-    """The CUDA row sort's scratch for dpermuted, an extra XLA output like permute's."""
-    nbytes = _core.unpermute_backward_workspace_bytes(_core.Device.cuda, num_slots) if _core.cuda_compiled() else 0
-    return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
-
 
 
 # tokens [T, H], expert_indices [T, k] -> permuted [T*k, H], group_sizes [E], row_map [T, k]: the rows
@@ -37,7 +24,7 @@ def permute(tokens, expert_indices, *, num_experts):
     call = jax.ffi.ffi_call(
         "groupgemm_permute",
         (jax.ShapeDtypeStruct((t * k, tokens.shape[1]), tokens.dtype), jax.ShapeDtypeStruct((num_experts,), jnp.int32),
-         jax.ShapeDtypeStruct((t, k), jnp.int32), _permute_workspace(t * k, num_experts)))
+         jax.ShapeDtypeStruct((t, k), jnp.int32), workspace(_core.permute_workspace_bytes, t * k, num_experts)))
     return call(tokens, expert_indices)[:3]
 
 
@@ -46,8 +33,7 @@ def permute(tokens, expert_indices, *, num_experts):
 def unpermute(permuted, row_map, probs=None):
     call = jax.ffi.ffi_call("groupgemm_unpermute",
                             jax.ShapeDtypeStruct((row_map.shape[0], permuted.shape[1]), permuted.dtype))
-    probs_operand = placeholder(permuted.dtype) if probs is None else probs
-    return (call(permuted, row_map, probs_operand, has_probs=np.bool_(probs is not None)),)
+    return (call(permuted, row_map, placeholder(permuted.dtype) if probs is None else probs),)
 
 
 # dout [T, H], row_map [T, k], probs [T, k] -> dpermuted [R, H], unpermute's backward for dpermuted: a
@@ -60,10 +46,9 @@ def unpermute_scatter(dout, row_map, probs=None, *, num_rows):
     call = jax.ffi.ffi_call(
         "groupgemm_unpermute_backward",
         (jax.ShapeDtypeStruct((num_rows, dout.shape[1]), dout.dtype), jax.ShapeDtypeStruct((0,), dout.dtype),
-         _unpermute_backward_workspace(t * k)))
+         workspace(_core.unpermute_backward_workspace_bytes, t * k)))
     none = placeholder(dout.dtype)  # permuted: only dprobs reads it
-    dpermuted, _, _ = call(dout, none, row_map, none if probs is None else probs, has_probs=np.bool_(probs is not None),
-                           has_dpermuted=np.bool_(True), has_dprobs=np.bool_(False))
+    dpermuted, _, _ = call(dout, none, row_map, none if probs is None else probs)
     return (dpermuted,)
 
 
@@ -76,8 +61,7 @@ def unpermute_slot_dots(permuted, dout, row_map, *, dots_dtype):
         "groupgemm_unpermute_backward",
         (jax.ShapeDtypeStruct((0,), dout.dtype), jax.ShapeDtypeStruct(row_map.shape, dots_dtype),
          jax.ShapeDtypeStruct((0,), jnp.uint8)))  # the row sort's scratch serves dpermuted alone
-    _, dprobs, _ = call(dout, permuted, row_map, placeholder(dout.dtype), has_probs=np.bool_(False),
-                        has_dpermuted=np.bool_(False), has_dprobs=np.bool_(True))
+    _, dprobs, _ = call(dout, permuted, row_map, placeholder(dout.dtype))
     return (dprobs,)
 
 

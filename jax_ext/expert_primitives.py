@@ -39,7 +39,6 @@ from groupgemm.jax_ext.primitives import (
     aval_of,
     cotangent,
     define,
-    every_operand_present,
     is_zero,
     placeholder,
     primitive,
@@ -84,14 +83,8 @@ def _permute_transpose(cts, tokens, expert_indices, *, batched, num_experts):
     return [cotangent(dtokens, tokens, tokens_b, any(flags)), None]
 
 
-permute_p = define("groupgemm_permute", expert_ffi_calls.permute, every_operand_present, _permute_jvp,
+permute_p = define("groupgemm_permute", expert_ffi_calls.permute, None, _permute_jvp,
                    _permute_transpose, multiple_results=True)
-
-
-def _weighted_present(operands, batched, params):
-    """Unpermute and its scatter: the weights are left out of the FFI call when absent."""
-    n = 3 if params["has_weights"] else 2
-    return operands[:n], batched[:n], {name: v for name, v in params.items() if name != "has_weights"}
 
 
 def _unpermute_transpose(ct, values, row_map, weights, *, batched, has_weights):
@@ -115,7 +108,7 @@ def _unpermute_transpose(ct, values, row_map, weights, *, batched, has_weights):
     return results
 
 
-unpermute_p = define("groupgemm_unpermute", expert_ffi_calls.unpermute, _weighted_present, (0, 2),
+unpermute_p = define("groupgemm_unpermute", expert_ffi_calls.unpermute, "has_weights", (0, 2),
                      _unpermute_transpose)
 
 
@@ -138,7 +131,7 @@ def _scatter_transpose(ct, dout, row_map, weights, *, batched, num_rows, has_wei
     return results
 
 
-scatter_p = define("groupgemm_unpermute_scatter", expert_ffi_calls.unpermute_scatter, _weighted_present, (0, 2),
+scatter_p = define("groupgemm_unpermute_scatter", expert_ffi_calls.unpermute_scatter, "has_weights", (0, 2),
                    _scatter_transpose)
 
 
@@ -161,7 +154,7 @@ def _slot_dots_transpose(ct, values, dout, row_map, *, batched, dots_dtype):
     return results
 
 
-slot_dots_p = define("groupgemm_unpermute_slot_dots", expert_ffi_calls.unpermute_slot_dots, every_operand_present,
+slot_dots_p = define("groupgemm_unpermute_slot_dots", expert_ffi_calls.unpermute_slot_dots, None,
                      (0, 1), _slot_dots_transpose)
 
 
@@ -257,7 +250,7 @@ def _activation_jvp(primals, tangents, *, batched, kind, width):
     return out, sum_terms([term], aval_of(out))
 
 
-activation_p = define("groupgemm_activation", expert_ffi_calls.activation, every_operand_present, _activation_jvp)
+activation_p = define("groupgemm_activation", expert_ffi_calls.activation, None, _activation_jvp)
 
 
 def _activation_grad_jvp(primals, tangents, *, batched, kind):
@@ -279,7 +272,7 @@ def _activation_grad_transpose(ct, dout, h, *, batched, kind):
     return [cotangent(dh, dout, dout_b, any(flags)), None]
 
 
-activation_grad_p = define("groupgemm_activation_grad", expert_ffi_calls.activation_backward, every_operand_present,
+activation_grad_p = define("groupgemm_activation_grad", expert_ffi_calls.activation_backward, None,
                            _activation_grad_jvp, _activation_grad_transpose)
 
 
@@ -321,7 +314,7 @@ def _router_jvp(primals, tangents, *, batched, **params):
     return outs, [sum_terms([t_probs], aval_of(probs)), zero_tangent(aval_of(indices))]
 
 
-router_p = define("groupgemm_softmax_topk", expert_ffi_calls.softmax_topk, every_operand_present, _router_jvp,
+router_p = define("groupgemm_softmax_topk", expert_ffi_calls.softmax_topk, None, _router_jvp,
                   multiple_results=True)
 
 
@@ -353,7 +346,7 @@ def _router_tangent_transpose(ct, logits, indices, tlogits, *, batched, renormal
 
 
 router_tangent_p = define("groupgemm_softmax_topk_tangent", expert_ffi_calls.softmax_topk_tangent,
-                          every_operand_present, _router_tangent_jvp, _router_tangent_transpose)
+                          None, _router_tangent_jvp, _router_tangent_transpose)
 
 
 def _router_grad_jvp(primals, tangents, *, batched, renormalize):
@@ -379,5 +372,5 @@ def _router_grad_transpose(ct, logits, indices, dprobs, *, batched, renormalize)
     return [None, None, cotangent(ddprobs, dprobs, dprobs_b, any(flags))]
 
 
-router_grad_p = define("groupgemm_softmax_topk_grad", expert_ffi_calls.softmax_topk_backward, every_operand_present,
+router_grad_p = define("groupgemm_softmax_topk_grad", expert_ffi_calls.softmax_topk_backward, None,
                        _router_grad_jvp, _router_grad_transpose)

@@ -54,11 +54,11 @@ def mark_varying(value, axes):
     return jax.lax.pcast(value, missing, to="varying") if missing else value
 
 
-def _workspace(num_groups):
-    """The CUDA backend's per-group setup scratch, as an extra XLA output: a command
-    buffer cannot allocate. The CPU backend ignores it (and CPU-only builds make it empty)."""
-    nbytes = _core.workspace_bytes(_core.Device.cuda, num_groups) if _core.cuda_compiled() else 0
-    return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
+def workspace(nbytes, *args):
+    """The CUDA backend's scratch for one call, ``nbytes(Device.cuda, *args)`` bytes, as an extra
+    XLA output: a command buffer cannot allocate. The CPU backend ignores it (and CPU-only
+    builds make it empty)."""
+    return jax.ShapeDtypeStruct((nbytes(_core.Device.cuda, *args) if _core.cuda_compiled() else 0,), jnp.uint8)
 
 
 def placeholder(dtype):
@@ -77,10 +77,10 @@ def _matmul_layout(*, transpose_rhs, **_):
 def matmul(lhs, rhs, group_sizes, group_offset, bias=None, *, transpose_rhs, out_dtype):
     m, g = lhs.shape[0], rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    call = jax.ffi.ffi_call("groupgemm_matmul", (jax.ShapeDtypeStruct((m, n), out_dtype), _workspace(g)))
-    out, _ = call(lhs, rhs, group_sizes, group_offset,
-                  placeholder(lhs.dtype) if bias is None else bias,
-                  transpose_rhs=np.bool_(transpose_rhs), has_bias=np.bool_(bias is not None))
+    call = jax.ffi.ffi_call("groupgemm_matmul",
+                            (jax.ShapeDtypeStruct((m, n), out_dtype), workspace(_core.workspace_bytes, g)))
+    out, _ = call(lhs, rhs, group_sizes, group_offset, placeholder(lhs.dtype) if bias is None else bias,
+                  transpose_rhs=np.bool_(transpose_rhs))
     return (out,)
 
 
@@ -93,7 +93,7 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_gro
     accumulate = accumulate_into is not None
     call = jax.ffi.ffi_call(
         "groupgemm_wgrad",
-        (jax.ShapeDtypeStruct(shape, out_dtype), _workspace(num_groups)),
+        (jax.ShapeDtypeStruct(shape, out_dtype), workspace(_core.workspace_bytes, num_groups)),
         # The accumulator is updated in place when the caller donates it.
         input_output_aliases={4: 0} if accumulate else None,
     )
@@ -106,8 +106,8 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_gro
 @partitioned(Layout(("m n", "t", ""), ("g n",), rows="m", groups="g", summed=("m",), replicated=("t",), sizes=1,
                     offset=2, local_sizes=(("num_groups", "g"),)))
 def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
-    call = jax.ffi.ffi_call("groupgemm_bias_grad",
-                            (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype), _workspace(num_groups)))
+    call = jax.ffi.ffi_call("groupgemm_bias_grad", (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype),
+                                                    workspace(_core.workspace_bytes, num_groups)))
     out, _ = call(grad, group_sizes, group_offset)
     return (out,)
 
@@ -134,8 +134,6 @@ def matmul_backward(grad, lhs, rhs, group_sizes, group_offset, *, transpose_rhs,
     call = jax.ffi.ffi_call(
         "groupgemm_matmul_backward",
         (result(want_dlhs, (m, k), lhs.dtype), result(want_drhs, rhs.shape, rhs.dtype),
-         result(want_dbias, (g, n), dbias_dtype), _workspace(g)))
-    dlhs, drhs, dbias, _ = call(lhs, rhs, grad, group_sizes, group_offset, transpose_rhs=np.bool_(transpose_rhs),
-                                want_dlhs=np.bool_(want_dlhs), want_drhs=np.bool_(want_drhs),
-                                want_dbias=np.bool_(want_dbias))
+         result(want_dbias, (g, n), dbias_dtype), workspace(_core.workspace_bytes, g)))
+    dlhs, drhs, dbias, _ = call(lhs, rhs, grad, group_sizes, group_offset, transpose_rhs=np.bool_(transpose_rhs))
     return dlhs, drhs, dbias

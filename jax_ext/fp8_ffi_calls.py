@@ -19,7 +19,7 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm import _core
-from groupgemm.jax_ext.ffi_calls import placeholder, register_targets
+from groupgemm.jax_ext.ffi_calls import placeholder, register_targets, workspace
 from groupgemm.jax_ext.partitioning import Layout, partitioned
 
 FP8_JAX_DTYPES = tuple(jnp.dtype(name) for name in contract.FP8_DTYPES)  # by the core's Fp8Type
@@ -30,10 +30,7 @@ register_targets(_core.fp8_ffi_handlers())
 
 
 def _workspace(call, scaling, num_groups, m, k, n):
-    nbytes = (_core.fp8_workspace_bytes(_core.Device.cuda, call, _core.Fp8Scaling(scaling), num_groups, m, k, n)
-              if _core.cuda_compiled() else 0)
-    return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
-
+    return workspace(_core.fp8_workspace_bytes, call, _core.Fp8Scaling(scaling), num_groups, m, k, n)
 
 
 # ---- quantization ---------------------------------------------------------------------
@@ -105,8 +102,7 @@ def scaled_matmul(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset, bia
                             (jax.ShapeDtypeStruct((m, n), out_dtype),
                              _workspace(_core.Fp8Call.matmul, scaling, g, m, k, n)))
     out, _ = call(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
-                  placeholder(out_dtype) if bias is None else bias, scaling=np.int32(scaling),
-                  has_bias=np.bool_(bias is not None))
+                  placeholder(out_dtype) if bias is None else bias, scaling=np.int32(scaling))
     return (out,)
 
 

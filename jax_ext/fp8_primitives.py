@@ -15,7 +15,7 @@ accumulator is a size-0 placeholder.
 """
 
 from groupgemm.jax_ext import fp8_ffi_calls
-from groupgemm.jax_ext.primitives import define, every_operand_present
+from groupgemm.jax_ext.primitives import define
 
 
 def _not_differentiable(name):
@@ -27,8 +27,8 @@ def _not_differentiable(name):
     return refuse
 
 
-def _define(name, raw_call, present=every_operand_present, multiple_results=False):
-    return define(name, raw_call, present, _not_differentiable(name), multiple_results=multiple_results)
+def _define(name, ffi_call, optional=None, multiple_results=False):
+    return define(name, ffi_call, optional, _not_differentiable(name), multiple_results=multiple_results)
 
 
 quantize_rows_p = _define("groupgemm_fp8_quantize_rows", fp8_ffi_calls.fp8_quantize_rows, multiple_results=True)
@@ -38,18 +38,5 @@ quantize_grouped_p = _define("groupgemm_fp8_quantize_grouped", fp8_ffi_calls.fp8
                              multiple_results=True)
 
 
-def _scaled_matmul_present(operands, batched, params):
-    n = 7 if params["has_bias"] else 6
-    return operands[:n], batched[:n], dict(scaling=params["scaling"], out_dtype=params["out_dtype"])
-
-
-scaled_matmul_p = _define("groupgemm_scaled_matmul", fp8_ffi_calls.scaled_matmul, _scaled_matmul_present)
-
-
-def _scaled_wgrad_present(operands, batched, params):
-    n = 7 if params["accumulate"] else 6
-    return operands[:n], batched[:n], dict(num_groups=params["num_groups"], scaling=params["scaling"],
-                                           out_dtype=params["out_dtype"])
-
-
-scaled_wgrad_p = _define("groupgemm_scaled_wgrad", fp8_ffi_calls.scaled_wgrad, _scaled_wgrad_present)
+scaled_matmul_p = _define("groupgemm_scaled_matmul", fp8_ffi_calls.scaled_matmul, "has_bias")
+scaled_wgrad_p = _define("groupgemm_scaled_wgrad", fp8_ffi_calls.scaled_wgrad, "accumulate")

@@ -59,19 +59,16 @@ def cotangent(x, operand, operand_batched, result_batched):
     return typed_like(x.sum(0) if result_batched and not operand_batched else x, operand.aval)
 
 
-def every_operand_present(operands, batched, params):
-    return operands, batched, params
-
-
-def define(name, ffi_call, present, jvp, transpose=None, multiple_results=False):
+def define(name, ffi_call, optional, jvp, transpose=None, multiple_results=False):
     """The primitive of a partitioned FFI call (ffi_calls.py, expert_ffi_calls.py), lowered
-    to the call; ``present(operands, batched, params)`` picks the operands the FFI call
-    takes with their flags (an absent bias or accumulator is left out) and its static
-    arguments. It has the FFI call's first result, or all of them. ``jvp`` is a rule, or
-    the indices of the operands the call is linear in, each separately (bilinear in two):
-    its tangent is then the sum of the call with one present operand's tangent in its
-    place."""
+    to the call. ``optional`` is None, or the static parameter that says whether the last
+    operand (a bias, an accumulator, probs) is present: the FFI call takes it only then,
+    and takes the other static parameters. It has the FFI call's first result, or all of
+    them. ``jvp`` is a rule, or the indices of the operands the call is linear in, each
+    separately (bilinear in two): its tangent is then the sum of the call with one present
+    operand's tangent in its place."""
     pick = (lambda results: list(results)) if multiple_results else (lambda results: results[0])
+    present = functools.partial(_present, optional)
     if isinstance(jvp, tuple):  # the rule binds `prim`, made below
         jvp = _multilinear_jvp(lambda: prim, jvp, present)
 
@@ -88,6 +85,14 @@ def define(name, ffi_call, present, jvp, transpose=None, multiple_results=False)
 
     prim = primitive(name, lowering, abstract, jvp, transpose, multiple_results)
     return prim
+
+
+def _present(optional, operands, batched, params):
+    """The operands an FFI call takes, their batch flags and its static arguments."""
+    if optional is None:
+        return operands, batched, params
+    n = len(operands) - (not params[optional])
+    return operands[:n], batched[:n], {k: v for k, v in params.items() if k != optional}
 
 
 def _multilinear_jvp(get_prim, linear, present):
@@ -149,11 +154,6 @@ def primitive(name, lowering, abstract, jvp, transpose, multiple_results):
 # ---- matmul ---------------------------------------------------------------------------
 
 
-def _matmul_present(operands, batched, params):
-    n = 5 if params["has_bias"] else 4
-    return operands[:n], batched[:n], dict(transpose_rhs=params["transpose_rhs"], out_dtype=params["out_dtype"])
-
-
 def bias_rows(bias, sizes, offset, *, num_rows, transpose_rhs, out_dtype, batched=(False,) * 3):
     """``out[r] = bias[g]`` for the rows of each group, exact zeros elsewhere: a K = 0
     matmul. ``batched`` flags bias, sizes and offset."""
@@ -211,7 +211,7 @@ def _matmul_transpose(ct, lhs, rhs, sizes, offset, bias, *, transpose_rhs, out_d
     return results
 
 
-matmul_p = define("groupgemm_matmul", ffi_calls.matmul, _matmul_present, _matmul_jvp, _matmul_transpose)
+matmul_p = define("groupgemm_matmul", ffi_calls.matmul, "has_bias", _matmul_jvp, _matmul_transpose)
 
 
 # ---- the matmul's tangent, whose transpose is the backward ----------------------------------
@@ -254,7 +254,8 @@ def _tangent_call(*operands, **params):
 def _tangent_abstract(*avals, **params):
     ops, p = _tangent_terms(*avals, **params)[0]
     shaped = [core_aval(x) for x in ops]
-    args, flags, static = _matmul_present(shaped, p["batched"], p)
+    params = dict(p)
+    args, flags, static = _present("has_bias", shaped, params.pop("batched"), params)
     return ffi_calls.matmul.abstract(*args, batched=flags, **static)[0]
 
 
@@ -343,16 +344,11 @@ def _backward_jvp(primals, tangents, *, batched, transpose_rhs, want_dlhs, want_
     return outs, tangents_out
 
 
-backward_p = define("groupgemm_matmul_backward", ffi_calls.matmul_backward, every_operand_present, _backward_jvp,
+backward_p = define("groupgemm_matmul_backward", ffi_calls.matmul_backward, None, _backward_jvp,
                     multiple_results=True)
 
 
 # ---- wgrad ----------------------------------------------------------------------------
-
-
-def _wgrad_present(operands, batched, params):
-    n = 5 if params["accumulate"] else 4
-    return operands[:n], batched[:n], dict(num_groups=params["num_groups"], out_dtype=params["out_dtype"])
 
 
 def _wgrad_jvp(primals, tangents, *, batched, **params):
@@ -392,7 +388,7 @@ def _wgrad_transpose(ct, lhs, grad, sizes, offset, acc, *, num_groups, out_dtype
     return results
 
 
-wgrad_p = define("groupgemm_wgrad", ffi_calls.wgrad, _wgrad_present, _wgrad_jvp, _wgrad_transpose)
+wgrad_p = define("groupgemm_wgrad", ffi_calls.wgrad, "accumulate", _wgrad_jvp, _wgrad_transpose)
 
 
 # ---- bias_grad ------------------------------------------------------------------------
@@ -409,4 +405,4 @@ def _bias_grad_transpose(ct, grad, sizes, offset, *, num_groups, out_dtype, batc
     return [cotangent(rows, grad, grad_b, any(batched)), None, None]
 
 
-bias_grad_p = define("groupgemm_bias_grad", ffi_calls.bias_grad, every_operand_present, (0,), _bias_grad_transpose)
+bias_grad_p = define("groupgemm_bias_grad", ffi_calls.bias_grad, None, (0,), _bias_grad_transpose)

@@ -48,8 +48,8 @@ def test_forward_matches_reference_and_zeroes_padding(case, dtype, with_bias, tr
     rhs_stored = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
     out = dirty((case.m, case.n), torch_dtype(dtype))
     core.grouped_matmul(tensor(lhs, dtype), tensor(rhs_stored, dtype), torch.from_numpy(x["group_sizes"]),
-                        out, bias=tensor(bias, dtype) if with_bias else None,
-                        group_offset=offset_arg(case), transpose_rhs=transpose_rhs)
+                        group_offset=offset_arg(case), bias=tensor(bias, dtype) if with_bias else None, out=out,
+                        transpose_rhs=transpose_rhs)
     expected = ref.grouped_matmul(lhs, rhs_stored, x["group_sizes"], bias if with_bias else None,
                                   transpose_rhs, case.offset)
     ref.assert_close(as_np(out), expected, dtype, case.name)
@@ -64,7 +64,7 @@ def test_forward_writes_float32_output_for_16bit_inputs(name, dtype):
     x = inputs(case)
     lhs, rhs = round_to(x["lhs"], dtype), round_to(x["rhs"], dtype)
     out = dirty((case.m, case.n), torch.float32)
-    core.grouped_matmul(tensor(lhs, dtype), tensor(rhs, dtype), torch.from_numpy(x["group_sizes"]), out)
+    core.grouped_matmul(tensor(lhs, dtype), tensor(rhs, dtype), torch.from_numpy(x["group_sizes"]), out=out)
     expected = ref.grouped_matmul(lhs, rhs, x["group_sizes"])
     ref.assert_close(as_np(out), expected, "float32" if dtype == "float16" else "float16", case.name)
 
@@ -76,7 +76,7 @@ def test_wgrad_matches_reference_and_zeroes_empty_groups(case, dtype):
     lhs, dout = round_to(x["lhs"], dtype), round_to(x["dout"], dtype)
     out = dirty((case.g, case.k, case.n), torch_dtype(dtype))
     core.grouped_matmul_wgrad(tensor(lhs, dtype), tensor(dout, dtype), torch.from_numpy(x["group_sizes"]),
-                              out, group_offset=offset_arg(case))
+                              group_offset=offset_arg(case), out=out)
     expected = ref.grouped_matmul_wgrad(lhs, dout, x["group_sizes"], case.g, case.offset)
     ref.assert_close(as_np(out), expected, dtype, case.name)
     for g in ref.empty_groups(x["group_sizes"], case.m, case.g, case.offset):
@@ -92,7 +92,7 @@ def test_wgrad_accumulate_leaves_empty_groups_bitwise_unchanged(case, dtype):
     acc = torch.from_numpy(x["acc"]).to(acc_dtype)
     before = acc.clone()
     core.grouped_matmul_wgrad(tensor(lhs, dtype), tensor(dout, dtype), torch.from_numpy(x["group_sizes"]),
-                              acc, group_offset=offset_arg(case), accumulate=True)
+                              group_offset=offset_arg(case), out=acc, accumulate=True)
     expected = ref.grouped_matmul_wgrad(lhs, dout, x["group_sizes"], case.g, case.offset,
                                         accumulate_into=as_np(before))
     ref.assert_close(as_np(acc), expected, "float64" if dtype == "float64" else "float32", case.name)
@@ -107,8 +107,8 @@ def test_bias_grad_matches_reference_and_zeroes_empty_groups(case, dtype):
     x = inputs(case)
     dout = round_to(x["dout"], dtype)
     out = dirty((case.g, case.n), torch_dtype(dtype))
-    core.grouped_bias_grad(tensor(dout, dtype), torch.from_numpy(x["group_sizes"]), out,
-                           group_offset=offset_arg(case))
+    core.grouped_bias_grad(tensor(dout, dtype), torch.from_numpy(x["group_sizes"]), group_offset=offset_arg(case),
+                           out=out)
     expected = ref.grouped_bias_grad(dout, x["group_sizes"], case.g, case.offset)
     ref.assert_close(as_np(out), expected, dtype, case.name)
     for g in ref.empty_groups(x["group_sizes"], case.m, case.g, case.offset):
@@ -127,8 +127,8 @@ def test_bfloat16_wgrad_of_long_groups(out_dtype):
     before = rng.standard_normal((len(sizes), k, n)).astype(np.float32)
     out = (torch.from_numpy(before.copy()) if out_dtype == "accumulate"
            else dirty((len(sizes), k, n), torch_dtype(out_dtype)))
-    core.grouped_matmul_wgrad(tensor(lhs, "bfloat16"), tensor(dout, "bfloat16"), torch.from_numpy(sizes),
-                              out, accumulate=out_dtype == "accumulate")
+    core.grouped_matmul_wgrad(tensor(lhs, "bfloat16"), tensor(dout, "bfloat16"), torch.from_numpy(sizes), out=out,
+                              accumulate=out_dtype == "accumulate")
     expected = ref.grouped_matmul_wgrad(lhs, dout, sizes, len(sizes),
                                         accumulate_into=before if out_dtype == "accumulate" else None)
     ref.assert_close(as_np(out), expected, "bfloat16" if out_dtype == "bfloat16" else "float32", "long groups")
@@ -148,8 +148,8 @@ def test_large_accumulate_buffer_keeps_its_contents():
     lhs, dout = rng.standard_normal((10, k)), rng.standard_normal((10, n))
     before = rng.standard_normal((4, k, n)).astype(np.float32)  # 64 MB
     acc = torch.from_numpy(before.copy())
-    core.grouped_matmul_wgrad(tensor(lhs, "float32"), tensor(dout, "float32"), torch.from_numpy(sizes),
-                              acc, accumulate=True)
+    core.grouped_matmul_wgrad(tensor(lhs, "float32"), tensor(dout, "float32"), torch.from_numpy(sizes), out=acc,
+                              accumulate=True)
     expected = ref.grouped_matmul_wgrad(round_to(lhs, "float32"), round_to(dout, "float32"), sizes, 4,
                                         accumulate_into=before)
     ref.assert_close(as_np(acc), expected, "float32", "large buffer")
@@ -162,8 +162,8 @@ def test_group_sizes_and_offset_accept_int32_and_int64(index_dtype):
     x = inputs(case)
     out = dirty((case.m, case.n), torch.float64)
     core.grouped_matmul(tensor(x["lhs"], "float64"), tensor(x["rhs"], "float64"),
-                        torch.from_numpy(x["group_sizes"]).to(index_dtype), out,
-                        group_offset=torch.tensor(case.offset, dtype=index_dtype))
+                        torch.from_numpy(x["group_sizes"]).to(index_dtype),
+                        group_offset=torch.tensor(case.offset, dtype=index_dtype), out=out)
     np.testing.assert_allclose(as_np(out), ref.grouped_matmul(x["lhs"], x["rhs"], x["group_sizes"],
                                                               group_offset=case.offset), atol=1e-12)
 
@@ -178,9 +178,9 @@ def test_same_call_gives_same_bits(dtype):
     outs, wgrads = [], []
     for _ in range(3):
         out = torch.empty(528, 192, dtype=torch_dtype(dtype))
-        core.grouped_matmul(lhs, rhs, sizes, out)
+        core.grouped_matmul(lhs, rhs, sizes, out=out)
         w = torch.empty(5, 256, 192, dtype=torch_dtype(dtype))
-        core.grouped_matmul_wgrad(lhs, dout, sizes, w)
+        core.grouped_matmul_wgrad(lhs, dout, sizes, out=w)
         outs.append(out.view(torch.int16 if dtype == "bfloat16" else torch.int32))
         wgrads.append(w.view(torch.int16 if dtype == "bfloat16" else torch.int32))
     assert all(torch.equal(outs[0], o) for o in outs[1:])
@@ -211,9 +211,9 @@ def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype
         for num_threads in (1, 2, 2):
             torch.set_num_threads(num_threads)
             out = torch.empty(m, n, dtype=torch_dtype(dtype))
-            core.grouped_matmul(lhs, rhs, sizes, out)
+            core.grouped_matmul(lhs, rhs, sizes, out=out)
             w = torch.empty(len(sizes), k, n, dtype=torch_dtype(dtype))
-            core.grouped_matmul_wgrad(lhs, dout, sizes, w)
+            core.grouped_matmul_wgrad(lhs, dout, sizes, out=w)
             results.append((out.view(bits), w.view(bits)))
     finally:
         torch.set_num_threads(threads)
@@ -227,25 +227,25 @@ def test_errors_name_the_argument():
     sizes = torch.tensor([2, 2], dtype=torch.int32)
     out = torch.zeros(4, 5)
     with pytest.raises(ValueError, match="group_sizes has 3 entries"):
-        core.grouped_matmul(lhs, rhs, torch.tensor([1, 1, 2], dtype=torch.int32), out)
+        core.grouped_matmul(lhs, rhs, torch.tensor([1, 1, 2], dtype=torch.int32), out=out)
     with pytest.raises(ValueError, match="fewer than the 2 local groups"):
-        core.grouped_matmul(lhs, rhs, torch.tensor([4], dtype=torch.int32), out,
-                            group_offset=torch.tensor(0, dtype=torch.int32))
+        core.grouped_matmul(lhs, rhs, torch.tensor([4], dtype=torch.int32),
+                            group_offset=torch.tensor(0, dtype=torch.int32), out=out)
     with pytest.raises(TypeError, match="rhs must have the dtype of lhs"):
-        core.grouped_matmul(lhs, rhs.double(), sizes, out)
+        core.grouped_matmul(lhs, rhs.double(), sizes, out=out)
     with pytest.raises(ValueError, match="rhs dimension 1"):
-        core.grouped_matmul(lhs, torch.zeros(2, 4, 5), sizes, out)
+        core.grouped_matmul(lhs, torch.zeros(2, 4, 5), sizes, out=out)
     with pytest.raises(ValueError, match="lhs must have rank 2"):
-        core.grouped_matmul(lhs[None], rhs, sizes, out)
+        core.grouped_matmul(lhs[None], rhs, sizes, out=out)
     with pytest.raises(TypeError, match="group_sizes must be int32 or int64"):
-        core.grouped_matmul(lhs, rhs, sizes.float(), out)
+        core.grouped_matmul(lhs, rhs, sizes.float(), out=out)
     with pytest.raises(ValueError, match="group_offset must be a scalar"):
-        core.grouped_matmul(lhs, rhs, sizes, out, group_offset=torch.tensor([0, 1], dtype=torch.int32))
+        core.grouped_matmul(lhs, rhs, sizes, group_offset=torch.tensor([0, 1], dtype=torch.int32), out=out)
     with pytest.raises(ValueError, match="output dtype float64 is not allowed"):
-        core.grouped_matmul(lhs, rhs, sizes, out.double())
+        core.grouped_matmul(lhs, rhs, sizes, out=out.double())
     with pytest.raises(ValueError, match="accumulate_into must be float32"):
         core.grouped_matmul_wgrad(lhs.bfloat16(), torch.zeros(4, 5).bfloat16(), sizes,
-                                  torch.zeros(2, 3, 5).bfloat16(), accumulate=True)
+                                  out=torch.zeros(2, 3, 5).bfloat16(), accumulate=True)
 
 
 class _CoreCalls:
@@ -259,13 +259,13 @@ class _CoreCalls:
         n = rhs.shape[1 if transpose and rhs.dim() == 3 else -1]
         out = torch.empty((lhs.shape[0], n), dtype=torch_dtype(out_dtype) if out_dtype else lhs.dtype)
         offset = torch.tensor(offset) if isinstance(offset, int) else offset
-        core.grouped_matmul(lhs, rhs, sizes, out, bias=bias, group_offset=offset, transpose_rhs=transpose)
+        core.grouped_matmul(lhs, rhs, sizes, group_offset=offset, bias=bias, out=out, transpose_rhs=transpose)
 
     @staticmethod
     def wgrad(lhs, grad, sizes, num_groups, *, offset=None, accumulate_into=None, out_dtype=None):
         out = torch.empty((num_groups, lhs.shape[-1], grad.shape[-1]), dtype=lhs.dtype) \
             if accumulate_into is None else accumulate_into
-        core.grouped_matmul_wgrad(lhs, grad, sizes, out, accumulate=accumulate_into is not None)
+        core.grouped_matmul_wgrad(lhs, grad, sizes, out=out, accumulate=accumulate_into is not None)
 
 
 CORE_ROWS = [r for r in BAD_INPUTS if r.core]

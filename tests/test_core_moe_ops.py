@@ -187,7 +187,7 @@ def test_permute_then_unpermute_without_probs_sums_each_kept_choice():
     tokens = np.random.default_rng(3).integers(-4, 5, size=(t, h)).astype(np.float64)  # exact sums
     permuted, _, row_map = run_permute(tensor(tokens, "bfloat16"), index_tensor(indices, "int64"), e)
     out = dirty((t, h), "bfloat16")
-    core.unpermute(permuted, row_map, out)
+    core.unpermute(permuted, row_map, out=out)
     kept = ((indices >= 0) & (indices < e)).sum(axis=1, keepdims=True)
     np.testing.assert_array_equal(as_np(out), kept * tokens)
 
@@ -226,8 +226,8 @@ def test_unpermute_sums_weighted_rows_and_skips_dropped_slots(name, probs, dtype
     pdt = probs_name(dtype, probs)
     permuted, row_map, p, _ = unpermute_inputs(name, dtype, pdt)
     out = dirty((row_map.shape[0], permuted.shape[1]), dtype)
-    core.unpermute(tensor(permuted, dtype), torch.from_numpy(row_map), out,
-                   probs=None if p is None else tensor(p, pdt))
+    core.unpermute(tensor(permuted, dtype), torch.from_numpy(row_map), probs=None if p is None else tensor(p, pdt),
+                   out=out)
     assert_close(as_np(out), ref_unpermute(permuted, row_map, p), dtype, name)
 
 
@@ -239,8 +239,8 @@ def test_unpermute_backward_sums_each_rows_slots_with_unreferenced_rows_exactly_
     permuted, row_map, p, dout = unpermute_inputs(name, dtype, pdt)
     dpermuted = dirty(permuted.shape, dtype)
     dprobs = None if p is None else dirty(row_map.shape, pdt)
-    core.unpermute_backward(tensor(dout, dtype), tensor(permuted, dtype), torch.from_numpy(row_map), dpermuted,
-                            probs=None if p is None else tensor(p, pdt), dprobs=dprobs)
+    core.unpermute_backward(tensor(dout, dtype), tensor(permuted, dtype), torch.from_numpy(row_map),
+                            probs=None if p is None else tensor(p, pdt), dpermuted=dpermuted, dprobs=dprobs)
     want_dpermuted, want_dprobs = ref_unpermute_backward(dout, permuted, row_map, p)
     assert_close(as_np(dpermuted), want_dpermuted, dtype, name)
     referenced = np.zeros(permuted.shape[0], bool)
@@ -256,9 +256,9 @@ def test_unpermute_backward_computes_each_output_alone_with_the_same_bits():
     permuted, row_map, p, dout = unpermute_inputs("random_k3", "bfloat16", "float32")
     args = (tensor(dout, "bfloat16"), tensor(permuted, "bfloat16"), torch.from_numpy(row_map))
     both = dirty(permuted.shape, "bfloat16"), dirty(row_map.shape, "float32")
-    core.unpermute_backward(*args, both[0], probs=tensor(p, "float32"), dprobs=both[1])
+    core.unpermute_backward(*args, tensor(p, "float32"), both[0], both[1])
     rows_only = dirty(permuted.shape, "bfloat16")
-    core.unpermute_backward(*args, rows_only, probs=tensor(p, "float32"))
+    core.unpermute_backward(*args, tensor(p, "float32"), rows_only)
     dots_only = dirty(row_map.shape, "float32")  # dprobs reads permuted and dout, not probs
     core.unpermute_backward(*args, dprobs=dots_only)
     assert np.array_equal(bits(rows_only), bits(both[0])) and np.array_equal(bits(dots_only), bits(both[1]))
@@ -270,7 +270,7 @@ def test_a_row_named_twice_gets_both_slots_gradients_in_slot_order():
     row_map = torch.tensor([[0, 0], [0, 5]], dtype=torch.int32)  # row 0 three times, 5 is past R = 3
     probs = tensor([[0.3, 0.7], [2.0, 1.0]], "float32")
     dpermuted = dirty((3, 2), "float16")
-    core.unpermute_backward(dout, torch.zeros(3, 2, dtype=torch.float16), row_map, dpermuted, probs=probs)
+    core.unpermute_backward(dout, torch.zeros(3, 2, dtype=torch.float16), row_map, probs=probs, dpermuted=dpermuted)
     want = 0.3 * np.array([1.0, 3.0]) + 0.7 * np.array([1.0, 3.0]) + 2.0 * np.array([0.5, 0.25])
     np.testing.assert_allclose(as_np(dpermuted)[0], want, rtol=2e-3)
     assert not bits(dpermuted[1:]).any()
@@ -321,8 +321,8 @@ def test_empty_inputs_are_ordinary():
         out = torch.empty((0, 4 if kind == "swiglu" else 8))
         core.activation(h, out, getattr(core.Activation, kind))
         core.activation_backward(out, h, torch.empty_like(h), getattr(core.Activation, kind))
-    core.unpermute(torch.empty((0, 4)), torch.empty((0, 2), dtype=torch.int32), torch.empty((0, 4)),
-                   probs=torch.empty((0, 2)))
+    core.unpermute(torch.empty((0, 4)), torch.empty((0, 2), dtype=torch.int32), probs=torch.empty((0, 2)),
+                   out=torch.empty((0, 4)))
 
 
 # ---- bad input -----------------------------------------------------------------------------
@@ -384,12 +384,12 @@ def test_bad_input_raises_naming_the_argument(case):
 def test_bad_unpermute_and_activation_inputs_name_the_argument():
     row_map = torch.zeros(4, 2, dtype=torch.int32)
     with pytest.raises(TypeError, match="probs must be bfloat16 or float32, got float16"):
-        core.unpermute(torch.zeros(8, 8, dtype=torch.bfloat16), row_map, torch.zeros(4, 8, dtype=torch.bfloat16),
-                       probs=torch.zeros(4, 2, dtype=torch.float16))
+        core.unpermute(torch.zeros(8, 8, dtype=torch.bfloat16), row_map, probs=torch.zeros(4, 2, dtype=torch.float16),
+                       out=torch.zeros(4, 8, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="probs dimension 1"):
-        core.unpermute(torch.zeros(8, 8), row_map, torch.zeros(4, 8), probs=torch.zeros(4, 3))
+        core.unpermute(torch.zeros(8, 8), row_map, probs=torch.zeros(4, 3), out=torch.zeros(4, 8))
     with pytest.raises(ValueError, match="out dimension 0"):
-        core.unpermute(torch.zeros(8, 8), row_map, torch.zeros(5, 8))
+        core.unpermute(torch.zeros(8, 8), row_map, out=torch.zeros(5, 8))
     with pytest.raises(ValueError, match="swiglu needs an even count"):
         core.activation(torch.zeros(4, 5), torch.zeros(4, 2), core.Activation.swiglu)
     with pytest.raises(ValueError, match="out dimension 1"):
@@ -397,7 +397,7 @@ def test_bad_unpermute_and_activation_inputs_name_the_argument():
     with pytest.raises(TypeError, match="dh must have the dtype of h"):
         core.activation_backward(torch.zeros(4, 6), torch.zeros(4, 6), torch.zeros(4, 6, dtype=torch.float64),
                                  core.Activation.relu)
-    with pytest.raises(TypeError):  # not an Activation value
+    with pytest.raises(ValueError, match="kind must be swiglu, gelu, relu or silu, got 7"):
         core.activation(torch.zeros(4, 6), torch.zeros(4, 6), 7)
     with pytest.raises(TypeError):  # a copy would be lost: no conversion from a strided view
         core.activation(torch.zeros(6, 4).T, torch.zeros(4, 6), core.Activation.relu)
@@ -442,9 +442,9 @@ def test_cuda_calls_without_a_device_raise_clearly():
     calls = [
         lambda: core.permute(*map(ClaimsCuda, (f32(4, 8), i32(4, 2), f32(8, 8), i32(3), i32(4, 2))),
                              workspace=ClaimsCuda(workspace)),
-        lambda: core.unpermute(*map(ClaimsCuda, (f32(8, 8), i32(4, 2), f32(4, 8))), probs=ClaimsCuda(f32(4, 2))),
-        lambda: core.unpermute_backward(*map(ClaimsCuda, (f32(4, 8), f32(8, 8), i32(4, 2), f32(8, 8))),
-                                        workspace=ClaimsCuda(sort_workspace)),
+        lambda: core.unpermute(*map(ClaimsCuda, (f32(8, 8), i32(4, 2), f32(4, 2), f32(4, 8)))),
+        lambda: core.unpermute_backward(*map(ClaimsCuda, (f32(4, 8), f32(8, 8), i32(4, 2))),
+                                        dpermuted=ClaimsCuda(f32(8, 8)), workspace=ClaimsCuda(sort_workspace)),
         lambda: core.softmax_topk_tangent(*map(ClaimsCuda, (f32(4, 3), i32(4, 2), f32(4, 3), f32(4, 2))), True),
         lambda: core.activation(ClaimsCuda(f32(4, 8)), ClaimsCuda(f32(4, 4)), core.Activation.swiglu),
         lambda: core.activation_backward(*map(ClaimsCuda, (f32(4, 8), f32(4, 8), f32(4, 8))), core.Activation.gelu),
@@ -456,6 +456,7 @@ def test_cuda_calls_without_a_device_raise_clearly():
         with pytest.raises(ValueError, match="workspace has 0 bytes, permute needs"):
             core.permute(*map(ClaimsCuda, (f32(4, 8), i32(4, 2), f32(8, 8), i32(3), i32(4, 2))))
         with pytest.raises(ValueError, match="workspace has 0 bytes, unpermute_backward needs"):
-            core.unpermute_backward(*map(ClaimsCuda, (f32(4, 8), f32(8, 8), i32(4, 2), f32(8, 8))))
+            core.unpermute_backward(*map(ClaimsCuda, (f32(4, 8), f32(8, 8), i32(4, 2))),
+                                    dpermuted=ClaimsCuda(f32(8, 8)))
     with pytest.raises(ValueError, match="float64 is supported on CPU only"):
         core.activation(ClaimsCuda(np.zeros((4, 8))), ClaimsCuda(np.zeros((4, 8))), core.Activation.relu)

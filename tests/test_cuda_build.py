@@ -149,13 +149,13 @@ def test_cuda_call_without_a_device_raises_clearly():
     workspace = np.zeros(_core.workspace_bytes(_core.Device.cuda, 2), np.uint8)
     expected = "no usable CUDA device" if groupgemm.cuda_compiled() else "built without CUDA"
     with pytest.raises((RuntimeError, ValueError), match=expected):
-        _core.grouped_matmul(*map(ClaimsCuda, (lhs, rhs, sizes, out)), workspace=ClaimsCuda(workspace))
+        _core.grouped_matmul(*map(ClaimsCuda, (lhs, rhs, sizes)), out=ClaimsCuda(out), workspace=ClaimsCuda(workspace))
     with pytest.raises((RuntimeError, ValueError), match=expected):
-        _core.grouped_bias_grad(ClaimsCuda(out), ClaimsCuda(sizes), ClaimsCuda(np.zeros((2, 8), np.float32)),
+        _core.grouped_bias_grad(ClaimsCuda(out), ClaimsCuda(sizes), out=ClaimsCuda(np.zeros((2, 8), np.float32)),
                                 workspace=ClaimsCuda(workspace))
     if groupgemm.cuda_compiled():
         with pytest.raises(ValueError, match="workspace has 0 bytes"):
-            _core.grouped_matmul(*map(ClaimsCuda, (lhs, rhs, sizes, out)))
+            _core.grouped_matmul(*map(ClaimsCuda, (lhs, rhs, sizes)), out=ClaimsCuda(out))
 
 
 def test_fp8_cuda_call_without_a_device_raises_clearly():
@@ -169,7 +169,8 @@ def test_fp8_cuda_call_without_a_device_raises_clearly():
     nbytes = _core.fp8_workspace_bytes(_core.Device.cuda, _core.Fp8Call.matmul, rowwise, 2, 4, 16, 16)
     expected = "no usable CUDA device" if groupgemm.cuda_compiled() else "built without CUDA"
     with pytest.raises((RuntimeError, ValueError), match=expected):
-        _core.scaled_grouped_matmul(*map(ClaimsCuda, (lhs, rhs, lhs_scale, rhs_scale, sizes, out)), e4m3, e4m3,
-                                    rowwise, workspace=ClaimsCuda(np.zeros(nbytes, np.uint8)))
+        _core.scaled_grouped_matmul(*map(ClaimsCuda, (lhs, rhs, lhs_scale, rhs_scale, sizes)), out=ClaimsCuda(out),
+                                    workspace=ClaimsCuda(np.zeros(nbytes, np.uint8)), scaling=rowwise,
+                                    lhs_type=e4m3, rhs_type=e4m3)
     with pytest.raises((RuntimeError, ValueError), match=expected):
-        _core.fp8_quantize_rows(*map(ClaimsCuda, (out, lhs, lhs_scale)), e4m3, rowwise)
+        _core.fp8_quantize_rows(*map(ClaimsCuda, (out, lhs, lhs_scale)), scaling=rowwise, out_type=e4m3)

@@ -261,6 +261,6 @@ def test_the_core_refuses_what_the_frontends_refuse(change, error, match):
         torch.ones(6, 1), torch.ones(3, 1, 1))
     with pytest.raises(error, match=match):
         _core.scaled_grouped_matmul(lhs, torch.zeros(3, 8, k, dtype=torch.uint8), *scales,
-                                    torch.tensor([2, 2, 2][:change.get("sizes", 3)], dtype=torch.int32), out,
-                                    _core.Fp8Type.e4m3, getattr(_core.Fp8Type, change.get("rhs_type", "e4m3")),
-                                    scaling)
+                                    torch.tensor([2, 2, 2][:change.get("sizes", 3)], dtype=torch.int32), out=out,
+                                    scaling=scaling, lhs_type=_core.Fp8Type.e4m3,
+                                    rhs_type=getattr(_core.Fp8Type, change.get("rhs_type", "e4m3")))

@@ -35,8 +35,7 @@ def _struct(shape, dtype=F32):
 
 def _matmul(lhs=(M, K), rhs=(G, K, N), out=(M, N), bias=(G, N)):
     call = jax.ffi.ffi_call("groupgemm_matmul", (_struct(out), NO_WORKSPACE))
-    return call(_zeros(lhs), _zeros(rhs), SIZES, OFFSET, _zeros(bias), transpose_rhs=np.bool_(False),
-                has_bias=np.bool_(True))
+    return call(_zeros(lhs), _zeros(rhs), SIZES, OFFSET, _zeros(bias), transpose_rhs=np.bool_(False))
 
 
 def _wgrad(grad=(M, N), out=(G, K, N)):
@@ -52,8 +51,7 @@ def _bias_grad(out=(G, N)):
 def _backward(grad=(M, N), dlhs=(M, K), drhs=(G, K, N), dbias=(G, N)):
     call = jax.ffi.ffi_call("groupgemm_matmul_backward",
                             (_struct(dlhs), _struct(drhs), _struct(dbias), NO_WORKSPACE))
-    return call(_zeros((M, K)), _zeros((G, K, N)), _zeros(grad), SIZES, OFFSET, transpose_rhs=np.bool_(False),
-                want_dlhs=np.bool_(True), want_drhs=np.bool_(True), want_dbias=np.bool_(True))
+    return call(_zeros((M, K)), _zeros((G, K, N)), _zeros(grad), SIZES, OFFSET, transpose_rhs=np.bool_(False))
 
 
 def _fp8_workspace(call, m, k, n):
@@ -65,7 +63,7 @@ def _scaled_matmul(rhs=(G, N, K), out=(M, N), lhs_scale=(M,), rhs_scale=(G * N,)
     call = jax.ffi.ffi_call("groupgemm_scaled_matmul",
                             (_struct(out), _fp8_workspace(_core.Fp8Call.matmul, M, K, N)))
     return call(_zeros((M, K), E4M3), _zeros(rhs, E4M3), _zeros(lhs_scale), _zeros(rhs_scale), SIZES, OFFSET,
-                _zeros(bias), scaling=np.int32(0), has_bias=np.bool_(True))
+                _zeros(bias), scaling=np.int32(0))
 
 
 def _scaled_wgrad(rhs=(N, M), out=(G, K, N), lhs_scale=(G * K,), rhs_scale=(G * N,)):

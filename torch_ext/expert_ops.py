@@ -14,7 +14,7 @@ from groupgemm import _contract as contract
 from groupgemm import _core
 from groupgemm.torch_ext import device_scratch
 from groupgemm.torch_ext.core_args import capsule, incoming_grad, require
-from groupgemm.torch_ext.op_library import allocator, define, register_outputs
+from groupgemm.torch_ext.op_library import allocator, define
 
 Tensor = torch.Tensor
 
@@ -34,16 +34,14 @@ def _permute_outputs(tokens, expert_indices, num_experts, empty):
             empty((t, k), torch.int32))
 
 
-@define("permute")
+@define("permute", _permute_outputs)
 def permute_op(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     permuted, group_sizes, row_map = _permute_outputs(tokens, expert_indices, num_experts, allocator(tokens.device))
     _core.permute(*map(capsule, (tokens, expert_indices, permuted, group_sizes, row_map)),
-                  workspace=capsule(_permute_workspace(tokens.device, permuted.shape[0], num_experts)),
+                  capsule(_permute_workspace(tokens.device, permuted.shape[0], num_experts)),
                   stream=device_scratch.stream(tokens.device))
     return permuted, group_sizes, row_map
 
-
-register_outputs("permute", _permute_outputs)
 
 
 def _unpermute_checks(op, permuted, row_map, probs):
@@ -55,15 +53,12 @@ def _unpermute_outputs(permuted, row_map, probs, empty):
     return empty((row_map.shape[0], permuted.shape[1]), permuted.dtype)
 
 
-@define("unpermute")
+@define("unpermute", _unpermute_outputs)
 def unpermute_op(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None) -> Tensor:
     out = _unpermute_outputs(permuted, row_map, probs, allocator(permuted.device))
-    _core.unpermute(capsule(permuted), capsule(row_map), capsule(out), probs=capsule(probs),
-                    stream=device_scratch.stream(permuted.device))
+    _core.unpermute(*map(capsule, (permuted, row_map, probs, out)), stream=device_scratch.stream(permuted.device))
     return out
 
-
-register_outputs("unpermute", _unpermute_outputs)
 
 
 def _unpermute_backward_outputs(permuted, row_map, probs, empty):
@@ -79,20 +74,18 @@ def _unpermute_backward_workspace(device: torch.device, num_slots: int) -> Tenso
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-@define("unpermute_backward")
+@define("unpermute_backward", _unpermute_backward_outputs)
 def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
                           probs: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(dpermuted, dprobs); dprobs has no elements without probs. A row of dpermuted sums
     every slot that names it, in slot order."""
     dpermuted, dprobs = _unpermute_backward_outputs(permuted, row_map, probs, allocator(permuted.device))
     workspace = _unpermute_backward_workspace(permuted.device, row_map.numel())
-    _core.unpermute_backward(*map(capsule, (dout, permuted, row_map, dpermuted)), probs=capsule(probs),
-                             dprobs=None if probs is None else capsule(dprobs), workspace=capsule(workspace),
+    _core.unpermute_backward(*map(capsule, (dout, permuted, row_map, probs, dpermuted)),
+                             None if probs is None else capsule(dprobs), capsule(workspace),
                              stream=device_scratch.stream(permuted.device))
     return dpermuted, dprobs
 
-
-register_outputs("unpermute_backward", _unpermute_backward_outputs)
 
 
 def _activation_outputs(h, width, empty):
@@ -100,14 +93,12 @@ def _activation_outputs(h, width, empty):
     return empty((h.shape[0], width), h.dtype)
 
 
-@define("activation")
+@define("activation", _activation_outputs)
 def activation_op(h: Tensor, kind: int, width: int) -> Tensor:
     out = _activation_outputs(h, width, allocator(h.device))
-    _core.activation(capsule(h), capsule(out), kind, stream=device_scratch.stream(h.device))
+    _core.activation(capsule(h), capsule(out), kind=kind, stream=device_scratch.stream(h.device))
     return out
 
-
-register_outputs("activation", _activation_outputs)
 
 
 def _activation_backward_outputs(dout, h, empty):
@@ -115,14 +106,12 @@ def _activation_backward_outputs(dout, h, empty):
     return empty(h.shape, h.dtype)
 
 
-@define("activation_backward")
+@define("activation_backward", _activation_backward_outputs)
 def activation_backward_op(dout: Tensor, h: Tensor, kind: int) -> Tensor:
     dh = _activation_backward_outputs(dout, h, allocator(h.device))
-    _core.activation_backward(capsule(dout), capsule(h), capsule(dh), kind, stream=device_scratch.stream(h.device))
+    _core.activation_backward(*map(capsule, (dout, h, dh)), kind=kind, stream=device_scratch.stream(h.device))
     return dh
 
-
-register_outputs("activation_backward", _activation_backward_outputs)
 
 
 def _router_probs_dtype(logits: Tensor) -> torch.dtype:
@@ -137,16 +126,14 @@ def _softmax_topk_outputs(logits, k, empty):
     return empty(shape, _router_probs_dtype(logits)), empty(shape, torch.int32)
 
 
-@define("softmax_topk")
+@define("softmax_topk", _softmax_topk_outputs)
 def softmax_topk_op(logits: Tensor, k: int, renormalize: bool = True) -> tuple[Tensor, Tensor]:
     """(probs, expert_indices)."""
     probs, indices = _softmax_topk_outputs(logits, k, allocator(logits.device))
-    _core.softmax_topk(capsule(logits), capsule(indices), capsule(probs), renormalize,
+    _core.softmax_topk(*map(capsule, (logits, indices, probs)), renormalize=renormalize,
                        stream=device_scratch.stream(logits.device))
     return probs, indices
 
-
-register_outputs("softmax_topk", _softmax_topk_outputs)
 
 
 def _softmax_topk_backward_outputs(logits, expert_indices, dprobs, empty):
@@ -155,16 +142,14 @@ def _softmax_topk_backward_outputs(logits, expert_indices, dprobs, empty):
     return empty(logits.shape, logits.dtype)
 
 
-@define("softmax_topk_backward")
+@define("softmax_topk_backward", _softmax_topk_backward_outputs)
 def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Tensor,
                              renormalize: bool = True) -> Tensor:
     dlogits = _softmax_topk_backward_outputs(logits, expert_indices, dprobs, allocator(logits.device))
-    _core.softmax_topk_backward(*map(capsule, (logits, expert_indices, dprobs, dlogits)), renormalize,
+    _core.softmax_topk_backward(*map(capsule, (logits, expert_indices, dprobs, dlogits)), renormalize=renormalize,
                                 stream=device_scratch.stream(logits.device))
     return dlogits
 
-
-register_outputs("softmax_topk_backward", _softmax_topk_backward_outputs)
 
 
 def _softmax_topk_tangent_outputs(logits, expert_indices, empty):
@@ -172,17 +157,15 @@ def _softmax_topk_tangent_outputs(logits, expert_indices, empty):
     return empty(expert_indices.shape, _router_probs_dtype(logits))
 
 
-@define("softmax_topk_tangent")
+@define("softmax_topk_tangent", _softmax_topk_tangent_outputs)
 def softmax_topk_tangent_op(logits: Tensor, expert_indices: Tensor, tlogits: Tensor,
                             renormalize: bool = True) -> Tensor:
     """The tangent of softmax_topk's probs for the logits' tangent (forward mode)."""
     tprobs = _softmax_topk_tangent_outputs(logits, expert_indices, allocator(logits.device))
-    _core.softmax_topk_tangent(*map(capsule, (logits, expert_indices, tlogits, tprobs)), renormalize,
+    _core.softmax_topk_tangent(*map(capsule, (logits, expert_indices, tlogits, tprobs)), renormalize=renormalize,
                                stream=device_scratch.stream(logits.device))
     return tprobs
 
-
-register_outputs("softmax_topk_tangent", _softmax_topk_tangent_outputs)
 
 
 # ---- derivatives: each is another op ------------------------------------------------

@@ -72,16 +72,14 @@ def _quantize_rows_outputs(x, out_type, scaling, empty):
     return empty(x.shape, _out_type("fp8_quantize_rows", out_type)), empty(scale_shape, torch.float32)
 
 
-@define("fp8_quantize_rows")
+@define("fp8_quantize_rows", _quantize_rows_outputs)
 def fp8_quantize_rows_op(x: Tensor, out_type: int, scaling: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
     """x [R, C] -> (q [R, C] float8, scale [R] rowwise or [R, ceil(C/128)])."""
     q, scale = _quantize_rows_outputs(x, out_type, scaling, allocator(x.device))
-    _core.fp8_quantize_rows(capsule(x), _bytes(q), capsule(scale), _core.Fp8Type(out_type),
-                            _core.Fp8Scaling(scaling), power_of_two, stream=device_scratch.stream(x.device))
+    _core.fp8_quantize_rows(capsule(x), _bytes(q), capsule(scale), scaling=scaling, power_of_two=power_of_two,
+                            out_type=out_type, stream=device_scratch.stream(x.device))
     return q, scale
 
-
-register_outputs("fp8_quantize_rows", _quantize_rows_outputs)
 
 
 def _quantize_blocks_outputs(x, out_type, empty):
@@ -90,16 +88,14 @@ def _quantize_blocks_outputs(x, out_type, empty):
     return empty(x.shape, _out_type("fp8_quantize_blocks", out_type)), empty(scale_shape, torch.float32)
 
 
-@define("fp8_quantize_blocks")
+@define("fp8_quantize_blocks", _quantize_blocks_outputs)
 def fp8_quantize_blocks_op(x: Tensor, out_type: int, power_of_two: bool = False) -> tuple[Tensor, Tensor]:
     """x [B, R, C] -> (q [B, R, C] float8, scale [B, ceil(R/128), ceil(C/128)])."""
     q, scale = _quantize_blocks_outputs(x, out_type, allocator(x.device))
-    _core.fp8_quantize_blocks(capsule(x), _bytes(q), capsule(scale), _core.Fp8Type(out_type), power_of_two,
+    _core.fp8_quantize_blocks(capsule(x), _bytes(q), capsule(scale), power_of_two=power_of_two, out_type=out_type,
                               stream=device_scratch.stream(x.device))
     return q, scale
 
-
-register_outputs("fp8_quantize_blocks", _quantize_blocks_outputs)
 
 
 def _quantize_grouped_outputs(x, group_sizes, num_groups, out_type, scaling, empty):
@@ -111,21 +107,18 @@ def _quantize_grouped_outputs(x, group_sizes, num_groups, out_type, scaling, emp
     return empty((c, m), _out_type("fp8_quantize_grouped", out_type)), empty((rows, c), torch.float32)
 
 
-@define("fp8_quantize_grouped")
+@define("fp8_quantize_grouped", _quantize_grouped_outputs)
 def fp8_quantize_grouped_op(x: Tensor, group_sizes: Tensor, num_groups: int, out_type: int, scaling: int,
                             power_of_two: bool = False, group_offset: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """x [M, C] -> (q [C, M] float8, scale [G, C] rowwise or [token_block_bound(M, G), C])."""
     q, scale = _quantize_grouped_outputs(x, group_sizes, num_groups, out_type, scaling, allocator(x.device))
-    _core.fp8_quantize_grouped(capsule(x), _bytes(q), capsule(scale), capsule(group_sizes), num_groups,
-                               _core.Fp8Type(out_type), _core.Fp8Scaling(scaling), power_of_two,
-                               group_offset=capsule(group_offset),
-                               workspace=capsule(_workspace(x.device, _core.Fp8Call.quantize_grouped, scaling,
-                                                             num_groups, x.shape[0], 0, 0)),
+    _core.fp8_quantize_grouped(capsule(x), capsule(group_sizes), capsule(group_offset), _bytes(q), capsule(scale),
+                               capsule(_workspace(x.device, _core.Fp8Call.quantize_grouped, scaling, num_groups,
+                                                  x.shape[0], 0, 0)),
+                               num_groups=num_groups, scaling=scaling, power_of_two=power_of_two, out_type=out_type,
                                stream=device_scratch.stream(x.device))
     return q, scale
 
-
-register_outputs("fp8_quantize_grouped", _quantize_grouped_outputs)
 
 
 def _fp8_type(op: str, t: Tensor, name: str) -> int:
@@ -147,7 +140,7 @@ def _scaled_mm_outputs(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out
     return empty((lhs.shape[0], rhs.shape[1]), out_dtype)
 
 
-@define("scaled_grouped_mm")
+@define("scaled_grouped_mm", _scaled_mm_outputs)
 def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale: Tensor, group_sizes: Tensor,
                          scaling: int, out_dtype: torch.dtype, bias: Tensor | None = None,
                          group_offset: Tensor | None = None, group_ends: bool = False) -> Tensor:
@@ -157,17 +150,13 @@ def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale:
     out = _scaled_mm_outputs(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out_dtype, bias,
                              allocator(lhs.device))
     (m, k), (g, n, _) = lhs.shape, rhs.shape
-    _core.scaled_grouped_matmul(_bytes(lhs), _bytes(rhs), capsule(lhs_scale), capsule(rhs_scale),
-                                capsule(group_sizes), capsule(out), _core.Fp8Type(_fp8_type(op, lhs, "lhs")),
-                                _core.Fp8Type(_fp8_type(op, rhs, "rhs")), _core.Fp8Scaling(scaling),
-                                bias=capsule(bias),
-                                group_offset=capsule(group_offset), group_ends=group_ends,
-                                workspace=capsule(_workspace(lhs.device, _core.Fp8Call.matmul, scaling, g, m, k, n)),
-                                stream=device_scratch.stream(lhs.device))
+    _core.scaled_grouped_matmul(_bytes(lhs), _bytes(rhs), *map(capsule, (lhs_scale, rhs_scale, group_sizes,
+                                                                          group_offset, bias, out)),
+                                capsule(_workspace(lhs.device, _core.Fp8Call.matmul, scaling, g, m, k, n)),
+                                scaling=scaling, lhs_type=_fp8_type(op, lhs, "lhs"), rhs_type=_fp8_type(op, rhs, "rhs"),
+                                group_ends=group_ends, stream=device_scratch.stream(lhs.device))
     return out
 
-
-register_outputs("scaled_grouped_mm", _scaled_mm_outputs)
 
 
 def _require_wgrad(op, lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups):
@@ -188,15 +177,13 @@ def _require_scaled_accumulate(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scal
 def _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, accumulate, group_ends):
     g, k, n = out.shape
     _core.scaled_grouped_matmul_wgrad(
-        _bytes(lhs), _bytes(rhs), capsule(lhs_scale), capsule(rhs_scale), capsule(group_sizes), capsule(out),
-        _core.Fp8Type(FP8_TORCH_DTYPES.index(lhs.dtype)), _core.Fp8Type(FP8_TORCH_DTYPES.index(rhs.dtype)),
-        _core.Fp8Scaling(scaling),
-        group_offset=capsule(group_offset), accumulate=accumulate, group_ends=group_ends,
+        _bytes(lhs), _bytes(rhs), *map(capsule, (lhs_scale, rhs_scale, group_sizes, group_offset)), out=capsule(out),
         workspace=capsule(_workspace(lhs.device, _core.Fp8Call.wgrad, scaling, g, lhs.shape[1], k, n)),
-        stream=device_scratch.stream(lhs.device))
+        scaling=scaling, lhs_type=FP8_TORCH_DTYPES.index(lhs.dtype), rhs_type=FP8_TORCH_DTYPES.index(rhs.dtype),
+        accumulate=accumulate, group_ends=group_ends, stream=device_scratch.stream(lhs.device))
 
 
-@define("scaled_grouped_mm_wgrad")
+@define("scaled_grouped_mm_wgrad", _scaled_wgrad_outputs)
 def scaled_grouped_mm_wgrad_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale: Tensor, group_sizes: Tensor,
                                num_groups: int, scaling: int, out_dtype: torch.dtype,
                                group_offset: Tensor | None = None, group_ends: bool = False) -> Tensor:
@@ -206,8 +193,6 @@ def scaled_grouped_mm_wgrad_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_
     _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, False, group_ends)
     return out
 
-
-register_outputs("scaled_grouped_mm_wgrad", _scaled_wgrad_outputs)
 
 
 # In place, so never differentiable: a torch.library.custom_op, which handles the mutation.

@@ -56,36 +56,30 @@ def _bias_grad_outputs(grad, group_sizes, num_groups, out_dtype, empty):
     return empty((num_groups, grad.shape[1]), out_dtype or grad.dtype)
 
 
-@define("grouped_mm")
+@define("grouped_mm", _grouped_mm_outputs)
 def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor | None = None,
                   group_offset: Tensor | None = None, transpose_weight: bool = False,
                   out_dtype: torch.dtype | None = None, group_ends: bool = False) -> Tensor:
     """out_dtype None: the input dtype. group_ends: group_sizes holds cumulative group ends."""
     out = _grouped_mm_outputs(input, weight, group_sizes, bias, transpose_weight, out_dtype, allocator(input.device))
-    _core.grouped_matmul(*map(capsule, (input, weight, group_sizes, out)), bias=capsule(bias),
-                         group_offset=capsule(group_offset), transpose_rhs=transpose_weight, group_ends=group_ends,
-                         workspace=capsule(_workspace(input.device, weight.shape[0])),
-                         stream=device_scratch.stream(input.device))
+    _core.grouped_matmul(*map(capsule, (input, weight, group_sizes, group_offset, bias, out)),
+                         capsule(_workspace(input.device, weight.shape[0])), transpose_rhs=transpose_weight,
+                         group_ends=group_ends, stream=device_scratch.stream(input.device))
     return out
 
 
-register_outputs("grouped_mm", _grouped_mm_outputs)
 
-
-@define("grouped_mm_wgrad")
+@define("grouped_mm_wgrad", _wgrad_outputs)
 def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int,
                         group_offset: Tensor | None = None, out_dtype: torch.dtype | None = None,
                         group_ends: bool = False) -> Tensor:
     """out_dtype None: the input dtype."""
     out = _wgrad_outputs(input, grad, group_sizes, num_groups, out_dtype, allocator(input.device))
-    _core.grouped_matmul_wgrad(*map(capsule, (input, grad, group_sizes, out)),
-                               group_offset=capsule(group_offset), accumulate=False, group_ends=group_ends,
-                               workspace=capsule(_workspace(input.device, num_groups)),
+    _core.grouped_matmul_wgrad(*map(capsule, (input, grad, group_sizes, group_offset)), out=capsule(out),
+                               workspace=capsule(_workspace(input.device, num_groups)), group_ends=group_ends,
                                stream=device_scratch.stream(input.device))
     return out
 
-
-register_outputs("grouped_mm_wgrad", _wgrad_outputs)
 
 
 # In place, so never differentiable: a torch.library.custom_op, which handles the mutation.
@@ -94,8 +88,8 @@ def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Ten
                                    accumulate_into: Tensor, group_offset: Tensor | None = None,
                                    group_ends: bool = False) -> None:
     _require_accumulate(input, grad, group_sizes, accumulate_into)
-    _core.grouped_matmul_wgrad(*map(capsule, (input, grad, group_sizes, accumulate_into)),
-                               group_offset=capsule(group_offset), accumulate=True, group_ends=group_ends,
+    _core.grouped_matmul_wgrad(*map(capsule, (input, grad, group_sizes, group_offset)),
+                               out=capsule(accumulate_into), accumulate=True, group_ends=group_ends,
                                workspace=capsule(_workspace(input.device, accumulate_into.shape[0])),
                                stream=device_scratch.stream(input.device))
 
@@ -103,18 +97,16 @@ def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Ten
 register_outputs("grouped_mm_wgrad_accumulate", _require_accumulate)
 
 
-@define("grouped_bias_grad")
+@define("grouped_bias_grad", _bias_grad_outputs)
 def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int, group_offset: Tensor | None = None,
                          out_dtype: torch.dtype | None = None, group_ends: bool = False) -> Tensor:
     """out_dtype None: grad's dtype."""
     out = _bias_grad_outputs(grad, group_sizes, num_groups, out_dtype, allocator(grad.device))
-    _core.grouped_bias_grad(*map(capsule, (grad, group_sizes, out)), group_offset=capsule(group_offset),
-                            group_ends=group_ends, workspace=capsule(_workspace(grad.device, num_groups)),
+    _core.grouped_bias_grad(*map(capsule, (grad, group_sizes, group_offset, out)),
+                            capsule(_workspace(grad.device, num_groups)), group_ends=group_ends,
                             stream=device_scratch.stream(grad.device))
     return out
 
-
-register_outputs("grouped_bias_grad", _bias_grad_outputs)
 
 
 def _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad, weight_grad, bias_dtype,
@@ -142,13 +134,12 @@ def grouped_mm_backward_op(input: Tensor, weight: Tensor, grad: Tensor, group_si
     dinput, dweight, dbias = _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad,
                                                weight_grad, bias_dtype, accumulate_into, allocator(input.device))
     drhs = accumulate_into if weight_grad and accumulate_into is not None else dweight if weight_grad else None
-    _core.grouped_matmul_backward(*map(capsule, (input, weight, grad, group_sizes)),
+    _core.grouped_matmul_backward(*map(capsule, (input, weight, grad, group_sizes, group_offset)),
                                   dlhs=capsule(dinput) if input_grad else None, drhs=capsule(drhs),
                                   dbias=capsule(dbias) if bias_dtype is not None else None,
-                                  group_offset=capsule(group_offset), transpose_rhs=transpose_weight,
-                                  accumulate=accumulate_into is not None, group_ends=group_ends,
                                   workspace=capsule(_workspace(input.device, weight.shape[0])),
-                                  stream=device_scratch.stream(input.device))
+                                  transpose_rhs=transpose_weight, accumulate=accumulate_into is not None,
+                                  group_ends=group_ends, stream=device_scratch.stream(input.device))
     return dinput, dweight, dbias
 
 

@@ -151,6 +151,13 @@ def register_outputs(name: str, outputs) -> None:
     torch.library.register_fake(f"groupgemm::{name}", fake, lib=LIBRARY)
 
 
-def define(name: str):
-    """Decorator: ``@define("grouped_mm")`` over the kernel defines ``torch.ops.groupgemm.grouped_mm``."""
-    return lambda kernel: Op(name, kernel)
+def define(name: str, outputs):
+    """Decorator: ``@define("grouped_mm", outputs)`` over the kernel defines
+    ``torch.ops.groupgemm.grouped_mm``, with ``outputs`` (see register_outputs) as its fake kernel."""
+
+    def op(kernel):
+        defined = Op(name, kernel)
+        register_outputs(name, outputs)
+        return defined
+
+    return op

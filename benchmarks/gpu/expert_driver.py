@@ -163,7 +163,7 @@ def _unpermute(dev, x, dtype, probs_dtype, row_map, prefill):
     c = dev.capsule
     probs = None if probs_dtype is None else dev.tensor(x["probs"], probs_dtype)
     out = dev.output(x["dout"].shape, dtype, prefill)
-    dev.core.unpermute(c(dev.tensor(x["permuted"], dtype)), c(dev.index(row_map, np.int32)), c(out), probs=c(probs),
+    dev.core.unpermute(c(dev.tensor(x["permuted"], dtype)), c(dev.index(row_map, np.int32)), probs=c(probs), out=c(out),
                        stream=dev.stream())
     return [dev.fetch(out)]
 
@@ -174,8 +174,9 @@ def _unpermute_backward(dev, x, dtype, probs_dtype, row_map, prefill):
     dprobs = None if probs_dtype is None else dev.output(x["probs"].shape, probs_dtype, prefill)
     dpermuted = dev.output(x["permuted"].shape, dtype, prefill)
     dev.core.unpermute_backward(c(dev.tensor(x["dout"], dtype)), c(dev.tensor(x["permuted"], dtype)),
-                                c(dev.index(row_map, np.int32)), c(dpermuted), probs=c(probs), dprobs=c(dprobs),
-                                workspace=c(dev.unpermute_backward_workspace(row_map.size)), stream=dev.stream())
+                                c(dev.index(row_map, np.int32)), probs=c(probs), dpermuted=c(dpermuted),
+                                dprobs=c(dprobs), workspace=c(dev.unpermute_backward_workspace(row_map.size)),
+                                stream=dev.stream())
     return [dev.fetch(dpermuted)] + ([] if dprobs is None else [dev.fetch(dprobs)])
 
 

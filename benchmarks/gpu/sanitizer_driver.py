@@ -164,9 +164,9 @@ def run_call(dev, call, case, x, prefill):
         bias = dev.tensor(x["bias"], call.dtype) if call.bias else None
         lhs_t = dev.tensor(x["lhs"], call.dtype, offset=1 if call.misaligned else 0)
         out = dev.output((case.m, case.n), call.out_dtype, prefill)
-        dev.core.grouped_matmul(c(lhs_t), c(dev.tensor(rhs, call.dtype)), c(sizes), c(out), bias=c(bias),
-                                group_offset=c(offset), transpose_rhs=call.transpose,
-                                workspace=c(dev.workspace(g)), stream=dev.stream())
+        dev.core.grouped_matmul(c(lhs_t), c(dev.tensor(rhs, call.dtype)), c(sizes), group_offset=c(offset),
+                                bias=c(bias), out=c(out), workspace=c(dev.workspace(g)), transpose_rhs=call.transpose,
+                                stream=dev.stream())
         want = reference.grouped_matmul(lhs_r, round_to(rhs, call.dtype), sizes_np,
                                         bias=round_to(x["bias"], call.dtype) if call.bias else None,
                                         transpose_rhs=call.transpose, group_offset=case.offset)
@@ -177,8 +177,8 @@ def run_call(dev, call, case, x, prefill):
         acc = round_to(x["acc"], "float32") if call.accumulate else None
         shape = (g, case.k, case.n)
         out = dev.tensor(acc, "float32") if call.accumulate else dev.output(shape, call.out_dtype, prefill)
-        dev.core.grouped_matmul_wgrad(c(lhs_t), c(grad_t), c(sizes), c(out), group_offset=c(offset),
-                                      accumulate=call.accumulate, workspace=c(dev.workspace(g)), stream=dev.stream())
+        dev.core.grouped_matmul_wgrad(c(lhs_t), c(grad_t), c(sizes), group_offset=c(offset), out=c(out),
+                                      workspace=c(dev.workspace(g)), accumulate=call.accumulate, stream=dev.stream())
         want = reference.grouped_matmul_wgrad(lhs_r, dout_r, sizes_np, g, case.offset, accumulate_into=acc)
         untouched = np.zeros(want.shape, bool)
         untouched[reference.empty_groups(sizes_np, case.m, g, case.offset)] = True
@@ -187,8 +187,8 @@ def run_call(dev, call, case, x, prefill):
         return run_backward(dev, call, case, x, prefill, sizes, offset)
     grad_t = dev.tensor(x["dout"], call.dtype)
     out = dev.output((g, case.n), call.out_dtype, prefill)
-    dev.core.grouped_bias_grad(c(grad_t), c(sizes), c(out), group_offset=c(offset),
-                               workspace=c(dev.workspace(g)), stream=dev.stream())
+    dev.core.grouped_bias_grad(c(grad_t), c(sizes), group_offset=c(offset), out=c(out), workspace=c(dev.workspace(g)),
+                               stream=dev.stream())
     want = reference.grouped_bias_grad(dout_r, sizes_np, g, case.offset)
     empty = np.zeros(want.shape, bool)
     empty[reference.empty_groups(sizes_np, case.m, g, case.offset)] = True
@@ -206,9 +206,9 @@ def run_backward(dev, call, case, x, prefill, sizes, offset):
     drhs = dev.tensor(acc, "float32") if call.accumulate else dev.output(rhs.shape, call.out_dtype, prefill)
     dbias = dev.output((g, case.n), call.out_dtype, prefill) if call.bias else None
     dev.core.grouped_matmul_backward(c(dev.tensor(x["lhs"], call.dtype)), c(dev.tensor(rhs, call.dtype)),
-                                     c(dev.tensor(x["dout"], call.dtype)), c(sizes), dlhs=c(dlhs), drhs=c(drhs),
-                                     dbias=c(dbias), group_offset=c(offset), transpose_rhs=call.transpose,
-                                     accumulate=call.accumulate, workspace=c(dev.workspace(g)), stream=dev.stream())
+                                     c(dev.tensor(x["dout"], call.dtype)), c(sizes), group_offset=c(offset),
+                                     dlhs=c(dlhs), drhs=c(drhs), dbias=c(dbias), workspace=c(dev.workspace(g)),
+                                     transpose_rhs=call.transpose, accumulate=call.accumulate, stream=dev.stream())
     want_dlhs = reference.grouped_matmul(dout_r, round_to(rhs, call.dtype), sizes_np,
                                          transpose_rhs=not call.transpose, group_offset=case.offset)
     want_drhs = swap(reference.grouped_matmul_wgrad(lhs_r, dout_r, sizes_np, g, case.offset,

@@ -1,81 +1,181 @@
-// XLA FFI handlers of the grouped GEMMs for groupgemm.jax: XLA buffers into core calls,
-// one function per op in ffi_args.h's style (its CPU and CUDA handlers, XLA binding and
-// registration are generated). The shapes were validated in Python at trace time; each op
-// unpacks its buffers as the array entry points do (gemm_args.h), which checks them against
-// the sizes it hands the core.
+// The XLA FFI handlers: every op of the table (python/csrc/op_table.h) as an XLA FFI target
+// on the CPU and on CUDA. An XLA call passes the op's operands and results in their declared
+// order (a size-0 rank-1 placeholder for an absent optional one) and its attributes by name.
+// The CUDA variant runs on XLA's stream and is declared command-buffer compatible: the core
+// reads group sizes on the device and allocates nothing (workspaces are extra results). A
+// refused argument is XLA's invalid-argument error, naming it.
 #include <nanobind/nanobind.h>
 
-#include "ffi_args.h"
-#include "gemm_args.h"
-#include "groupgemm/groupgemm.h"
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "arg_view.h"
+#include "dtype_table.h"
+#include "op_table.h"
+#include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
+namespace ffi = xla::ffi;
 
 namespace groupgemm {
-
 namespace {
 
-using namespace ffi_args;
+using glue::ArgView;
 
-constexpr char kTransposeRhs[] = "transpose_rhs", kHasBias[] = "has_bias", kAccumulate[] = "accumulate",
-               kWantDlhs[] = "want_dlhs", kWantDrhs[] = "want_drhs", kWantDbias[] = "want_dbias";
-
-// out[M,N] = lhs @ rhs[g] (+ bias[g]); `bias` is a size-0 placeholder without has_bias.
-ffi::Error matmul(Device device, void* stream, Buf lhs, Buf rhs, Buf group_sizes, Buf group_offset, Buf bias,
-                  Out out, Out workspace, Attribute<bool, kTransposeRhs> transpose_rhs,
-                  Attribute<bool, kHasBias> has_bias) {
-  const MatmulArgs a =
-      glue::matmul_args(view(lhs, "lhs"), view(rhs, "rhs"), view(group_sizes, "group_sizes"),
-                        view(group_offset, "group_offset"), optional(bias, "bias", *has_bias),
-                        view(out, "out"), *transpose_rhs, false);
-  return to_ffi(grouped_matmul(a, context(device, stream, workspace)));
+glue::Element element_of(ffi::DataType t, DType* dtype) {
+  if (const std::optional<DType> d = dtype_from_xla(t)) return *dtype = *d, glue::Element::floating;
+  switch (t) {
+    case ffi::DataType::S32: return glue::Element::int32;
+    case ffi::DataType::S64: return glue::Element::int64;
+    case ffi::DataType::U8: return glue::Element::uint8;
+    case ffi::DataType::F8E4M3FN: return glue::Element::float8_e4m3;
+    case ffi::DataType::F8E5M2: return glue::Element::float8_e5m2;
+    default: return glue::Element::other;
+  }
 }
-GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_matmul", matmul);
 
-// out[g] = lhs_g^T @ grad_g, or acc[g] + that when accumulating: acc is aliased to out
-// (input_output_aliases), so XLA reuses a donated buffer or copies acc into out first, and
-// acc itself is not read.
-ffi::Error wgrad(Device device, void* stream, Buf lhs, Buf grad, Buf group_sizes, Buf group_offset, Buf acc,
-                 Out out, Out workspace, Attribute<bool, kAccumulate> accumulate) {
-  (void)acc;
-  const WgradArgs a =
-      glue::wgrad_args(view(lhs, "lhs"), view(grad, "grad"), view(group_sizes, "group_sizes"),
-                       view(group_offset, "group_offset"), view(out, "out"), *accumulate, false);
-  return to_ffi(grouped_matmul_wgrad(a, context(device, stream, workspace)));
+ArgView view(const ffi::AnyBuffer& b, const char* name) {
+  ArgView v;
+  v.name = name, v.data = b.untyped_data(), v.element = element_of(b.element_type(), &v.dtype);
+  const auto dims = b.dimensions();
+  if (dims.size() > static_cast<size_t>(ArgView::kMaxRank)) glue::refuse(v, "has too many dimensions");
+  v.rank = static_cast<int>(dims.size());
+  for (int i = 0; i < v.rank; ++i) v.dims[i] = dims[i];
+  return v;
 }
-GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_wgrad", wgrad);
 
-ffi::Error bias_grad(Device device, void* stream, Buf grad, Buf group_sizes, Buf group_offset, Out out,
-                     Out workspace) {
-  const BiasGradArgs a = glue::bias_grad_args(view(grad, "grad"), view(group_sizes, "group_sizes"),
-                                              view(group_offset, "group_offset"), view(out, "out"), false);
-  return to_ffi(grouped_bias_grad(a, context(device, stream, workspace)));
-}
-GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_bias_grad", bias_grad);
+class FfiCall : public glue::OpCall {
+ public:
+  FfiCall(const glue::Op& op, ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs)
+      : OpCall(op), args_(args), rets_(rets), attrs_(attrs) {
+    if (static_cast<int>(args.size()) != op.num_operands || static_cast<int>(rets.size()) != op.num_results)
+      throw glue::ArgError(std::string(op.target) + " takes " + std::to_string(op.num_operands) +
+                               " operands and " + std::to_string(op.num_results) + " results",
+                           false);
+    for (std::string_view name : attrs)
+      if (!op.find(op.attributes, std::string(name)))
+        throw glue::ArgError(std::string(op.target) + " has no attribute " + std::string(name), false);
+    for (const glue::Param& p : op.attributes)
+      if (!p.optional && !attrs.contains(p.name)) throw glue::ArgError(p.name + " must be given", false);
+  }
 
-// The gradients of a matmul from one core call; an unwanted gradient's result is a size-0
-// placeholder.
-ffi::Error matmul_backward(Device device, void* stream, Buf lhs, Buf rhs, Buf grad, Buf group_sizes,
-                           Buf group_offset, Out dlhs, Out drhs, Out dbias, Out workspace,
-                           Attribute<bool, kTransposeRhs> transpose_rhs, Attribute<bool, kWantDlhs> want_dlhs,
-                           Attribute<bool, kWantDrhs> want_drhs, Attribute<bool, kWantDbias> want_dbias) {
-  const BackwardArgs a =
-      glue::matmul_backward_args(view(lhs, "lhs"), view(rhs, "rhs"), view(grad, "grad"),
-                                 view(group_sizes, "group_sizes"), view(group_offset, "group_offset"),
-                                 optional(dlhs, "dlhs", *want_dlhs), optional(drhs, "drhs", *want_drhs),
-                                 optional(dbias, "dbias", *want_dbias), *transpose_rhs, false, false);
-  return to_ffi(grouped_matmul_backward(a, context(device, stream, workspace)));
+  ffi::AnyBuffer buffer(const glue::Param& p) const {
+    if (p.result) return **rets_.get<ffi::AnyBuffer>(p.index);
+    return *args_.get<ffi::AnyBuffer>(p.index);
+  }
+
+  ArgView array(const char* name) const override {
+    const glue::Param& p = op.array(name);
+    const ArgView v = view(buffer(p), p.name.c_str());
+    if (p.optional && v.rank == 1 && v.dims[0] == 0) return ArgView{p.name.c_str()};  // a placeholder
+    return v;
+  }
+
+  std::optional<int64_t> attribute(const char* name) const override {
+    const std::string& key = op.attribute(name).name;
+    if (attrs_.contains<bool>(key)) return *attrs_.get<bool>(key);
+    if (attrs_.contains<int32_t>(key)) return *attrs_.get<int32_t>(key);
+    if (attrs_.contains<int64_t>(key)) return *attrs_.get<int64_t>(key);
+    if (attrs_.contains(key)) throw glue::ArgError(key + " must be a bool or an integer", true);
+    return std::nullopt;
+  }
+
+ private:
+  ffi::RemainingArgs args_;
+  ffi::RemainingRets rets_;
+  ffi::Dictionary attrs_;
+};
+
+ffi::Error run(size_t index, Device device, void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+               ffi::Dictionary attrs) {
+  const glue::Op& op = glue::ops()[index];
+  try {
+    FfiCall call(op, args, rets, attrs);
+    call.context.device = device, call.context.stream = stream;
+    if (const glue::Param* w = op.find(op.arrays, "workspace")) {
+      const ffi::AnyBuffer workspace = call.buffer(*w);
+      call.context.workspace = workspace.untyped_data();
+      call.context.workspace_bytes = static_cast<int64_t>(workspace.size_bytes());
+    }
+    const Status s = op.run(call);
+    if (s.ok()) return ffi::Error::Success();
+    const auto code = s.code == Status::Code::invalid_argument ? ffi::ErrorCode::kInvalidArgument
+                      : s.code == Status::Code::unimplemented  ? ffi::ErrorCode::kUnimplemented
+                                                               : ffi::ErrorCode::kInternal;
+    return ffi::Error(code, "groupgemm: " + s.message);
+  } catch (const glue::ArgError& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("groupgemm: ") + e.what());
+  }
 }
-GROUPGEMM_FFI_TARGET("ffi_handlers", "groupgemm_matmul_backward", matmul_backward);
+
+// An XLA handler has no state of its own: one pair per table index, bound once.
+template <size_t I>
+XLA_FFI_Error* cpu_handler(XLA_FFI_CallFrame* frame) {
+  static auto* bound = ffi::Ffi::Bind()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs()
+                           .To([](ffi::RemainingArgs a, ffi::RemainingRets r, ffi::Dictionary d) {
+                             return run(I, Device::cpu, nullptr, a, r, d);
+                           })
+                           .release();
+  return bound->Call(frame);
+}
+
+template <size_t I>
+XLA_FFI_Error* cuda_handler(XLA_FFI_CallFrame* frame) {
+  static auto* bound = ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<void*>>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs()
+                           .To([](void* stream, ffi::RemainingArgs a, ffi::RemainingRets r,
+                                  ffi::Dictionary d) { return run(I, Device::cuda, stream, a, r, d); },
+                               {ffi::Traits::kCmdBufferCompatible})
+                           .release();
+  return bound->Call(frame);
+}
+
+constexpr size_t kMaxOps = 32;
+
+template <size_t... I>
+std::pair<XLA_FFI_Handler*, XLA_FFI_Handler*> handlers(size_t index, std::index_sequence<I...>) {
+  static constexpr XLA_FFI_Handler* cpu[] = {&cpu_handler<I>...};
+  static constexpr XLA_FFI_Handler* cuda[] = {&cuda_handler<I>...};
+  return {cpu[index], cuda[index]};
+}
+
+// `listed_by()`, a function of the module: the capsules of its ops' targets by platform,
+// then target name, as groupgemm.jax registers them.
+void def_targets(nb::module_& m, const char* listed_by, const char* doc) {
+  const std::string list = listed_by;
+  m.def(
+      listed_by,
+      [list] {
+        if (glue::ops().size() > kMaxOps) throw std::logic_error("raise kMaxOps to the number of ops");
+        nb::dict cpu, cuda, out;
+        for (size_t i = 0; i < glue::ops().size(); ++i) {
+          const glue::Op& op = glue::ops()[i];
+          if (list != op.listed_by) continue;
+          const auto [on_cpu, on_cuda] = handlers(i, std::make_index_sequence<kMaxOps>());
+          cpu[op.target] = nb::capsule(reinterpret_cast<void*>(on_cpu));
+          cuda[op.target] = nb::capsule(reinterpret_cast<void*>(on_cuda));
+        }
+        out["cpu"] = cpu, out["CUDA"] = cuda;
+        return out;
+      },
+      doc);
+}
 
 }  // namespace
 
 // The GEMMs' and the expert layer's targets, registered by groupgemm.jax at import; the FP8
 // ones, by groupgemm.jax_ext.fp8_ffi_calls.
 void bind_ffi_handlers(nb::module_& m) {
-  ffi_args::def_targets(m, "ffi_handlers", "XLA FFI handler capsules by platform, then target name.");
-  ffi_args::def_targets(m, "fp8_ffi_handlers",
-                        "The FP8 XLA FFI handler capsules by platform, then target name.");
+  def_targets(m, "ffi_handlers", "XLA FFI handler capsules by platform, then target name.");
+  def_targets(m, "fp8_ffi_handlers", "The FP8 XLA FFI handler capsules by platform, then target name.");
 }
 
 }  // namespace groupgemm

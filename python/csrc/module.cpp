@@ -1,8 +1,8 @@
 // groupgemm._core: what both frontends share (the build's CUDA facts, the Device,
 // Activation and FP8 enums, workspace sizes), the core's array entry points (used by the
 // PyTorch frontend's ops and the tests), the call plans of its eager path and, once
-// registered by groupgemm.jax, its XLA FFI handlers. Both bindings unpack each op's
-// arguments with the same code (gemm_args.h, expert_args.h, fp8_args.h).
+// registered by groupgemm.jax, its XLA FFI handlers. Both bindings are generated from one
+// table of the ops (op_table.h; gemm_ops.cpp, expert_ops.cpp, fp8_ops.cpp).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -19,9 +19,7 @@ namespace nb = nanobind;
 namespace groupgemm {
 void bind_array_entry_points(nb::module_& m);
 void bind_call_plans(nb::module_& m);
-void bind_expert_array_entry_points(nb::module_& m);
 void bind_ffi_handlers(nb::module_& m);
-void bind_fp8_array_entry_points(nb::module_& m);
 }  // namespace groupgemm
 
 NB_MODULE(_core, m) {
@@ -95,7 +93,5 @@ NB_MODULE(_core, m) {
         "Scale rows of the blockwise weight gradient: floor((m + 127 G) / 128).");
   groupgemm::bind_array_entry_points(m);
   groupgemm::bind_call_plans(m);
-  groupgemm::bind_expert_array_entry_points(m);
   groupgemm::bind_ffi_handlers(m);
-  groupgemm::bind_fp8_array_entry_points(m);
 }

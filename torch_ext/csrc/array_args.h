@@ -1,9 +1,9 @@
 // The array entry points' side of the bindings: DLPack arrays (torch tensors, NumPy
 // arrays) as ArgViews (python/csrc/arg_view.h), all of one call on one device, and a core
-// call run without the GIL with its Status raised as a Python exception. Each op's
-// arguments are unpacked from the views by the code the XLA FFI handlers share
-// (gemm_args.h, expert_args.h, fp8_args.h); a refused argument (glue::ArgError) is raised
-// as TypeError or ValueError by the translator module.cpp registers.
+// call run without the GIL with its Status raised as a Python exception (the array entry
+// points, array_bindings.cpp, and the call plans, call_plans.cpp). A refused argument
+// (glue::ArgError) is raised as TypeError or ValueError by the translator module.cpp
+// registers.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -36,27 +36,23 @@ inline glue::Element element_of(nb::dlpack::dtype t, DType* dtype) {
   return glue::Element::other;
 }
 
-// The views of one call's arrays. All live on one device; that device and the stream
-// make the call's context.
+// The views of one call's arrays. All live on one device (add() checks each as it comes);
+// that device and the stream make the call's context.
 class ArrayViews {
  public:
-  explicit ArrayViews(uintptr_t stream) { ctx_.stream = reinterpret_cast<void*>(stream); }
-
-  ArgView operator()(const Array& a, const char* name) {
-    add_device(a, name);
-    ArgView v;
-    v.name = name, v.data = a.data(), v.element = element_of(a.dtype(), &v.dtype);
-    if (a.ndim() > static_cast<size_t>(ArgView::kMaxRank))
-      throw nb::value_error((std::string(name) + " has too many dimensions").c_str());
-    v.rank = static_cast<int>(a.ndim());
-    for (int i = 0; i < v.rank; ++i) v.dims[i] = static_cast<int64_t>(a.shape(i));
-    return v;
+  void add(const std::optional<Array>& a, const char* name) {
+    if (a) add_device(*a, name);
   }
-  // An optional argument: a view with given() false when it is None.
-  ArgView operator()(const std::optional<Array>& a, const char* name) {
-    if (a) return (*this)(*a, name);
+  // A view of `a`; given() false when it is None.
+  ArgView operator()(const std::optional<Array>& a, const char* name) const {
     ArgView v;
     v.name = name;
+    if (!a) return v;
+    v.data = a->data(), v.element = element_of(a->dtype(), &v.dtype);
+    if (a->ndim() > static_cast<size_t>(ArgView::kMaxRank))
+      throw nb::value_error((std::string(name) + " has too many dimensions").c_str());
+    v.rank = static_cast<int>(a->ndim());
+    for (int i = 0; i < v.rank; ++i) v.dims[i] = static_cast<int64_t>(a->shape(i));
     return v;
   }
   // The caller-allocated scratch the CUDA backend writes its per-call setup into.
@@ -66,6 +62,7 @@ class ArrayViews {
     ctx_.workspace = workspace->data();
     ctx_.workspace_bytes = static_cast<int64_t>(workspace->nbytes());
   }
+  void set_stream(uintptr_t stream) { ctx_.stream = reinterpret_cast<void*>(stream); }
   const ExecContext& context() const { return ctx_; }
 
  private:
@@ -88,15 +85,15 @@ class ArrayViews {
   std::string first_name_;
 };
 
-// Runs a core entry point without the GIL (other Python threads keep going) and turns
-// its status into ValueError (bad argument), NotImplementedError (a backend this build
-// lacks; a RuntimeError subclass) or RuntimeError.
-template <typename Args, typename Fn>
-void run_core(Fn fn, const Args& args, const ExecContext& ctx) {
+// Runs `call` (a core call, returning its Status) without the GIL (other Python threads
+// keep going) and turns its status into ValueError (bad argument), NotImplementedError (a
+// backend this build lacks; a RuntimeError subclass) or RuntimeError.
+template <typename Call>
+void run_core(Call call) {
   Status s;
   {
     nb::gil_scoped_release release;
-    s = fn(args, ctx);
+    s = call();
   }
   if (s.ok()) return;
   if (s.code == Status::Code::invalid_argument) throw nb::value_error(s.message.c_str());

@@ -1,99 +1,122 @@
-// Array entry points of groupgemm._core: DLPack-capable arrays (torch tensors, NumPy
-// arrays) reach the core zero-copy. Every array argument is .noconvert() and C-contiguous,
-// so a wrong dtype, layout or device raises instead of being silently copied (a copied
-// output would be lost).
+// The array entry points of groupgemm._core: every op of the table (python/csrc/op_table.h)
+// as a Python function of DLPack-capable arrays (torch tensors, NumPy arrays), which reach
+// the core zero-copy. Arguments are the op's arrays (operands, then results, the workspace
+// among them; None for an absent optional one) and attributes, in declared order or by
+// name, then `stream`. An array must be C-contiguous and of a dtype the op reads, and is
+// never converted: a copied output would be lost. The core runs without the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
+#include <deque>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "array_args.h"
-#include "gemm_args.h"
-#include "groupgemm/groupgemm.h"
+#include "op_table.h"
 
 namespace nb = nanobind;
 
 namespace groupgemm {
 namespace {
 
-using namespace array_args;
+using array_args::Array;
+using glue::ArgView;
 
-void grouped_matmul_array(Array lhs, Array rhs, Array group_sizes, Array out, std::optional<Array> bias,
-                          std::optional<Array> group_offset, bool transpose_rhs, bool group_ends,
-                          std::optional<Array> workspace, uintptr_t stream) {
-  ArrayViews v(stream);
-  const MatmulArgs a = glue::matmul_args(v(lhs, "lhs"), v(rhs, "rhs"), v(group_sizes, "group_sizes"),
-                                         v(group_offset, "group_offset"), v(bias, "bias"), v(out, "out"),
-                                         transpose_rhs, group_ends);
-  v.set_workspace(workspace);
-  run_core(grouped_matmul, a, v.context());
-}
+class ArrayCall : public glue::OpCall {
+ public:
+  ArrayCall(const glue::Op& op, const nb::args& args, const nb::kwargs& kwargs)
+      : OpCall(op), arrays_(op.arrays.size()), attributes_(op.attributes.size()) {
+    const std::vector<nb::handle> given = by_position(args, kwargs);
+    for (size_t i = 0; i < op.arrays.size(); ++i) {
+      const glue::Param& p = op.arrays[i];
+      arrays_[i] = array_at(p, given[i]);
+      if (p.name == "workspace")
+        views_.set_workspace(arrays_[i]);
+      else
+        views_.add(arrays_[i], p.name.c_str());
+    }
+    for (size_t i = 0; i < op.attributes.size(); ++i) {
+      const nb::handle value = given[op.arrays.size() + i];
+      if (value.is_valid() && !value.is_none())
+        attributes_[i] = nb::cast<int64_t>(value);
+      else if (!op.attributes[i].optional)
+        refuse(op.attributes[i].name + " must be given");
+    }
+    if (given.back().is_valid()) views_.set_stream(nb::cast<uintptr_t>(given.back()));
+    context = views_.context();
+  }
 
-void grouped_matmul_wgrad_array(Array lhs, Array grad, Array group_sizes, Array out,
-                                std::optional<Array> group_offset, bool accumulate, bool group_ends,
-                                std::optional<Array> workspace, uintptr_t stream) {
-  ArrayViews v(stream);
-  const WgradArgs a =
-      glue::wgrad_args(v(lhs, "lhs"), v(grad, "grad"), v(group_sizes, "group_sizes"),
-                       v(group_offset, "group_offset"), v(out, "out"), accumulate, group_ends);
-  v.set_workspace(workspace);
-  run_core(grouped_matmul_wgrad, a, v.context());
-}
+  ArgView array(const char* name) const override {
+    const glue::Param& p = op.array(name);
+    return views_(arrays_[&p - op.arrays.data()], p.name.c_str());
+  }
 
-void grouped_bias_grad_array(Array grad, Array group_sizes, Array out, std::optional<Array> group_offset,
-                             bool group_ends, std::optional<Array> workspace, uintptr_t stream) {
-  ArrayViews v(stream);
-  const BiasGradArgs a = glue::bias_grad_args(v(grad, "grad"), v(group_sizes, "group_sizes"),
-                                              v(group_offset, "group_offset"), v(out, "out"), group_ends);
-  v.set_workspace(workspace);
-  run_core(grouped_bias_grad, a, v.context());
-}
+  std::optional<int64_t> attribute(const char* name) const override {
+    const glue::Param& p = op.attribute(name);
+    return attributes_[&p - op.attributes.data()];
+  }
 
-// Each gradient is given as its output array, or None when it is not wanted.
-void grouped_matmul_backward_array(Array lhs, Array rhs, Array grad, Array group_sizes,
-                                   std::optional<Array> dlhs, std::optional<Array> drhs,
-                                   std::optional<Array> dbias, std::optional<Array> group_offset,
-                                   bool transpose_rhs, bool accumulate, bool group_ends,
-                                   std::optional<Array> workspace, uintptr_t stream) {
-  ArrayViews v(stream);
-  const BackwardArgs a =
-      glue::matmul_backward_args(v(lhs, "lhs"), v(rhs, "rhs"), v(grad, "grad"), v(group_sizes, "group_sizes"),
-                                 v(group_offset, "group_offset"), v(dlhs, "dlhs"), v(drhs, "drhs"),
-                                 v(dbias, "dbias"), transpose_rhs, accumulate, group_ends);
-  v.set_workspace(workspace);
-  run_core(grouped_matmul_backward, a, v.context());
-}
+ private:
+  [[noreturn]] void refuse(const std::string& what) const {
+    throw nb::type_error((std::string(op.name) + ": " + what).c_str());
+  }
+
+  // Each argument at its place: the op's arrays, its attributes, then the stream.
+  std::vector<nb::handle> by_position(const nb::args& args, const nb::kwargs& kwargs) const {
+    const size_t num_arrays = op.arrays.size(), num_attributes = op.attributes.size();
+    std::vector<nb::handle> given(num_arrays + num_attributes + 1);
+    if (args.size() > given.size()) refuse("too many arguments");
+    for (size_t i = 0; i < args.size(); ++i) given[i] = args[i];
+    for (auto [key, value] : kwargs) {
+      const std::string name = nb::cast<std::string>(key);
+      size_t i = name == "stream" ? given.size() - 1 : given.size();
+      if (const glue::Param* p = op.find(op.arrays, name)) i = p - op.arrays.data();
+      if (const glue::Param* p = op.find(op.attributes, name)) i = num_arrays + (p - op.attributes.data());
+      if (i == given.size()) refuse("no argument " + name);
+      if (given[i].is_valid()) refuse(name + " given twice");
+      given[i] = value;
+    }
+    return given;
+  }
+
+  std::optional<Array> array_at(const glue::Param& p, nb::handle value) const {
+    if (!value.is_valid() || value.is_none()) {
+      if (p.optional) return std::nullopt;
+      refuse(p.name + " must be given");
+    }
+    Array a;
+    if (!nb::try_cast(value, a, /*convert=*/false))
+      refuse(p.name + " must be a C-contiguous DLPack array (a torch tensor, a NumPy array)");
+    return a;
+  }
+
+  array_args::ArrayViews views_;
+  std::vector<std::optional<Array>> arrays_;
+  std::vector<std::optional<int64_t>> attributes_;
+};
 
 }  // namespace
 
 void bind_array_entry_points(nb::module_& m) {
-  m.def("grouped_matmul", &grouped_matmul_array, nb::arg("lhs").noconvert(), nb::arg("rhs").noconvert(),
-        nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
-        nb::arg("bias").noconvert() = nb::none(), nb::arg("group_offset").noconvert() = nb::none(),
-        nb::arg("transpose_rhs") = false, nb::arg("group_ends") = false,
-        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
-        "out[M,N] = lhs[M,K] @ rhs[g] (+ bias[g]) per group; padding rows are written as 0. group_ends: "
-        "group_sizes holds cumulative group ends.");
-  m.def("grouped_matmul_wgrad", &grouped_matmul_wgrad_array, nb::arg("lhs").noconvert(),
-        nb::arg("grad").noconvert(), nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
-        nb::arg("group_offset").noconvert() = nb::none(), nb::arg("accumulate") = false,
-        nb::arg("group_ends") = false, nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
-        "out[g] = lhs_g^T @ grad_g (or += with accumulate); empty groups give 0 (or stay untouched).");
-  m.def("grouped_bias_grad", &grouped_bias_grad_array, nb::arg("grad").noconvert(),
-        nb::arg("group_sizes").noconvert(), nb::arg("out").noconvert(),
-        nb::arg("group_offset").noconvert() = nb::none(), nb::arg("group_ends") = false,
-        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
-        "out[g] = sum of grad rows of group g; empty groups give 0.");
-  m.def("grouped_matmul_backward", &grouped_matmul_backward_array, nb::arg("lhs").noconvert(),
-        nb::arg("rhs").noconvert(), nb::arg("grad").noconvert(), nb::arg("group_sizes").noconvert(),
-        nb::arg("dlhs").noconvert() = nb::none(), nb::arg("drhs").noconvert() = nb::none(),
-        nb::arg("dbias").noconvert() = nb::none(), nb::arg("group_offset").noconvert() = nb::none(),
-        nb::arg("transpose_rhs") = false, nb::arg("accumulate") = false, nb::arg("group_ends") = false,
-        nb::arg("workspace").noconvert() = nb::none(), nb::arg("stream") = 0,
-        "The gradients of grouped_matmul from one setup: dlhs = grad @ rhs[g]^T, drhs[g] (+)= the weight "
-        "gradient in rhs's layout, dbias[g] = sum of group g's grad rows; each None when not wanted.");
+  static std::deque<std::string> docs;  // nanobind keeps the pointer
+  for (const glue::Op& op : glue::ops()) {
+    std::string listed;
+    for (const auto* params : {&op.arrays, &op.attributes})
+      for (const glue::Param& p : *params) listed += p.name + (p.optional ? "?, " : ", ");
+    const std::string& doc = docs.emplace_back(
+        std::string(op.doc) + "\n\nArguments, in order or by name (?: may be None or left out): " + listed +
+        "stream?.");
+    m.def(
+        op.name,
+        [&op](nb::args args, nb::kwargs kwargs) {
+          const ArrayCall call(op, args, kwargs);
+          array_args::run_core([&] { return op.run(call); });
+        },
+        doc.c_str());
+  }
 }
 
 }  // namespace groupgemm

@@ -56,7 +56,8 @@ class MatmulPlan {
   MatmulPlan(int64_t m, int64_t k, int64_t n, int64_t num_groups, DType in_dtype, DType out_dtype,
              int64_t sizes_count, int sizes_bits, bool group_ends, int offset_bits, bool transpose_rhs,
              int device_index, int64_t workspace_bytes)
-      : groups_(sizes_count, sizes_bits, group_ends, offset_bits), ctx_(context_of(device_index, workspace_bytes)) {
+      : groups_(sizes_count, sizes_bits, group_ends, offset_bits),
+        ctx_(context_of(device_index, workspace_bytes)) {
     args_.m = m, args_.k = k, args_.n = n, args_.num_groups = num_groups;
     args_.in_dtype = in_dtype, args_.out_dtype = out_dtype, args_.transpose_rhs = transpose_rhs;
   }
@@ -68,7 +69,7 @@ class MatmulPlan {
     groups_.place(a, sizes, offset);
     ExecContext ctx = ctx_;
     ctx.workspace = address(workspace), ctx.stream = address(stream);
-    run_core(grouped_matmul, a, ctx);
+    run_core([&] { return grouped_matmul(a, ctx); });
   }
 
  private:
@@ -82,7 +83,8 @@ class BackwardPlan {
   BackwardPlan(int64_t m, int64_t k, int64_t n, int64_t num_groups, DType in_dtype, DType drhs_dtype,
                DType dbias_dtype, int64_t sizes_count, int sizes_bits, bool group_ends, int offset_bits,
                bool transpose_rhs, int device_index, int64_t workspace_bytes)
-      : groups_(sizes_count, sizes_bits, group_ends, offset_bits), ctx_(context_of(device_index, workspace_bytes)) {
+      : groups_(sizes_count, sizes_bits, group_ends, offset_bits),
+        ctx_(context_of(device_index, workspace_bytes)) {
     args_.m = m, args_.k = k, args_.n = n, args_.num_groups = num_groups;
     args_.in_dtype = in_dtype, args_.drhs_dtype = drhs_dtype, args_.dbias_dtype = dbias_dtype;
     args_.transpose_rhs = transpose_rhs;
@@ -96,7 +98,7 @@ class BackwardPlan {
     groups_.place(a, sizes, offset);
     ExecContext ctx = ctx_;
     ctx.workspace = address(workspace), ctx.stream = address(stream);
-    run_core(grouped_matmul_backward, a, ctx);
+    run_core([&] { return grouped_matmul_backward(a, ctx); });
   }
 
  private:
@@ -115,17 +117,19 @@ void bind_call_plans(nb::module_& m) {
       .value("float64", DType::f64);
   nb::class_<MatmulPlan>(m, "MatmulPlan",
                          "grouped_matmul with fixed shapes, dtypes, flags and device; run() takes addresses.")
-      .def(nb::init<int64_t, int64_t, int64_t, int64_t, DType, DType, int64_t, int, bool, int, bool, int, int64_t>(),
+      .def(nb::init<int64_t, int64_t, int64_t, int64_t, DType, DType, int64_t, int, bool, int, bool, int,
+                    int64_t>(),
            nb::arg("m"), nb::arg("k"), nb::arg("n"), nb::arg("num_groups"), nb::arg("in_dtype"),
            nb::arg("out_dtype"), nb::arg("sizes_count"), nb::arg("sizes_bits"), nb::arg("group_ends"),
-           nb::arg("offset_bits"), nb::arg("transpose_rhs"), nb::arg("device_index"), nb::arg("workspace_bytes"))
+           nb::arg("offset_bits"), nb::arg("transpose_rhs"), nb::arg("device_index"),
+           nb::arg("workspace_bytes"))
       .def("run", &MatmulPlan::run, nb::arg("lhs"), nb::arg("rhs"), nb::arg("group_sizes"), nb::arg("out"),
            nb::arg("bias"), nb::arg("group_offset"), nb::arg("workspace"), nb::arg("stream"));
   nb::class_<BackwardPlan>(m, "BackwardPlan",
                            "grouped_matmul_backward with fixed shapes, dtypes, flags and device; run() takes "
                            "addresses (0: a gradient not wanted).")
-      .def(nb::init<int64_t, int64_t, int64_t, int64_t, DType, DType, DType, int64_t, int, bool, int, bool, int,
-                    int64_t>(),
+      .def(nb::init<int64_t, int64_t, int64_t, int64_t, DType, DType, DType, int64_t, int, bool, int, bool,
+                    int, int64_t>(),
            nb::arg("m"), nb::arg("k"), nb::arg("n"), nb::arg("num_groups"), nb::arg("in_dtype"),
            nb::arg("drhs_dtype"), nb::arg("dbias_dtype"), nb::arg("sizes_count"), nb::arg("sizes_bits"),
            nb::arg("group_ends"), nb::arg("offset_bits"), nb::arg("transpose_rhs"), nb::arg("device_index"),

@@ -1,16 +1,17 @@
-// The expert layer's ops' arguments from their views (arg_view.h), for both bindings:
-// permute, unpermute and its backward, the activation and its backward, the router's
-// softmax top-k, its backward and its tangent.
-#pragma once
-
+// The expert layer's entry points (op_table.h): permute, unpermute and its backward, the
+// activation and its backward, the router's softmax top-k, its backward and its tangent.
 #include "arg_view.h"
 #include "groupgemm/activation.h"
+#include "groupgemm/groupgemm.h"
+#include "op_table.h"
 
 namespace groupgemm {
-namespace glue {
+namespace {
+
+using namespace glue;
 
 // probs and dprobs: the values' dtype, or float32.
-inline DType probs_dtype(const ArgView& v, DType values) {
+DType probs_dtype(const ArgView& v, DType values) {
   const DType t = float_dtype(v);
   if (t != values && t != DType::f32)
     refuse(v,
@@ -21,14 +22,19 @@ inline DType probs_dtype(const ArgView& v, DType values) {
 }
 
 // The router's probabilities (probs, dprobs, tprobs): float32, float64 for float64 logits.
-inline void expect_router_probs(const ArgView& v, DType logits) {
+void expect_router_probs(const ArgView& v, DType logits) {
   expect_dtype(v, logits == DType::f64 ? DType::f64 : DType::f32, "the router's probabilities");
 }
 
-// tokens [T, H], expert_indices [T, k] -> permuted [T * k, H], group_sizes [E], row_map [T, k].
-inline PermuteArgs permute_args(const ArgView& tokens, const ArgView& expert_indices, const ArgView& permuted,
-                                const ArgView& group_sizes, const ArgView& row_map) {
+GROUPGEMM_OP(
+    permute, "groupgemm_permute", "ffi_handlers", "tokens expert_indices",
+    "permuted group_sizes row_map workspace?", "",
+    "Groups token rows by expert (stable; dropped slots last as zero rows); writes permuted [T*k, H], "
+    "group_sizes [E] and row_map [T, k] (int32, -1 for a dropped slot).") {
   PermuteArgs a;
+  const ArgView tokens = call.array("tokens"), expert_indices = call.array("expert_indices"),
+                permuted = call.array("permuted"), group_sizes = call.array("group_sizes"),
+                row_map = call.array("row_map");
   expect_rank(tokens, 2), expect_rank(expert_indices, 2), expect_rank(group_sizes, 1);
   a.num_tokens = tokens.dims[0], a.hidden = tokens.dims[1];
   a.top_k = expert_indices.dims[1], a.num_experts = group_sizes.dims[0];
@@ -40,13 +46,15 @@ inline PermuteArgs permute_args(const ArgView& tokens, const ArgView& expert_ind
   a.tokens = tokens.data, a.permuted = permuted.data;
   a.expert_indices = index_array(expert_indices);
   a.group_sizes = int32_data(group_sizes), a.row_map = int32_data(row_map);
-  return a;
+  return permute(a, call.context);
 }
 
-// permuted [R, H], row_map [T, k], probs [T, k] (optional) -> out [T, H].
-inline UnpermuteArgs unpermute_args(const ArgView& permuted, const ArgView& row_map, const ArgView& probs,
-                                    const ArgView& out) {
+GROUPGEMM_OP(
+    unpermute, "groupgemm_unpermute", "ffi_handlers", "permuted row_map probs?", "out", "",
+    "out[t] = sum over j in order of probs[t, j] * permuted[row_map[t, j]] (float32 accumulation).") {
   UnpermuteArgs a;
+  const ArgView permuted = call.array("permuted"), row_map = call.array("row_map"),
+                probs = call.array("probs"), out = call.array("out");
   expect_rank(permuted, 2), expect_rank(row_map, 2);
   a.num_rows = permuted.dims[0], a.hidden = permuted.dims[1];
   a.num_tokens = row_map.dims[0], a.top_k = row_map.dims[1];
@@ -58,15 +66,19 @@ inline UnpermuteArgs unpermute_args(const ArgView& permuted, const ArgView& row_
     a.probs_dtype = probs_dtype(probs, a.dtype), a.probs = probs.data;
   }
   a.permuted = permuted.data, a.out = out.data, a.row_map = int32_data(row_map);
-  return a;
+  return unpermute(a, call.context);
 }
 
-// unpermute's backward: dout [T, H], row_map [T, k], probs (optional), and permuted [R, H]
-// (needed for dprobs) -> each of dpermuted [R, H] and dprobs [T, k] that is given.
-inline UnpermuteBackwardArgs unpermute_backward_args(const ArgView& dout, const ArgView& permuted,
-                                                     const ArgView& row_map, const ArgView& probs,
-                                                     const ArgView& dpermuted, const ArgView& dprobs) {
+// permuted is read for dprobs only.
+GROUPGEMM_OP(unpermute_backward, "groupgemm_unpermute_backward", "ffi_handlers",
+             "dout permuted? row_map probs?", "dpermuted? dprobs? workspace?", "",
+             "Each output that is given: dpermuted[r] = the sum over the slots (t, j) naming row r, in slot "
+             "order, of probs[t, j] * dout[t] (rows no slot names 0); dprobs[t, j] = "
+             "dot(permuted[row_map[t, j]], dout[t]).") {
   UnpermuteBackwardArgs a;
+  const ArgView dout = call.array("dout"), permuted = call.array("permuted"), row_map = call.array("row_map"),
+                probs = call.array("probs"), dpermuted = call.array("dpermuted"),
+                dprobs = call.array("dprobs");
   expect_rank(dout, 2), expect_rank(row_map, 2);
   a.num_tokens = row_map.dims[0], a.top_k = row_map.dims[1], a.hidden = dout.dims[1];
   expect_dim(dout, 0, a.num_tokens);
@@ -91,94 +103,99 @@ inline UnpermuteBackwardArgs unpermute_backward_args(const ArgView& dout, const 
     a.dprobs = dprobs.data;
   }
   a.dout = dout.data, a.row_map = int32_data(row_map);
-  return a;
+  return unpermute_backward(a, call.context);
 }
 
 // The width of the activation's output, once the core can take h's: an unknown kind or an
 // odd swiglu width is the core's to report, in its words.
-inline bool activation_width(Activation kind, int64_t in_features, int64_t* out_features) {
+bool activation_width(Activation kind, int64_t in_features, int64_t* out_features) {
   if (!valid_activation(kind) || (kind == Activation::swiglu && in_features % 2 != 0)) return false;
   *out_features = activation_out_features(kind, in_features);
   return true;
 }
 
-// h [M, F_in] -> out [M, F].
-inline ActivationArgs activation_args(const ArgView& h, const ArgView& out, Activation kind) {
+// kind is Activation's value.
+GROUPGEMM_OP(activation, "groupgemm_activation", "ffi_handlers", "h", "out", "kind",
+             "out = act(h); swiglu takes [M, 2F] (gate first) to [M, F].") {
   ActivationArgs a;
+  const ArgView h = call.array("h"), out = call.array("out");
   expect_rank(h, 2);
-  a.kind = kind, a.rows = h.dims[0], a.in_features = h.dims[1];
+  a.kind = static_cast<Activation>(call.integer("kind")), a.rows = h.dims[0], a.in_features = h.dims[1];
   a.dtype = float_dtype(h);
   int64_t out_features;
-  if (activation_width(kind, a.in_features, &out_features)) expect_shape(out, {a.rows, out_features});
+  if (activation_width(a.kind, a.in_features, &out_features)) expect_shape(out, {a.rows, out_features});
   expect_dtype(out, a.dtype, "h");
   a.h = h.data, a.out = out.data;
-  return a;
+  return activation(a, call.context);
 }
 
-// dout [M, F], h [M, F_in] -> dh [M, F_in].
-inline ActivationBackwardArgs activation_backward_args(const ArgView& dout, const ArgView& h,
-                                                       const ArgView& dh, Activation kind) {
+GROUPGEMM_OP(activation_backward, "groupgemm_activation_backward", "ffi_handlers", "dout h", "dh", "kind",
+             "dh = act'(h) * dout, the exact derivative.") {
   ActivationBackwardArgs a;
+  const ArgView dout = call.array("dout"), h = call.array("h"), dh = call.array("dh");
   expect_rank(h, 2);
-  a.kind = kind, a.rows = h.dims[0], a.in_features = h.dims[1];
+  a.kind = static_cast<Activation>(call.integer("kind")), a.rows = h.dims[0], a.in_features = h.dims[1];
   a.dtype = float_dtype(h);
   int64_t out_features;
-  if (activation_width(kind, a.in_features, &out_features)) expect_shape(dout, {a.rows, out_features});
+  if (activation_width(a.kind, a.in_features, &out_features)) expect_shape(dout, {a.rows, out_features});
   expect_shape(dh, {a.rows, a.in_features});
   expect_dtype(dout, a.dtype, "h"), expect_dtype(dh, a.dtype, "h");
   a.dout = dout.data, a.h = h.data, a.dh = dh.data;
-  return a;
+  return activation_backward(a, call.context);
 }
 
 // logits [T, E] and expert_indices [T, k], the router's common pair.
 template <typename Args>
-void set_router(Args& a, const ArgView& logits, const ArgView& expert_indices, bool renormalize) {
+void set_router(Args& a, const OpCall& call) {
+  const ArgView logits = call.array("logits"), expert_indices = call.array("expert_indices");
   expect_rank(logits, 2), expect_rank(expert_indices, 2);
   a.num_tokens = logits.dims[0], a.num_experts = logits.dims[1], a.top_k = expert_indices.dims[1];
   expect_dim(expert_indices, 0, a.num_tokens);
-  a.dtype = float_dtype(logits), a.renormalize = renormalize;
+  a.dtype = float_dtype(logits), a.renormalize = call.flag("renormalize");
   a.logits = logits.data, a.expert_indices = int32_data(expert_indices);
 }
 
-// logits [T, E] -> expert_indices [T, k], probs [T, k].
-inline SoftmaxTopkArgs softmax_topk_args(const ArgView& logits, const ArgView& expert_indices,
-                                         const ArgView& probs, bool renormalize) {
+GROUPGEMM_OP(softmax_topk, "groupgemm_softmax_topk", "ffi_handlers", "logits", "expert_indices probs",
+             "renormalize",
+             "Each token's k largest logits (ties: lower expert first; -inf and NaN never chosen, -1 for an "
+             "empty slot) and their softmax probabilities, renormalized over the chosen ones or not.") {
   SoftmaxTopkArgs a;
-  set_router(a, logits, expert_indices, renormalize);
+  set_router(a, call);
+  const ArgView probs = call.array("probs");
   expect_shape(probs, {a.num_tokens, a.top_k});
   expect_router_probs(probs, a.dtype);
   a.probs = probs.data;
-  return a;
+  return softmax_topk(a, call.context);
 }
 
-// logits [T, E], expert_indices [T, k], dprobs [T, k] -> dlogits [T, E].
-inline SoftmaxTopkBackwardArgs softmax_topk_backward_args(const ArgView& logits,
-                                                          const ArgView& expert_indices,
-                                                          const ArgView& dprobs, const ArgView& dlogits,
-                                                          bool renormalize) {
+GROUPGEMM_OP(softmax_topk_backward, "groupgemm_softmax_topk_backward", "ffi_handlers",
+             "logits expert_indices dprobs", "dlogits", "renormalize",
+             "dlogits from dprobs, through softmax_topk's choices.") {
   SoftmaxTopkBackwardArgs a;
-  set_router(a, logits, expert_indices, renormalize);
+  set_router(a, call);
+  const ArgView dprobs = call.array("dprobs"), dlogits = call.array("dlogits");
   expect_shape(dprobs, {a.num_tokens, a.top_k});
   expect_router_probs(dprobs, a.dtype);
   expect_shape(dlogits, {a.num_tokens, a.num_experts});
   expect_dtype(dlogits, a.dtype, "logits");
   a.dprobs = dprobs.data, a.dlogits = dlogits.data;
-  return a;
+  return softmax_topk_backward(a, call.context);
 }
 
-// logits [T, E], expert_indices [T, k], tlogits [T, E] -> tprobs [T, k].
-inline SoftmaxTopkTangentArgs softmax_topk_tangent_args(const ArgView& logits, const ArgView& expert_indices,
-                                                        const ArgView& tlogits, const ArgView& tprobs,
-                                                        bool renormalize) {
+GROUPGEMM_OP(softmax_topk_tangent, "groupgemm_softmax_topk_tangent", "ffi_handlers",
+             "logits expert_indices tlogits", "tprobs", "renormalize",
+             "tprobs, the tangent of softmax_topk's probabilities for the logits' tangent tlogits (forward "
+             "mode).") {
   SoftmaxTopkTangentArgs a;
-  set_router(a, logits, expert_indices, renormalize);
+  set_router(a, call);
+  const ArgView tlogits = call.array("tlogits"), tprobs = call.array("tprobs");
   expect_shape(tlogits, {a.num_tokens, a.num_experts});
   expect_dtype(tlogits, a.dtype, "logits");
   expect_shape(tprobs, {a.num_tokens, a.top_k});
   expect_router_probs(tprobs, a.dtype);
   a.tlogits = tlogits.data, a.tprobs = tprobs.data;
-  return a;
+  return softmax_topk_tangent(a, call.context);
 }
 
-}  // namespace glue
+}  // namespace
 }  // namespace groupgemm

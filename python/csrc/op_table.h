@@ -1,0 +1,128 @@
+// Every entry point of the core that the frontends call, declared once, for both bindings.
+//
+// An op is one GROUPGEMM_OP: its names (the array entry point groupgemm._core.<name> and
+// the XLA FFI target), its arrays (operands, then results) and attributes, and a body that
+// reads them from an OpCall, unpacks them into the core's argument struct and calls the
+// core. Each binding makes an OpCall its own way: the DLPack arrays of a Python call
+// (torch_ext/csrc/array_bindings.cpp) or the buffers and attributes of an XLA FFI call
+// (jax_ext/csrc/ffi_handlers.cpp); both are generated from the declaration. The core gets
+// pointers and sizes only, so a body checks every array against the sizes it hands the
+// core (arg_view.h); the core checks the sizes themselves.
+//
+// Declarations are space-separated names; a trailing `?` marks an optional array or
+// attribute. An absent optional array is None in a Python call and a size-0 rank-1
+// placeholder in an XLA call; its view has given() false. The array named `workspace`, the
+// CUDA backend's caller-allocated scratch, goes into the call's context instead of a view.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "arg_view.h"
+#include "groupgemm/groupgemm.h"
+
+namespace groupgemm {
+namespace glue {
+
+struct Param {
+  std::string name;
+  bool optional = false;
+  bool result = false;  // an XLA FFI result (else an operand); in a Python call, just an array
+  int index = 0;        // among the operands or among the results
+};
+
+class OpCall;
+
+struct Op {
+  const char* name;       // groupgemm._core.<name>
+  const char* target;     // the XLA FFI target
+  const char* listed_by;  // the module function listing the target: "ffi_handlers", "fp8_ffi_handlers"
+  const char* doc;
+  Status (*run)(const OpCall&);
+  std::vector<Param> arrays, attributes;
+  int num_operands = 0, num_results = 0;
+
+  // The declared array or attribute `name`; nullptr when there is none.
+  const Param* find(const std::vector<Param>& params, const std::string& name) const {
+    for (const Param& p : params)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
+  const Param& array(const char* name) const { return declared(find(arrays, name), name); }
+  const Param& attribute(const char* name) const { return declared(find(attributes, name), name); }
+
+ private:
+  const Param& declared(const Param* p, const char* name) const {
+    if (!p) throw std::logic_error(std::string(this->name) + " declares no argument " + name);
+    return *p;
+  }
+};
+
+// One call of an op, as a binding presents it.
+class OpCall {
+ public:
+  explicit OpCall(const Op& op) : op(op) {}
+  virtual ~OpCall() = default;
+
+  // The array `name`: a view with given() false where an optional one is absent.
+  virtual ArgView array(const char* name) const = 0;
+  // The attribute `name` as an integer (a flag is 0 or 1); nullopt where it was not given.
+  virtual std::optional<int64_t> attribute(const char* name) const = 0;
+
+  // Each binding has checked that every attribute not declared optional was given.
+  bool flag(const char* name) const { return attribute(name).value_or(0) != 0; }  // absent: false
+  int64_t integer(const char* name) const { return attribute(name).value_or(0); }
+  template <typename Enum>
+  std::optional<Enum> enumerated(const char* name) const {
+    const std::optional<int64_t> v = attribute(name);
+    return v ? std::optional<Enum>(static_cast<Enum>(*v)) : std::nullopt;
+  }
+
+  const Op& op;
+  ExecContext context;  // where the call runs: device, stream and workspace
+};
+
+inline std::vector<Op>& ops() {
+  static std::vector<Op> all;  // filled while the module loads, read once it has
+  return all;
+}
+
+inline std::vector<Param> parse_params(const char* declared, bool result, int* count) {
+  std::vector<Param> params;
+  std::istringstream words(declared);
+  for (std::string w; words >> w;) {
+    Param p;
+    p.optional = w.back() == '?';
+    p.name = p.optional ? w.substr(0, w.size() - 1) : w;
+    p.result = result, p.index = (*count)++;
+    params.push_back(p);
+  }
+  return params;
+}
+
+struct OpRegistration {
+  OpRegistration(const char* name, const char* target, const char* listed_by, const char* operands,
+                 const char* results, const char* attributes, const char* doc, Status (*run)(const OpCall&)) {
+    Op op{name, target, listed_by, doc, run, {}, {}};
+    op.arrays = parse_params(operands, false, &op.num_operands);
+    for (const Param& p : parse_params(results, true, &op.num_results)) op.arrays.push_back(p);
+    int num_attributes = 0;
+    op.attributes = parse_params(attributes, false, &num_attributes);
+    ops().push_back(op);
+  }
+};
+
+// GROUPGEMM_OP(name, target, listed_by, operands, results, attributes, doc) { body }: the
+// body reads `call` (an OpCall) and returns the core's Status.
+#define GROUPGEMM_OP(name, target, listed_by, operands, results, attributes, doc)                          \
+  ::groupgemm::Status name##_op(const ::groupgemm::glue::OpCall& call);                                    \
+  const ::groupgemm::glue::OpRegistration name##_registration(#name, target, listed_by, operands, results, \
+                                                              attributes, doc, &name##_op);                \
+  ::groupgemm::Status name##_op(const ::groupgemm::glue::OpCall& call)
+
+}  // namespace glue
+}  // namespace groupgemm
