@@ -13,16 +13,14 @@ from groupgemm import _core
 from groupgemm.jax_ext.partitioning import Layout, partitioned
 
 
-def register_targets(handlers):
-    """Registers XLA FFI handler capsules ({platform: {target: capsule}}) with jax, for the
-    platforms this build has."""
-    platforms = ["cpu"] + (["CUDA"] if _core.cuda_compiled() else [])
-    for platform in platforms:
-        for name, capsule in handlers[platform].items():
+def _register_targets():
+    """Registers every XLA FFI target of the core with jax, for the platforms this build has."""
+    for platform in ["cpu"] + (["CUDA"] if _core.cuda_compiled() else []):
+        for name, capsule in _core.ffi_handlers()[platform].items():
             jax.ffi.register_ffi_target(name, capsule, platform=platform)
 
 
-register_targets(_core.ffi_handlers())
+_register_targets()
 
 
 # jax releases before varying-axis types (0.5, 0.6) have neither of these; there a

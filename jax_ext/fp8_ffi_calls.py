@@ -19,14 +19,11 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm import _core
-from groupgemm.jax_ext.ffi_calls import placeholder, register_targets, workspace
+from groupgemm.jax_ext.ffi_calls import placeholder, workspace
 from groupgemm.jax_ext.partitioning import Layout, partitioned
 
 FP8_JAX_DTYPES = tuple(jnp.dtype(name) for name in contract.FP8_DTYPES)  # by the core's Fp8Type
 ROWWISE = 0  # the core's Fp8Scaling
-
-
-register_targets(_core.fp8_ffi_handlers())
 
 
 def _workspace(call, scaling, num_groups, m, k, n):

@@ -147,35 +147,25 @@ std::pair<XLA_FFI_Handler*, XLA_FFI_Handler*> handlers(size_t index, std::index_
   return {cpu[index], cuda[index]};
 }
 
-// `listed_by()`, a function of the module: the capsules of its ops' targets by platform,
-// then target name, as groupgemm.jax registers them.
-void def_targets(nb::module_& m, const char* listed_by, const char* doc) {
-  const std::string list = listed_by;
+}  // namespace
+
+// The capsules of every op's target by platform, then target name, which groupgemm.jax
+// registers at import.
+void bind_ffi_handlers(nb::module_& m) {
   m.def(
-      listed_by,
-      [list] {
+      "ffi_handlers",
+      [] {
         if (glue::ops().size() > kMaxOps) throw std::logic_error("raise kMaxOps to the number of ops");
         nb::dict cpu, cuda, out;
         for (size_t i = 0; i < glue::ops().size(); ++i) {
-          const glue::Op& op = glue::ops()[i];
-          if (list != op.listed_by) continue;
           const auto [on_cpu, on_cuda] = handlers(i, std::make_index_sequence<kMaxOps>());
-          cpu[op.target] = nb::capsule(reinterpret_cast<void*>(on_cpu));
-          cuda[op.target] = nb::capsule(reinterpret_cast<void*>(on_cuda));
+          cpu[glue::ops()[i].target] = nb::capsule(reinterpret_cast<void*>(on_cpu));
+          cuda[glue::ops()[i].target] = nb::capsule(reinterpret_cast<void*>(on_cuda));
         }
         out["cpu"] = cpu, out["CUDA"] = cuda;
         return out;
       },
-      doc);
-}
-
-}  // namespace
-
-// The GEMMs' and the expert layer's targets, registered by groupgemm.jax at import; the FP8
-// ones, by groupgemm.jax_ext.fp8_ffi_calls.
-void bind_ffi_handlers(nb::module_& m) {
-  def_targets(m, "ffi_handlers", "XLA FFI handler capsules by platform, then target name.");
-  def_targets(m, "fp8_ffi_handlers", "The FP8 XLA FFI handler capsules by platform, then target name.");
+      "XLA FFI handler capsules by platform, then target name.");
 }
 
 }  // namespace groupgemm

@@ -27,8 +27,7 @@ void expect_router_probs(const ArgView& v, DType logits) {
 }
 
 GROUPGEMM_OP(
-    permute, "groupgemm_permute", "ffi_handlers", "tokens expert_indices",
-    "permuted group_sizes row_map workspace?", "",
+    permute, "groupgemm_permute", "tokens expert_indices", "permuted group_sizes row_map workspace?", "",
     "Groups token rows by expert (stable; dropped slots last as zero rows); writes permuted [T*k, H], "
     "group_sizes [E] and row_map [T, k] (int32, -1 for a dropped slot).") {
   PermuteArgs a;
@@ -50,7 +49,7 @@ GROUPGEMM_OP(
 }
 
 GROUPGEMM_OP(
-    unpermute, "groupgemm_unpermute", "ffi_handlers", "permuted row_map probs?", "out", "",
+    unpermute, "groupgemm_unpermute", "permuted row_map probs?", "out", "",
     "out[t] = sum over j in order of probs[t, j] * permuted[row_map[t, j]] (float32 accumulation).") {
   UnpermuteArgs a;
   const ArgView permuted = call.array("permuted"), row_map = call.array("row_map"),
@@ -70,8 +69,8 @@ GROUPGEMM_OP(
 }
 
 // permuted is read for dprobs only.
-GROUPGEMM_OP(unpermute_backward, "groupgemm_unpermute_backward", "ffi_handlers",
-             "dout permuted? row_map probs?", "dpermuted? dprobs? workspace?", "",
+GROUPGEMM_OP(unpermute_backward, "groupgemm_unpermute_backward", "dout permuted? row_map probs?",
+             "dpermuted? dprobs? workspace?", "",
              "Each output that is given: dpermuted[r] = the sum over the slots (t, j) naming row r, in slot "
              "order, of probs[t, j] * dout[t] (rows no slot names 0); dprobs[t, j] = "
              "dot(permuted[row_map[t, j]], dout[t]).") {
@@ -115,7 +114,7 @@ bool activation_width(Activation kind, int64_t in_features, int64_t* out_feature
 }
 
 // kind is Activation's value.
-GROUPGEMM_OP(activation, "groupgemm_activation", "ffi_handlers", "h", "out", "kind",
+GROUPGEMM_OP(activation, "groupgemm_activation", "h", "out", "kind",
              "out = act(h); swiglu takes [M, 2F] (gate first) to [M, F].") {
   ActivationArgs a;
   const ArgView h = call.array("h"), out = call.array("out");
@@ -129,7 +128,7 @@ GROUPGEMM_OP(activation, "groupgemm_activation", "ffi_handlers", "h", "out", "ki
   return activation(a, call.context);
 }
 
-GROUPGEMM_OP(activation_backward, "groupgemm_activation_backward", "ffi_handlers", "dout h", "dh", "kind",
+GROUPGEMM_OP(activation_backward, "groupgemm_activation_backward", "dout h", "dh", "kind",
              "dh = act'(h) * dout, the exact derivative.") {
   ActivationBackwardArgs a;
   const ArgView dout = call.array("dout"), h = call.array("h"), dh = call.array("dh");
@@ -155,8 +154,7 @@ void set_router(Args& a, const OpCall& call) {
   a.logits = logits.data, a.expert_indices = int32_data(expert_indices);
 }
 
-GROUPGEMM_OP(softmax_topk, "groupgemm_softmax_topk", "ffi_handlers", "logits", "expert_indices probs",
-             "renormalize",
+GROUPGEMM_OP(softmax_topk, "groupgemm_softmax_topk", "logits", "expert_indices probs", "renormalize",
              "Each token's k largest logits (ties: lower expert first; -inf and NaN never chosen, -1 for an "
              "empty slot) and their softmax probabilities, renormalized over the chosen ones or not.") {
   SoftmaxTopkArgs a;
@@ -168,9 +166,8 @@ GROUPGEMM_OP(softmax_topk, "groupgemm_softmax_topk", "ffi_handlers", "logits", "
   return softmax_topk(a, call.context);
 }
 
-GROUPGEMM_OP(softmax_topk_backward, "groupgemm_softmax_topk_backward", "ffi_handlers",
-             "logits expert_indices dprobs", "dlogits", "renormalize",
-             "dlogits from dprobs, through softmax_topk's choices.") {
+GROUPGEMM_OP(softmax_topk_backward, "groupgemm_softmax_topk_backward", "logits expert_indices dprobs",
+             "dlogits", "renormalize", "dlogits from dprobs, through softmax_topk's choices.") {
   SoftmaxTopkBackwardArgs a;
   set_router(a, call);
   const ArgView dprobs = call.array("dprobs"), dlogits = call.array("dlogits");
@@ -182,8 +179,8 @@ GROUPGEMM_OP(softmax_topk_backward, "groupgemm_softmax_topk_backward", "ffi_hand
   return softmax_topk_backward(a, call.context);
 }
 
-GROUPGEMM_OP(softmax_topk_tangent, "groupgemm_softmax_topk_tangent", "ffi_handlers",
-             "logits expert_indices tlogits", "tprobs", "renormalize",
+GROUPGEMM_OP(softmax_topk_tangent, "groupgemm_softmax_topk_tangent", "logits expert_indices tlogits",
+             "tprobs", "renormalize",
              "tprobs, the tangent of softmax_topk's probabilities for the logits' tangent tlogits (forward "
              "mode).") {
   SoftmaxTopkTangentArgs a;

@@ -16,7 +16,7 @@ Fp8Scaling scaling_of(const OpCall& call) { return static_cast<Fp8Scaling>(call.
 
 // x [R..., C] (rows: every index but the last; a weight's [G, N, K] unreshaped) -> q (x's
 // shape), scale.
-GROUPGEMM_OP(fp8_quantize_rows, "groupgemm_fp8_quantize_rows", "fp8_ffi_handlers", "x", "q scale",
+GROUPGEMM_OP(fp8_quantize_rows, "groupgemm_fp8_quantize_rows", "x", "q scale",
              "scaling power_of_two? out_type?",
              "x [R, C] -> q [R, C] float8, scale [R] (rowwise) or [R, ceil(C/128)].") {
   QuantizeRowsArgs a;
@@ -33,8 +33,7 @@ GROUPGEMM_OP(fp8_quantize_rows, "groupgemm_fp8_quantize_rows", "fp8_ffi_handlers
   return quantize_rows(a, call.context);
 }
 
-GROUPGEMM_OP(fp8_quantize_blocks, "groupgemm_fp8_quantize_blocks", "fp8_ffi_handlers", "x", "q scale",
-             "power_of_two? out_type?",
+GROUPGEMM_OP(fp8_quantize_blocks, "groupgemm_fp8_quantize_blocks", "x", "q scale", "power_of_two? out_type?",
              "x [B, R, C] -> q [B, R, C] float8, scale [B, ceil(R/128), ceil(C/128)].") {
   QuantizeBlocksArgs a;
   const ArgView x = call.array("x"), q = call.array("q");
@@ -48,9 +47,8 @@ GROUPGEMM_OP(fp8_quantize_blocks, "groupgemm_fp8_quantize_blocks", "fp8_ffi_hand
   return quantize_blocks(a, call.context);
 }
 
-GROUPGEMM_OP(fp8_quantize_grouped, "groupgemm_fp8_quantize_grouped", "fp8_ffi_handlers",
-             "x group_sizes group_offset?", "q scale workspace?",
-             "num_groups scaling power_of_two? out_type?",
+GROUPGEMM_OP(fp8_quantize_grouped, "groupgemm_fp8_quantize_grouped", "x group_sizes group_offset?",
+             "q scale workspace?", "num_groups scaling power_of_two? out_type?",
              "x [M, C] -> q [C, M] float8 with scales per (group, channel) or per (token block, channel).") {
   QuantizeGroupedArgs a;
   const ArgView x = call.array("x"), group_sizes = call.array("group_sizes"), q = call.array("q");
@@ -80,7 +78,7 @@ void set_scaled(Args& a, const OpCall& call) {
 }
 
 // out [M, N] = scaled lhs [M, K] @ rhs[g]^T (rhs [G, N, K]) (+ bias [G, N] in out's dtype).
-GROUPGEMM_OP(scaled_grouped_matmul, "groupgemm_scaled_matmul", "fp8_ffi_handlers",
+GROUPGEMM_OP(scaled_grouped_matmul, "groupgemm_scaled_matmul",
              "lhs rhs lhs_scale rhs_scale group_sizes group_offset? bias?", "out workspace?",
              "scaling lhs_type? rhs_type? group_ends?",
              "out[M, N] = scaled lhs[M, K] @ rhs[g]^T ([G, N, K]) per group (+ bias[g]); padding rows are 0. "
@@ -107,7 +105,7 @@ GROUPGEMM_OP(scaled_grouped_matmul, "groupgemm_scaled_matmul", "fp8_ffi_handlers
 // out [G, K, N] (+)= scaled lhs [K, M] @ rhs [N, M]^T over each group's tokens; XLA aliases
 // accumulate_into to out, as for grouped_matmul_wgrad.
 GROUPGEMM_OP(
-    scaled_grouped_matmul_wgrad, "groupgemm_scaled_wgrad", "fp8_ffi_handlers",
+    scaled_grouped_matmul_wgrad, "groupgemm_scaled_wgrad",
     "lhs rhs lhs_scale rhs_scale group_sizes group_offset? accumulate_into?", "out workspace?",
     "scaling lhs_type? rhs_type? accumulate? group_ends?",
     "out[g] (+)= scaled lhs[:, rows_g] @ rhs[:, rows_g]^T (lhs [K, M], rhs [N, M]); empty groups give 0. "

@@ -29,8 +29,8 @@ void set_operands(Args& a, const ArgView& lhs, const ArgView& rhs, bool transpos
   a.lhs = lhs.data, a.rhs = rhs.data, a.transpose_rhs = transpose_rhs;
 }
 
-GROUPGEMM_OP(grouped_matmul, "groupgemm_matmul", "ffi_handlers", "lhs rhs group_sizes group_offset? bias?",
-             "out workspace?", "transpose_rhs? group_ends?",
+GROUPGEMM_OP(grouped_matmul, "groupgemm_matmul", "lhs rhs group_sizes group_offset? bias?", "out workspace?",
+             "transpose_rhs? group_ends?",
              "out[M,N] = lhs[M,K] @ rhs[g] (+ bias[g]) per group; padding rows are written as 0. group_ends: "
              "group_sizes holds cumulative group ends.") {
   MatmulArgs a;
@@ -49,9 +49,8 @@ GROUPGEMM_OP(grouped_matmul, "groupgemm_matmul", "ffi_handlers", "lhs rhs group_
 
 // With accumulate, out holds the accumulator and is added into; XLA aliases accumulate_into
 // to out (input_output_aliases), so it is not read.
-GROUPGEMM_OP(grouped_matmul_wgrad, "groupgemm_wgrad", "ffi_handlers",
-             "lhs grad group_sizes group_offset? accumulate_into?", "out workspace?",
-             "accumulate? group_ends?",
+GROUPGEMM_OP(grouped_matmul_wgrad, "groupgemm_wgrad", "lhs grad group_sizes group_offset? accumulate_into?",
+             "out workspace?", "accumulate? group_ends?",
              "out[g] = lhs_g^T @ grad_g (or += with accumulate); empty groups give 0 (or stay untouched).") {
   WgradArgs a;
   const ArgView lhs = call.array("lhs"), grad = call.array("grad"), out = call.array("out");
@@ -65,8 +64,8 @@ GROUPGEMM_OP(grouped_matmul_wgrad, "groupgemm_wgrad", "ffi_handlers",
   return grouped_matmul_wgrad(a, call.context);
 }
 
-GROUPGEMM_OP(grouped_bias_grad, "groupgemm_bias_grad", "ffi_handlers", "grad group_sizes group_offset?",
-             "out workspace?", "group_ends?", "out[g] = sum of grad rows of group g; empty groups give 0.") {
+GROUPGEMM_OP(grouped_bias_grad, "groupgemm_bias_grad", "grad group_sizes group_offset?", "out workspace?",
+             "group_ends?", "out[g] = sum of grad rows of group g; empty groups give 0.") {
   BiasGradArgs a;
   const ArgView grad = call.array("grad"), out = call.array("out");
   expect_rank(grad, 2), expect_rank(out, 2);
@@ -79,9 +78,8 @@ GROUPGEMM_OP(grouped_bias_grad, "groupgemm_bias_grad", "ffi_handlers", "grad gro
 }
 
 GROUPGEMM_OP(
-    grouped_matmul_backward, "groupgemm_matmul_backward", "ffi_handlers",
-    "lhs rhs grad group_sizes group_offset?", "dlhs? drhs? dbias? workspace?",
-    "transpose_rhs? accumulate? group_ends?",
+    grouped_matmul_backward, "groupgemm_matmul_backward", "lhs rhs grad group_sizes group_offset?",
+    "dlhs? drhs? dbias? workspace?", "transpose_rhs? accumulate? group_ends?",
     "The gradients of grouped_matmul from one setup: dlhs = grad @ rhs[g]^T, drhs[g] (+)= the weight "
     "gradient in rhs's layout, dbias[g] = sum of group g's grad rows; each written when given.") {
   BackwardArgs a;

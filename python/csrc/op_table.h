@@ -38,9 +38,8 @@ struct Param {
 class OpCall;
 
 struct Op {
-  const char* name;       // groupgemm._core.<name>
-  const char* target;     // the XLA FFI target
-  const char* listed_by;  // the module function listing the target: "ffi_handlers", "fp8_ffi_handlers"
+  const char* name;    // groupgemm._core.<name>
+  const char* target;  // the XLA FFI target
   const char* doc;
   Status (*run)(const OpCall&);
   std::vector<Param> arrays, attributes;
@@ -105,9 +104,9 @@ inline std::vector<Param> parse_params(const char* declared, bool result, int* c
 }
 
 struct OpRegistration {
-  OpRegistration(const char* name, const char* target, const char* listed_by, const char* operands,
-                 const char* results, const char* attributes, const char* doc, Status (*run)(const OpCall&)) {
-    Op op{name, target, listed_by, doc, run, {}, {}};
+  OpRegistration(const char* name, const char* target, const char* operands, const char* results,
+                 const char* attributes, const char* doc, Status (*run)(const OpCall&)) {
+    Op op{name, target, doc, run, {}, {}};
     op.arrays = parse_params(operands, false, &op.num_operands);
     for (const Param& p : parse_params(results, true, &op.num_results)) op.arrays.push_back(p);
     int num_attributes = 0;
@@ -116,12 +115,12 @@ struct OpRegistration {
   }
 };
 
-// GROUPGEMM_OP(name, target, listed_by, operands, results, attributes, doc) { body }: the
+// GROUPGEMM_OP(name, target, operands, results, attributes, doc) { body }: the
 // body reads `call` (an OpCall) and returns the core's Status.
-#define GROUPGEMM_OP(name, target, listed_by, operands, results, attributes, doc)                          \
-  ::groupgemm::Status name##_op(const ::groupgemm::glue::OpCall& call);                                    \
-  const ::groupgemm::glue::OpRegistration name##_registration(#name, target, listed_by, operands, results, \
-                                                              attributes, doc, &name##_op);                \
+#define GROUPGEMM_OP(name, target, operands, results, attributes, doc)                                      \
+  ::groupgemm::Status name##_op(const ::groupgemm::glue::OpCall& call);                                     \
+  const ::groupgemm::glue::OpRegistration name##_registration(#name, target, operands, results, attributes, \
+                                                              doc, &name##_op);                             \
   ::groupgemm::Status name##_op(const ::groupgemm::glue::OpCall& call)
 
 }  // namespace glue
