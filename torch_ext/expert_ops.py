@@ -19,11 +19,11 @@ from groupgemm.torch_ext.op_library import allocator, define
 Tensor = torch.Tensor
 
 
-def _permute_workspace(device: torch.device, num_slots: int, num_experts: int) -> Tensor | None:
+def _scratch(device: torch.device, nbytes, *args) -> Tensor | None:
+    """A CUDA call's own scratch, ``nbytes(Device.cuda, *args)`` bytes; None on the CPU."""
     if device.type != "cuda":
         return None
-    nbytes = _core.permute_workspace_bytes(_core.Device.cuda, num_slots, num_experts)
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return torch.empty(nbytes(_core.Device.cuda, *args), dtype=torch.uint8, device=device)
 
 
 def _permute_outputs(tokens, expert_indices, num_experts, empty):
@@ -38,7 +38,7 @@ def _permute_outputs(tokens, expert_indices, num_experts, empty):
 def permute_op(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     permuted, group_sizes, row_map = _permute_outputs(tokens, expert_indices, num_experts, allocator(tokens.device))
     _core.permute(*map(capsule, (tokens, expert_indices, permuted, group_sizes, row_map)),
-                  capsule(_permute_workspace(tokens.device, permuted.shape[0], num_experts)),
+                  capsule(_scratch(tokens.device, _core.permute_workspace_bytes, permuted.shape[0], num_experts)),
                   stream=device_scratch.stream(tokens.device))
     return permuted, group_sizes, row_map
 
@@ -67,20 +67,13 @@ def _unpermute_backward_outputs(permuted, row_map, probs, empty):
     return empty(permuted.shape, permuted.dtype), dprobs
 
 
-def _unpermute_backward_workspace(device: torch.device, num_slots: int) -> Tensor | None:
-    if device.type != "cuda":
-        return None
-    nbytes = _core.unpermute_backward_workspace_bytes(_core.Device.cuda, num_slots)
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-
 @define("unpermute_backward", _unpermute_backward_outputs)
 def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
                           probs: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(dpermuted, dprobs); dprobs has no elements without probs. A row of dpermuted sums
     every slot that names it, in slot order."""
     dpermuted, dprobs = _unpermute_backward_outputs(permuted, row_map, probs, allocator(permuted.device))
-    workspace = _unpermute_backward_workspace(permuted.device, row_map.numel())
+    workspace = _scratch(permuted.device, _core.unpermute_backward_workspace_bytes, row_map.numel())
     _core.unpermute_backward(*map(capsule, (dout, permuted, row_map, probs, dpermuted)),
                              None if probs is None else capsule(dprobs), capsule(workspace),
                              stream=device_scratch.stream(permuted.device))
