@@ -62,8 +62,14 @@ class FfiCall : public glue::OpCall {
   }
 
   ffi::AnyBuffer buffer(const glue::Param& p) const {
-    if (p.result) return **rets_.get<ffi::AnyBuffer>(p.index);
-    return *args_.get<ffi::AnyBuffer>(p.index);
+    if (p.result) {
+      auto result = rets_.get<ffi::AnyBuffer>(p.index);
+      if (!result.has_value()) throw glue::ArgError(p.name + " must be a buffer", true);
+      return **result;
+    }
+    auto operand = args_.get<ffi::AnyBuffer>(p.index);
+    if (!operand.has_value()) throw glue::ArgError(p.name + " must be a buffer", true);
+    return *operand;
   }
 
   ArgView array(const char* name) const override {
