@@ -53,6 +53,31 @@ def _per_entry(fn, batched):
     return jax.vmap(fn, in_axes=tuple(0 if b else None for b in batched)) if any(batched) else fn
 
 
+def _linear_and_formula_jvp(get_prim, linear, smooth, formula):
+    """The jvp of a primitive linear in operand ``linear`` (that term: the primitive on its
+    tangent, a core call) and differentiable in operand ``smooth`` through ``formula(*operands,
+    **params)``, the primitive written with jax.numpy, which JAX differentiates (second
+    derivatives only)."""
+
+    def jvp(primals, tangents, *, batched, **params):
+        prim = get_prim()
+        out = prim.bind(*primals, batched=batched, **params)
+        terms = []
+        if not is_zero(tangents[linear]):
+            substituted = (*primals[:linear], tangents[linear], *primals[linear + 1:])
+            terms.append(prim.bind(*substituted, batched=batched, **params))
+        if not is_zero(tangents[smooth]):
+            def along(*operands):  # the primals, then the smooth operand's tangent
+                *operands, t = operands
+                at = lambda x: formula(*operands[:smooth], x, *operands[smooth + 1:], **params)  # noqa: E731
+                return jax.jvp(at, (operands[smooth],), (t,))[1]
+
+            terms.append(_per_entry(along, batched + batched[smooth:smooth + 1])(*primals, tangents[smooth]))
+        return out, sum_terms(terms, aval_of(out))
+
+    return jvp
+
+
 # ---- permute, unpermute and its backward ----------------------------------------------
 
 
@@ -216,15 +241,6 @@ def _activation_tangent_abstract(t, h, *, batched, kind, width):
     return base.update(shape=shape, dtype=h.dtype, weak_type=False)
 
 
-def _activation_tangent_jvp(primals, tangents, *, batched, kind, width):
-    (t, h), (t_t, t_h) = primals, tangents
-    out = activation_tangent_p.bind(t, h, batched=batched, kind=kind, width=width)
-    formula = lambda x, y, ty: jax.jvp(lambda z: _activation_tangent_formula(x, z, kind, width), (y,), (ty,))[1]  # noqa: E731
-    terms = [None if is_zero(t_t) else activation_tangent_p.bind(t_t, h, batched=batched, kind=kind, width=width),
-             None if is_zero(t_h) else _per_entry(formula, batched + batched[1:])(t, h, t_h)]
-    return out, sum_terms(terms, aval_of(out))
-
-
 def _activation_tangent_transpose(ct, t, h, *, batched, kind, width):
     """``J^T ct``: one core call, as PyTorch's backward makes it (no arithmetic outside
     the core, whose floating-point mode then decides every bit)."""
@@ -237,10 +253,11 @@ def _activation_tangent_transpose(ct, t, h, *, batched, kind, width):
 
 # J t, linear in t: forward mode evaluates it (from two core calls for swiglu), reverse mode
 # transposes it into the core's J^T.
-activation_tangent_p = primitive("groupgemm_activation_tangent",
-                                 mlir.lower_fun(_activation_tangent, multiple_results=False),
-                                 _activation_tangent_abstract, _activation_tangent_jvp, _activation_tangent_transpose,
-                                 False)
+activation_tangent_p = primitive(
+    "groupgemm_activation_tangent", mlir.lower_fun(_activation_tangent, multiple_results=False),
+    _activation_tangent_abstract,
+    _linear_and_formula_jvp(lambda: activation_tangent_p, 0, 1, _activation_tangent_formula),
+    _activation_tangent_transpose, False)
 
 
 def _activation_jvp(primals, tangents, *, batched, kind, width):
@@ -253,16 +270,6 @@ def _activation_jvp(primals, tangents, *, batched, kind, width):
 activation_p = define("groupgemm_activation", expert_ffi_calls.activation, None, _activation_jvp)
 
 
-def _activation_grad_jvp(primals, tangents, *, batched, kind):
-    dout, h = primals
-    t_dout, t_h = tangents
-    out = activation_grad_p.bind(dout, h, kind=kind, batched=batched)
-    formula = lambda d, x, t: jax.jvp(lambda y: _activation_grad_formula(d, y, kind), (x,), (t,))[1]  # noqa: E731
-    terms = [None if is_zero(t_dout) else activation_grad_p.bind(t_dout, h, kind=kind, batched=batched),
-             None if is_zero(t_h) else _per_entry(formula, batched + batched[1:])(dout, h, t_h)]
-    return out, sum_terms(terms, aval_of(out))
-
-
 def _activation_grad_transpose(ct, dout, h, *, batched, kind):
     if is_zero(ct):
         return [None, None]
@@ -273,7 +280,8 @@ def _activation_grad_transpose(ct, dout, h, *, batched, kind):
 
 
 activation_grad_p = define("groupgemm_activation_grad", expert_ffi_calls.activation_backward, None,
-                           _activation_grad_jvp, _activation_grad_transpose)
+                           _linear_and_formula_jvp(lambda: activation_grad_p, 0, 1, _activation_grad_formula),
+                           _activation_grad_transpose)
 
 
 # ---- the router ----------------------------------------------------------------------
@@ -296,12 +304,13 @@ def _router_probs_formula(logits, indices, renormalize, probs_dtype):
     return jnp.where(chosen, weights / jnp.where(total > 0, total, 1), 0)
 
 
-def _router_tangent_formula(logits, indices, tlogits, renormalize, probs_dtype):
-    probs = lambda x: _router_probs_formula(x, indices, renormalize, probs_dtype)  # noqa: E731
+def _router_tangent_formula(logits, indices, tlogits, renormalize):
+    probs = lambda x: _router_probs_formula(x, indices, renormalize, _probs_dtype(logits.dtype))  # noqa: E731
     return jax.jvp(probs, (logits,), (tlogits.astype(logits.dtype),))[1]
 
 
-def _router_grad_formula(logits, indices, dprobs, renormalize, probs_dtype):
+def _router_grad_formula(logits, indices, dprobs, renormalize):
+    probs_dtype = _probs_dtype(logits.dtype)
     probs = lambda x: _router_probs_formula(x, indices, renormalize, probs_dtype)  # noqa: E731
     return jax.vjp(probs, logits)[1](dprobs.astype(probs_dtype))[0]
 
@@ -322,19 +331,6 @@ def _probs_dtype(logits_dtype):
     return jnp.dtype(contract.accumulate_dtype(jnp.dtype(logits_dtype).name))
 
 
-def _router_tangent_jvp(primals, tangents, *, batched, renormalize):
-    logits, indices, tlogits = primals
-    t_logits, _, t_tlogits = tangents
-    out = router_tangent_p.bind(logits, indices, tlogits, renormalize=renormalize, batched=batched)
-    formula = lambda x, i, tl, dx: jax.jvp(  # noqa: E731
-        lambda y: _router_tangent_formula(y, i, tl, renormalize, out.dtype), (x,), (dx,))[1]
-    terms = [None if is_zero(t_tlogits) else router_tangent_p.bind(logits, indices, t_tlogits,
-                                                                     renormalize=renormalize, batched=batched),
-             None if is_zero(t_logits) else _per_entry(formula, batched + batched[:1])(logits, indices, tlogits,
-                                                                                       t_logits)]
-    return out, sum_terms(terms, aval_of(out))
-
-
 def _router_tangent_transpose(ct, logits, indices, tlogits, *, batched, renormalize):
     if is_zero(ct):
         return [None] * 3
@@ -345,22 +341,9 @@ def _router_tangent_transpose(ct, logits, indices, tlogits, *, batched, renormal
     return [None, None, cotangent(dtlogits, tlogits, tlogits_b, any(flags))]
 
 
-router_tangent_p = define("groupgemm_softmax_topk_tangent", expert_ffi_calls.softmax_topk_tangent,
-                          None, _router_tangent_jvp, _router_tangent_transpose)
-
-
-def _router_grad_jvp(primals, tangents, *, batched, renormalize):
-    logits, indices, dprobs = primals
-    t_logits, _, t_dprobs = tangents
-    out = router_grad_p.bind(logits, indices, dprobs, renormalize=renormalize, batched=batched)
-    probs_dtype = _probs_dtype(logits.dtype)
-    formula = lambda x, i, d, dx: jax.jvp(  # noqa: E731
-        lambda y: _router_grad_formula(y, i, d, renormalize, probs_dtype), (x,), (dx,))[1]
-    terms = [None if is_zero(t_dprobs) else router_grad_p.bind(logits, indices, t_dprobs, renormalize=renormalize,
-                                                                 batched=batched),
-             None if is_zero(t_logits) else _per_entry(formula, batched + batched[:1])(logits, indices, dprobs,
-                                                                                       t_logits)]
-    return out, sum_terms(terms, aval_of(out))
+router_tangent_p = define("groupgemm_softmax_topk_tangent", expert_ffi_calls.softmax_topk_tangent, None,
+                          _linear_and_formula_jvp(lambda: router_tangent_p, 2, 0, _router_tangent_formula),
+                          _router_tangent_transpose)
 
 
 def _router_grad_transpose(ct, logits, indices, dprobs, *, batched, renormalize):
@@ -373,4 +356,5 @@ def _router_grad_transpose(ct, logits, indices, dprobs, *, batched, renormalize)
 
 
 router_grad_p = define("groupgemm_softmax_topk_grad", expert_ffi_calls.softmax_topk_backward, None,
-                       _router_grad_jvp, _router_grad_transpose)
+                       _linear_and_formula_jvp(lambda: router_grad_p, 2, 0, _router_grad_formula),
+                       _router_grad_transpose)
