@@ -77,13 +77,13 @@ def _activation_layout(*, kind, num_operands, **_):
 @partitioned(_activation_layout)
 def activation(h, *, kind, width):
     call = jax.ffi.ffi_call("groupgemm_activation", jax.ShapeDtypeStruct((h.shape[0], width), h.dtype))
-    return (call(h, kind=np.int32(kind)),)
+    return (call(h, kind=np.int64(kind)),)
 
 
 @partitioned(_activation_layout)
 def activation_backward(dout, h, *, kind):
     call = jax.ffi.ffi_call("groupgemm_activation_backward", jax.ShapeDtypeStruct(h.shape, h.dtype))
-    return (call(dout, h, kind=np.int32(kind)),)
+    return (call(dout, h, kind=np.int64(kind)),)
 
 
 # logits [T, E] -> probs [T, k], expert_indices [T, k]: each token on its own.

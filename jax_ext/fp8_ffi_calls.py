@@ -49,7 +49,7 @@ def fp8_quantize_rows(x, *, out_type, scaling, power_of_two, row_dims):
     call = jax.ffi.ffi_call("groupgemm_fp8_quantize_rows",
                             (jax.ShapeDtypeStruct(x.shape, FP8_JAX_DTYPES[out_type]),
                              jax.ShapeDtypeStruct(scale_shape, jnp.float32)))
-    return tuple(call(x, scaling=np.int32(scaling), power_of_two=np.bool_(power_of_two)))
+    return tuple(call(x, scaling=np.int64(scaling), power_of_two=np.bool_(power_of_two)))
 
 
 # x [B, R, C] -> q [B, R, C], scale [B, ceil(R/128), ceil(C/128)]: each batch entry (expert) on its own.
@@ -73,7 +73,7 @@ def fp8_quantize_grouped(x, group_sizes, group_offset, *, num_groups, out_type, 
                             (jax.ShapeDtypeStruct((c, m), FP8_JAX_DTYPES[out_type]),
                              jax.ShapeDtypeStruct((rows, c), jnp.float32),
                              _workspace(_core.Fp8Call.quantize_grouped, scaling, num_groups, m, 0, 0)))
-    q, scale, _ = call(x, group_sizes, group_offset, num_groups=np.int64(num_groups), scaling=np.int32(scaling),
+    q, scale, _ = call(x, group_sizes, group_offset, num_groups=np.int64(num_groups), scaling=np.int64(scaling),
                        power_of_two=np.bool_(power_of_two))
     return q, scale
 
@@ -99,7 +99,7 @@ def scaled_matmul(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset, bia
                             (jax.ShapeDtypeStruct((m, n), out_dtype),
                              _workspace(_core.Fp8Call.matmul, scaling, g, m, k, n)))
     out, _ = call(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
-                  placeholder(out_dtype) if bias is None else bias, scaling=np.int32(scaling))
+                  placeholder(out_dtype) if bias is None else bias, scaling=np.int64(scaling))
     return (out,)
 
 
@@ -128,6 +128,6 @@ def scaled_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset, accu
                             # The accumulator is updated in place when the caller donates it.
                             input_output_aliases={6: 0} if accumulate else None)
     out, _ = call(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,
-                  accumulate_into if accumulate else placeholder(out_dtype), scaling=np.int32(scaling),
+                  accumulate_into if accumulate else placeholder(out_dtype), scaling=np.int64(scaling),
                   accumulate=np.bool_(accumulate))
     return (out,)

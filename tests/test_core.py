@@ -243,6 +243,14 @@ def test_errors_name_the_argument():
         core.grouped_matmul(lhs, rhs, sizes, group_offset=torch.tensor([0, 1], dtype=torch.int32), out=out)
     with pytest.raises(ValueError, match="output dtype float64 is not allowed"):
         core.grouped_matmul(lhs, rhs, sizes, out=out.double())
+    with pytest.raises(TypeError, match="grouped_matmul: no argument bogus"):
+        core.grouped_matmul(lhs, rhs, sizes, out=out, bogus=1)
+    with pytest.raises(TypeError, match="grouped_matmul: out must be given"):
+        core.grouped_matmul(lhs, rhs, sizes)
+    with pytest.raises(TypeError, match="grouped_matmul: out given twice"):
+        core.grouped_matmul(lhs, rhs, sizes, None, None, out, out=out)
+    with pytest.raises(TypeError, match="grouped_matmul: lhs must be a C-contiguous DLPack array"):
+        core.grouped_matmul(torch.zeros(3, 4).T, rhs, sizes, out=out)
     with pytest.raises(ValueError, match="accumulate_into must be float32"):
         core.grouped_matmul_wgrad(lhs.bfloat16(), torch.zeros(4, 5).bfloat16(), sizes,
                                   out=torch.zeros(2, 3, 5).bfloat16(), accumulate=True)

@@ -63,25 +63,25 @@ def _scaled_matmul(rhs=(G, N, K), out=(M, N), lhs_scale=(M,), rhs_scale=(G * N,)
     call = jax.ffi.ffi_call("groupgemm_scaled_matmul",
                             (_struct(out), _fp8_workspace(_core.Fp8Call.matmul, M, K, N)))
     return call(_zeros((M, K), E4M3), _zeros(rhs, E4M3), _zeros(lhs_scale), _zeros(rhs_scale), SIZES, OFFSET,
-                _zeros(bias), scaling=np.int32(0))
+                _zeros(bias), scaling=np.int64(0))
 
 
 def _scaled_wgrad(rhs=(N, M), out=(G, K, N), lhs_scale=(G * K,), rhs_scale=(G * N,)):
     call = jax.ffi.ffi_call("groupgemm_scaled_wgrad",
                             (_struct(out), _fp8_workspace(_core.Fp8Call.wgrad, M, K, N)))
     return call(_zeros((K, M), E4M3), _zeros(rhs, E4M3), _zeros(lhs_scale), _zeros(rhs_scale), SIZES, OFFSET,
-                _zeros((0,)), scaling=np.int32(0), accumulate=np.bool_(False))
+                _zeros((0,)), scaling=np.int64(0), accumulate=np.bool_(False))
 
 
 def _quantize_rows(q=(M, K), scale=(M,)):
     call = jax.ffi.ffi_call("groupgemm_fp8_quantize_rows", (_struct(q, E4M3), _struct(scale)))
-    return call(_zeros((M, K)), scaling=np.int32(0), power_of_two=np.bool_(False))
+    return call(_zeros((M, K)), scaling=np.int64(0), power_of_two=np.bool_(False))
 
 
 def _quantize_grouped(q=(K, M), scale=(G, K)):  # q channel-major, one rowwise scale per group and channel
     workspace = _fp8_workspace(_core.Fp8Call.quantize_grouped, M, 0, 0)
     call = jax.ffi.ffi_call("groupgemm_fp8_quantize_grouped", (_struct(q, E4M3), _struct(scale), workspace))
-    return call(_zeros((M, K)), SIZES, OFFSET, num_groups=np.int64(G), scaling=np.int32(0),
+    return call(_zeros((M, K)), SIZES, OFFSET, num_groups=np.int64(G), scaling=np.int64(0),
                 power_of_two=np.bool_(False))
 
 
@@ -117,3 +117,20 @@ def test_ffi_handler_rejects_a_buffer_of_another_shape_naming_it(case):
     jax.block_until_ready(fn())  # the well-formed call runs
     with pytest.raises(Exception, match=rf"groupgemm: .*\b{name}\b"):
         jax.block_until_ready(jax.jit(lambda: fn(**changed))())
+
+
+def _quantize_rows_with(**attributes):
+    call = jax.ffi.ffi_call("groupgemm_fp8_quantize_rows", (_struct((M, K), E4M3), _struct((M,))))
+    return call(_zeros((M, K)), **attributes)
+
+
+@pytest.mark.parametrize("attributes, match", [
+    ({"scaling": np.int64(0), "has_bias": np.bool_(True)}, "takes the attributes scaling, power_of_two, out_type"),
+    ({"power_of_two": np.bool_(False)}, "scaling must be given"),
+    ({"scaling": np.int32(0)}, "scaling must be an int64"),
+    ({"scaling": np.int64(0), "power_of_two": np.int64(1)}, "power_of_two must be a bool"),
+])
+def test_ffi_handler_refuses_attributes_it_does_not_declare_naming_them(attributes, match):
+    jax.block_until_ready(_quantize_rows_with(scaling=np.int64(0)))  # the well-formed call runs
+    with pytest.raises(Exception, match=rf"groupgemm: .*{match}"):
+        jax.block_until_ready(jax.jit(lambda: _quantize_rows_with(**attributes))())

@@ -54,11 +54,17 @@ class FfiCall : public glue::OpCall {
       throw glue::ArgError(std::string(op.target) + " takes " + std::to_string(op.num_operands) +
                                " operands and " + std::to_string(op.num_results) + " results",
                            false);
-    for (std::string_view name : attrs)
-      if (!op.find(op.attributes, std::string(name)))
-        throw glue::ArgError(std::string(op.target) + " has no attribute " + std::string(name), false);
-    for (const glue::Param& p : op.attributes)
-      if (!p.optional && !attrs.contains(p.name)) throw glue::ArgError(p.name + " must be given", false);
+    size_t declared_given = 0;
+    std::string declared;
+    for (const glue::Param& p : op.attributes) {
+      declared += (declared.empty() ? "" : ", ") + p.name;
+      if (attrs.contains(p.name))
+        ++declared_given;
+      else if (!p.optional)
+        throw glue::ArgError(p.name + " must be given", false);
+    }
+    if (declared_given != attrs.size())
+      throw glue::ArgError(std::string(op.target) + " takes the attributes " + declared + " only", false);
   }
 
   ffi::AnyBuffer buffer(const glue::Param& p) const {
@@ -79,13 +85,16 @@ class FfiCall : public glue::OpCall {
     return v;
   }
 
-  std::optional<int64_t> attribute(const char* name) const override {
+  // Flags are bools, integers int64.
+  std::optional<int64_t> attribute(const char* name, bool is_flag) const override {
     const std::string& key = op.attribute(name).name;
-    if (attrs_.contains<bool>(key)) return *attrs_.get<bool>(key);
-    if (attrs_.contains<int32_t>(key)) return *attrs_.get<int32_t>(key);
-    if (attrs_.contains<int64_t>(key)) return *attrs_.get<int64_t>(key);
-    if (attrs_.contains(key)) throw glue::ArgError(key + " must be a bool or an integer", true);
-    return std::nullopt;
+    if (!attrs_.contains(key)) return std::nullopt;
+    if (is_flag) {
+      if (const auto v = attrs_.get<bool>(key); v.has_value()) return *v;
+    } else if (const auto v = attrs_.get<int64_t>(key); v.has_value()) {
+      return *v;
+    }
+    throw glue::ArgError(key + (is_flag ? " must be a bool" : " must be an int64"), true);
   }
 
  private:

@@ -69,15 +69,15 @@ class OpCall {
 
   // The array `name`: a view with given() false where an optional one is absent.
   virtual ArgView array(const char* name) const = 0;
-  // The attribute `name` as an integer (a flag is 0 or 1); nullopt where it was not given.
-  virtual std::optional<int64_t> attribute(const char* name) const = 0;
+  // The attribute `name`, a flag (0 or 1) or an integer; nullopt where it was not given.
+  virtual std::optional<int64_t> attribute(const char* name, bool is_flag) const = 0;
 
   // Each binding has checked that every attribute not declared optional was given.
-  bool flag(const char* name) const { return attribute(name).value_or(0) != 0; }  // absent: false
-  int64_t integer(const char* name) const { return attribute(name).value_or(0); }
+  bool flag(const char* name) const { return attribute(name, true).value_or(0) != 0; }  // absent: false
+  int64_t integer(const char* name) const { return attribute(name, false).value_or(0); }
   template <typename Enum>
   std::optional<Enum> enumerated(const char* name) const {
-    const std::optional<int64_t> v = attribute(name);
+    const std::optional<int64_t> v = attribute(name, false);
     return v ? std::optional<Enum>(static_cast<Enum>(*v)) : std::nullopt;
   }
 

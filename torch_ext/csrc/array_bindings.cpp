@@ -54,7 +54,7 @@ class ArrayCall : public glue::OpCall {
     return views_(arrays_[&p - op.arrays.data()], p.name.c_str());
   }
 
-  std::optional<int64_t> attribute(const char* name) const override {
+  std::optional<int64_t> attribute(const char* name, bool) const override {
     const glue::Param& p = op.attribute(name);
     return attributes_[&p - op.attributes.data()];
   }
