@@ -1,6 +1,7 @@
 // The XLA FFI handlers: every op of the table (python/csrc/op_table.h) as an XLA FFI target
 // on the CPU and on CUDA. An XLA call passes the op's operands and results in their declared
-// order (a size-0 rank-1 placeholder for an absent optional one) and its attributes by name.
+// order (a size-0 rank-1 placeholder for an absent optional one) and its attributes by name
+// (flags as bool, integers as int64), read with the FFI calls of the oldest supported jax.
 // The CUDA variant runs on XLA's stream and is declared command-buffer compatible: the core
 // reads group sizes on the device and allocates nothing (workspaces are extra results). A
 // refused argument is XLA's invalid-argument error, naming it.
