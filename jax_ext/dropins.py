@@ -12,7 +12,7 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext.functional import grouped_matmul, grouped_matmul_wgrad
-from groupgemm.jax_ext.partitioning import explicit_types
+from groupgemm.jax_ext.partitioning import explicit_types, group_ends
 
 
 @contextlib.contextmanager
@@ -132,12 +132,11 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
 
 
 def _owned_rows(group_sizes, group_offset, num_local, num_rows):
-    """Mask of the rows the local groups own (the schedule's rule, in jnp)."""
-    sizes = jnp.maximum(jnp.asarray(group_sizes), 0).astype(jnp.int32)
-    ends = jnp.minimum(jnp.cumsum(sizes), num_rows)
+    """Mask of the rows the local groups own (the schedule's clamped group ends)."""
+    ends = group_ends(jnp.asarray(group_sizes), num_rows)
     bounds = jnp.concatenate([jnp.zeros((1,), ends.dtype), ends])  # bounds[g] = where group g starts
     offset = jnp.int32(0) if group_offset is None else jnp.asarray(group_offset).reshape(()).astype(jnp.int32)
-    total = sizes.shape[0]
+    total = ends.shape[0]
     begin, end = bounds[jnp.clip(offset, 0, total)], bounds[jnp.clip(offset + num_local, 0, total)]
     rows = jnp.arange(num_rows)
     return (rows >= begin) & (rows < end)
