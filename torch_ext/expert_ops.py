@@ -43,7 +43,6 @@ def permute_op(tokens: Tensor, expert_indices: Tensor, num_experts: int) -> tupl
     return permuted, group_sizes, row_map
 
 
-
 def _unpermute_checks(op, permuted, row_map, probs):
     require(op, (permuted, 2, "permuted"), (row_map, 2, "row_map"), (probs, 2, "probs"))
 
@@ -58,7 +57,6 @@ def unpermute_op(permuted: Tensor, row_map: Tensor, probs: Tensor | None = None)
     out = _unpermute_outputs(permuted, row_map, probs, allocator(permuted.device))
     _core.unpermute(*map(capsule, (permuted, row_map, probs, out)), stream=device_scratch.stream(permuted.device))
     return out
-
 
 
 def _unpermute_backward_outputs(permuted, row_map, probs, empty):
@@ -80,7 +78,6 @@ def unpermute_backward_op(dout: Tensor, permuted: Tensor, row_map: Tensor,
     return dpermuted, dprobs
 
 
-
 def _activation_outputs(h, width, empty):
     require("activation", (h, 2, "h"))
     return empty((h.shape[0], width), h.dtype)
@@ -93,7 +90,6 @@ def activation_op(h: Tensor, kind: int, width: int) -> Tensor:
     return out
 
 
-
 def _activation_backward_outputs(dout, h, empty):
     require("activation_backward", (dout, 2, "dout"), (h, 2, "h"))
     return empty(h.shape, h.dtype)
@@ -104,7 +100,6 @@ def activation_backward_op(dout: Tensor, h: Tensor, kind: int) -> Tensor:
     dh = _activation_backward_outputs(dout, h, allocator(h.device))
     _core.activation_backward(*map(capsule, (dout, h, dh)), kind=kind, stream=device_scratch.stream(h.device))
     return dh
-
 
 
 def _router_probs_dtype(logits: Tensor) -> torch.dtype:
@@ -128,7 +123,6 @@ def softmax_topk_op(logits: Tensor, k: int, renormalize: bool = True) -> tuple[T
     return probs, indices
 
 
-
 def _softmax_topk_backward_outputs(logits, expert_indices, dprobs, empty):
     require("softmax_topk_backward", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"),
              (dprobs, 2, "dprobs"))
@@ -144,7 +138,6 @@ def softmax_topk_backward_op(logits: Tensor, expert_indices: Tensor, dprobs: Ten
     return dlogits
 
 
-
 def _softmax_topk_tangent_outputs(logits, expert_indices, empty):
     require("softmax_topk_tangent", (logits, 2, "logits"), (expert_indices, 2, "expert_indices"))
     return empty(expert_indices.shape, _router_probs_dtype(logits))
@@ -158,7 +151,6 @@ def softmax_topk_tangent_op(logits: Tensor, expert_indices: Tensor, tlogits: Ten
     _core.softmax_topk_tangent(*map(capsule, (logits, expert_indices, tlogits, tprobs)), renormalize=renormalize,
                                stream=device_scratch.stream(logits.device))
     return tprobs
-
 
 
 # ---- derivatives: each is another op ------------------------------------------------

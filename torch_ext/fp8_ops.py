@@ -81,7 +81,6 @@ def fp8_quantize_rows_op(x: Tensor, out_type: int, scaling: int, power_of_two: b
     return q, scale
 
 
-
 def _quantize_blocks_outputs(x, out_type, empty):
     require("fp8_quantize_blocks", (x, 3, "x"))
     scale_shape = (x.shape[0], contract.fp8_blocks(x.shape[1]), contract.fp8_blocks(x.shape[2]))
@@ -95,7 +94,6 @@ def fp8_quantize_blocks_op(x: Tensor, out_type: int, power_of_two: bool = False)
     _core.fp8_quantize_blocks(capsule(x), _bytes(q), capsule(scale), power_of_two=power_of_two, out_type=out_type,
                               stream=device_scratch.stream(x.device))
     return q, scale
-
 
 
 def _quantize_grouped_outputs(x, group_sizes, num_groups, out_type, scaling, empty):
@@ -118,7 +116,6 @@ def fp8_quantize_grouped_op(x: Tensor, group_sizes: Tensor, num_groups: int, out
                                num_groups=num_groups, scaling=scaling, power_of_two=power_of_two, out_type=out_type,
                                stream=device_scratch.stream(x.device))
     return q, scale
-
 
 
 def _fp8_type(op: str, t: Tensor, name: str) -> int:
@@ -158,7 +155,6 @@ def scaled_grouped_mm_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_scale:
     return out
 
 
-
 def _require_wgrad(op, lhs, rhs, lhs_scale, rhs_scale, scaling, group_sizes, num_groups):
     require_count(op, num_groups)
     _require_scaled(op, lhs, rhs, lhs_scale, rhs_scale, scaling, (rhs, 2, "rhs"), (group_sizes, 1, "group_sizes"))
@@ -192,7 +188,6 @@ def scaled_grouped_mm_wgrad_op(lhs: Tensor, rhs: Tensor, lhs_scale: Tensor, rhs_
                                 allocator(lhs.device))
     _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, False, group_ends)
     return out
-
 
 
 # In place, so never differentiable: a torch.library.custom_op, which handles the mutation.

@@ -68,7 +68,6 @@ def grouped_mm_op(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tens
     return out
 
 
-
 @define("grouped_mm_wgrad", _wgrad_outputs)
 def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int,
                         group_offset: Tensor | None = None, out_dtype: torch.dtype | None = None,
@@ -79,7 +78,6 @@ def grouped_mm_wgrad_op(input: Tensor, grad: Tensor, group_sizes: Tensor, num_gr
                                workspace=capsule(_workspace(input.device, num_groups)), group_ends=group_ends,
                                stream=device_scratch.stream(input.device))
     return out
-
 
 
 # In place, so never differentiable: a torch.library.custom_op, which handles the mutation.
@@ -106,7 +104,6 @@ def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int, gro
                             capsule(_workspace(grad.device, num_groups)), group_ends=group_ends,
                             stream=device_scratch.stream(grad.device))
     return out
-
 
 
 def _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad, weight_grad, bias_dtype,

@@ -1,10 +1,10 @@
 // One view of an array argument, whichever binding made it: the PyTorch frontend's
 // DLPack arrays (torch_ext/csrc/array_args.h) and XLA's FFI buffers
-// (jax_ext/csrc/ffi_args.h) both become ArgViews, and each op's arguments are unpacked
-// from views once, for both (gemm_args.h, expert_args.h, fp8_args.h). The core gets
-// pointers and sizes only, so the unpacking checks every buffer against the sizes it hands
-// the core; the core checks the sizes themselves. A refused argument is an ArgError naming
-// it, which each binding raises its own way.
+// (jax_ext/csrc/ffi_handlers.cpp) both become ArgViews, and each op's arguments are
+// unpacked from views once, for both (op_table.h; gemm_ops.cpp, expert_ops.cpp,
+// fp8_ops.cpp). The core gets pointers and sizes only, so the unpacking checks every
+// buffer against the sizes it hands the core; the core checks the sizes themselves. A
+// refused argument is an ArgError naming it, which each binding raises its own way.
 #pragma once
 
 #include <cstdint>

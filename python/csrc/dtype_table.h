@@ -1,5 +1,5 @@
 // The floating-point dtypes the bindings accept, one row each: the core's DType, how a
-// DLPack array (array_bindings.cpp) and an XLA FFI buffer (ffi_handlers.cpp) spell it.
+// DLPack array (array_args.h) and an XLA FFI buffer (ffi_handlers.cpp) spell it.
 // The rows follow the core's dtype list (types.h), one per dtype.
 #pragma once
 
