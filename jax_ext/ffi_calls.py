@@ -15,8 +15,9 @@ from groupgemm.jax_ext.partitioning import Layout, partitioned
 
 def _register_targets():
     """Registers every XLA FFI target of the core with jax, for the platforms this build has."""
+    handlers = _core.ffi_handlers()
     for platform in ["cpu"] + (["CUDA"] if _core.cuda_compiled() else []):
-        for name, capsule in _core.ffi_handlers()[platform].items():
+        for name, capsule in handlers[platform].items():
             jax.ffi.register_ffi_target(name, capsule, platform=platform)
 
 

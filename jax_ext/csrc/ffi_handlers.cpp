@@ -56,16 +56,17 @@ class FfiCall : public glue::OpCall {
                                " operands and " + std::to_string(op.num_results) + " results",
                            false);
     size_t declared_given = 0;
-    std::string declared;
     for (const glue::Param& p : op.attributes) {
-      declared += (declared.empty() ? "" : ", ") + p.name;
       if (attrs.contains(p.name))
         ++declared_given;
       else if (!p.optional)
         throw glue::ArgError(p.name + " must be given", false);
     }
-    if (declared_given != attrs.size())
+    if (declared_given != attrs.size()) {  // an attribute the op does not declare
+      std::string declared;
+      for (const glue::Param& p : op.attributes) declared += (declared.empty() ? "" : ", ") + p.name;
       throw glue::ArgError(std::string(op.target) + " takes the attributes " + declared + " only", false);
+    }
   }
 
   ffi::AnyBuffer buffer(const glue::Param& p) const {

@@ -51,8 +51,8 @@ GROUPGEMM_OP(fp8_quantize_grouped, "groupgemm_fp8_quantize_grouped", "x group_si
              "q scale workspace?", "num_groups scaling power_of_two? out_type?",
              "x [M, C] -> q [C, M] float8 with scales per (group, channel) or per (token block, channel).") {
   QuantizeGroupedArgs a;
-  const ArgView x = call.array("x"), group_sizes = call.array("group_sizes"), q = call.array("q");
-  expect_rank(x, 2), expect_rank(group_sizes, 1);
+  const ArgView x = call.array("x"), q = call.array("q");
+  expect_rank(x, 2);
   a.num_groups = call.integer("num_groups");
   if (a.num_groups < 0) throw ArgError("num_groups must be non-negative", false);
   a.m = x.dims[0], a.cols = x.dims[1];
@@ -61,7 +61,7 @@ GROUPGEMM_OP(fp8_quantize_grouped, "groupgemm_fp8_quantize_grouped", "x group_si
   expect_shape(q, {a.cols, a.m});
   a.x = x.data, a.q = q.data;
   a.scale = fp8_scale(call.array("scale"), token_scale_rows(a.scaling, a.m, a.num_groups) * a.cols);
-  a.group_sizes = index_array(group_sizes), a.group_offset = optional_offset(call.array("group_offset"));
+  set_groups(a, call, false);
   return quantize_grouped(a, call.context);
 }
 
@@ -71,10 +71,7 @@ void set_scaled(Args& a, const OpCall& call) {
   a.lhs_type = fp8_operand(call.array("lhs"), call.enumerated<Fp8Type>("lhs_type"));
   a.rhs_type = fp8_operand(call.array("rhs"), call.enumerated<Fp8Type>("rhs_type"));
   a.scaling = scaling_of(call);
-  const ArgView group_sizes = call.array("group_sizes");
-  expect_rank(group_sizes, 1);
-  a.group_sizes = index_array(group_sizes, call.flag("group_ends"));
-  a.group_offset = optional_offset(call.array("group_offset"));
+  set_groups(a, call, call.flag("group_ends"));
 }
 
 // out [M, N] = scaled lhs [M, K] @ rhs[g]^T (rhs [G, N, K]) (+ bias [G, N] in out's dtype).

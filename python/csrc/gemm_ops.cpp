@@ -9,15 +9,6 @@ namespace {
 
 using namespace glue;
 
-// group_sizes (or, with group_ends, cumulative group ends) and the optional group_offset.
-template <typename Args>
-void set_groups(Args& a, const OpCall& call) {
-  const ArgView group_sizes = call.array("group_sizes");
-  expect_rank(group_sizes, 1);
-  a.group_sizes = index_array(group_sizes, call.flag("group_ends"));
-  a.group_offset = optional_offset(call.array("group_offset"));
-}
-
 // lhs [M, K] and rhs [G, K, N] ([G, N, K] with transpose_rhs) of one dtype.
 template <typename Args>
 void set_operands(Args& a, const ArgView& lhs, const ArgView& rhs, bool transpose_rhs) {
@@ -43,7 +34,7 @@ GROUPGEMM_OP(grouped_matmul, "groupgemm_matmul", "lhs rhs group_sizes group_offs
     expect_dtype(bias, a.in_dtype, "lhs");
     a.bias = bias.data;
   }
-  set_groups(a, call);
+  set_groups(a, call, call.flag("group_ends"));
   return grouped_matmul(a, call.context);
 }
 
@@ -60,7 +51,7 @@ GROUPGEMM_OP(grouped_matmul_wgrad, "groupgemm_wgrad", "lhs grad group_sizes grou
   a.in_dtype = float_dtype(lhs), a.out_dtype = float_dtype(out);
   expect_dtype(grad, a.in_dtype, "lhs");
   a.lhs = lhs.data, a.grad = grad.data, a.out = out.data, a.accumulate = call.flag("accumulate");
-  set_groups(a, call);
+  set_groups(a, call, call.flag("group_ends"));
   return grouped_matmul_wgrad(a, call.context);
 }
 
@@ -73,7 +64,7 @@ GROUPGEMM_OP(grouped_bias_grad, "groupgemm_bias_grad", "grad group_sizes group_o
   expect_dim(out, 1, a.n);
   a.in_dtype = float_dtype(grad), a.out_dtype = float_dtype(out);
   a.grad = grad.data, a.out = out.data;
-  set_groups(a, call);
+  set_groups(a, call, call.flag("group_ends"));
   return grouped_bias_grad(a, call.context);
 }
 
@@ -101,7 +92,7 @@ GROUPGEMM_OP(
     expect_shape(dbias, {a.num_groups, a.n});
     a.dbias_dtype = float_dtype(dbias), a.dbias = dbias.data;
   }
-  set_groups(a, call);
+  set_groups(a, call, call.flag("group_ends"));
   return grouped_matmul_backward(a, call.context);
 }
 

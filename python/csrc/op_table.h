@@ -20,6 +20,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "arg_view.h"
@@ -46,7 +47,7 @@ struct Op {
   int num_operands = 0, num_results = 0;
 
   // The declared array or attribute `name`; nullptr when there is none.
-  const Param* find(const std::vector<Param>& params, const std::string& name) const {
+  const Param* find(const std::vector<Param>& params, std::string_view name) const {
     for (const Param& p : params)
       if (p.name == name) return &p;
     return nullptr;
@@ -84,6 +85,15 @@ class OpCall {
   const Op& op;
   ExecContext context;  // where the call runs: device, stream and workspace
 };
+
+// group_sizes (or, with cumulative, group ends) and the optional group_offset of a grouped op.
+template <typename Args>
+void set_groups(Args& a, const OpCall& call, bool cumulative) {
+  const ArgView group_sizes = call.array("group_sizes");
+  expect_rank(group_sizes, 1);
+  a.group_sizes = index_array(group_sizes, cumulative);
+  a.group_offset = optional_offset(call.array("group_offset"));
+}
 
 inline std::vector<Op>& ops() {
   static std::vector<Op> all;  // filled while the module loads, read once it has
