@@ -45,6 +45,8 @@ set(GG_CORE_SOURCES
   core_cuda/cpu/gemm.cpp
   core_cuda/cpu/gemm_onednn.cpp
   core_cuda/cpu/expert_ops.cpp
+  core_cuda/src/expert_mlp_api.cpp
+  core_cuda/cpu/expert_mlp.cpp
   core_cuda/src/fp8_api.cpp
   core_cuda/cpu/fp8_quantize.cpp
   core_cuda/cpu/fp8_gemm.cpp
@@ -153,6 +155,7 @@ function(groupgemm_core_library name type)
       core_cuda/cuda/backend.cu core_cuda/cuda/device_info.cu core_cuda/cuda/setup.cu
       core_cuda/cuda/bias_grad.cu core_cuda/cuda/gemm_unaligned.cu core_cuda/cuda/expert_backend.cu
       core_cuda/cuda/permute.cu core_cuda/cuda/unpermute.cu core_cuda/cuda/activation.cu core_cuda/cuda/router.cu
+      core_cuda/cuda/expert_mlp.cu
       core_cuda/cuda/gemm_bf16.cu core_cuda/cuda/gemm_f16.cu core_cuda/cuda/gemm_f32.cu)
     target_sources(${name} PRIVATE core_cuda/cuda/gemm_sm90_dispatch.cu)
     target_sources(${name} PRIVATE core_cuda/cuda/fp8_backend.cu core_cuda/cuda/fp8_setup.cu

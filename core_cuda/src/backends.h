@@ -17,6 +17,8 @@ Status activation_backward(const ActivationBackwardArgs& args);
 Status softmax_topk(const SoftmaxTopkArgs& args);
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args);
 Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& args);
+Status expert_mlp(const ExpertMlpArgs& args);
+Status expert_mlp_backward(const ExpertMlpBackwardArgs& args);
 // permute and unpermute's backward with the CUDA backend's sorting steps in `chunks`
 // chunks (the CPU uses 1), for the tests.
 Status permute_in_chunks(const PermuteArgs& args, int64_t chunks);
@@ -40,6 +42,8 @@ Status activation_backward(const ActivationBackwardArgs& args, const ExecContext
 Status softmax_topk(const SoftmaxTopkArgs& args, const ExecContext& ctx);
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, const ExecContext& ctx);
 Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& args, const ExecContext& ctx);
+Status expert_mlp(const ExpertMlpArgs& args, const ExecContext& ctx);
+Status expert_mlp_backward(const ExpertMlpBackwardArgs& args, const ExecContext& ctx);
 CaptureRecord capture_record();
 }  // namespace cuda
 }  // namespace groupgemm

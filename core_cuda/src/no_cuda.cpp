@@ -23,6 +23,8 @@ Status activation_backward(const ActivationBackwardArgs&, const ExecContext&) { 
 Status softmax_topk(const SoftmaxTopkArgs&, const ExecContext&) { return not_built(); }
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs&, const ExecContext&) { return not_built(); }
 Status softmax_topk_tangent(const SoftmaxTopkTangentArgs&, const ExecContext&) { return not_built(); }
+Status expert_mlp(const ExpertMlpArgs&, const ExecContext&) { return not_built(); }
+Status expert_mlp_backward(const ExpertMlpBackwardArgs&, const ExecContext&) { return not_built(); }
 CaptureRecord capture_record() { return {}; }
 Status quantize_rows(const QuantizeRowsArgs&, const ExecContext&) { return not_built(); }
 Status quantize_blocks(const QuantizeBlocksArgs&, const ExecContext&) { return not_built(); }

@@ -38,6 +38,13 @@ Status softmax_topk(const SoftmaxTopkArgs& args, const ExecContext& ctx);
 Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, const ExecContext& ctx);
 Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& args, const ExecContext& ctx);
 
+// The fused expert MLP and its backward: see ExpertMlpArgs and ExpertMlpBackwardArgs. The
+// CUDA backend needs expert_mlp_workspace_bytes(cuda, T * k, E) bytes of workspace for
+// either (the routing); the CPU none.
+Status expert_mlp(const ExpertMlpArgs& args, const ExecContext& ctx);
+Status expert_mlp_backward(const ExpertMlpBackwardArgs& args, const ExecContext& ctx);
+int64_t expert_mlp_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts);
+
 // Bytes of workspace permute needs on `device` for num_slots = T * k slots and
 // num_experts experts (0 on CPU; a function of its arguments only).
 int64_t permute_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts);

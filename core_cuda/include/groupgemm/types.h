@@ -248,6 +248,70 @@ struct ActivationBackwardArgs {
   int64_t rows = 0, in_features = 0;
 };
 
+// ---- the fused expert MLP (groupgemm/expert_mlp.h has the routing) -------------------
+// expert_mlp: permute, the grouped MLP and unpermute in one call, without the [T*k, H] copy
+// of the tokens. A slot s = (t, j) whose expert id expert_indices[t, j] is local (global ids
+// [group_offset, group_offset + E)) gives
+//   y_s = act(tokens[t] @ w_in[e] + b_in[e]) @ w_out[e] + b_out[e],  e = id - group_offset,
+// with h_s (fc1's output) and act(h_s) rounded to dtype as the composition stores them, and
+//   out[t] = sum over j = 0..k-1, in that order, of probs[t, j] * y_(t, j)
+// in float32 (float64 for float64), rounded once (weight 1 without probs). A slot with a
+// negative id or one outside the window adds nothing. The expert outputs go through
+// `expert_rows`, [T * k, H] of scratch (left undefined), so the per-token sum runs in
+// slot order on every backend.
+struct ExpertMlpArgs {
+  DType dtype = DType::f32;        // tokens, weights, biases, out, h and expert_rows
+  DType probs_dtype = DType::f32;  // dtype, or float32
+  Activation activation = Activation::swiglu;
+  const void* tokens = nullptr;  // [T, H]
+  IndexArray expert_indices;     // [T, k] int32 or int64: global expert ids
+  const void* probs = nullptr;   // [T, k], or null: every weight 1
+  const void* w_in = nullptr;    // [E, H, F_in], or [E, F_in, H] when transpose_rhs
+  const void* w_out = nullptr;   // [E, F, H], or [E, H, F] when transpose_rhs
+  const void* b_in = nullptr;    // [E, F_in], or null
+  const void* b_out = nullptr;   // [E, H], or null
+  IndexArray group_offset;       // scalar: the global id of local expert 0; absent: 0
+  void* out = nullptr;           // [T, H]
+  void* h = nullptr;             // [T, k, F_in]: fc1's output per slot, 0 for a dropped one; or null
+  void* expert_rows = nullptr;   // [T * k, H] scratch
+  int64_t num_tokens = 0, top_k = 0, hidden = 0, in_features = 0, num_experts = 0;
+  bool transpose_rhs = false;
+};
+
+// expert_mlp's backward from the forward's h, which it reads through the routing with
+// dout, tokens and probs; the activation is recomputed from h. Each gradient is computed
+// when its pointer is given, each in its parameter's shape and dtype:
+//  - dprobs[t, j] = dot(dout[t], y_(t, j)) through groupgemm/expert_mlp.h's identity (no
+//    expert output is needed; b_out enters it), 0 for a dropped slot;
+//  - dtokens[t] = the sum over j, in slot order, of slot (t, j)'s input gradient, in
+//    float32 (float64), rounded once; the terms go through `token_rows`, [T * k, H] of
+//    scratch (needed with dtokens only);
+//  - dw_in, dw_out, db_in, db_out: full shape; exact zeros for an expert without slots. Each
+//    expert's weight gradients add its blocks of rows in order in float32 (float64).
+struct ExpertMlpBackwardArgs {
+  DType dtype = DType::f32;        // dout, tokens, weights, h and every gradient but dprobs
+  DType probs_dtype = DType::f32;  // probs and dprobs: dtype, or float32
+  Activation activation = Activation::swiglu;
+  const void* dout = nullptr;    // [T, H]
+  const void* tokens = nullptr;  // [T, H]
+  IndexArray expert_indices;     // [T, k]
+  const void* probs = nullptr;   // [T, k], or null: every weight 1
+  const void* w_in = nullptr;    // as in ExpertMlpArgs
+  const void* w_out = nullptr;
+  const void* b_out = nullptr;  // [E, H], or null (dprobs reads it)
+  IndexArray group_offset;
+  const void* h = nullptr;     // [T, k, F_in] from the forward
+  void* dtokens = nullptr;     // [T, H], or null: not wanted
+  void* dprobs = nullptr;      // [T, k] in probs_dtype, or null
+  void* dw_in = nullptr;       // w_in's shape, or null
+  void* dw_out = nullptr;      // w_out's shape, or null
+  void* db_in = nullptr;       // [E, F_in], or null
+  void* db_out = nullptr;      // [E, H], or null
+  void* token_rows = nullptr;  // [T * k, H] scratch, with dtokens
+  int64_t num_tokens = 0, top_k = 0, hidden = 0, in_features = 0, num_experts = 0;
+  bool transpose_rhs = false;
+};
+
 // The router's softmax top-k (groupgemm/router.h has the exact rule): for logits [T, E],
 // the k chosen experts per token and their probabilities, in float32 (float64 for
 // float64 logits).

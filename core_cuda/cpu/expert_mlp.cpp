@@ -1,0 +1,445 @@
+// The CPU backend's fused expert MLP (groupgemm/expert_mlp.h). The routing runs on the host;
+// then each local expert's rows are multiplied in blocks of about kBlockBytes of scratch:
+// a block's token rows are gathered into the scratch and multiplied by the library GEMM
+// (gemm.h), so no [T*k, H] copy of the tokens exists. Forward, per block: fc1, its output
+// scattered into h (slot order), the activation, fc2 into the expert-output scratch rows;
+// then each token's weighted sum is unpermute's (expert_ops.cpp). Backward, per expert,
+// its blocks in order: dout's rows gathered, g = dout @ w_out^T, the activation recomputed
+// from h, dprobs from the identity, the weight and bias gradients added up in float32
+// (float64), the input gradients' rows written to the token-row scratch, whose per-token
+// sums are unpermute's again.
+//
+// The GEMMs, the activation and its backward are the grouped path's own calls
+// (backend.cpp's library GEMM, expert_ops.cpp's activation), on a block's rows instead of
+// a group's. Every block runs on one thread in a fixed order, or on all threads inside a
+// library GEMM whose bits do not depend on them (gemm_threading), so the results do not
+// depend on the thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "backends.h"
+#include "convert.h"
+#include "gemm.h"
+#include "groupgemm/activation.h"
+#include "groupgemm/expert_mlp.h"
+#include "thread_plan.h"
+#include "values.h"
+
+namespace groupgemm {
+namespace cpu {
+namespace {
+
+// The GEMMs' operand type: float16 has no fast library kernel, so its operands are widened
+// to float32 and each product rounded once (as backend.cpp's float16 GEMMs).
+template <typename T>
+using GemmIn = std::conditional_t<std::is_same_v<T, f16_t>, float, T>;
+
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, bf16_t>)
+    return DType::bf16;
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return DType::f16;
+  else
+    return DType::f32;
+}
+
+// A block's scratch rows (gathered inputs and the intermediates of 2H + F_in + F values a
+// row) stay near this size, in whole 64-row steps (the bfloat16 weight gradients' kernel
+// runs the contraction in such steps, gemm_onednn.cpp), 64 to 512 rows.
+constexpr int64_t kBlockBytes = int64_t(1) << 20;
+constexpr int64_t kBlockRowStep = 64;
+constexpr int64_t kMaxBlockRows = 512;
+
+int64_t rows_per_block(int64_t hidden, int64_t in_features, int64_t features, int64_t element_bytes) {
+  const int64_t row_bytes = std::max<int64_t>((2 * hidden + in_features + features) * element_bytes, 1);
+  return std::clamp(kBlockBytes / row_bytes / kBlockRowStep * kBlockRowStep, kBlockRowStep, kMaxBlockRows);
+}
+
+// The routing of expert_mlp.h on the host (one chunk).
+struct Routing {
+  std::vector<int32_t> row_map, slot_of_row, bucket_start;
+  int64_t kept = 0;
+
+  template <typename Args>
+  explicit Routing(const Args& a)
+      : row_map(a.num_tokens * a.top_k),
+        slot_of_row(a.num_tokens * a.top_k),
+        bucket_start(a.num_experts + 1) {
+    std::vector<int32_t> counts(count_entries(a.num_experts, 1));
+    kept = expert_routing_on_host(a.expert_indices, a.num_tokens * a.top_k, read_group_offset(a.group_offset),
+                                  a.num_experts, 1, counts.data(), bucket_start.data(), row_map.data(),
+                                  slot_of_row.data());
+  }
+  RowRange rows(int64_t expert) const { return expert_rows(bucket_start.data(), expert); }
+};
+
+// A weight or bias as the GEMMs take it: the caller's array, or for float16 a float32 copy
+// made once per call.
+template <typename T>
+class GemmOperand {
+ public:
+  GemmOperand(const void* data, int64_t count) {
+    if constexpr (std::is_same_v<T, f16_t>) {
+      if (data == nullptr) return;
+      widened_.resize(count);
+      convert(data, DType::f16, widened_.data(), DType::f32, count);
+      data_ = widened_.data();
+    } else {
+      data_ = static_cast<const T*>(data);
+    }
+  }
+  const GemmIn<T>* at(int64_t offset) const { return data_ ? data_ + offset : nullptr; }
+
+ private:
+  std::vector<float> widened_;
+  const GemmIn<T>* data_ = nullptr;
+};
+
+// One library GEMM with the bits it has on one thread: inside a parallel region it runs on
+// the calling thread; outside one (an expert run alone), the library threads it unless that
+// could change the order of its sums (gemm_threading).
+Status run_gemm(const GemmCall& c) {
+  if (omp_in_parallel() || gemm_threading(c) != Threading::one) return gemm(c);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Status s = gemm(c);
+  omp_set_num_threads(threads);
+  return s;
+}
+
+// C[m, n] = A[m, k] @ B (+ bias), or += when accumulating; over k = 0 the product is empty:
+// C is the bias rows, or zeros. Callers fill everything but c and out_dtype.
+Status multiply(const GemmCall& c) {
+  if (c.m == 0 || c.n == 0) return Status::Ok();
+  if (c.k > 0) return run_gemm(c);
+  if (c.accumulate) return Status::Ok();
+  const int64_t row_bytes = c.n * dtype_size(c.out_dtype);
+  for (int64_t i = 0; i < c.m; ++i) {
+    char* row = static_cast<char*>(c.c) + i * row_bytes;
+    if (c.bias)
+      convert(c.bias, c.in_dtype, row, c.out_dtype, c.n);
+    else
+      std::memset(row, 0, row_bytes);
+  }
+  return Status::Ok();
+}
+
+template <typename G>
+GemmCall gemm_call(int64_t m, int64_t n, int64_t k, const G* a, bool a_transposed, const G* b,
+                   bool b_transposed, const G* bias = nullptr) {
+  return {dtype_of<G>(), dtype_of<G>(), m, n, k, a, a_transposed, b, b_transposed, bias, nullptr, false};
+}
+
+// A product stored in T (h, expert outputs, input gradients): float16's runs in float32
+// and is rounded once; the others' GEMMs write T themselves.
+template <typename T>
+Status multiply_into(GemmCall c, T* out, std::vector<float>& wide) {
+  if constexpr (std::is_same_v<T, f16_t>) {
+    wide.resize(c.m * c.n);
+    c.out_dtype = DType::f32, c.c = wide.data();
+    GG_RETURN_IF_ERROR(multiply(c));
+    convert(wide.data(), DType::f32, out, DType::f16, c.m * c.n);
+    return Status::Ok();
+  } else {
+    c.out_dtype = dtype_of<T>(), c.c = out;
+    return multiply(c);
+  }
+}
+
+// A product accumulated in Acc<T> (g, the weight gradients).
+template <typename T>
+Status multiply_acc(GemmCall c, Acc<T>* out, bool accumulate) {
+  c.out_dtype = dtype_of<Acc<T>>(), c.c = out, c.accumulate = accumulate;
+  return multiply(c);
+}
+
+// rows[i] = the `width` values at source row row_of(i), in the GEMMs' type.
+template <typename G, typename T, typename RowOf>
+void gather(const T* source, int64_t width, int64_t n, RowOf row_of, std::vector<G>& rows) {
+  rows.resize(n * width);
+  if (width == 0) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const T* from = source + row_of(i) * width;
+    if constexpr (std::is_same_v<G, T>)
+      std::memcpy(rows.data() + i * width, from, width * sizeof(T));
+    else
+      convert(from, dtype_of<T>(), rows.data() + i * width, dtype_of<G>(), width);
+  }
+}
+
+// The rows of T as GEMM operands: themselves, or float16's widened into `wide`.
+template <typename T>
+const GemmIn<T>* as_operand(const std::vector<T>& rows, std::vector<float>& wide) {
+  if constexpr (std::is_same_v<T, f16_t>) {
+    wide.resize(rows.size());
+    convert(rows.data(), DType::f16, wide.data(), DType::f32, static_cast<int64_t>(rows.size()));
+    return wide.data();
+  } else {
+    return rows.data();
+  }
+}
+
+// One thread's scratch, reused block after block.
+template <typename T>
+struct Scratch {
+  using G = GemmIn<T>;
+  std::vector<G> tokens, dout;          // gathered rows
+  std::vector<T> h, act, dy, dact, dh;  // a block's intermediates, stored as the composition stores them
+  std::vector<Acc<T>> g;                // dout @ w_out^T
+  std::vector<float> wide, wide_act, wide_dy;  // float16's float32 operands and results
+  std::vector<Acc<T>> dw_in, dw_out;           // a 16-bit expert's weight gradients, in float32
+};
+
+template <typename T>
+void activate(Activation kind, const T* h, int64_t n, int64_t in_features, std::vector<T>& out) {
+  out.resize(n * activation_out_features(kind, in_features));
+  ActivationArgs a;
+  a.dtype = dtype_of<T>(), a.kind = kind, a.h = h, a.out = out.data(), a.rows = n,
+  a.in_features = in_features;
+  activation(a);
+}
+
+// Runs fn(item) for items [0, count) side by side on the threads, each on one thread.
+template <typename Fn>
+Status side_by_side(int64_t count, int threads, Fn fn) {
+  std::vector<Status> status(count, Status::Ok());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && count > 1)
+  for (int64_t i = 0; i < count; ++i) status[i] = fn(i);
+  for (const Status& s : status)
+    if (!s.ok()) return s;
+  return Status::Ok();
+}
+
+// The team the call's blocks or experts share: float64 (OpenBLAS, which threads itself, a
+// test dtype) runs them one after another.
+int call_threads(DType dtype) { return omp_in_parallel() || dtype == DType::f64 ? 1 : omp_get_max_threads(); }
+
+// ---- the forward ------------------------------------------------------------------------
+
+template <typename T>
+Status forward(const ExpertMlpArgs& a) {
+  using G = GemmIn<T>;
+  const int64_t k = a.top_k, hidden = a.hidden, f_in = a.in_features, experts = a.num_experts;
+  const int64_t f = activation_out_features(a.activation, f_in);
+  const Routing routing(a);
+  const GemmOperand<T> w_in(a.w_in, experts * hidden * f_in), w_out(a.w_out, experts * f * hidden),
+      b_in(a.b_in, experts * f_in), b_out(a.b_out, experts * hidden);
+  const T* tokens = static_cast<const T*>(a.tokens);
+  T* h = static_cast<T*>(a.h);
+  T* expert_rows = static_cast<T*>(a.expert_rows);
+  if (h)  // a dropped slot's pre-activation: exact zeros
+    for (int64_t s = 0; s < a.num_tokens * k; ++s)
+      if (routing.row_map[s] < 0) std::memset(h + s * f_in, 0, f_in * sizeof(T));
+
+  struct Block {
+    int64_t expert;
+    RowRange rows;
+  };
+  std::vector<Block> blocks;
+  const int64_t block_rows = rows_per_block(hidden, f_in, f, sizeof(T));
+  for (int64_t e = 0; e < experts; ++e) {
+    const RowRange rows = routing.rows(e);
+    for (int64_t b = 0; b < block_count(rows, block_rows); ++b)
+      blocks.push_back({e, block_of(rows, b, block_rows)});
+  }
+  const int threads = call_threads(a.dtype);
+  std::vector<Scratch<T>> scratch(threads);
+  GG_RETURN_IF_ERROR(side_by_side(static_cast<int64_t>(blocks.size()), threads, [&](int64_t i) {
+    const Block& block = blocks[i];
+    Scratch<T>& s = scratch[omp_get_thread_num()];
+    const int64_t n = block.rows.rows(), e = block.expert;
+    const int32_t* slots = routing.slot_of_row.data() + block.rows.begin;
+    gather<G>(tokens, hidden, n, [&](int64_t r) { return slots[r] / k; }, s.tokens);
+    s.h.resize(n * f_in);
+    GG_RETURN_IF_ERROR(
+        multiply_into(gemm_call<G>(n, f_in, hidden, s.tokens.data(), false, w_in.at(e * hidden * f_in),
+                                   a.transpose_rhs, b_in.at(e * f_in)),
+                      s.h.data(), s.wide));
+    if (h && f_in > 0)
+      for (int64_t r = 0; r < n; ++r)
+        std::memcpy(h + slots[r] * f_in, s.h.data() + r * f_in, f_in * sizeof(T));
+    activate(a.activation, s.h.data(), n, f_in, s.act);
+    return multiply_into(gemm_call<G>(n, hidden, f, as_operand(s.act, s.wide_act), false,
+                                      w_out.at(e * f * hidden), a.transpose_rhs, b_out.at(e * hidden)),
+                         expert_rows + block.rows.begin * hidden, s.wide);
+  }));
+
+  UnpermuteArgs sum;  // out[t]: its slots' weighted expert outputs, in slot order
+  sum.dtype = a.dtype, sum.probs_dtype = a.probs_dtype;
+  sum.permuted = a.expert_rows, sum.row_map = routing.row_map.data(), sum.probs = a.probs, sum.out = a.out;
+  sum.num_rows = routing.kept, sum.num_tokens = a.num_tokens, sum.top_k = k, sum.hidden = hidden;
+  return unpermute(sum);
+}
+
+// ---- the backward -----------------------------------------------------------------------
+
+template <typename T, typename P>
+Status backward(const ExpertMlpBackwardArgs& a) {
+  using G = GemmIn<T>;
+  using A = Acc<T>;
+  constexpr bool kAccumulatesInPlace = std::is_same_v<T, A>;  // float32 and float64 weight gradients
+  const int64_t k = a.top_k, hidden = a.hidden, f_in = a.in_features, experts = a.num_experts;
+  const int64_t f = activation_out_features(a.activation, f_in);
+  const Routing routing(a);
+  const GemmOperand<T> w_in(a.w_in, experts * hidden * f_in), w_out(a.w_out, experts * f * hidden);
+  const T* dout = static_cast<const T*>(a.dout);
+  const T* tokens = static_cast<const T*>(a.tokens);
+  const T* h = static_cast<const T*>(a.h);
+  const T* b_out = static_cast<const T*>(a.b_out);
+  const P* probs = static_cast<const P*>(a.probs);
+  P* dprobs = static_cast<P*>(a.dprobs);
+  T* token_rows = static_cast<T*>(a.token_rows);
+  const bool want_dw_in = a.dw_in || a.db_in, want_dh = a.dtokens || want_dw_in;
+  const bool want_g = want_dh || a.dprobs, want_dy = a.dw_out || a.db_out, want_act = a.dprobs || a.dw_out;
+  if (dprobs)
+    for (int64_t s = 0; s < a.num_tokens * k; ++s)
+      if (routing.row_map[s] < 0) dprobs[s] = P{};  // a dropped slot's weight has no effect
+
+  const int64_t block_rows = rows_per_block(hidden, f_in, f, sizeof(T));
+  auto expert_gradients = [&](int64_t e, Scratch<T>& s) -> Status {
+    const RowRange rows = routing.rows(e);
+    const int64_t w_in_size = hidden * f_in, w_out_size = f * hidden;
+    T* dw_in = a.dw_in ? static_cast<T*>(a.dw_in) + e * w_in_size : nullptr;
+    T* dw_out = a.dw_out ? static_cast<T*>(a.dw_out) + e * w_out_size : nullptr;
+    T* db_in = a.db_in ? static_cast<T*>(a.db_in) + e * f_in : nullptr;
+    T* db_out = a.db_out ? static_cast<T*>(a.db_out) + e * hidden : nullptr;
+    if (rows.rows() == 0) {  // an expert without slots: exact-zero gradients, no GEMM
+      if (dw_in) std::memset(dw_in, 0, w_in_size * sizeof(T));
+      if (dw_out) std::memset(dw_out, 0, w_out_size * sizeof(T));
+      if (db_in) std::memset(db_in, 0, f_in * sizeof(T));
+      if (db_out) std::memset(db_out, 0, hidden * sizeof(T));
+      return Status::Ok();
+    }
+    A* dw_in_acc = nullptr;
+    A* dw_out_acc = nullptr;
+    if constexpr (kAccumulatesInPlace) {
+      dw_in_acc = dw_in, dw_out_acc = dw_out;
+    } else {
+      if (dw_in) s.dw_in.resize(w_in_size), dw_in_acc = s.dw_in.data();
+      if (dw_out) s.dw_out.resize(w_out_size), dw_out_acc = s.dw_out.data();
+    }
+    std::vector<A> db_in_acc(db_in ? f_in : 0, A(0)), db_out_acc(db_out ? hidden : 0, A(0));
+    const G* w_in_e = w_in.at(e * w_in_size);
+    const G* w_out_e = w_out.at(e * w_out_size);
+    for (int64_t b = 0; b < block_count(rows, block_rows); ++b) {
+      const RowRange block = block_of(rows, b, block_rows);
+      const int64_t n = block.rows();
+      const bool first = b == 0;
+      const int32_t* slots = routing.slot_of_row.data() + block.begin;
+      auto prob = [&](int64_t r) { return probs ? load<A>(probs, slots[r]) : A(1); };
+      auto token = [&](int64_t r) { return slots[r] / k; };
+      gather<G>(dout, hidden, n, token, s.dout);
+      gather<T>(h, f_in, n, [&](int64_t r) { return slots[r]; }, s.h);
+      if (want_act) activate(a.activation, s.h.data(), n, f_in, s.act);
+      if (want_g) {  // g = dout @ w_out^T, unweighted: fc2's input gradient over the slot's weight
+        s.g.resize(n * f);
+        GG_RETURN_IF_ERROR(multiply_acc<T>(
+            gemm_call<G>(n, f, hidden, s.dout.data(), false, w_out_e, !a.transpose_rhs), s.g.data(), false));
+      }
+      if (dprobs)
+        for (int64_t r = 0; r < n; ++r) {
+          A partial[kDotLanes];
+          auto act = [&](int64_t c) { return load<A>(s.act.data(), r * f + c); };
+          auto g = [&](int64_t c) { return s.g[r * f + c]; };
+          for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] = dot_lane_partial<A>(lane, f, act, g);
+          A dot = fold_dot_lanes(partial);
+          if (b_out) {
+            auto bias = [&](int64_t c) { return load<A>(b_out, e * hidden + c); };
+            auto grad = [&](int64_t c) { return load<A>(s.dout.data(), r * hidden + c); };
+            for (int lane = 0; lane < kDotLanes; ++lane)
+              partial[lane] = dot_lane_partial<A>(lane, hidden, bias, grad);
+            dot = dot + fold_dot_lanes(partial);
+          }
+          dprobs[slots[r]] = store<P>(dot);
+        }
+      if (want_dy) {  // fc2's output gradient: the slot's weight times dout[t], as unpermute's backward
+                      // rounds it
+        s.dy.resize(n * hidden);
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t c = 0; c < hidden; ++c)
+            s.dy[r * hidden + c] = store<T>(product(prob(r), load<A>(s.dout.data(), r * hidden + c)));
+        const G* dy = as_operand(s.dy, s.wide_dy);
+        const G* act = as_operand(s.act, s.wide_act);
+        if (dw_out_acc)
+          GG_RETURN_IF_ERROR(multiply_acc<T>(a.transpose_rhs
+                                                 ? gemm_call<G>(hidden, f, n, dy, true, act, false)
+                                                 : gemm_call<G>(f, hidden, n, act, true, dy, false),
+                                             dw_out_acc, !first));
+        for (int64_t r = 0; r < n && db_out; ++r)  // rows in order, as grouped_bias_grad adds them
+          for (int64_t c = 0; c < hidden; ++c) db_out_acc[c] += widen(s.dy[r * hidden + c]);
+      }
+      if (!want_dh) continue;
+      s.dact.resize(n * f);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < f; ++c) s.dact[r * f + c] = store<T>(product(prob(r), s.g[r * f + c]));
+      s.dh.resize(n * f_in);
+      ActivationBackwardArgs grad;
+      grad.dtype = a.dtype, grad.kind = a.activation, grad.dout = s.dact.data(), grad.h = s.h.data();
+      grad.dh = s.dh.data(), grad.rows = n, grad.in_features = f_in;
+      GG_RETURN_IF_ERROR(activation_backward(grad));
+      const G* dh = as_operand(s.dh, s.wide_act);
+      if (dw_in_acc) {
+        gather<G>(tokens, hidden, n, token, s.tokens);
+        GG_RETURN_IF_ERROR(
+            multiply_acc<T>(a.transpose_rhs ? gemm_call<G>(f_in, hidden, n, dh, true, s.tokens.data(), false)
+                                            : gemm_call<G>(hidden, f_in, n, s.tokens.data(), true, dh, false),
+                            dw_in_acc, !first));
+      }
+      for (int64_t r = 0; r < n && db_in; ++r)
+        for (int64_t c = 0; c < f_in; ++c) db_in_acc[c] += widen(s.dh[r * f_in + c]);
+      if (a.dtokens)  // the rows' input gradients; each token sums its own below
+        GG_RETURN_IF_ERROR(multiply_into(gemm_call<G>(n, hidden, f_in, dh, false, w_in_e, !a.transpose_rhs),
+                                         token_rows + block.begin * hidden, s.wide));
+    }
+    if constexpr (!kAccumulatesInPlace) {
+      if (dw_in) convert(dw_in_acc, DType::f32, dw_in, a.dtype, w_in_size);
+      if (dw_out) convert(dw_out_acc, DType::f32, dw_out, a.dtype, w_out_size);
+    }
+    if (db_in) convert(db_in_acc.data(), dtype_of<A>(), db_in, a.dtype, f_in);
+    if (db_out) convert(db_out_acc.data(), dtype_of<A>(), db_out, a.dtype, hidden);
+    return Status::Ok();
+  };
+
+  // Experts largest first; the largest run alone on all threads when thread_plan.h says
+  // so (skewed routing), the rest side by side, one thread each.
+  std::vector<int64_t> order(experts);
+  for (int64_t e = 0; e < experts; ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return routing.rows(x).rows() > routing.rows(y).rows(); });
+  std::vector<double> work;
+  for (int64_t e : order) work.push_back(static_cast<double>(routing.rows(e).rows()));
+  const int threads = call_threads(a.dtype);
+  const size_t alone = gemms_run_alone(work, threads);
+  std::vector<Scratch<T>> scratch(threads);
+  for (size_t i = 0; i < alone; ++i) GG_RETURN_IF_ERROR(expert_gradients(order[i], scratch[0]));
+  GG_RETURN_IF_ERROR(side_by_side(experts - static_cast<int64_t>(alone), threads, [&](int64_t i) {
+    return expert_gradients(order[alone + i], scratch[omp_get_thread_num()]);
+  }));
+
+  if (!a.dtokens) return Status::Ok();
+  UnpermuteArgs sum;  // dtokens[t]: its slots' input gradients, in slot order
+  sum.dtype = a.dtype, sum.permuted = a.token_rows, sum.row_map = routing.row_map.data(), sum.out = a.dtokens;
+  sum.num_rows = routing.kept, sum.num_tokens = a.num_tokens, sum.top_k = k, sum.hidden = hidden;
+  return unpermute(sum);
+}
+
+}  // namespace
+
+Status expert_mlp(const ExpertMlpArgs& a) {
+  return visit_dtype(a.dtype, [&](auto tag) { return forward<decltype(tag)>(a); });
+}
+
+Status expert_mlp_backward(const ExpertMlpBackwardArgs& a) {
+  return visit_values_and_probs(a.dtype, a.probs || a.dprobs ? a.probs_dtype : a.dtype,
+                                [&](auto v, auto p) { return backward<decltype(v), decltype(p)>(a); });
+}
+
+}  // namespace cpu
+}  // namespace groupgemm
