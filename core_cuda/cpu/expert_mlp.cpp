@@ -246,8 +246,8 @@ Status forward(const ExpertMlpArgs& a) {
   const int64_t block_rows = rows_per_block(hidden, f_in, f, sizeof(T));
   for (int64_t e = 0; e < experts; ++e) {
     const RowRange rows = routing.rows(e);
-    for (int64_t b = 0; b < block_count(rows, block_rows); ++b)
-      blocks.push_back({e, block_of(rows, b, block_rows)});
+    const int64_t count = block_count(rows, block_rows);
+    for (int64_t b = 0; b < count; ++b) blocks.push_back({e, block_of(rows, b, count)});
   }
   const int threads = call_threads(a.dtype);
   std::vector<Scratch<T>> scratch(threads);
@@ -328,8 +328,9 @@ Status backward(const ExpertMlpBackwardArgs& a) {
     std::vector<A> db_in_acc(db_in ? f_in : 0, A(0)), db_out_acc(db_out ? hidden : 0, A(0));
     const G* w_in_e = w_in.at(e * w_in_size);
     const G* w_out_e = w_out.at(e * w_out_size);
-    for (int64_t b = 0; b < block_count(rows, block_rows); ++b) {
-      const RowRange block = block_of(rows, b, block_rows);
+    const int64_t count = block_count(rows, block_rows);
+    for (int64_t b = 0; b < count; ++b) {
+      const RowRange block = block_of(rows, b, count);
       const int64_t n = block.rows();
       const bool first = b == 0;
       const int32_t* slots = routing.slot_of_row.data() + block.begin;

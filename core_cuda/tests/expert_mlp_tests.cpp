@@ -98,7 +98,9 @@ void test_routing_steps() {
     }
   }
   CHECK(block_count({3, 3}, 64) == 0 && block_count({0, 64}, 64) == 1 && block_count({10, 139}, 64) == 3);
-  CHECK(block_of({10, 139}, 2, 64).begin == 138 && block_of({10, 139}, 2, 64).end == 139);
+  const RowRange blocks[] = {block_of({10, 139}, 0, 3), block_of({10, 139}, 1, 3), block_of({10, 139}, 2, 3)};
+  CHECK(blocks[0].begin == 10 && blocks[0].end == 53 && blocks[1].end == 96 && blocks[2].begin == 96);
+  CHECK(blocks[2].end == 139 && blocks[2].rows() == 43);
   for (int64_t s : {0, 1, 4096})
     for (int64_t e : {0, 1, 300}) {
       const ExpertRoutingLayout l = expert_routing_layout(s, e);

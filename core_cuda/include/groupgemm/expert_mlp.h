@@ -67,11 +67,15 @@ GG_HD RowRange expert_rows(const int32_t* bucket_start, int64_t expert) {
   return {bucket_start[expert], bucket_start[expert + 1]};
 }
 
-// The blocks an expert's rows are multiplied in: `block_rows` rows each, the last shorter.
-GG_HD int64_t block_count(RowRange rows, int64_t block_rows) { return ceil_div(rows.rows(), block_rows); }
-GG_HD RowRange block_of(RowRange rows, int64_t block, int64_t block_rows) {
-  const int64_t begin = rows.begin + block * block_rows;
-  return {begin, begin + block_rows < rows.end ? begin + block_rows : rows.end};
+// The blocks an expert's rows are multiplied in: as few as hold at most `max_rows` rows
+// each, their sizes as even as can be (the first ones a row longer), so no block is much
+// shorter than the others: a library GEMM may round the rows of a very short call
+// differently from the same rows inside a longer one.
+GG_HD int64_t block_count(RowRange rows, int64_t max_rows) { return ceil_div(rows.rows(), max_rows); }
+GG_HD RowRange block_of(RowRange rows, int64_t block, int64_t count) {
+  const int64_t base = rows.rows() / count, longer = rows.rows() % count;
+  const int64_t begin = rows.begin + block * base + (block < longer ? block : longer);
+  return {begin, begin + base + (block < longer ? 1 : 0)};
 }
 
 // The routing on the host with `chunks` chunks (permute.h's steps 1-3); returns the kept
