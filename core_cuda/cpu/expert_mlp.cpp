@@ -73,9 +73,8 @@ struct Routing {
         slot_of_row(a.num_tokens * a.top_k),
         bucket_start(a.num_experts + 1) {
     std::vector<int32_t> counts(count_entries(a.num_experts, 1));
-    kept = expert_routing_on_host(a.expert_indices, a.num_tokens * a.top_k, read_group_offset(a.group_offset),
-                                  a.num_experts, 1, counts.data(), bucket_start.data(), row_map.data(),
-                                  slot_of_row.data());
+    kept = expert_routing_on_host(a.expert_indices, a.num_tokens * a.top_k, a.group_offset, a.num_experts, 1,
+                                  counts.data(), bucket_start.data(), row_map.data(), slot_of_row.data());
   }
   RowRange rows(int64_t expert) const { return expert_rows(bucket_start.data(), expert); }
 };

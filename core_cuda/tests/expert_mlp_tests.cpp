@@ -68,8 +68,9 @@ void test_routing_steps() {
     for (int64_t chunks : {1, 3, 256}) {
       std::vector<int32_t> counts(count_entries(e, chunks)), start(e + 1), row_map(slots),
           slot_of_row(slots, -7);
-      const int64_t kept = expert_routing_on_host(idx, slots, offset, e, chunks, counts.data(), start.data(),
-                                                  row_map.data(), slot_of_row.data());
+      const IndexArray offset_array{&offset, IndexType::i64, 1};
+      const int64_t kept = expert_routing_on_host(idx, slots, offset_array, e, chunks, counts.data(),
+                                                  start.data(), row_map.data(), slot_of_row.data());
       int64_t want_kept = 0;
       for (int64_t s = 0; s < slots; ++s) want_kept += window_bucket(ids[s], offset, e) < e;
       CHECK(kept == want_kept);

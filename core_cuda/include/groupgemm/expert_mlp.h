@@ -36,13 +36,15 @@ GG_HD int64_t window_bucket(int64_t id, int64_t group_offset, int64_t num_local)
   return local < static_cast<uint64_t>(num_local) ? static_cast<int64_t>(local) : num_local;
 }
 
-// The routing's buckets, as the counting sort takes them.
+// The routing's buckets, as the counting sort takes them: group_offset read where it lives
+// (device memory on CUDA), absent meaning 0.
 struct WindowBucket {
   IndexArray expert_indices;
-  int64_t group_offset;
+  IndexArray group_offset;
   int64_t num_local;
   GG_HD int64_t operator()(int64_t slot) const {
-    return window_bucket(load_index(expert_indices.data, expert_indices.type, slot), group_offset, num_local);
+    return window_bucket(load_index(expert_indices.data, expert_indices.type, slot),
+                         read_group_offset(group_offset), num_local);
   }
 };
 
@@ -82,7 +84,7 @@ GG_HD RowRange block_of(RowRange rows, int64_t block, int64_t count) {
 // rows. `counts` holds count_entries(E, chunks) entries, `bucket_start` E + 1, `row_map`
 // T * k and `slot_of_row` T * k.
 inline int64_t expert_routing_on_host(const IndexArray& expert_indices, int64_t num_slots,
-                                      int64_t group_offset, int64_t num_local, int64_t chunks,
+                                      const IndexArray& group_offset, int64_t num_local, int64_t chunks,
                                       int32_t* counts, int32_t* bucket_start, int32_t* row_map,
                                       int32_t* slot_of_row) {
   counting_sort_on_host(WindowBucket{expert_indices, group_offset, num_local}, num_slots, num_local + 1,
