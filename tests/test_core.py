@@ -92,7 +92,7 @@ def test_wgrad_accumulate_leaves_empty_groups_bitwise_unchanged(case, dtype):
     acc = torch.from_numpy(x["acc"]).to(acc_dtype)
     before = acc.clone()
     core.grouped_matmul_wgrad(tensor(lhs, dtype), tensor(dout, dtype), torch.from_numpy(x["group_sizes"]),
-                              group_offset=offset_arg(case), out=acc, accumulate=True)
+                              group_offset=offset_arg(case), accumulate_into=acc, out=acc, accumulate=True)
     expected = ref.grouped_matmul_wgrad(lhs, dout, x["group_sizes"], case.g, case.offset,
                                         accumulate_into=as_np(before))
     ref.assert_close(as_np(acc), expected, "float64" if dtype == "float64" else "float32", case.name)
@@ -128,6 +128,7 @@ def test_bfloat16_wgrad_of_long_groups(out_dtype):
     out = (torch.from_numpy(before.copy()) if out_dtype == "accumulate"
            else dirty((len(sizes), k, n), torch_dtype(out_dtype)))
     core.grouped_matmul_wgrad(tensor(lhs, "bfloat16"), tensor(dout, "bfloat16"), torch.from_numpy(sizes), out=out,
+                              accumulate_into=out if out_dtype == "accumulate" else None,
                               accumulate=out_dtype == "accumulate")
     expected = ref.grouped_matmul_wgrad(lhs, dout, sizes, len(sizes),
                                         accumulate_into=before if out_dtype == "accumulate" else None)
@@ -149,7 +150,7 @@ def test_large_accumulate_buffer_keeps_its_contents():
     before = rng.standard_normal((4, k, n)).astype(np.float32)  # 64 MB
     acc = torch.from_numpy(before.copy())
     core.grouped_matmul_wgrad(tensor(lhs, "float32"), tensor(dout, "float32"), torch.from_numpy(sizes), out=acc,
-                              accumulate=True)
+                              accumulate_into=acc, accumulate=True)
     expected = ref.grouped_matmul_wgrad(round_to(lhs, "float32"), round_to(dout, "float32"), sizes, 4,
                                         accumulate_into=before)
     ref.assert_close(as_np(acc), expected, "float32", "large buffer")
@@ -249,11 +250,12 @@ def test_errors_name_the_argument():
         core.grouped_matmul(lhs, rhs, sizes)
     with pytest.raises(TypeError, match="grouped_matmul: out given twice"):
         core.grouped_matmul(lhs, rhs, sizes, None, None, out, out=out)
-    with pytest.raises(TypeError, match="grouped_matmul: lhs must be a C-contiguous DLPack array"):
+    with pytest.raises(TypeError, match="grouped_matmul: lhs must be C-contiguous"):
         core.grouped_matmul(torch.zeros(3, 4).T, rhs, sizes, out=out)
     with pytest.raises(ValueError, match="accumulate_into must be float32"):
-        core.grouped_matmul_wgrad(lhs.bfloat16(), torch.zeros(4, 5).bfloat16(), sizes,
-                                  out=torch.zeros(2, 3, 5).bfloat16(), accumulate=True)
+        bf16_sums = torch.zeros(2, 3, 5).bfloat16()
+        core.grouped_matmul_wgrad(lhs.bfloat16(), torch.zeros(4, 5).bfloat16(), sizes, accumulate_into=bf16_sums,
+                                  out=bf16_sums, accumulate=True)
 
 
 class _CoreCalls:
@@ -273,7 +275,8 @@ class _CoreCalls:
     def wgrad(lhs, grad, sizes, num_groups, *, offset=None, accumulate_into=None, out_dtype=None):
         out = torch.empty((num_groups, lhs.shape[-1], grad.shape[-1]), dtype=lhs.dtype) \
             if accumulate_into is None else accumulate_into
-        core.grouped_matmul_wgrad(lhs, grad, sizes, out=out, accumulate=accumulate_into is not None)
+        core.grouped_matmul_wgrad(lhs, grad, sizes, accumulate_into=accumulate_into, out=out,
+                                  accumulate=accumulate_into is not None)
 
 
 CORE_ROWS = [r for r in BAD_INPUTS if r.core]

@@ -397,7 +397,7 @@ def test_bad_unpermute_and_activation_inputs_name_the_argument():
     with pytest.raises(TypeError, match="dh must have the dtype of h"):
         core.activation_backward(torch.zeros(4, 6), torch.zeros(4, 6), torch.zeros(4, 6, dtype=torch.float64),
                                  core.Activation.relu)
-    with pytest.raises(ValueError, match="kind must be swiglu, gelu, relu or silu, got 7"):
+    with pytest.raises(ValueError, match=r"kind must be 0 \(swiglu\), 1 \(gelu\), 2 \(relu\) or 3 \(silu\), got 7"):
         core.activation(torch.zeros(4, 6), torch.zeros(4, 6), 7)
     with pytest.raises(TypeError):  # a copy would be lost: no conversion from a strided view
         core.activation(torch.zeros(6, 4).T, torch.zeros(4, 6), core.Activation.relu)

@@ -125,7 +125,8 @@ def _quantize_rows_with(**attributes):
 
 
 @pytest.mark.parametrize("attributes, match", [
-    ({"scaling": np.int64(0), "has_bias": np.bool_(True)}, "takes the attributes scaling, power_of_two, out_type"),
+    ({"scaling": np.int64(0), "has_bias": np.bool_(True)},
+     r"does not take the attribute has_bias \(its attributes: scaling, power_of_two, out_type\)"),
     ({"power_of_two": np.bool_(False)}, "scaling must be given"),
     ({"scaling": np.int32(0)}, "scaling must be an int64"),
     ({"scaling": np.int64(0), "power_of_two": np.int64(1)}, "power_of_two must be a bool"),

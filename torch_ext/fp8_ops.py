@@ -173,7 +173,8 @@ def _require_scaled_accumulate(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scal
 def _run_wgrad(lhs, rhs, lhs_scale, rhs_scale, group_sizes, scaling, out, group_offset, accumulate, group_ends):
     g, k, n = out.shape
     _core.scaled_grouped_matmul_wgrad(
-        _bytes(lhs), _bytes(rhs), *map(capsule, (lhs_scale, rhs_scale, group_sizes, group_offset)), out=capsule(out),
+        _bytes(lhs), _bytes(rhs), *map(capsule, (lhs_scale, rhs_scale, group_sizes, group_offset)),
+        accumulate_into=capsule(out) if accumulate else None, out=capsule(out),
         workspace=capsule(_workspace(lhs.device, _core.Fp8Call.wgrad, scaling, g, lhs.shape[1], k, n)),
         scaling=scaling, lhs_type=FP8_TORCH_DTYPES.index(lhs.dtype), rhs_type=FP8_TORCH_DTYPES.index(rhs.dtype),
         accumulate=accumulate, group_ends=group_ends, stream=device_scratch.stream(lhs.device))

@@ -87,7 +87,8 @@ def grouped_mm_wgrad_accumulate_op(input: Tensor, grad: Tensor, group_sizes: Ten
                                    group_ends: bool = False) -> None:
     _require_accumulate(input, grad, group_sizes, accumulate_into)
     _core.grouped_matmul_wgrad(*map(capsule, (input, grad, group_sizes, group_offset)),
-                               out=capsule(accumulate_into), accumulate=True, group_ends=group_ends,
+                               capsule(accumulate_into), out=capsule(accumulate_into), accumulate=True,
+                               group_ends=group_ends,
                                workspace=capsule(_workspace(input.device, accumulate_into.shape[0])),
                                stream=device_scratch.stream(input.device))
 

@@ -177,7 +177,8 @@ def run_call(dev, call, case, x, prefill):
         acc = round_to(x["acc"], "float32") if call.accumulate else None
         shape = (g, case.k, case.n)
         out = dev.tensor(acc, "float32") if call.accumulate else dev.output(shape, call.out_dtype, prefill)
-        dev.core.grouped_matmul_wgrad(c(lhs_t), c(grad_t), c(sizes), group_offset=c(offset), out=c(out),
+        dev.core.grouped_matmul_wgrad(c(lhs_t), c(grad_t), c(sizes), group_offset=c(offset),
+                                      accumulate_into=c(out) if call.accumulate else None, out=c(out),
                                       workspace=c(dev.workspace(g)), accumulate=call.accumulate, stream=dev.stream())
         want = reference.grouped_matmul_wgrad(lhs_r, dout_r, sizes_np, g, case.offset, accumulate_into=acc)
         untouched = np.zeros(want.shape, bool)

@@ -25,6 +25,26 @@ namespace {
 
 using glue::ArgView;
 
+// The attributes of the call being decoded, straight from XLA's call frame, for naming one
+// the op does not declare: the FFI headers of the oldest supported jax, which the wheel
+// builds against, cannot list a Dictionary's names.
+thread_local const XLA_FFI_Attrs* call_attributes = nullptr;
+
+std::string declared_list(const glue::Op& op) {
+  std::string declared;
+  for (const glue::Param& p : op.attributes) declared += (declared.empty() ? "" : ", ") + p.name;
+  return declared.empty() ? "none" : declared;
+}
+
+std::string undeclared_list(const glue::Op& op) {
+  std::string undeclared;
+  for (int64_t i = 0; call_attributes && i < call_attributes->size; ++i) {
+    const std::string name(call_attributes->names[i]->ptr, call_attributes->names[i]->len);
+    if (!op.find(op.attributes, name)) undeclared += (undeclared.empty() ? "" : ", ") + name;
+  }
+  return undeclared;
+}
+
 glue::Element element_of(ffi::DataType t, DType* dtype) {
   if (const std::optional<DType> d = dtype_from_xla(t)) return *dtype = *d, glue::Element::floating;
   switch (t) {
@@ -62,11 +82,10 @@ class FfiCall : public glue::OpCall {
       else if (!p.optional)
         throw glue::ArgError(p.name + " must be given", false);
     }
-    if (declared_given != attrs.size()) {  // an attribute the op does not declare
-      std::string declared;
-      for (const glue::Param& p : op.attributes) declared += (declared.empty() ? "" : ", ") + p.name;
-      throw glue::ArgError(std::string(op.target) + " takes the attributes " + declared + " only", false);
-    }
+    if (declared_given != attrs.size())  // an attribute the op does not declare
+      throw glue::ArgError(std::string(op.target) + " does not take the attribute " + undeclared_list(op) +
+                               " (its attributes: " + declared_list(op) + ")",
+                           false);
   }
 
   ffi::AnyBuffer buffer(const glue::Param& p) const {
@@ -138,6 +157,7 @@ XLA_FFI_Error* cpu_handler(XLA_FFI_CallFrame* frame) {
                              return run(I, Device::cpu, nullptr, a, r, d);
                            })
                            .release();
+  call_attributes = &frame->attrs;
   return bound->Call(frame);
 }
 
@@ -152,6 +172,7 @@ XLA_FFI_Error* cuda_handler(XLA_FFI_CallFrame* frame) {
                                   ffi::Dictionary d) { return run(I, Device::cuda, stream, a, r, d); },
                                {ffi::Traits::kCmdBufferCompatible})
                            .release();
+  call_attributes = &frame->attrs;
   return bound->Call(frame);
 }
 

@@ -105,21 +105,21 @@ GROUPGEMM_OP(unpermute_backward, "groupgemm_unpermute_backward", "dout permuted?
   return unpermute_backward(a, call.context);
 }
 
-// The width of the activation's output, once the core can take h's: an unknown kind or an
-// odd swiglu width is the core's to report, in its words.
+// The width of the activation's output, once the core can take h's: an odd swiglu width is
+// the core's to report, in its words.
 bool activation_width(Activation kind, int64_t in_features, int64_t* out_features) {
-  if (!valid_activation(kind) || (kind == Activation::swiglu && in_features % 2 != 0)) return false;
+  if (kind == Activation::swiglu && in_features % 2 != 0) return false;
   *out_features = activation_out_features(kind, in_features);
   return true;
 }
 
-// kind is Activation's value.
+// kind is Activation's value (attribute_enums.h).
 GROUPGEMM_OP(activation, "groupgemm_activation", "h", "out", "kind",
              "out = act(h); swiglu takes [M, 2F] (gate first) to [M, F].") {
   ActivationArgs a;
   const ArgView h = call.array("h"), out = call.array("out");
   expect_rank(h, 2);
-  a.kind = static_cast<Activation>(call.integer("kind")), a.rows = h.dims[0], a.in_features = h.dims[1];
+  a.kind = *call.enumerated<Activation>("kind"), a.rows = h.dims[0], a.in_features = h.dims[1];
   a.dtype = float_dtype(h);
   int64_t out_features;
   if (activation_width(a.kind, a.in_features, &out_features)) expect_shape(out, {a.rows, out_features});
@@ -133,7 +133,7 @@ GROUPGEMM_OP(activation_backward, "groupgemm_activation_backward", "dout h", "dh
   ActivationBackwardArgs a;
   const ArgView dout = call.array("dout"), h = call.array("h"), dh = call.array("dh");
   expect_rank(h, 2);
-  a.kind = static_cast<Activation>(call.integer("kind")), a.rows = h.dims[0], a.in_features = h.dims[1];
+  a.kind = *call.enumerated<Activation>("kind"), a.rows = h.dims[0], a.in_features = h.dims[1];
   a.dtype = float_dtype(h);
   int64_t out_features;
   if (activation_width(a.kind, a.in_features, &out_features)) expect_shape(dout, {a.rows, out_features});

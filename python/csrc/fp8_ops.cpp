@@ -12,7 +12,7 @@ namespace {
 
 using namespace glue;
 
-Fp8Scaling scaling_of(const OpCall& call) { return static_cast<Fp8Scaling>(call.integer("scaling")); }
+Fp8Scaling scaling_of(const OpCall& call) { return *call.enumerated<Fp8Scaling>("scaling"); }
 
 // x [R..., C] (rows: every index but the last; a weight's [G, N, K] unreshaped) -> q (x's
 // shape), scale.
@@ -99,8 +99,8 @@ GROUPGEMM_OP(scaled_grouped_matmul, "groupgemm_scaled_matmul",
   return scaled_grouped_matmul(a, call.context);
 }
 
-// out [G, K, N] (+)= scaled lhs [K, M] @ rhs [N, M]^T over each group's tokens; XLA aliases
-// accumulate_into to out, as for grouped_matmul_wgrad.
+// out [G, K, N] (+)= scaled lhs [K, M] @ rhs [N, M]^T over each group's tokens; with
+// accumulate, accumulate_into is out itself, as for grouped_matmul_wgrad.
 GROUPGEMM_OP(
     scaled_grouped_matmul_wgrad, "groupgemm_scaled_wgrad",
     "lhs rhs lhs_scale rhs_scale group_sizes group_offset? accumulate_into?", "out workspace?",
@@ -114,6 +114,7 @@ GROUPGEMM_OP(
   expect_dim(rhs, 1, a.m), expect_dim(out, 1, a.k), expect_dim(out, 2, a.n);
   set_scaled(a, call);
   a.out_dtype = float_dtype(out), a.accumulate = call.flag("accumulate");
+  expect_accumulator(call.array("accumulate_into"), out, a.accumulate);
   a.lhs = lhs.data, a.rhs = rhs.data, a.out = out.data;
   const int64_t scale_rows = token_scale_rows(a.scaling, a.m, a.num_groups);
   a.lhs_scale = fp8_scale(call.array("lhs_scale"), scale_rows * a.k);

@@ -38,8 +38,8 @@ GROUPGEMM_OP(grouped_matmul, "groupgemm_matmul", "lhs rhs group_sizes group_offs
   return grouped_matmul(a, call.context);
 }
 
-// With accumulate, out holds the accumulator and is added into; XLA aliases accumulate_into
-// to out (input_output_aliases), so it is not read.
+// With accumulate, out holds the accumulator and is added into: accumulate_into is out itself
+// (expect_accumulator).
 GROUPGEMM_OP(grouped_matmul_wgrad, "groupgemm_wgrad", "lhs grad group_sizes group_offset? accumulate_into?",
              "out workspace?", "accumulate? group_ends?",
              "out[g] = lhs_g^T @ grad_g (or += with accumulate); empty groups give 0 (or stay untouched).") {
@@ -51,6 +51,7 @@ GROUPGEMM_OP(grouped_matmul_wgrad, "groupgemm_wgrad", "lhs grad group_sizes grou
   a.in_dtype = float_dtype(lhs), a.out_dtype = float_dtype(out);
   expect_dtype(grad, a.in_dtype, "lhs");
   a.lhs = lhs.data, a.grad = grad.data, a.out = out.data, a.accumulate = call.flag("accumulate");
+  expect_accumulator(call.array("accumulate_into"), out, a.accumulate);
   set_groups(a, call, call.flag("group_ends"));
   return grouped_matmul_wgrad(a, call.context);
 }

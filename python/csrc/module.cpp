@@ -10,6 +10,7 @@
 #include <string>
 
 #include "arg_view.h"
+#include "attribute_enums.h"
 #include "groupgemm/fp8.h"
 #include "groupgemm/fp8_blocks.h"
 #include "groupgemm/groupgemm.h"
@@ -21,6 +22,14 @@ void bind_array_entry_points(nb::module_& m);
 void bind_call_plans(nb::module_& m);
 void bind_ffi_handlers(nb::module_& m);
 }  // namespace groupgemm
+
+// An enumerated attribute's type as an IntEnum: int(value) is what an op's attribute carries.
+template <typename Enum>
+void bind_enum(nb::module_& m) {
+  using Table = groupgemm::glue::Enumerators<Enum>;
+  nb::enum_<Enum> bound(m, Table::type_name, nb::is_arithmetic(), Table::doc);
+  for (const groupgemm::glue::Enumerator& e : Table::values) bound.value(e.name, static_cast<Enum>(e.value), e.doc);
+}
 
 NB_MODULE(_core, m) {
   m.doc() = "groupgemm core: grouped GEMM for Mixture-of-Experts layers";
@@ -63,23 +72,17 @@ NB_MODULE(_core, m) {
         nb::arg("num_slots"), nb::arg("num_experts"),
         "Bytes of workspace permute needs on `device` for num_slots = T * k slots and num_experts experts "
         "(0 on the CPU).");
+  m.def("expert_mlp_workspace_bytes", &groupgemm::expert_mlp_workspace_bytes, nb::arg("device"),
+        nb::arg("num_slots"), nb::arg("num_experts"),
+        "Bytes of workspace expert_mlp and its backward need on `device` for num_slots = T * k slots and "
+        "num_experts local experts (0 on the CPU).");
   m.def("unpermute_backward_workspace_bytes", &groupgemm::unpermute_backward_workspace_bytes,
         nb::arg("device"), nb::arg("num_slots"),
         "Bytes of workspace unpermute_backward needs on `device` to compute dpermuted for num_slots = T * k "
         "slots (0 on the CPU).");
-  // An IntEnum: int(kind) is the value an XLA FFI attribute carries.
-  nb::enum_<groupgemm::Activation>(m, "Activation", nb::is_arithmetic(), "The expert MLP's activation.")
-      .value("swiglu", groupgemm::Activation::swiglu, "silu(h[:, :F]) * h[:, F:]")
-      .value("gelu", groupgemm::Activation::gelu, "exact (erf) gelu")
-      .value("relu", groupgemm::Activation::relu)
-      .value("silu", groupgemm::Activation::silu, "x * sigmoid(x)");
-  nb::enum_<groupgemm::Fp8Type>(m, "Fp8Type", nb::is_arithmetic(), "A float8 format.")
-      .value("e4m3", groupgemm::Fp8Type::e4m3, "float8_e4m3fn")
-      .value("e5m2", groupgemm::Fp8Type::e5m2, "float8_e5m2");
-  nb::enum_<groupgemm::Fp8Scaling>(m, "Fp8Scaling", nb::is_arithmetic(),
-                                   "How FP8 scales are laid over an operand.")
-      .value("rowwise", groupgemm::Fp8Scaling::rowwise)
-      .value("blockwise", groupgemm::Fp8Scaling::blockwise);
+  bind_enum<groupgemm::Activation>(m);
+  bind_enum<groupgemm::Fp8Type>(m);
+  bind_enum<groupgemm::Fp8Scaling>(m);
   nb::enum_<groupgemm::Fp8Call>(m, "Fp8Call", "An FP8 entry point, for fp8_workspace_bytes.")
       .value("matmul", groupgemm::Fp8Call::matmul)
       .value("wgrad", groupgemm::Fp8Call::wgrad)

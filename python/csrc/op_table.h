@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "arg_view.h"
+#include "attribute_enums.h"
 #include "groupgemm/groupgemm.h"
 
 namespace groupgemm {
@@ -76,15 +77,37 @@ class OpCall {
   // Each binding has checked that every attribute not declared optional was given.
   bool flag(const char* name) const { return attribute(name, true).value_or(0) != 0; }  // absent: false
   int64_t integer(const char* name) const { return attribute(name, false).value_or(0); }
+  // An enumerated attribute (attribute_enums.h); any value not the enum's is refused as given.
   template <typename Enum>
   std::optional<Enum> enumerated(const char* name) const {
     const std::optional<int64_t> v = attribute(name, false);
-    return v ? std::optional<Enum>(static_cast<Enum>(*v)) : std::nullopt;
+    if (!v) return std::nullopt;
+    for (const Enumerator& e : Enumerators<Enum>::values)
+      if (e.value == *v) return static_cast<Enum>(e.value);
+    throw ArgError(std::string(name) + " must be " + enumerator_list<Enum>() + ", got " + std::to_string(*v),
+                   false);
   }
 
   const Op& op;
   ExecContext context;  // where the call runs: device, stream and workspace
 };
+
+// A weight gradient's accumulator: given with accumulate and only then, as out itself (XLA
+// aliases the operand to the result; a Python call passes the same array as both). The
+// core adds into out, so any other buffer would leave the accumulator unread and out's
+// prior contents (garbage, for an XLA result) summed instead.
+inline void expect_accumulator(const ArgView& accumulate_into, const ArgView& out, bool accumulate) {
+  if (!accumulate_into.given()) {
+    if (accumulate) refuse(accumulate_into, "must be given with accumulate: out itself, holding the sums so far");
+    return;
+  }
+  if (!accumulate) refuse(accumulate_into, "is read only with accumulate");
+  expect_shape(accumulate_into, {out.dims[0], out.dims[1], out.dims[2]});
+  expect_dtype(accumulate_into, float_dtype(out), "out");
+  if (accumulate_into.data != out.data)
+    refuse(accumulate_into, "must be out itself (in XLA, aliased to out by input_output_aliases): the core adds "
+                            "into out");
+}
 
 // group_sizes (or, with cumulative, group ends) and the optional group_offset of a grouped op.
 template <typename Args>

@@ -23,7 +23,10 @@ namespace array_args {
 
 namespace nb = nanobind;
 
-using Array = nb::ndarray<nb::c_contig>;
+// Any C-contiguous array, read-only ones included (an op's operands may be; its results are
+// checked to be writable where they are taken).
+using Array = nb::ndarray<nb::ro, nb::c_contig>;
+using WritableArray = nb::ndarray<nb::c_contig>;
 using glue::ArgView;
 
 inline glue::Element element_of(nb::dlpack::dtype t, DType* dtype) {
@@ -48,7 +51,7 @@ class ArrayViews {
     ArgView v;
     v.name = name;
     if (!a) return v;
-    v.data = a->data(), v.element = element_of(a->dtype(), &v.dtype);
+    v.data = const_cast<void*>(a->data()), v.element = element_of(a->dtype(), &v.dtype);
     if (a->ndim() > static_cast<size_t>(ArgView::kMaxRank))
       throw nb::value_error((std::string(name) + " has too many dimensions").c_str());
     v.rank = static_cast<int>(a->ndim());
@@ -59,7 +62,7 @@ class ArrayViews {
   void set_workspace(const std::optional<Array>& workspace) {
     if (!workspace) return;
     add_device(*workspace, "workspace");
-    ctx_.workspace = workspace->data();
+    ctx_.workspace = const_cast<void*>(workspace->data());
     ctx_.workspace_bytes = static_cast<int64_t>(workspace->nbytes());
   }
   void set_stream(uintptr_t stream) { ctx_.stream = reinterpret_cast<void*>(stream); }

@@ -2,8 +2,9 @@
 // as a Python function of DLPack-capable arrays (torch tensors, NumPy arrays), which reach
 // the core zero-copy. Arguments are the op's arrays (operands, then results, the workspace
 // among them; None for an absent optional one) and attributes, in declared order or by
-// name, then `stream`. An array must be C-contiguous and of a dtype the op reads, and is
-// never converted: a copied output would be lost. The core runs without the GIL.
+// name, then `stream`. An array must be C-contiguous and of a dtype the op reads, a result
+// writable, and is never converted: a copied output would be lost. Attributes are integers
+// (flags 0 or 1). The core runs without the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -23,6 +24,7 @@ namespace groupgemm {
 namespace {
 
 using array_args::Array;
+using array_args::WritableArray;
 using glue::ArgView;
 
 class ArrayCall : public glue::OpCall {
@@ -41,11 +43,16 @@ class ArrayCall : public glue::OpCall {
     for (size_t i = 0; i < op.attributes.size(); ++i) {
       const nb::handle value = given[op.arrays.size() + i];
       if (value.is_valid() && !value.is_none())
-        attributes_[i] = nb::cast<int64_t>(value);
+        attributes_[i] = integer(value, op.attributes[i].name, "an int (int64)");
       else if (!op.attributes[i].optional)
         refuse(op.attributes[i].name + " must be given");
     }
-    if (given.back().is_valid()) views_.set_stream(nb::cast<uintptr_t>(given.back()));
+    if (const nb::handle stream = given.back(); stream.is_valid() && !stream.is_none()) {
+      uintptr_t address = 0;
+      if (!nb::try_cast(stream, address))
+        refuse("stream must be an int (a CUDA stream's address), got " + type_name(stream));
+      views_.set_stream(address);
+    }
     context = views_.context();
   }
 
@@ -54,14 +61,26 @@ class ArrayCall : public glue::OpCall {
     return views_(arrays_[&p - op.arrays.data()], p.name.c_str());
   }
 
-  std::optional<int64_t> attribute(const char* name, bool) const override {
+  std::optional<int64_t> attribute(const char* name, bool is_flag) const override {
     const glue::Param& p = op.attribute(name);
-    return attributes_[&p - op.attributes.data()];
+    const std::optional<int64_t> v = attributes_[&p - op.attributes.data()];
+    if (is_flag && v && *v != 0 && *v != 1)
+      throw glue::ArgError(p.name + " must be a bool (0 or 1), got " + std::to_string(*v), false);
+    return v;
   }
 
  private:
   [[noreturn]] void refuse(const std::string& what) const {
     throw nb::type_error((std::string(op.name) + ": " + what).c_str());
+  }
+
+  static std::string type_name(nb::handle value) { return nb::type_name(value.type()).c_str(); }
+
+  int64_t integer(nb::handle value, const std::string& name, const char* expected) const {
+    int64_t v = 0;
+    if (!nb::try_cast(value, v))  // an int, a bool or a NumPy integer; never a float
+      refuse(name + " must be " + expected + ", got " + nb::str(nb::repr(value)).c_str());
+    return v;
   }
 
   // Each argument at its place: the op's arrays, its attributes, then the stream.
@@ -87,10 +106,14 @@ class ArrayCall : public glue::OpCall {
       if (p.optional) return std::nullopt;
       refuse(p.name + " must be given");
     }
-    Array a;
-    if (!nb::try_cast(value, a, /*convert=*/false))
-      refuse(p.name + " must be a C-contiguous DLPack array (a torch tensor, a NumPy array)");
-    return a;
+    if (WritableArray a; nb::try_cast(value, a, /*convert=*/false)) return Array(a);
+    if (Array a; nb::try_cast(value, a, /*convert=*/false)) {
+      if (p.result) refuse(p.name + " must be writable: the op writes its result there");
+      return a;
+    }
+    if (nb::ndarray<nb::ro> strided; nb::try_cast(value, strided, /*convert=*/false))
+      refuse(p.name + " must be C-contiguous (row-major without gaps); it is a strided view");
+    refuse(p.name + " must be a DLPack array (a torch tensor, a NumPy array), got " + type_name(value));
   }
 
   array_args::ArrayViews views_;
