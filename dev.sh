@@ -40,6 +40,16 @@ setup() {
     markdown-it-py==4.3.0 mdit-py-plugins==0.7.0 Pygments==2.21.0
   # tests/test_lint.py: names in code only a GPU runs are checked here too.
   pip install -q ruff==0.17.6
+  # groupgemm.flax (flax's NNX and optax) and the tokamax ragged_dot implementation, without
+  # their dependencies: only the small ones their code imports, pinned, so jax stays as it is
+  # (flax's checkpointing, orbax and tensorstore, is not imported by NNX).
+  pip install -q --no-deps flax==0.12.8 optax==0.2.8 msgpack==1.2.4 absl-py==2.5.1 rich==15.0.0 treescope==0.1.10
+  pip install -q --no-deps tokamax==0.0.12 qwix==0.1.8 einshape==1.0 jaxtyping==0.3.11 wadler_lindig==0.1.8 \
+    pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 tqdm==4.70.1 \
+    immutabledict==4.3.1
+  # tokamax 0.0.12 pins typeguard 2.13.3, torchtitan's tyro needs typeguard 4: tokamax's goes
+  # into a folder of its own, which tests/test_tokamax.py puts first on its worker's path.
+  pip install -q --no-deps --upgrade --target .venv/tokamax-typeguard typeguard==2.13.3
   if [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 NOT_INSTALLED = "is not installed here: ./dev.sh setup installs it"
-EXTRAS = ("torchtitan", "megatron", "flatbuffers", "sphinx", "myst_parser", "triton")
+EXTRAS = ("torchtitan", "megatron", "flatbuffers", "sphinx", "myst_parser", "triton", "flax", "optax")
 
 
 def require(module):

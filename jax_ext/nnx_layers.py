@@ -1,0 +1,122 @@
+"""Flax NNX layers over groupgemm's JAX ops: ``GroupedLinear`` and ``GroupedMLP``, the twins
+of groupgemm.torch's modules (torch_ext/module.py). The same arguments, parameter shapes,
+initialisation and core calls, so a parameter copied from one to the other gives the same
+bits. Every parameter carries its sharding (``nnx.with_partitioning``): experts over the
+expert axis, the rest whole, which groupgemm's ops keep under ``nnx.jit`` on a mesh
+(partitioning.py)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from groupgemm import _contract as contract
+from groupgemm.jax_ext import fp8_recipe
+from groupgemm.jax_ext.arguments import dtype_name
+from groupgemm.jax_ext.expert import grouped_mlp
+from groupgemm.jax_ext.functional import grouped_matmul
+
+
+def annotated(init, sharding, mesh):
+    """``init`` whose parameter carries ``sharding`` (one mesh axis name or None per
+    dimension). Flax places an annotated parameter on its mesh as it is created, which
+    needs a mesh: ``mesh``, or the one ``jax.set_mesh`` set. Where there is neither, the
+    parameter stays where it is and keeps the annotation, for ``nnx.get_partition_spec``."""
+    eager = nnx.using_eager_sharding() and (mesh is not None or not jax.sharding.get_abstract_mesh().empty)
+    return nnx.with_partitioning(init, sharding, mesh=mesh, eager_sharding=eager)
+
+
+def symmetric_uniform(bound):
+    """U(-bound, bound): nn.Linear's initialisation of both its weight and bias, with
+    bound = 1 / sqrt(in_features)."""
+    return lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def checked_value(param, want, name, fn):
+    """A parameter's array, its shape checked against the layer's configuration (a
+    parameter replaced or loaded with another shape is named)."""
+    value = param[...]
+    contract.check_shape(value.shape, want, name, fn)
+    return value
+
+
+class GroupedLinear(nnx.Module):
+    """``num_experts`` independent linear layers over rows grouped by expert (Flax NNX).
+
+    ``weight`` is ``[num_experts, out_features, in_features]`` and ``bias``
+    ``[num_experts, out_features]``, drawn like ``nn.Linear``'s (and groupgemm.torch's
+    GroupedLinear's): ``U(-1/sqrt(in_features), 1/sqrt(in_features))``, in ``dtype``.
+    ``layer(x, group_sizes)`` takes ``x [M, in_features]`` (``dtype``) sorted by expert and
+    ``group_sizes`` (a 1-D integer array, traced or not, or a list of ints) and returns
+    ``[M, out_features]``; rows past ``sum(group_sizes)`` are 0. Every parameter gets a
+    full-shape gradient, exact zeros for experts without tokens.
+
+    ``fp8="rowwise"`` or ``"blockwise"`` runs the forward, input-gradient and
+    weight-gradient GEMMs in float8 (e4m3) from float32 or bfloat16 weights and inputs, as
+    groupgemm.torch's ``GroupedLinear(fp8=...)`` does (blockwise needs in_features and
+    out_features to be multiples of 128). Sharding: ``weight`` and ``bias`` are annotated
+    ``(expert_axis, None, ...)`` (None: no axis), placed on ``mesh`` or the mesh set by
+    ``jax.set_mesh`` when created under one. PyTorch's ``accumulate_into_main_grad`` has no
+    counterpart: JAX gradients are values, added where the caller adds them.
+    """
+
+    def __init__(self, num_experts, in_features, out_features, bias=True, *, dtype=jnp.float32, fp8=None,
+                 expert_axis="expert", mesh=None, rngs):
+        fn = "GroupedLinear"
+        for name, value in (("num_experts", num_experts), ("in_features", in_features),
+                            ("out_features", out_features)):
+            contract.static_count(value, name, fn)
+        self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
+        self.fp8 = contract.fp8_layer(fn, fp8, dtype_name(dtype), in_features, out_features)
+        init = symmetric_uniform(1.0 / math.sqrt(in_features) if in_features > 0 else 0.0)
+        shape = (num_experts, out_features, in_features)
+        self.weight = nnx.Param(annotated(init, (expert_axis, None, None), mesh)(rngs.params(), shape, dtype))
+        self.bias = (nnx.Param(annotated(init, (expert_axis, None), mesh)(rngs.params(), shape[:2], dtype))
+                     if bias else nnx.data(None))
+
+    def weight_and_bias(self):
+        """(weight, bias or None) as arrays, their shapes checked."""
+        fn = "GroupedLinear"
+        weight = checked_value(self.weight, (self.num_experts, self.out_features, self.in_features), "weight", fn)
+        bias = None if self.bias is None else checked_value(self.bias, (self.num_experts, self.out_features),
+                                                             "bias", fn)
+        return weight, bias
+
+    def __call__(self, x, group_sizes):
+        weight, bias = self.weight_and_bias()
+        if self.fp8 is None:
+            return grouped_matmul(x, weight, group_sizes, bias=bias, transpose_rhs=True)
+        return fp8_recipe.checked_fp8_grouped_matmul(jnp.asarray(x), weight, group_sizes, bias=bias,
+                                                     transpose_rhs=True, group_offset=None, recipe=self.fp8,
+                                                     fn="GroupedLinear")
+
+
+class GroupedMLP(nnx.Module):
+    """Each expert's MLP on its rows, ``fc2(act(fc1(x)))`` (Flax NNX), the activation
+    computed in the core: groupgemm.torch's GroupedMLP.
+
+    ``fc1 = GroupedLinear(num_experts, hidden_size, F_in)`` and
+    ``fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size)``, with
+    ``F_in = 2 * ffn_hidden_size`` for ``"swiglu"`` (``silu(gate) * up``, the first
+    ffn_hidden_size columns the gate) and ``ffn_hidden_size`` for ``"gelu"`` (exact erf
+    form), ``"relu"`` and ``"silu"``. ``mlp(x, group_sizes)`` takes rows sorted by expert
+    (as ``permute`` returns them) and runs ``groupgemm.jax.grouped_mlp`` on the layers'
+    weights; rows owned by no expert come out as exact zeros, and every parameter gets a
+    full-shape gradient, zero for experts without tokens. ``bias``, ``dtype``, ``fp8``,
+    ``expert_axis`` and ``mesh`` are GroupedLinear's, for both layers.
+    """
+
+    def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False,
+                 dtype=jnp.float32, fp8=None, expert_axis="expert", mesh=None, rngs):
+        contract.activation_kind(activation, "GroupedMLP")
+        self.activation, self.fp8 = activation, fp8
+        f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
+        common = {"bias": bias, "dtype": dtype, "fp8": fp8, "expert_axis": expert_axis, "mesh": mesh, "rngs": rngs}
+        self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)
+        self.fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size, **common)
+
+    def __call__(self, x, group_sizes):
+        (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
+        return grouped_mlp(x, w_in, w_out, group_sizes, activation=self.activation, b_in=b_in, b_out=b_out,
+                           transpose_rhs=True, fp8=self.fp8)

@@ -1,0 +1,75 @@
+"""groupgemm.flax refuses bad input with an exception naming the argument: parameters of
+the wrong shape (replaced or loaded), a num_experts the mesh's expert axis does not
+divide, a missing mesh axis, and the layers' own arguments."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from clients import require
+from jax.sharding import Mesh
+
+nnx = require("flax.nnx")
+import groupgemm.flax as gf  # noqa: E402
+
+MESH = Mesh(np.array(jax.devices("cpu")[:4]), ("expert",))
+SIZES = jnp.array([2, 2, 0, 0], jnp.int32)
+
+
+def replaced(module, path, shape):
+    variable = module
+    for part in path.split("."):
+        variable = getattr(variable, part)
+    variable.set_value(jnp.zeros(shape))  # as a checkpoint of another shape would
+    return module
+
+
+BAD = {
+    "weight of the wrong shape": (
+        lambda: replaced(gf.GroupedLinear(4, 8, 6, rngs=nnx.Rngs(0)), "weight", (4, 8, 6))(jnp.ones((4, 8)), SIZES),
+        ValueError, r"GroupedLinear: weight must have shape \(4, 6, 8\), got \(4, 8, 6\)"),
+    "bias of the wrong shape": (
+        lambda: replaced(gf.GroupedMLP(4, 8, 6, bias=True, rngs=nnx.Rngs(0)), "fc2.bias", (4, 6))(jnp.ones((4, 8)),
+                                                                                                  SIZES),
+        ValueError, r"GroupedLinear: bias must have shape \(4, 8\), got \(4, 6\)"),
+    "router of the wrong shape": (
+        lambda: replaced(gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0)), "router", (4, 8))(jnp.ones((3, 8))),
+        ValueError, r"MoE: router must have shape \(8, 4\), got \(4, 8\)"),
+    "num_experts the expert axis does not divide": (
+        lambda: gf.ExpertParallelMoE(6, 8, 6, 2, MESH, rngs=nnx.Rngs(0)),
+        ValueError, "ExpertParallelMoE: num_experts = 6 is not a multiple of the expert-parallel group's 4 ranks"),
+    "expert axis missing from the mesh": (
+        lambda: gf.ExpertParallelMoE(4, 8, 6, 2, MESH, expert_axis="ep", rngs=nnx.Rngs(0)),
+        ValueError, r"ExpertParallelMoE: expert_axis 'ep' is not an axis of the mesh \('expert',\)"),
+    "no mesh": (
+        lambda: gf.ExpertParallelMoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones((4, 8))),
+        ValueError, "ExpertParallelMoE: no mesh"),
+    "tokens the devices do not split evenly": (
+        lambda: gf.ExpertParallelMoE(4, 8, 6, 2, MESH, rngs=nnx.Rngs(0))(jnp.ones((6, 8))),
+        ValueError, "ExpertParallelMoE: x has 6 tokens, not a multiple of the 4 devices"),
+    "capacity": (
+        lambda: gf.ExpertParallelMoE(4, 8, 6, 2, MESH, capacity=0, rngs=nnx.Rngs(0)),
+        ValueError, "ExpertParallelMoE: capacity must be a positive int"),
+    "top_k above num_experts": (
+        lambda: gf.MoE(4, 8, 6, 5, rngs=nnx.Rngs(0)),
+        ValueError, r"MoE: top_k = 5 exceeds 4 \(the number of experts\)"),
+    "x of the wrong rank": (
+        lambda: gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones(8)),
+        ValueError, "MoE: x must be 2-D"),
+    "blockwise fp8 widths": (
+        lambda: gf.GroupedLinear(4, 8, 128, fp8="blockwise", rngs=nnx.Rngs(0)),
+        ValueError, "GroupedLinear: fp8='blockwise' needs in_features to be a multiple of 128"),
+    "activation": (
+        lambda: gf.GroupedMLP(4, 8, 6, activation="tanh", rngs=nnx.Rngs(0)),
+        ValueError, "GroupedMLP: activation must be one of"),
+    "negative width": (
+        lambda: gf.GroupedLinear(4, -1, 6, rngs=nnx.Rngs(0)),
+        ValueError, "GroupedLinear: in_features must be a non-negative int, got -1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_raises_naming_the_argument(case):
+    call, error, message = BAD[case]
+    with pytest.raises(error, match=message):
+        call()

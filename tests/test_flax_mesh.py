@@ -1,0 +1,143 @@
+"""groupgemm.flax on a mesh of CPU devices: ExpertParallelMoE gives the bits of
+groupgemm.torch's ExpertParallelMoE over as many gloo ranks, through a rank that sends no
+tokens and a rank whose experts receive none, in one nnx.jit compile; with a data axis
+beside the expert axis it matches the one-device MoE; MoE's parameters carry their
+sharding, and under nnx.jit on a data x expert mesh it keeps the one-device bits without
+gathering anything."""
+
+import os
+import subprocess
+import sys
+
+import ep_cases as cases
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from clients import require
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+nnx = require("flax.nnx")
+import groupgemm.flax as gf  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "ep_layer_worker.py")
+RANKS = 2
+
+
+def auto_mesh(shape, names):
+    return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
+                         devices=jax.devices("cpu")[:int(np.prod(shape))])
+
+
+@pytest.fixture(scope="module")
+def torch_ranks(tmp_path_factory):
+    """Per rank, {"step/name": array} of groupgemm.torch's ExpertParallelMoE over RANKS gloo
+    processes at dispatch's dropless capacity (ep_layer_worker.py)."""
+    out = tmp_path_factory.mktemp("ep")
+    subprocess.run([sys.executable, WORKER, str(RANKS), str(out), "capacity"], check=True, timeout=240)
+    return [dict(np.load(out / f"rank{rank}.npz")) for rank in range(RANKS)]
+
+
+def expert_parallel_step(traces):
+    @nnx.jit
+    def step(layer, x, allowed, dy):
+        traces.append(1)
+
+        def loss(layer, x):
+            out, dropped = layer(x, allowed)
+            return jnp.sum(out * dy), (out, dropped)
+
+        (_, (out, dropped)), (grads, dx) = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)(layer, x)
+        return out, dropped, grads, dx
+
+    return step
+
+
+def test_expert_parallel_moe_gives_pytorchs_bits_in_one_compile(torch_ranks):
+    mesh = Mesh(np.array(jax.devices("cpu")[:RANKS]), ("expert",))
+    params = cases.init_params(RANKS)  # the PyTorch layer's parameters (the worker copies them in)
+    layer = nnx.eval_shape(lambda: gf.ExpertParallelMoE(RANKS * cases.LOCAL_EXPERTS, cases.HIDDEN, cases.FFN,
+                                                        cases.TOP_K, mesh, rngs=nnx.Rngs(0)))
+    for path, name in (("router", "router"), ("experts.fc1.weight", "fc1"), ("experts.fc2.weight", "fc2")):
+        variable = layer
+        for part in path.split("."):
+            variable = getattr(variable, part)
+        assert variable.shape == params[name].shape
+        variable.set_value(jnp.asarray(params[name]))
+    state = nnx.state(layer)  # placed by the annotations, as the layer places what it draws
+    nnx.update(layer, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
+    traces = []
+    step = expert_parallel_step(traces)
+    for s in range(cases.SAME_SHAPE_STEPS):
+        x, dy, allowed = cases.batch(s, RANKS)
+        out, dropped, grads, dx = step(layer, jnp.asarray(x), jnp.asarray(allowed), jnp.asarray(dy))
+        got = {"out": out, "dx": dx, "fc1": grads["experts"]["fc1"]["weight"][...],
+               "fc2": grads["experts"]["fc2"]["weight"][...]}
+        for name, value in got.items():  # tokens and experts in rank order
+            want = np.concatenate([r[f"{s}/{name}"] for r in torch_ranks])
+            assert np.array_equal(np.asarray(value), want), f"step {s} {name}"
+        # The replicated router's gradient: the ranks' partial sums added, as JAX's psum adds them.
+        router = np.float32(torch_ranks[0][f"{s}/router"]) + np.float32(torch_ranks[1][f"{s}/router"])
+        assert np.array_equal(np.asarray(grads["router"][...]), router), f"step {s} router"
+        assert np.asarray(dropped).tolist() == [0] * RANKS
+        for e in cases.idle_experts(s, RANKS):  # step 2: rank 1's experts receive nothing
+            assert not np.asarray(got["fc1"])[e].any() and not np.asarray(got["fc2"])[e].any()
+    assert cases.idle_experts(2, RANKS) == list(range(cases.LOCAL_EXPERTS, RANKS * cases.LOCAL_EXPERTS))  # rank 1's
+    assert not cases.batch(1, RANKS)[2][:cases.TOKENS_PER_RANK].any()  # step 1: rank 0 sends nothing
+    assert len(traces) == 1  # every routing through one compile
+
+
+def test_expert_parallel_moe_with_a_data_axis_matches_the_one_device_moe():
+    mesh = auto_mesh((2, 2), ("data", "expert"))
+    layer = gf.ExpertParallelMoE(4, 8, 6, 2, mesh, rngs=nnx.Rngs(3))
+    assert layer.experts.fc1.weight[...].sharding.spec == P("expert", None, None)
+    single = gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(3))  # the same draws: the same parameters
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((16, 8)), jnp.float32)  # 4 blocks of 4 tokens
+
+    def expert_parallel_loss(layer):
+        out, dropped = layer(x)
+        return jnp.sum(jnp.sin(out)), (out, dropped)
+
+    grads_ep, (out, dropped) = nnx.jit(nnx.grad(expert_parallel_loss, has_aux=True))(layer)
+    grads_one, want = nnx.jit(nnx.grad(lambda m: (jnp.sum(jnp.sin(m(x))), m(x)), has_aux=True))(single)
+    assert np.asarray(dropped).tolist() == [0] * 4
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    for path in ("router", "experts.fc1.weight", "experts.fc2.weight"):
+        parts = path.split(".")
+        np.testing.assert_allclose(_leaf(grads_ep, parts), _leaf(grads_one, parts), rtol=1e-5, atol=1e-6,
+                                   err_msg=path)
+
+
+def _leaf(state, parts):
+    for part in parts:
+        state = state[part]
+    return np.asarray(state[...])
+
+
+def test_moe_parameters_carry_their_sharding_and_keep_the_one_device_bits_on_a_data_expert_mesh():
+    mesh = auto_mesh((2, 2), ("data", "expert"))
+    with jax.set_mesh(mesh):
+        model = gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))
+    specs = nnx.get_partition_spec(nnx.state(model))
+    assert specs["experts"]["fc1"]["weight"].get_value() == P("expert", None, None)
+    assert specs["router"].get_value() == P(None, None)
+    assert model.experts.fc2.weight[...].sharding.spec == P("expert", None, None)
+    plain = gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))  # no mesh: annotated, on one device
+    assert plain.experts.fc1.weight.get_metadata()["out_sharding"] == ("expert", None, None)
+
+    x = np.random.default_rng(1).standard_normal((2, 6, 8)).astype(np.float32)  # 2 routing groups
+    graph, state = nnx.split(model)
+
+    def loss(state, x):  # the output's own bits, and a loss whose cotangent is 2 * out
+        out = nnx.merge(graph, state)(x)
+        return jnp.sum(out**2), out
+
+    with jax.set_mesh(mesh):
+        step = jax.jit(jax.grad(loss, has_aux=True)).lower(state, x).compile()
+        grads, out = step(state, x)
+    want_grads, want = jax.jit(jax.grad(loss, has_aux=True))(nnx.state(plain), x)
+    assert np.array_equal(np.asarray(out), np.asarray(want))
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+    assert "all-gather" not in step.as_text()  # each device: its routing group, its experts
