@@ -43,7 +43,8 @@ setup() {
   # groupgemm.flax (flax's NNX and optax) and the tokamax ragged_dot implementation, without
   # their dependencies: only the small ones their code imports, pinned, so jax stays as it is
   # (flax's checkpointing, orbax and tensorstore, is not imported by NNX).
-  pip install -q --no-deps flax==0.12.8 optax==0.2.8 msgpack==1.2.4 absl-py==2.5.1 rich==15.0.0 treescope==0.1.10
+  pip install -q --no-deps flax==0.12.8 optax==0.2.8 msgpack==1.2.4 absl-py==2.5.1 rich==15.0.0 treescope==0.1.10 \
+    PyYAML==6.0.4
   pip install -q --no-deps tokamax==0.0.12 qwix==0.1.8 einshape==1.0 jaxtyping==0.3.11 wadler_lindig==0.1.8 \
     pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 tqdm==4.70.1 \
     immutabledict==4.3.1
