@@ -1,9 +1,9 @@
 """groupgemm.flax on a mesh of CPU devices: ExpertParallelMoE gives the bits of
 groupgemm.torch's ExpertParallelMoE over as many gloo ranks, through a rank that sends no
 tokens and a rank whose experts receive none, in one nnx.jit compile; with a data axis
-beside the expert axis it matches the one-device MoE; MoE's parameters carry their
-sharding, and under nnx.jit on a data x expert mesh it keeps the one-device bits without
-gathering anything."""
+beside the expert axis it matches the one-device MoE, and with no tokens anywhere every
+gradient is a full-shape zero; MoE's parameters carry their sharding, and under nnx.jit
+on a data x expert mesh it keeps the one-device bits without gathering anything."""
 
 import os
 import subprocess
@@ -95,7 +95,7 @@ def test_expert_parallel_moe_with_a_data_axis_matches_the_one_device_moe():
     single = gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(3))  # the same draws: the same parameters
     x = jnp.asarray(np.random.default_rng(4).standard_normal((16, 8)), jnp.float32)  # 4 blocks of 4 tokens
 
-    def expert_parallel_loss(layer):
+    def expert_parallel_loss(layer, x=x):
         out, dropped = layer(x)
         return jnp.sum(jnp.sin(out)), (out, dropped)
 
@@ -107,6 +107,13 @@ def test_expert_parallel_moe_with_a_data_axis_matches_the_one_device_moe():
         parts = path.split(".")
         np.testing.assert_allclose(_leaf(grads_ep, parts), _leaf(grads_one, parts), rtol=1e-5, atol=1e-6,
                                    err_msg=path)
+    # No tokens on any device (equal blocks: the one way a JAX device holds none): every
+    # parameter still gets its full-shape gradient, all zeros.
+    grads_none, (out, _) = nnx.jit(nnx.grad(expert_parallel_loss, has_aux=True))(layer, x=jnp.zeros((0, 8)))
+    assert out.shape == (0, 8)
+    for path in ("router", "experts.fc1.weight", "experts.fc2.weight"):
+        grad = _leaf(grads_none, path.split("."))
+        assert grad.shape == _leaf(nnx.state(layer), path.split(".")).shape and not grad.any(), path
 
 
 def _leaf(state, parts):
