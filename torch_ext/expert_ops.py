@@ -219,14 +219,19 @@ def _activation_backward(ctx, dout):
     return activation_backward_op(incoming_grad(dout, h.dtype), h, ctx.kind), None, None
 
 
+def activation_tangent(t_h: Tensor, h: Tensor, kind: int, width: int) -> Tensor:
+    """J(h) @ t_h, the activation's tangent (``width`` its output columns), from its backward."""
+    t_h = t_h.contiguous()
+    if contract.ACTIVATIONS[kind] != "swiglu":  # elementwise
+        return activation_backward_op(t_h, h, kind)
+    gate_part = activation_backward_op(t_h[:, :width].contiguous(), h, kind)[:, :width]
+    up_part = activation_backward_op(t_h[:, width:].contiguous(), h, kind)[:, width:]
+    return gate_part + up_part
+
+
 def _activation_jvp(ctx, t_h, *_):
     (h,) = ctx.saved_tensors
-    t_h, f = t_h.contiguous(), ctx.width
-    if contract.ACTIVATIONS[ctx.kind] != "swiglu":  # elementwise
-        return activation_backward_op(t_h, h, ctx.kind)
-    gate_part = activation_backward_op(t_h[:, :f].contiguous(), h, ctx.kind)[:, :f]
-    up_part = activation_backward_op(t_h[:, f:].contiguous(), h, ctx.kind)[:, f:]
-    return gate_part + up_part
+    return activation_tangent(t_h, h, ctx.kind, ctx.width)
 
 
 activation_op.register_derivatives(_activation_backward, setup_context=_activation_setup, jvp=_activation_jvp)

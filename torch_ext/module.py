@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import expert, fp8_recipe, functional, main_grad
+from groupgemm.torch_ext import expert, expert_mlp, fp8_recipe, functional, main_grad
 from groupgemm.torch_ext.arguments import dtype_name
 
 
@@ -98,13 +98,20 @@ class GroupedMLP(nn.Module):
     expert (as ``permute`` returns them); rows owned by no expert come out as exact zeros,
     and every parameter gets a full-shape gradient, zero for experts without tokens.
     ``fp8`` is GroupedLinear's, for both layers.
+
+    ``forward_routed(tokens, expert_indices, probs)`` applies the experts to routed tokens
+    (permute, the MLP and unpermute as one layer). ``fused`` chooses how: the fused op
+    (``expert_mlp``: no copy of the tokens, a gradient that keeps fc1's output only) or the
+    composition; None (the default) fuses where that is measured faster, on the CPU, and
+    never under ``fp8`` or main_grad accumulation, which the fused op does not do.
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False, device=None,
-                 dtype=None, accumulate_into_main_grad=False, fp8=None):
+                 dtype=None, accumulate_into_main_grad=False, fp8=None, fused=None):
         super().__init__()
         contract.activation_kind(activation, "GroupedMLP")
         self.activation = activation
+        self.fused = fused
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "device": device, "dtype": dtype,
                   "accumulate_into_main_grad": accumulate_into_main_grad, "fp8": fp8}
@@ -114,5 +121,25 @@ class GroupedMLP(nn.Module):
     def forward(self, x, group_sizes):
         return self.fc2(expert.activate(self.fc1(x, group_sizes), self.activation), group_sizes)
 
+    def forward_routed(self, tokens, expert_indices, probs=None, *, group_offset=None):
+        """``out [T, H]``: each token's ``sum over j of probs[t, j] * mlp_e(tokens[t])``,
+        ``e = expert_indices[t, j] - group_offset`` among this module's experts (a slot with
+        any other id adds nothing; ``probs=None``: weight 1), summed in slot order in
+        float32. The same values either way ``fused`` chooses (see the class)."""
+        if self._runs_fused(tokens.device):
+            return expert_mlp.expert_mlp(tokens, expert_indices, probs, self.fc1.weight, self.fc2.weight,
+                                         activation=self.activation, b_in=self.fc1.bias, b_out=self.fc2.bias,
+                                         group_offset=group_offset, transpose_weight=True, fp8=self.fc1.fp8)
+        return expert_mlp.composed_expert_mlp(tokens, expert_indices, probs, self, group_offset=group_offset)
+
+    def _runs_fused(self, device):
+        if self.fused and self.fc1.accumulate_into_main_grad:
+            raise NotImplementedError("GroupedMLP: fused=True does not accumulate into main_grad; use fused=None "
+                                      "(the composition) with accumulate_into_main_grad")
+        if self.fused is not None:
+            return self.fused
+        return (expert_mlp.fused_by_default(device) and self.fc1.fp8 is None
+                and not self.fc1.accumulate_into_main_grad)
+
     def extra_repr(self):
-        return f"activation={self.activation!r}"
+        return f"activation={self.activation!r}, fused={self.fused!r}"

@@ -302,6 +302,38 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose):
     return f
 
 
+def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, activation, transpose):
+    """Checks the fused expert MLP's arguments: tokens [T, H], expert_indices [T, k]
+    (integers), probs [T, k] (tokens' dtype or float32) or None, the weights as grouped_mlp's
+    (tokens' dtype) and b_in [E, F_in], b_out [E, H] or None; returns (T, k, H, F_in, E)."""
+    (tokens_shape, dtype), (indices_shape, indices_dtype) = tokens, expert_indices
+    check_float(dtype, "tokens", fn)
+    check_rank(tokens_shape, 2, "tokens", "[T, H]", fn)
+    check_rank(indices_shape, 2, "expert_indices", "[T, k]", fn)
+    check_index_dtype(indices_dtype, "expert_indices", fn)
+    if indices_shape[0] != tokens_shape[0]:
+        raise ValueError(f"{fn}: expert_indices has {indices_shape[0]} rows but tokens has {tokens_shape[0]}")
+    check_slots(*indices_shape, "expert_indices", fn)
+    if probs is not None:
+        check_shape(probs[0], indices_shape, "probs", fn)
+        if probs[1] not in (dtype, "float32"):
+            allowed = "float32" if dtype == "float32" else f"{dtype} (tokens' dtype) or float32"
+            raise TypeError(f"{fn}: probs must be {allowed}, got {probs[1]}")
+    grouped_mlp(fn, tokens, w_in, w_out, activation, transpose)
+    for (_, weight_dtype), name in ((w_in, "w_in"), (w_out, "w_out")):
+        check_float(weight_dtype, name, fn)
+        check_same_dtype(weight_dtype, dtype, name, "tokens", fn)
+    num_experts, f_in = w_in[0][0], w_in[0][1 if transpose else 2]
+    if num_experts > INT32_MAX - 1:
+        raise ValueError(f"{fn}: w_in holds {num_experts} experts; expert ids are int32 (at most {INT32_MAX - 1})")
+    for bias, name, width in ((b_in, "b_in", f_in), (b_out, "b_out", tokens_shape[1])):
+        if bias is not None:
+            check_float(bias[1], name, fn)
+            check_shape(bias[0], (num_experts, width), name, fn)
+            check_same_dtype(bias[1], dtype, name, "tokens", fn)
+    return tokens_shape[0], indices_shape[1], tokens_shape[1], f_in, num_experts
+
+
 def softmax_topk(fn, logits, k, renormalize):
     """Checks logits [T, E] and 0 <= k <= E; returns (k, probs dtype): float32, or float64
     for float64 logits."""

@@ -1,5 +1,5 @@
 """groupgemm for PyTorch: ``grouped_mm``, ``grouped_mm_wgrad`` and ``GroupedLinear``, and the
-expert layer: ``permute``, ``unpermute`` and ``GroupedMLP``.
+expert layer: ``permute``, ``unpermute``, ``GroupedMLP`` and ``expert_mlp`` (the three fused).
 
 The ops are registered as ``torch.ops.groupgemm.*`` on import, each differentiable one in
 reverse and forward mode (torch.autograd.forward_ad and the torch.func transforms too).
@@ -11,11 +11,12 @@ a ``torch.distributed`` group: ``dispatch``, ``dispatch_probs``, ``combine``,
 """
 
 from groupgemm.torch_ext.expert import permute, softmax_topk, unpermute
+from groupgemm.torch_ext.expert_mlp import expert_mlp
 from groupgemm.torch_ext.expert_parallel import ExpertParallelMoE, combine, dispatch, dispatch_probs, dropless_capacity
 from groupgemm.torch_ext.fp8 import quantize_fp8, quantize_fp8_grouped, scaled_grouped_mm
 from groupgemm.torch_ext.functional import grouped_mm, grouped_mm_wgrad
 from groupgemm.torch_ext.module import GroupedLinear, GroupedMLP
 
 __all__ = ["ExpertParallelMoE", "GroupedLinear", "GroupedMLP", "combine", "dispatch", "dispatch_probs",
-           "dropless_capacity", "grouped_mm", "grouped_mm_wgrad", "permute", "quantize_fp8", "quantize_fp8_grouped",
-           "scaled_grouped_mm", "softmax_topk", "unpermute"]
+           "dropless_capacity", "expert_mlp", "grouped_mm", "grouped_mm_wgrad", "permute", "quantize_fp8",
+           "quantize_fp8_grouped", "scaled_grouped_mm", "softmax_topk", "unpermute"]

@@ -164,3 +164,27 @@ def softmax_topk_tangent(logits, indices, tlogits, renormalize):
         jacobian = np.diag(p) - np.outer(p, p)
         tprobs[i, :len(chosen)] = jacobian[[pool.index(e) for e in chosen]] @ tlogits[i, pool]
     return tprobs
+
+
+def window_ids(expert_indices, group_offset, num_experts):
+    """Each slot's local expert for experts [group_offset, group_offset + E), -1 when dropped
+    (a negative id, or one outside the window)."""
+    ids = np.asarray(expert_indices, np.int64)
+    local = ids - group_offset
+    return np.where((ids >= 0) & (local >= 0) & (local < num_experts), local, -1)
+
+
+def expert_mlp_and_grads(tokens, expert_indices, probs, w_in, w_out, b_in, b_out, dout, name, group_offset=0,
+                         round_to=lambda a: a):
+    """out and the gradients of (tokens, w_in, w_out, probs, b_in, b_out) of the expert layer
+    out[t] = sum over j of probs[t, j] * mlp_e(tokens[t]) for the slots whose expert is local
+    (torch-layout weights, w_in [E, F_in, H], w_out [E, H, F]; probs None: weight 1): the
+    permute, the grouped MLP and the unpermute above, composed."""
+    local = window_ids(expert_indices, group_offset, np.shape(w_in)[0])
+    permuted, sizes, row_map = permute(tokens, local, np.shape(w_in)[0])
+    y, _ = grouped_mlp_and_grads(permuted, w_in, w_out, sizes, name, b_in, b_out, np.zeros(np.shape(permuted)),
+                                 round_to)
+    dy, dprobs = unpermute_grads(dout, y, row_map, probs)
+    _, (dx, dw_in, dw_out, db_in, db_out) = grouped_mlp_and_grads(permuted, w_in, w_out, sizes, name, b_in, b_out,
+                                                                  dy, round_to)
+    return unpermute(y, row_map, probs), (unpermute(dx, row_map), dw_in, dw_out, dprobs, db_in, db_out)

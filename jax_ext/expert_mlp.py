@@ -1,0 +1,89 @@
+"""groupgemm for JAX, the fused expert MLP: permute, the grouped MLP and unpermute in one op
+(expert_mlp_primitives.py), checked at trace time (rules from groupgemm._contract). The
+routing stays on the device: one jit compile serves every routing."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from groupgemm import _contract as contract
+from groupgemm.jax_ext.arguments import dtype_name, index_array, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.expert import grouped_mlp, permute, unpermute
+from groupgemm.jax_ext.expert_mlp_primitives import expert_mlp_p, window_ids
+from groupgemm.jax_ext.primitives import placeholder
+
+
+def _group_offset(group_offset, num_local, fn):
+    """group_offset as the core's scalar operand: 0 when absent, a one-element integer array
+    (which may be traced), or a Python or NumPy integer, clamped to [-E, 2^31 - 1] (a window
+    below -E holds no expert id, one past int32 none an int32 id names)."""
+    if group_offset is None:
+        return jnp.zeros((), jnp.int32)
+    if not isinstance(group_offset, (jax.Array, np.ndarray)):
+        group_offset = jnp.asarray(contract.static_group_offset(group_offset, num_local, contract.INT32_MAX, fn),
+                                   jnp.int32)
+    group_offset = jnp.asarray(group_offset)
+    contract.check_group_offset_array(group_offset.shape, dtype_name(group_offset.dtype), fn)
+    return index_array(group_offset.reshape(()))
+
+
+def expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu", b_in=None, b_out=None,
+               group_offset=None, transpose_rhs=False, fp8=None):
+    """The expert layer fused: ``out[t] = sum over j of probs[t, j] * mlp_e(tokens[t])``,
+    ``e = expert_indices[t, j]``, ``mlp_e = fc2(act(fc1(.)))`` (``[T, H]``).
+
+    The same result as ``unpermute(grouped_mlp(permute(tokens, ...)), row_map, probs)``,
+    without its copies: the token rows are read through the routing inside the GEMMs, the
+    sum over a token's slots runs in slot order in float32 (float64), and a gradient keeps
+    only fc1's output per slot (``[T, k, F_in]``), recomputing the activation and taking
+    ``probs``' gradient from ``dout @ w_out^T`` instead of a saved expert output.
+
+    ``expert_indices [T, k]``: global expert ids; ``w_in`` / ``w_out`` hold experts
+    ``[group_offset, group_offset + E)`` (``group_offset`` an int or a one-element integer
+    array, which may be traced; default 0); a slot whose id is negative or outside that
+    window adds nothing. ``probs [T, k]`` (tokens' dtype or float32), or None for weight 1.
+    ``activation``, ``b_in``, ``b_out`` and ``transpose_rhs`` as grouped_mlp's. ``fp8`` is
+    not fused yet: pass it to grouped_mlp in the composition. Differentiable in tokens,
+    probs, the weights and the biases to any order, in forward and reverse mode; idle
+    experts get exact-zero gradients.
+    """
+    fn = "expert_mlp"
+    if fp8 is not None:
+        raise NotImplementedError(f"{fn}: fp8 is not fused into the expert MLP yet; run permute, "
+                                  "grouped_mlp(fp8=...) and unpermute")
+    kind = contract.activation_kind(activation, fn)
+    tokens, expert_indices, w_in, w_out = map(jnp.asarray, (tokens, expert_indices, w_in, w_out))
+    probs, b_in, b_out = (None if x is None else jnp.asarray(x) for x in (probs, b_in, b_out))
+    described = lambda x: None if x is None else shape_and_dtype(x)  # noqa: E731
+    contract.expert_mlp(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), described(probs),
+                        shape_and_dtype(w_in), shape_and_dtype(w_out), described(b_in), described(b_out), activation,
+                        bool(transpose_rhs))
+    expert_indices, group_offset = index_array(expert_indices), _group_offset(group_offset, w_in.shape[0], fn)
+    tokens, w_in, w_out, probs, b_in, b_out = same_varying_axes((tokens, w_in, w_out, probs, b_in, b_out),
+                                                                (expert_indices, group_offset))
+    none = placeholder(tokens.dtype)
+    out, _ = expert_mlp_p.bind(tokens, expert_indices, w_in, w_out, group_offset,
+                               *(none if x is None else x for x in (probs, b_in, b_out)), kind=kind,
+                               transpose_rhs=bool(transpose_rhs), has_probs=probs is not None,
+                               has_b_in=b_in is not None, has_b_out=b_out is not None, want_h=False)
+    return out
+
+
+def composed_expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu", b_in=None, b_out=None,
+                        group_offset=None, transpose_rhs=False, fp8=None):
+    """expert_mlp as the composition computes it (permute, grouped_mlp, unpermute), the same
+    arguments and meaning: what the layers run with ``fused=False``, and under FP8."""
+    w_in = jnp.asarray(w_in)
+    local = window_ids(index_array(jnp.asarray(expert_indices)),
+                       _group_offset(group_offset, w_in.shape[0], "expert_mlp"), w_in.shape[0])
+    rows, group_sizes, row_map = permute(tokens, local, w_in.shape[0])
+    y = grouped_mlp(rows, w_in, w_out, group_sizes, activation=activation, b_in=b_in, b_out=b_out,
+                    transpose_rhs=transpose_rhs, fp8=fp8)
+    return unpermute(y, row_map, probs)
+
+
+def fused_by_default():
+    """Whether the layers run the fused op when not told (``fused=None``): on the CPU, where it
+    is measured faster than the composition (docs/benchmarks.md); elsewhere the composition
+    until a GPU run validates the fused kernels."""
+    return jax.default_backend() == "cpu"

@@ -1,0 +1,328 @@
+"""The fused expert MLP (expert_mlp) in both frameworks: against the float64 NumPy reference,
+forward and every gradient, in every dtype; the zero-token cases; bitwise JAX/PyTorch
+parity; the composition's bits where the same kernels run; one compile for every routing;
+what a gradient keeps; the transformations; the argument checks."""
+
+import dataclasses
+
+import expert_reference as eref
+import jax
+import jax.numpy as jnp
+import jax_frontend
+import numpy as np
+import pytest
+import torch
+import torch._dynamo.testing
+import torch_frontend
+from bits import assert_same_bits
+from cases import TOLERANCE, round_to
+from jax.test_util import check_grads
+from reference import assert_close
+
+import groupgemm.jax as gj
+import groupgemm.torch as gt
+from groupgemm.jax_ext.expert_mlp import composed_expert_mlp
+
+GRADS = ("tokens", "w_in", "w_out", "probs", "b_in", "b_out")
+
+
+@dataclasses.dataclass(frozen=True)
+class MlpCase:
+    name: str
+    indices: tuple  # [T][k] global expert ids
+    experts: int  # E, the local experts
+    activation: str = "swiglu"
+    bias: bool = False
+    transpose: bool = False
+    probs: bool = True
+    offset: int | None = None
+    hidden: int = 6
+    ffn: int = 4  # F; F_in = 2F for swiglu
+
+    @property
+    def f_in(self):
+        return 2 * self.ffn if self.activation == "swiglu" else self.ffn
+
+    @property
+    def shape(self):
+        return len(self.indices), len(self.indices[0]) if self.indices else 2
+
+
+CASES = [
+    MlpCase("top2_swiglu", ((1, 0), (2, 1), (0, 2), (1, 1), (0, -1)), 3),
+    MlpCase("gelu_bias_transposed", ((3, 0, 1), (2, 3, 1), (0, 1, 2)), 4, "gelu", True, True),
+    MlpCase("relu_bias_without_probs", ((0, 1), (1, 1), (1, 0)), 2, "relu", True, probs=False),
+    MlpCase("silu_window", ((4, 0), (3, 5), (2, 3), (7, 3)), 2, "silu", True, offset=3),
+    MlpCase("idle_experts", ((1, 1), (1, -1), (1, 1)), 4, "swiglu", True, True),
+    MlpCase("every_slot_dropped", ((-1, 5), (7, -2)), 3, "swiglu", True, offset=2),
+    MlpCase("no_tokens", (), 3, "gelu", True),
+]
+BY_NAME = {c.name: c for c in CASES}
+DTYPES = ["float32", "bfloat16", "float16", "float64"]
+
+
+def inputs(case, seed=0):
+    """float64 NumPy inputs, weights in the torch layout (w_in [E, F_in, H], w_out [E, H, F])."""
+    rng = np.random.default_rng(seed)
+    t, k = case.shape
+    e, h, f, f_in = case.experts, case.hidden, case.ffn, case.f_in
+    return dict(tokens=rng.standard_normal((t, h)), indices=np.asarray(case.indices, np.int32).reshape(t, k),
+                probs=rng.uniform(0.1, 1.0, (t, k)) if case.probs else None,
+                w_in=rng.standard_normal((e, f_in, h)) / 2, w_out=rng.standard_normal((e, h, f)) / 2,
+                b_in=rng.standard_normal((e, f_in)) if case.bias else None,
+                b_out=rng.standard_normal((e, h)) if case.bias else None, dout=rng.standard_normal((t, h)))
+
+
+def layout(x, case):
+    """The weights as the case passes them: torch's layout with transpose, else [E, H, F_in], [E, F, H]."""
+    return x if case.transpose else {**x, "w_in": x["w_in"].transpose(0, 2, 1), "w_out": x["w_out"].transpose(0, 2, 1)}
+
+
+def jax_run(case, x, dtype, fn=gj.expert_mlp):
+    """out and the six gradients (None where absent) of fn in JAX."""
+    with jax_frontend.precision(dtype):
+        x = layout(x, case)
+        params = {n: jax_frontend.array(x[n], dtype) for n in GRADS if x[n] is not None}
+        if "probs" in params:
+            params["probs"] = jax_frontend.array(x["probs"], "float32" if dtype != "float64" else dtype)
+        indices = jnp.asarray(x["indices"])
+
+        def layer(p):
+            return fn(p["tokens"], indices, p.get("probs"), p["w_in"], p["w_out"], activation=case.activation,
+                      b_in=p.get("b_in"), b_out=p.get("b_out"), group_offset=case.offset,
+                      transpose_rhs=case.transpose)
+
+        out, vjp = jax.vjp(layer, params)
+        (grads,) = vjp(jax_frontend.array(x["dout"], dtype))
+        return out, tuple(grads.get(n) for n in GRADS)
+
+
+def torch_run(case, x, dtype):
+    """out and the six gradients (None where absent) of groupgemm.torch.expert_mlp."""
+    x = layout(x, case)
+    params = {n: torch_frontend.array(x[n], dtype).requires_grad_() for n in GRADS if x[n] is not None}
+    if "probs" in params:
+        params["probs"] = torch_frontend.array(x["probs"], "float32" if dtype != "float64" else dtype).requires_grad_()
+    out = gt.expert_mlp(params["tokens"], torch.from_numpy(x["indices"]), params.get("probs"), params["w_in"],
+                        params["w_out"], activation=case.activation, b_in=params.get("b_in"),
+                        b_out=params.get("b_out"), group_offset=case.offset, transpose_weight=case.transpose)
+    grads = torch.autograd.grad(out, list(params.values()), torch_frontend.array(x["dout"], dtype),
+                                allow_unused=True)
+    by_name = dict(zip(params, grads))
+    return out.detach(), tuple(by_name.get(n) for n in GRADS)
+
+
+RUNS = {"jax": jax_run, "torch": torch_run}
+
+
+def reference(case, x, dtype):
+    rounded = {n: None if v is None or n == "indices" else round_to(v, dtype) for n, v in x.items()}
+    if x["probs"] is not None:
+        rounded["probs"] = round_to(x["probs"], "float32" if dtype != "float64" else dtype)
+    return eref.expert_mlp_and_grads(rounded["tokens"], x["indices"], rounded["probs"], rounded["w_in"],
+                                     rounded["w_out"], rounded["b_in"], rounded["b_out"], rounded["dout"],
+                                     case.activation, case.offset or 0, round_to=lambda a: round_to(a, dtype))
+
+
+def idle_experts(case):
+    local = eref.window_ids(np.asarray(case.indices).reshape(case.shape), case.offset or 0, case.experts)
+    return [e for e in range(case.experts) if not (local == e).any()]
+
+
+def runs(names, dtypes):
+    return [(BY_NAME[n], d) for n in names for d in dtypes]
+
+
+# Every case in float32, every dtype on three of them. JAX gives PyTorch's bits (the parity
+# test below), so the reference holds both frameworks to it.
+REFERENCE_RUNS = runs(BY_NAME, ["float32"]) + runs(["top2_swiglu", "gelu_bias_transposed", "no_tokens"], DTYPES[1:])
+PARITY_RUNS = runs(BY_NAME, ["float32"]) + runs(["top2_swiglu", "gelu_bias_transposed"], DTYPES[1:])
+
+
+def ids(pairs):
+    return [f"{c.name}-{d}" for c, d in pairs]
+
+
+@pytest.mark.parametrize("case, dtype", REFERENCE_RUNS, ids=ids(REFERENCE_RUNS))
+def test_expert_mlp_matches_the_float64_reference_with_exact_zeros(case, dtype):
+    x = inputs(case)
+    out, grads = torch_run(case, x, dtype)
+    want_out, want_grads = reference(case, x, dtype)
+    to_float64 = torch_frontend.to_float64
+    assert_close(to_float64(out), want_out, dtype, "out")
+    t, k = case.shape
+    for name, got, want in zip(GRADS, grads, want_grads):
+        if x[name] is None:
+            assert got is None, name
+            continue
+        got = to_float64(got)
+        want = layout({**x, name: want}, case)[name] if name in ("w_in", "w_out") else want
+        assert_close(got, want, dtype, name)
+        if name == "probs":  # a dropped slot's weight: exactly 0
+            dropped = eref.window_ids(np.asarray(x["indices"]).reshape(t, k), case.offset or 0, case.experts) < 0
+            assert (got[dropped] == 0).all()
+        if name in ("w_in", "w_out", "b_in", "b_out"):  # an idle expert: exact zeros, full shape
+            assert all((got[e] == 0).all() for e in idle_experts(case))
+
+
+@pytest.mark.parametrize("case, dtype", PARITY_RUNS, ids=ids(PARITY_RUNS))
+def test_jax_and_torch_expert_mlp_are_bitwise_identical(case, dtype):
+    x = inputs(case, seed=1)
+    (jax_out, jax_grads), (torch_out, torch_grads) = jax_run(case, x, dtype), torch_run(case, x, dtype)
+    assert_same_bits(jax_out, torch_out, "out")
+    for name, a, b in zip(GRADS, jax_grads, torch_grads):
+        if a is not None:
+            assert_same_bits(a, b, name)
+
+
+@pytest.mark.parametrize("name, dtype", [("top2_swiglu", "float32"), ("gelu_bias_transposed", "float32"),
+                                         ("silu_window", "bfloat16")])
+def test_fused_output_has_the_compositions_bits(name, dtype):
+    # Each expert's rows fit one block: the same library GEMMs on the same rows, the same
+    # per-token sum. Its gradients differ in rounding only (fc2's input gradient is
+    # probs * (dout @ w_out^T), dprobs comes from the identity, weight gradients add blocks).
+    case = BY_NAME[name]
+    x = inputs(case, seed=2)
+    fused_out, fused_grads = jax_run(case, x, dtype)
+    composed_out, composed_grads = jax_run(case, x, dtype, fn=composed_expert_mlp)
+    assert_same_bits(fused_out, composed_out, "out")
+    if case.bias:  # rows of dout times probs, added in row order: the composition's sum
+        assert_same_bits(fused_grads[5], composed_grads[5], "b_out")
+    for got, want, grad in zip(fused_grads, composed_grads, GRADS):
+        if got is not None:
+            np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                                       rtol=0, atol=30 * TOLERANCE[dtype] * max(1.0, np.abs(want).max()), err_msg=grad)
+
+
+def test_one_jit_compile_and_one_torch_graph_serve_every_routing():
+    case = BY_NAME["gelu_bias_transposed"]
+    x = inputs(case)
+    routings = [x["indices"], x["indices"][::-1].copy(), np.full_like(x["indices"], -1), np.zeros_like(x["indices"])]
+
+    def loss(tokens, indices, w_in, w_out):
+        return (gj.expert_mlp(tokens, indices, None, w_in, w_out, activation="gelu", transpose_rhs=True) ** 2).sum()
+
+    step = jax.jit(jax.grad(loss, argnums=(0, 2, 3)))
+    args = [jnp.asarray(x[n], jnp.float32) for n in ("tokens", "w_in", "w_out")]
+    for indices in routings:
+        step(args[0], jnp.asarray(indices), *args[1:])
+    assert step._cache_size() == 1
+
+    def torch_layer(tokens, indices, w_in, w_out):
+        return gt.expert_mlp(tokens, indices, None, w_in, w_out, activation="gelu", transpose_weight=True)
+
+    torch._dynamo.reset()  # AOTAutograd traces the op's fake kernels and derivatives; Inductor adds nothing here
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(torch_layer, backend=counter, fullgraph=True)
+    tensors = [torch.tensor(x[n], dtype=torch.float32, requires_grad=True) for n in ("tokens", "w_in", "w_out")]
+    for indices in routings:
+        results = []
+        for layer in (compiled, torch_layer):
+            out = layer(tensors[0], torch.from_numpy(indices), *tensors[1:])
+            results.append((out, *torch.autograd.grad((out ** 2).sum(), tensors)))
+        for a, b in zip(*results):
+            assert_same_bits(a, b, "compiled")
+    assert counter.frame_count == 1
+
+
+def test_a_gradient_keeps_h_and_no_token_rows():
+    # tokens [T, H] and h [T, k, F_in] (with the inputs and the integer routing); never a
+    # [T * k, H] array (permuted tokens, expert outputs) nor the activation.
+    case = MlpCase("kept", tuple((i % 3, (i + 1) % 3) for i in range(16)), 3, hidden=32, ffn=4)
+    x = layout(inputs(case), case)
+    t, k = case.shape
+    rows = (t * k, case.hidden)
+    args = [jnp.asarray(x[n], jnp.float32) for n in ("tokens", "probs", "w_in", "w_out")]
+
+    def residual_shapes(fn):  # what jax.vjp's backward closes over
+        _, backward = jax.vjp(lambda *a: fn(a[0], x["indices"], *a[1:]), *args)
+        return [leaf.shape for leaf in jax.tree_util.tree_leaves(backward)]
+
+    fused = residual_shapes(gj.expert_mlp)
+    assert (t, k, case.f_in) in fused and rows not in fused and (t * k, case.ffn) not in fused
+    assert rows in residual_shapes(composed_expert_mlp)  # the composition keeps them
+
+    saved = []
+    tensors = [torch.tensor(x[n], dtype=torch.float32, requires_grad=True) for n in ("tokens", "probs", "w_in",
+                                                                                      "w_out")]
+    with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(tuple(s.shape)) or s, lambda s: s):
+        gt.expert_mlp(tensors[0], torch.from_numpy(x["indices"]), *tensors[1:])
+    assert (t, k, case.f_in) in saved and rows not in saved and (t * k, case.ffn) not in saved
+
+
+@pytest.mark.parametrize("name, order, modes", [("silu_window", 2, ["rev"]), ("top2_swiglu", 1, ["fwd", "rev"])])
+def test_expert_mlp_passes_check_grads(name, order, modes):
+    case = BY_NAME[name]
+    x = layout(inputs(case), case)
+    names = [n for n in ("tokens", "probs", "w_in", "w_out", "b_in", "b_out") if x[n] is not None]
+    with jax_frontend.x64():
+
+        def layer(*params):
+            p = dict(zip(names, params))
+            return gj.expert_mlp(p["tokens"], x["indices"], p["probs"], p["w_in"], p["w_out"],
+                                 activation=case.activation, b_in=p.get("b_in"), b_out=p.get("b_out"),
+                                 group_offset=case.offset)
+
+        check_grads(jax.jit(layer), [jnp.asarray(x[n]) for n in names], order=order, modes=modes)
+
+
+def test_vmap_of_expert_mlp_and_its_gradient_equals_each_entry_bitwise():
+    case = BY_NAME["top2_swiglu"]
+    x = layout(inputs(case), case)
+    tokens = jnp.stack([jnp.asarray(x["tokens"], jnp.float32), -jnp.asarray(x["tokens"], jnp.float32)])
+    w_in, w_out = (jnp.asarray(x[n], jnp.float32) for n in ("w_in", "w_out"))
+    step = jax.value_and_grad(lambda t, w: gj.expert_mlp(t, x["indices"], None, w, w_out).sum(), argnums=(0, 1))
+    values, (dtokens, dw_in) = jax.vmap(step, in_axes=(0, None))(tokens, w_in)
+    for i in range(2):
+        value, (want_dtokens, want_dw_in) = step(tokens[i], w_in)
+        assert_same_bits(values[i], value, "value")
+        assert_same_bits(dtokens[i], want_dtokens, "dtokens")
+        assert_same_bits(dw_in[i], want_dw_in, "dw_in")
+
+
+def test_forward_mode_matches_reverse_mode_in_both_frameworks():
+    case = BY_NAME["gelu_bias_transposed"]
+    x = layout(inputs(case), case)
+    names = ("tokens", "probs", "w_in", "w_out", "b_in", "b_out")
+    rng = np.random.default_rng(4)
+    tangents = [rng.standard_normal(np.shape(x[n])) for n in names]
+    with jax_frontend.x64():
+        primals = [jnp.asarray(x[n]) for n in names]
+
+        def layer(tokens, probs, w_in, w_out, b_in, b_out):
+            return gj.expert_mlp(tokens, x["indices"], probs, w_in, w_out, activation="gelu", b_in=b_in, b_out=b_out,
+                                 transpose_rhs=True)
+
+        _, jvp_out = jax.jvp(layer, primals, [jnp.asarray(t) for t in tangents])
+        out, vjp = jax.vjp(layer, *primals)
+        cotangent = np.asarray(rng.standard_normal(out.shape))
+        grads = vjp(jnp.asarray(cotangent))
+        assert np.isclose(np.vdot(jvp_out, cotangent), sum(np.vdot(g, t) for g, t in zip(grads, tangents)))
+
+    tensors = [torch.tensor(x[n]) for n in names]
+
+    def torch_layer(tokens, probs, w_in, w_out, b_in, b_out):
+        return gt.expert_mlp(tokens, torch.from_numpy(x["indices"]), probs, w_in, w_out, activation="gelu",
+                             b_in=b_in, b_out=b_out, transpose_weight=True)
+
+    _, torch_jvp = torch.func.jvp(torch_layer, tuple(tensors), tuple(torch.tensor(t) for t in tangents))
+    np.testing.assert_allclose(torch_jvp.numpy(), np.asarray(jvp_out), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("framework", RUNS)
+def test_bad_arguments_are_refused_naming_them(framework):
+    x = inputs(BY_NAME["top2_swiglu"])
+    fw = {"jax": (gj.expert_mlp, jnp.asarray), "torch": (gt.expert_mlp, torch.tensor)}
+    fn, array = fw[framework]
+    tokens, indices = array(x["tokens"].astype(np.float32)), array(x["indices"])
+    w_in, w_out = (array(x[n].transpose(0, 2, 1).astype(np.float32)) for n in ("w_in", "w_out"))
+    with pytest.raises(ValueError, match="expert_mlp: expert_indices has 4 rows but tokens has 5"):
+        fn(tokens, indices[:4], None, w_in, w_out)
+    with pytest.raises(TypeError, match="expert_mlp: probs must be float32, got float16"):
+        fn(tokens, indices, array(x["probs"].astype(np.float16)), w_in, w_out)
+    with pytest.raises(ValueError, match="expert_mlp: b_out must have shape"):
+        fn(tokens, indices, None, w_in, w_out, b_out=array(np.zeros((3, 5), np.float32)))
+    with pytest.raises(TypeError, match="expert_mlp: expert_indices must be an integer array"):
+        fn(tokens, array(x["indices"].astype(np.float32)), None, w_in, w_out)
+    with pytest.raises(NotImplementedError, match="fp8"):
+        fn(tokens, indices, None, w_in, w_out, fp8="rowwise")
