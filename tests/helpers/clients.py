@@ -1,4 +1,4 @@
-"""The test-only extras: the integrations' clients (torchtitan, megatron-core) and the
+"""The test-only extras: the integrations' clients (torchtitan, megatron-core, transformers) and the
 docs' tools. ./dev.sh setup installs them all, so CI runs every test that needs them;
 on a machine that has only the project's own dependencies (a GPU machine with the copied
 wheels) those tests skip with NOT_INSTALLED, a reason the GPU kit expects."""
@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 NOT_INSTALLED = "is not installed here: ./dev.sh setup installs it"
-EXTRAS = ("torchtitan", "megatron", "flatbuffers", "sphinx", "myst_parser", "triton", "flax", "optax")
+EXTRAS = ("torchtitan", "megatron", "transformers", "flatbuffers", "sphinx", "myst_parser", "triton",
+          "flax", "optax")
 
 
 def require(module):

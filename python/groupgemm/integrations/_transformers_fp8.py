@@ -1,0 +1,99 @@
+"""An FP8 checkpoint's experts (transformers' ``FP8Experts``) on groupgemm's scaled grouped
+GEMMs: the checkpoint's float8_e4m3fn weights ``[E, N, K]`` and their 128 x 128 block
+scales ``*_scale_inv [E, N/128, K/128]`` (dequantized weight = weight x scale) are read as
+they are, which is the blockwise recipe's weight operand (groupgemm/_fp8_recipe.py); the
+activations are quantized per 1 x 128 tile on the fly, as the checkpoints' dynamic
+activation scheme does. The input gradient runs in FP8 too: the transposed weight's
+128 x 128 blocks are the same blocks, transposed. The weights get no gradient (frozen, as
+in transformers)."""
+
+from dataclasses import dataclass
+
+import torch
+
+import groupgemm.torch as gt
+
+BLOCK = 128  # the blockwise recipe's block, the only weight_block_size served
+_ACTIVATION, _WEIGHT = "BlockWise1x128", "BlockWise128x128"
+
+
+@dataclass(frozen=True)
+class Fp8Weight:
+    """One projection's FP8 weight ``[E, N, K]`` and its float32 block scales."""
+    weight: torch.Tensor
+    scale: torch.Tensor
+    name: str
+
+    @property
+    def num_experts(self):
+        return self.weight.shape[0]
+
+
+def layers(module, hidden: int, fn: str) -> tuple[Fp8Weight, Fp8Weight]:
+    """The module's two projections, checked; errors name the attribute and the class."""
+    family = type(module).__name__
+    scheme = getattr(module, "activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise ValueError(f"{fn}: {family}.activation_scheme is {scheme!r}; groupgemm quantizes the activations "
+                         "per 1 x 128 tile on the fly (the 'dynamic' scheme)")
+    block = getattr(module, "block_size", None)
+    if block is None or tuple(block) != (BLOCK, BLOCK):
+        raise ValueError(f"{fn}: {family}.block_size (the checkpoint's weight_block_size) is {block}; groupgemm's "
+                         f"FP8 experts take [{BLOCK}, {BLOCK}] block scales")
+    up = "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
+    weights = tuple(_weight(module, name, family, fn) for name in (up, "down_proj"))
+    if weights[0].weight.shape[-1] != hidden:
+        raise ValueError(f"{fn}: {family}.{up} takes {weights[0].weight.shape[-1]} input features but "
+                         f"hidden_states has {hidden}")
+    return weights
+
+
+def _weight(module, name, family, fn):
+    weight, scale = getattr(module, name, None), getattr(module, f"{name}_scale_inv", None)
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float8_e4m3fn or weight.dim() != 3:
+        what = f"{weight.dtype} {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise TypeError(f"{fn}: {family}.{name} must be a float8_e4m3fn [E, N, K] weight (FP4 and other formats "
+                        f"are not served), got {what}")
+    e, n, k = weight.shape
+    if n % BLOCK or k % BLOCK:
+        raise ValueError(f"{fn}: {family}.{name} is [E, N, K] = {[e, n, k]}; the blockwise FP8 GEMMs contract in "
+                         f"{BLOCK}-blocks over K (and, for the input gradient, N): both must be multiples of {BLOCK}")
+    want = (e, n // BLOCK, k // BLOCK)
+    if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != want:
+        got = tuple(scale.shape) if isinstance(scale, torch.Tensor) else type(scale).__name__
+        raise ValueError(f"{fn}: {family}.{name}_scale_inv must be {list(want)} (one scale per {BLOCK} x {BLOCK} "
+                         f"block), got {got}")
+    # float32 or UE8M0 (powers of two): float32 holds either exactly.
+    return Fp8Weight(weight, scale if scale.dtype == torch.float32 else scale.float(), name)
+
+
+def grouped_linear(x: torch.Tensor, layer: Fp8Weight, group_sizes: torch.Tensor) -> torch.Tensor:
+    """``x [M, K] @ weight[g]^T`` per group in FP8 (x bfloat16 or float32, the result in
+    x's dtype); differentiable in x."""
+    return _FrozenFp8Linear.apply(x, layer.weight, layer.scale, group_sizes)
+
+
+def _scaled_mm(x, weight, scale, group_sizes):
+    """x against the K-major ``weight [E, N, K]`` (block scales ``[E, N/128, K/128]``)."""
+    qx, sx = gt.quantize_fp8(x.contiguous(), "blockwise")
+    return gt.scaled_grouped_mm(qx, weight.transpose(-2, -1), sx, _ACTIVATION, scale, _WEIGHT,
+                                group_sizes=group_sizes, output_dtype=x.dtype)
+
+
+class _FrozenFp8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(x, weight, scale, group_sizes):
+        return _scaled_mm(x, weight, scale, group_sizes)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, weight, scale, group_sizes = inputs
+        ctx.save_for_backward(weight, scale, group_sizes)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, scale, group_sizes = ctx.saved_tensors
+        # dx = dy @ W[g]: W^T [E, K, N] K-major in N, its blocks the same blocks transposed.
+        dx = _scaled_mm(grad, weight.transpose(-2, -1).contiguous(), scale.transpose(-2, -1).contiguous(),
+                        group_sizes)
+        return dx, None, None, None
