@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from groupgemm import _dispatch_plan as rules
-from groupgemm.jax_ext.arguments import same_varying_axes
+from groupgemm.jax_ext.arguments import same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
 from groupgemm.jax_ext.functional import grouped_matmul
 
@@ -100,7 +100,9 @@ def dispatch(tokens, expert_indices, num_experts, *, axis_name, capacity):
     """
     fn = "dispatch"
     ep = _axis_size(axis_name)
-    e_local = rules.check(num_experts, ep, capacity, fn)
+    e_local = rules.check(num_experts, ep, capacity, fn, dropless_mode=False)
+    tokens, expert_indices = jnp.asarray(tokens), jnp.asarray(expert_indices)
+    rules.check_routing(shape_and_dtype(tokens), shape_and_dtype(expert_indices), num_experts, fn)
     permuted, group_sizes, row_map = permute(tokens, expert_indices, num_experts)
     send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)
     received = _exchange(sent, axis_name)  # [source, local expert]
@@ -119,6 +121,13 @@ def combine(expert_output, plan, probs=None):
     """``out [T, H]``: each token's ``sum over j of probs[t, j] * expert_output`` of its slot
     j, accumulated in float32 in slot order (unpermute), from dispatch's ``plan``; a slot
     that was dropped adds nothing. Differentiable."""
+    fn = "combine"
+    expert_output = jnp.asarray(expert_output)
+    output = shape_and_dtype(expert_output)
+    rules.check_expert_output(output, plan.received_rows.shape[0], fn)
+    if probs is not None:
+        probs = jnp.asarray(probs)
+        rules.check_slot_values(shape_and_dtype(probs), plan.row_map.shape, "probs", fn, output[1])
     results = unpermute(expert_output, plan.received_rows)  # chunk s: the rows device s sent, then zeros
     ep = plan.sent.shape[0]
     capacity = results.shape[0] // ep
@@ -145,6 +154,7 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     PyTorch's ExpertParallelMoE gives the same bits. ``allowed`` (broadcastable to
     ``[T, E]``) bars experts from routing: a token with none allowed goes nowhere.
     """
+    rules.check(num_experts, _axis_size(axis_name), capacity, "moe_layer", dropless_mode=False)
     logits = grouped_matmul(x, params["router"][None], jnp.full((1,), x.shape[0], jnp.int32))
     if allowed is not None:
         logits = jnp.where(allowed, logits, -jnp.inf)

@@ -42,7 +42,13 @@ def _quantize_rows_layout(*, scaling, row_dims, **_):
     return Layout((f"{rows} c",), (f"{rows} c", f"{rows} cb"), replicated=("c", "cb"))
 
 
-@partitioned(_quantize_rows_layout)
+def _empty_rows_quantized(shapes):
+    """Rows without elements: no values, and the scale of an amax of 0, which is 1."""
+    (q_shape, q_dtype), (scale_shape, scale_dtype) = shapes
+    return jnp.zeros(q_shape, q_dtype), jnp.ones(scale_shape, scale_dtype)
+
+
+@partitioned(_quantize_rows_layout, without_data=_empty_rows_quantized)
 def fp8_quantize_rows(x, *, out_type, scaling, power_of_two, row_dims):
     *rows, cols = x.shape
     scale_shape = tuple(rows) if scaling == ROWWISE else (*rows, contract.fp8_blocks(cols))

@@ -394,10 +394,16 @@ class PartitionedCall:
     """An FFI call ``fn(*operands, **static) -> tuple of results`` partitioned by its layout
     (see the module docstring): its results' abstract values, and the function a
     primitive's lowering traces. ``layout`` is a ``Layout``, or a function of the static
-    arguments and ``num_operands`` returning one. Static arguments are hashable."""
+    arguments and ``num_operands`` returning one. Static arguments are hashable.
 
-    def __init__(self, fn, layout):
+    ``without_data(result_shapes)`` gives the results of a call none of whose operands holds
+    an element: what the core would write (by default zeros: no row is owned, no slot
+    names a row), made without the custom call, which XLA's partitioner refuses to place in
+    a manual computation (shard_map) whose operands are all empty."""
+
+    def __init__(self, fn, layout, without_data=None):
         self.fn, self._layout = fn, layout
+        self._without_data = without_data or _zeros
 
     def abstract(self, *avals, batched, **static):
         """The results' abstract values: shapes and dtypes as ``fn`` makes them, typed like
@@ -414,6 +420,11 @@ class PartitionedCall:
         """The function of the operands that a lowering with context ``ctx`` traces: the
         custom-partitioned call, or under ``jax.export``, which cannot serialise a
         partitioning callback, the call on gathered operands."""
+        operands = ctx.avals_in[:num_operands]
+        if all(a.size == 0 for a in operands):  # nothing to read: the results are known (see without_data)
+            shapes = _result_shapes(self, tuple((a.shape, a.dtype) for a in operands), batched,
+                                    tuple(sorted(static.items())))
+            return lambda *_: self._without_data(shapes)
         if getattr(getattr(ctx.module_context, "lowering_parameters", None), "for_export", False):
             return functools.partial(self._unpartitioned, batched=batched, **static)
         return _custom_partitioned(self.fn, self._layout_of(num_operands, static), tuple(sorted(static.items())),
@@ -440,9 +451,13 @@ class PartitionedCall:
         return tuple(_mapped(functools.partial(self.fn, **static), batched)(*operands))
 
 
-def partitioned(layout):
-    """Decorator: the FFI call ``fn`` partitioned by ``layout``."""
-    return lambda fn: PartitionedCall(fn, layout)
+def partitioned(layout, without_data=None):
+    """Decorator: the FFI call ``fn`` partitioned by ``layout`` (see PartitionedCall)."""
+    return lambda fn: PartitionedCall(fn, layout, without_data)
+
+
+def _zeros(shapes):
+    return tuple(jnp.zeros(shape, dtype) for shape, dtype in shapes)
 
 
 @functools.cache

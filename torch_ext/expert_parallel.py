@@ -11,7 +11,11 @@ shared with JAX, so both frameworks move the same rows and compute the same bits
   shapes, no host copy, CUDA-graph and ``torch.compile(fullgraph=True)`` friendly;
 - dropless (``capacity=None``): each rank sends exactly its rows; the split sizes the
   collective takes are Python ints, so each dispatch copies its counts to the host once
-  (the sync Megatron's dropless all-to-all dispatcher makes).
+  (the sync Megatron's dropless all-to-all dispatcher makes), and cannot be compiled.
+
+The ranks must agree on the configuration (num_experts, capacity, hidden size, dtype): the
+collectives' sizes follow from it. dispatch checks that once per (group, configuration),
+with one all-gather of four integers and a host copy, and caches the answer.
 """
 
 import dataclasses
@@ -21,8 +25,10 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as collectives
 from torch import Tensor, nn
 
+from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
 from groupgemm.torch_ext import expert
+from groupgemm.torch_ext.arguments import dtype_name, shape_and_dtype
 from groupgemm.torch_ext.functional import grouped_mm
 from groupgemm.torch_ext.module import GroupedMLP
 
@@ -98,8 +104,15 @@ def dispatch(tokens: Tensor, expert_indices: Tensor, num_experts: int, group=Non
     """
     fn = "dispatch"
     group = group or dist.group.WORLD
-    ep = dist.get_world_size(group)
+    ep = _group_size(group, fn)
     e_local = rules.check(num_experts, ep, capacity, fn)
+    rules.check_routing(shape_and_dtype(tokens, "tokens", fn), shape_and_dtype(expert_indices, "expert_indices", fn),
+                        num_experts, fn)
+    if capacity is None and torch.compiler.is_compiling():
+        raise RuntimeError(f"{fn}: dropless mode (capacity=None) copies the token counts to the host, which a "
+                           "compiled graph cannot; compile capacity mode (capacity=int, no host copy; "
+                           "dropless_capacity(T, k) drops nothing)")
+    _check_ranks_agree(group, tokens, num_experts, capacity, fn)
     permuted, group_sizes, row_map = expert.permute(tokens, expert_indices, num_experts)
     if capacity is None:
         sent_counts = group_sizes.reshape(ep, e_local)
@@ -121,6 +134,40 @@ def dispatch(tokens: Tensor, expert_indices: Tensor, num_experts: int, group=Non
     return expert_input, local_sizes, plan
 
 
+def _group_size(group, fn) -> int:
+    """The expert-parallel group's size; a process outside the group has none."""
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"{fn}: this process (global rank {dist.get_rank()}) is not a member of group; only the "
+                         "group's ranks take part in its exchanges")
+    return dist.get_world_size(group)
+
+
+_CONFIGURATION = ("num_experts", "capacity", "the hidden size H", "the dtype")
+_agreed = set()  # (group, configuration) pairs every rank of the group has been seen to use
+
+
+def _check_ranks_agree(group, tokens: Tensor, num_experts: int, capacity, fn) -> None:
+    """Every rank of ``group`` dispatches with the same configuration, or each raises the
+    same ValueError naming what differs. A difference would otherwise make the
+    collectives' sizes differ (an abort inside the backend, or counts read half-written).
+    The check costs one all-gather of four integers and a host copy, once per (group,
+    configuration); it is skipped where a host copy cannot run (while torch.compile traces,
+    or a CUDA graph captures), so an eager step checks before those."""
+    configuration = (num_experts, capacity, tokens.shape[1], dtype_name(tokens.dtype))
+    capturing = tokens.is_cuda and torch.cuda.is_current_stream_capturing()
+    if (group, configuration) in _agreed or torch.compiler.is_compiling() or capturing:
+        return
+    codes = torch.tensor([num_experts, -1 if capacity is None else capacity, tokens.shape[1],
+                          contract.FLOAT_DTYPES.index(configuration[3])], dtype=torch.int64, device=tokens.device)
+    gathered = [torch.empty_like(codes) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, codes, group)
+    by_rank = [(e, None if c < 0 else c, h, contract.FLOAT_DTYPES[d]) for e, c, h, d in torch.stack(gathered).tolist()]
+    error = rules.disagreement(by_rank, _CONFIGURATION, fn)
+    if error is not None:
+        raise error
+    _agreed.add((group, configuration))
+
+
 def _to_experts(permuted: Tensor, plan: DispatchPlan) -> tuple[Tensor, Tensor, Tensor]:
     """Rows in permute's order on this rank -> the rows its peers' experts receive, grouped
     by local expert: permute's three results on the received rows."""
@@ -137,6 +184,8 @@ def dispatch_probs(probs: Tensor, plan: DispatchPlan) -> Tensor:
     ``[rows of expert_input]``, 0 on padding rows; for experts that weight their own rows
     (Megatron-core's take the probs with the rows). One more all-to-all, of one column;
     no host copy. Differentiable in ``probs``."""
+    fn = "dispatch_probs"
+    rules.check_slot_values(shape_and_dtype(probs, "probs", fn), tuple(plan.expert_indices.shape), "probs", fn)
     slots = probs.reshape(-1, 1)
     permuted, _, _ = expert.permute(slots, plan.expert_indices.reshape(-1, 1), plan.num_experts)
     return _to_experts(permuted, plan)[0][:, 0]
@@ -183,6 +232,12 @@ def combine(expert_output: Tensor, plan: DispatchPlan, probs: Tensor | None = No
     """``out [T, H]``: each token's ``sum over j of probs[t, j] * expert_output`` of its slot
     j, accumulated in float32 in slot order (unpermute), from dispatch's ``plan``; a slot
     that was dropped adds nothing. Differentiable."""
+    fn = "combine"
+    output = shape_and_dtype(expert_output, "expert_output", fn)
+    rules.check_expert_output(output, plan.received_rows.shape[0], fn)
+    if probs is not None:
+        rules.check_slot_values(shape_and_dtype(probs, "probs", fn), tuple(plan.row_map.shape), "probs", fn,
+                                output[1])
     back_local = expert.unpermute(expert_output, plan.received_rows)
     if plan.splits is None:
         permuted = expert.unpermute(_exchange(back_local, plan.group), plan.return_rows)
@@ -214,7 +269,7 @@ class ExpertParallelMoE(nn.Module):
         super().__init__()
         self.group = group or dist.group.WORLD
         self.num_experts, self.top_k, self.capacity = num_experts, top_k, capacity
-        e_local = rules.check(num_experts, dist.get_world_size(self.group), capacity, "ExpertParallelMoE")
+        e_local = rules.check(num_experts, _group_size(self.group, "ExpertParallelMoE"), capacity, "ExpertParallelMoE")
         self.router = nn.Parameter(torch.empty(hidden_size, num_experts, device=device, dtype=dtype))
         nn.init.normal_(self.router, std=0.02)
         self.experts = GroupedMLP(e_local, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,

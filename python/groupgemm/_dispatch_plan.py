@@ -21,18 +21,65 @@ gather) and ``int32(x)``; the rest are operators both frameworks share.
 """
 
 
-def check(num_experts, ep_size, capacity, fn):
+from groupgemm import _contract as contract
+
+
+def check(num_experts, ep_size, capacity, fn, *, dropless_mode=True):
     """E_local, the experts per rank; ValueError naming the argument for a num_experts the
     group does not divide, or a capacity that is not a positive int (None: dropless, where
-    the frontend allows it)."""
+    the frontend has that mode: ``dropless_mode``)."""
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"{fn}: num_experts must be a positive int, got {num_experts!r}")
     if num_experts % ep_size:
         raise ValueError(f"{fn}: num_experts = {num_experts} is not a multiple of the expert-parallel group's "
                          f"{ep_size} ranks: each rank holds the same number of experts")
+    if capacity is None and not dropless_mode:
+        raise ValueError(f"{fn}: capacity must be a positive int (rows per device pair), got None: capacity is "
+                         "the only mode here (static shapes); dropless_capacity(T, k) drops nothing")
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise ValueError(f"{fn}: capacity must be a positive int (rows per rank pair), got {capacity!r}")
     return num_experts // ep_size
+
+
+def check_routing(tokens, expert_indices, num_experts, fn):
+    """dispatch's ``tokens [T, H]`` and ``expert_indices [T, k]``, as (shape, dtype name)
+    pairs, checked in dispatch's terms before any permute sees them."""
+    contract.permute(fn, tokens, expert_indices, num_experts)
+
+
+def check_slot_values(values, expert_indices_shape, name, fn, value_dtype=None):
+    """A per-slot operand (probs): ``[T, k]`` as dispatch's expert_indices, a float dtype
+    (with ``value_dtype``, that of the values it weights or float32); a tensor of the same
+    size in another shape (``probs.t()``) would pair rows with other slots' values."""
+    shape, dtype = values
+    contract.check_float(dtype, name, fn)
+    contract.check_shape(shape, expert_indices_shape, name, fn)
+    if value_dtype is not None and dtype not in (value_dtype, "float32"):
+        raise TypeError(f"{fn}: {name} must be {value_dtype} (expert_output's dtype) or float32, got {dtype}")
+
+
+def check_expert_output(expert_output, rows, fn):
+    """combine's ``expert_output``: one row for each row of dispatch's ``expert_input``, in
+    its order (a row more or less would leave slots without their result)."""
+    shape, dtype = expert_output
+    contract.check_float(dtype, "expert_output", fn)
+    contract.check_rank(shape, 2, "expert_output", "[rows of expert_input, H]", fn)
+    if shape[0] != rows:
+        raise ValueError(f"{fn}: expert_output has {shape[0]} rows, but dispatch gave this plan {rows} rows of "
+                         "expert_input: the expert output must keep expert_input's rows, in its order")
+
+
+def disagreement(values_by_rank, names, fn):
+    """The ValueError for ranks whose configurations differ (``values_by_rank[r]``: rank r's
+    value of each of ``names``), naming the first argument they disagree on and every
+    rank's value; None when they agree."""
+    for i, name in enumerate(names):
+        values = [v[i] for v in values_by_rank]
+        if any(v != values[0] for v in values):
+            each = ", ".join(f"rank {r} has {v}" for r, v in enumerate(values))
+            return ValueError(f"{fn}: the ranks of the expert-parallel group disagree on {name} ({each}); every "
+                              "rank must dispatch with the same num_experts, capacity (mode), hidden size and dtype")
+    return None
 
 
 def dropless_capacity(num_tokens, top_k):
