@@ -39,6 +39,8 @@ DISAGREEMENTS = {
                    "(rank 0 has 8, rank 1 has 6)",
     "dropless_hidden_size": "ValueError: dispatch: the ranks of the expert-parallel group disagree on the hidden "
                             "size H (rank 0 has 8, rank 1 has 6)",
+    "dropless_num_experts": "ValueError: dispatch: the ranks of the expert-parallel group disagree on num_experts "
+                            "(rank 0 has 4, rank 1 has 2)",
     "dtype": "ValueError: dispatch: the ranks of the expert-parallel group disagree on the dtype "
              "(rank 0 has float32, rank 1 has float64)",
 }
