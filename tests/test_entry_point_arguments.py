@@ -52,7 +52,8 @@ ENUM_CALLS = {
     "kind": (activation_raw, activation_ffi, "0 \\(swiglu\\), 1 \\(gelu\\), 2 \\(relu\\) or 3 \\(silu\\)"),
     "scaling": (lambda v: quantize_raw(scaling=v), lambda v: quantize_ffi(scaling=v),
                 "0 \\(rowwise\\) or 1 \\(blockwise\\)"),
-    "out_type": (lambda v: quantize_raw(out_type=v), lambda v: quantize_ffi(out_type=v), "0 \\(e4m3\\) or 1 \\(e5m2\\)"),
+    "out_type": (lambda v: quantize_raw(out_type=v), lambda v: quantize_ffi(out_type=v),
+                 "0 \\(e4m3\\) or 1 \\(e5m2\\)"),
 }
 
 

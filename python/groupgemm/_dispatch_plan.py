@@ -20,7 +20,6 @@ Every function takes ``ops``, the frontend's few array functions on int32 arrays
 gather) and ``int32(x)``; the rest are operators both frameworks share.
 """
 
-
 from groupgemm import _contract as contract
 
 
