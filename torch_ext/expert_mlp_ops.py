@@ -103,6 +103,7 @@ def _setup(ctx, inputs, output):
     tokens, expert_indices, w_in, w_out, probs, b_in, b_out, group_offset, kind, transpose_rhs, want_h = inputs
     _, h = output
     ctx.mark_non_differentiable(h)
+    ctx.set_materialize_grads(False)  # no zeros the size of h for its gradient, which never comes
     ctx.save_for_backward(tokens, expert_indices, w_in, w_out, probs, b_out, group_offset, h)
     ctx.save_for_forward(tokens, expert_indices, w_in, w_out, probs, b_out, group_offset, h)
     ctx.kind, ctx.transpose_rhs, ctx.want_h = kind, transpose_rhs, want_h
@@ -115,6 +116,8 @@ def _saved(ctx, saved):
 
 
 def _backward(ctx, dout, _dh):
+    if dout is None:
+        return (None,) * 11
     tokens, expert_indices, w_in, w_out, probs, b_out, group_offset, h = _saved(ctx, ctx.saved_tensors)
     want = [ctx.needs_input_grad[i] for i in _DIFFERENTIABLE]
     grads = expert_mlp_backward_op(incoming_grad(dout, tokens.dtype), tokens, expert_indices, w_in, w_out, h, want,

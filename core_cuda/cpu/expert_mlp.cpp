@@ -1,5 +1,5 @@
 // The CPU backend's fused expert MLP (groupgemm/expert_mlp.h). The routing runs on the host;
-// then each local expert's rows are multiplied in blocks of about kBlockBytes of scratch:
+// then each local expert's rows are multiplied in blocks of an L2 cache's worth of rows:
 // a block's token rows are gathered into the scratch and multiplied by the library GEMM
 // (gemm.h), so no [T*k, H] copy of the tokens exists. Forward, per block: fc1, its output
 // scattered into h (slot order), the activation, fc2 into the expert-output scratch rows;
@@ -37,6 +37,8 @@ namespace {
 // to float32 and each product rounded once (as backend.cpp's float16 GEMMs).
 template <typename T>
 using GemmIn = std::conditional_t<std::is_same_v<T, f16_t>, float, T>;
+template <typename T>
+constexpr bool kWidened = !std::is_same_v<GemmIn<T>, T>;
 
 template <typename T>
 constexpr DType dtype_of() {
@@ -50,16 +52,15 @@ constexpr DType dtype_of() {
     return DType::f32;
 }
 
-// A block's scratch rows (gathered inputs and the intermediates of 2H + F_in + F values a
-// row) stay near this size, in whole 64-row steps (the bfloat16 weight gradients' kernel
-// runs the contraction in such steps, gemm_onednn.cpp), 64 to 512 rows.
-constexpr int64_t kBlockBytes = int64_t(1) << 20;
-constexpr int64_t kBlockRowStep = 64;
-constexpr int64_t kMaxBlockRows = 512;
+// A block holds as many rows as keep its gathered token rows (H values each) near the size
+// of a core's L2 cache, 128 to 1024 rows: fewer, and each block's GEMMs would spend more of
+// their time packing the expert's weight than multiplying (oneDNN packs it per call);
+// more, and the scratch would outgrow the cache for no gain.
+constexpr int64_t kBlockBytes = int64_t(2) << 20;
+constexpr int64_t kMinBlockRows = 128, kMaxBlockRows = 1024;
 
-int64_t rows_per_block(int64_t hidden, int64_t in_features, int64_t features, int64_t element_bytes) {
-  const int64_t row_bytes = std::max<int64_t>((2 * hidden + in_features + features) * element_bytes, 1);
-  return std::clamp(kBlockBytes / row_bytes / kBlockRowStep * kBlockRowStep, kBlockRowStep, kMaxBlockRows);
+int64_t rows_per_block(int64_t hidden, int64_t element_bytes) {
+  return std::clamp(kBlockBytes / std::max<int64_t>(hidden * element_bytes, 1), kMinBlockRows, kMaxBlockRows);
 }
 
 // The routing of expert_mlp.h on the host (one chunk).
@@ -159,6 +160,35 @@ Status multiply_acc(GemmCall c, Acc<T>* out, bool accumulate) {
   return multiply(c);
 }
 
+// An expert's weight gradient, the sum of its blocks' products: added up in place (float32,
+// float64), else in a float32 scratch rounded into it once at the end; a bfloat16 expert of
+// one block is the library's one product, rounded by it (the grouped path's weight gradient).
+template <typename T>
+class WeightGradient {
+ public:
+  WeightGradient(T* out, int64_t size, int64_t blocks, std::vector<Acc<T>>& scratch)
+      : out_(out), size_(size), widened_(out && !std::is_same_v<T, Acc<T>> && (blocks > 1 || kWidened<T>)) {
+    if (widened_) scratch.resize(size), sum_ = scratch.data();
+  }
+  // Adds block `block`'s product (the first one overwrites).
+  Status add(GemmCall c, int64_t block) {
+    if (!widened_) {
+      c.out_dtype = dtype_of<T>(), c.c = out_, c.accumulate = block > 0;
+      return multiply(c);
+    }
+    return multiply_acc<T>(c, sum_, block > 0);
+  }
+  void finish() {
+    if (widened_) convert(sum_, dtype_of<Acc<T>>(), out_, dtype_of<T>(), size_);
+  }
+
+ private:
+  T* out_;
+  int64_t size_;
+  bool widened_;
+  Acc<T>* sum_ = nullptr;
+};
+
 // rows[i] = the `width` values at source row row_of(i), in the GEMMs' type.
 template <typename G, typename T, typename RowOf>
 void gather(const T* source, int64_t width, int64_t n, RowOf row_of, std::vector<G>& rows) {
@@ -185,16 +215,27 @@ const GemmIn<T>* as_operand(const std::vector<T>& rows, std::vector<float>& wide
   }
 }
 
-// One thread's scratch, reused block after block.
+// One thread's scratch, reused block after block; the backward reuses each buffer once the
+// values in it are spent.
 template <typename T>
 struct Scratch {
-  using G = GemmIn<T>;
-  std::vector<G> tokens, dout;          // gathered rows
-  std::vector<T> h, act, dy, dact, dh;  // a block's intermediates, stored as the composition stores them
-  std::vector<Acc<T>> g;                // dout @ w_out^T
-  std::vector<float> wide, wide_act, wide_dy;  // float16's float32 operands and results
-  std::vector<Acc<T>> dw_in, dw_out;           // a 16-bit expert's weight gradients, in float32
+  std::vector<GemmIn<T>> rows;  // token rows (forward); dout's rows, fc2's output gradient in their place,
+                                // then the token rows (backward)
+  std::vector<T> h, act;        // fc1's output (its gradient in its place) and the activation, stored as
+                                // the composition stores them
+  std::vector<Acc<T>> g;        // dout @ w_out^T
+  std::vector<float> wide, wide_act;  // float16's float32 operands and results
+  std::vector<Acc<T>> dw_in, dw_out;  // a 16-bit expert's weight gradients over several blocks
 };
+
+// v rounded to T, as the GEMMs take it (float16's widened back).
+template <typename T, typename A>
+GemmIn<T> rounded(A v) {
+  if constexpr (kWidened<T>)
+    return widen(store<T>(v));
+  else
+    return store<T>(v);
+}
 
 template <typename T>
 void activate(Activation kind, const T* h, int64_t n, int64_t in_features, std::vector<T>& out) {
@@ -223,7 +264,7 @@ int call_threads(DType dtype) { return omp_in_parallel() || dtype == DType::f64 
 // ---- the forward ------------------------------------------------------------------------
 
 template <typename T>
-Status forward(const ExpertMlpArgs& a) {
+Status forward(const ExpertMlpArgs& a, int64_t block_rows) {
   using G = GemmIn<T>;
   const int64_t k = a.top_k, hidden = a.hidden, f_in = a.in_features, experts = a.num_experts;
   const int64_t f = activation_out_features(a.activation, f_in);
@@ -242,7 +283,6 @@ Status forward(const ExpertMlpArgs& a) {
     RowRange rows;
   };
   std::vector<Block> blocks;
-  const int64_t block_rows = rows_per_block(hidden, f_in, f, sizeof(T));
   for (int64_t e = 0; e < experts; ++e) {
     const RowRange rows = routing.rows(e);
     const int64_t count = block_count(rows, block_rows);
@@ -255,10 +295,10 @@ Status forward(const ExpertMlpArgs& a) {
     Scratch<T>& s = scratch[omp_get_thread_num()];
     const int64_t n = block.rows.rows(), e = block.expert;
     const int32_t* slots = routing.slot_of_row.data() + block.rows.begin;
-    gather<G>(tokens, hidden, n, [&](int64_t r) { return slots[r] / k; }, s.tokens);
+    gather<G>(tokens, hidden, n, [&](int64_t r) { return slots[r] / k; }, s.rows);
     s.h.resize(n * f_in);
     GG_RETURN_IF_ERROR(
-        multiply_into(gemm_call<G>(n, f_in, hidden, s.tokens.data(), false, w_in.at(e * hidden * f_in),
+        multiply_into(gemm_call<G>(n, f_in, hidden, s.rows.data(), false, w_in.at(e * hidden * f_in),
                                    a.transpose_rhs, b_in.at(e * f_in)),
                       s.h.data(), s.wide));
     if (h && f_in > 0)
@@ -280,12 +320,12 @@ Status forward(const ExpertMlpArgs& a) {
 // ---- the backward -----------------------------------------------------------------------
 
 template <typename T, typename P>
-Status backward(const ExpertMlpBackwardArgs& a) {
+Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
   using G = GemmIn<T>;
   using A = Acc<T>;
-  constexpr bool kAccumulatesInPlace = std::is_same_v<T, A>;  // float32 and float64 weight gradients
   const int64_t k = a.top_k, hidden = a.hidden, f_in = a.in_features, experts = a.num_experts;
   const int64_t f = activation_out_features(a.activation, f_in);
+  const int64_t up_offset = a.activation == Activation::swiglu ? f : 0;  // swiglu's up half
   const Routing routing(a);
   const GemmOperand<T> w_in(a.w_in, experts * hidden * f_in), w_out(a.w_out, experts * f * hidden);
   const T* dout = static_cast<const T*>(a.dout);
@@ -301,7 +341,6 @@ Status backward(const ExpertMlpBackwardArgs& a) {
     for (int64_t s = 0; s < a.num_tokens * k; ++s)
       if (routing.row_map[s] < 0) dprobs[s] = P{};  // a dropped slot's weight has no effect
 
-  const int64_t block_rows = rows_per_block(hidden, f_in, f, sizeof(T));
   auto expert_gradients = [&](int64_t e, Scratch<T>& s) -> Status {
     const RowRange rows = routing.rows(e);
     const int64_t w_in_size = hidden * f_in, w_out_size = f * hidden;
@@ -316,32 +355,25 @@ Status backward(const ExpertMlpBackwardArgs& a) {
       if (db_out) std::memset(db_out, 0, hidden * sizeof(T));
       return Status::Ok();
     }
-    A* dw_in_acc = nullptr;
-    A* dw_out_acc = nullptr;
-    if constexpr (kAccumulatesInPlace) {
-      dw_in_acc = dw_in, dw_out_acc = dw_out;
-    } else {
-      if (dw_in) s.dw_in.resize(w_in_size), dw_in_acc = s.dw_in.data();
-      if (dw_out) s.dw_out.resize(w_out_size), dw_out_acc = s.dw_out.data();
-    }
+    const int64_t count = block_count(rows, block_rows);
+    WeightGradient<T> dw_in_sum(dw_in, w_in_size, count, s.dw_in),
+        dw_out_sum(dw_out, w_out_size, count, s.dw_out);
     std::vector<A> db_in_acc(db_in ? f_in : 0, A(0)), db_out_acc(db_out ? hidden : 0, A(0));
     const G* w_in_e = w_in.at(e * w_in_size);
     const G* w_out_e = w_out.at(e * w_out_size);
-    const int64_t count = block_count(rows, block_rows);
     for (int64_t b = 0; b < count; ++b) {
       const RowRange block = block_of(rows, b, count);
       const int64_t n = block.rows();
-      const bool first = b == 0;
       const int32_t* slots = routing.slot_of_row.data() + block.begin;
       auto prob = [&](int64_t r) { return probs ? load<A>(probs, slots[r]) : A(1); };
       auto token = [&](int64_t r) { return slots[r] / k; };
-      gather<G>(dout, hidden, n, token, s.dout);
+      gather<G>(dout, hidden, n, token, s.rows);
       gather<T>(h, f_in, n, [&](int64_t r) { return slots[r]; }, s.h);
       if (want_act) activate(a.activation, s.h.data(), n, f_in, s.act);
       if (want_g) {  // g = dout @ w_out^T, unweighted: fc2's input gradient over the slot's weight
         s.g.resize(n * f);
         GG_RETURN_IF_ERROR(multiply_acc<T>(
-            gemm_call<G>(n, f, hidden, s.dout.data(), false, w_out_e, !a.transpose_rhs), s.g.data(), false));
+            gemm_call<G>(n, f, hidden, s.rows.data(), false, w_out_e, !a.transpose_rhs), s.g.data(), false));
       }
       if (dprobs)
         for (int64_t r = 0; r < n; ++r) {
@@ -352,56 +384,54 @@ Status backward(const ExpertMlpBackwardArgs& a) {
           A dot = fold_dot_lanes(partial);
           if (b_out) {
             auto bias = [&](int64_t c) { return load<A>(b_out, e * hidden + c); };
-            auto grad = [&](int64_t c) { return load<A>(s.dout.data(), r * hidden + c); };
+            auto grad = [&](int64_t c) { return load<A>(s.rows.data(), r * hidden + c); };
             for (int lane = 0; lane < kDotLanes; ++lane)
               partial[lane] = dot_lane_partial<A>(lane, hidden, bias, grad);
             dot = dot + fold_dot_lanes(partial);
           }
           dprobs[slots[r]] = store<P>(dot);
         }
-      if (want_dy) {  // fc2's output gradient: the slot's weight times dout[t], as unpermute's backward
-                      // rounds it
-        s.dy.resize(n * hidden);
+      if (want_dy) {  // fc2's output gradient in place of dout's rows: the slot's weight times dout[t],
+                      // rounded as unpermute's backward rounds it
         for (int64_t r = 0; r < n; ++r)
           for (int64_t c = 0; c < hidden; ++c)
-            s.dy[r * hidden + c] = store<T>(product(prob(r), load<A>(s.dout.data(), r * hidden + c)));
-        const G* dy = as_operand(s.dy, s.wide_dy);
+            s.rows[r * hidden + c] = rounded<T>(product(prob(r), load<A>(s.rows.data(), r * hidden + c)));
         const G* act = as_operand(s.act, s.wide_act);
-        if (dw_out_acc)
-          GG_RETURN_IF_ERROR(multiply_acc<T>(a.transpose_rhs
-                                                 ? gemm_call<G>(hidden, f, n, dy, true, act, false)
-                                                 : gemm_call<G>(f, hidden, n, act, true, dy, false),
-                                             dw_out_acc, !first));
+        if (dw_out)
+          GG_RETURN_IF_ERROR(dw_out_sum.add(a.transpose_rhs
+                                                ? gemm_call<G>(hidden, f, n, s.rows.data(), true, act, false)
+                                                : gemm_call<G>(f, hidden, n, act, true, s.rows.data(), false),
+                                            b));
         for (int64_t r = 0; r < n && db_out; ++r)  // rows in order, as grouped_bias_grad adds them
-          for (int64_t c = 0; c < hidden; ++c) db_out_acc[c] += widen(s.dy[r * hidden + c]);
+          for (int64_t c = 0; c < hidden; ++c) db_out_acc[c] += widen(s.rows[r * hidden + c]);
       }
       if (!want_dh) continue;
-      s.dact.resize(n * f);
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t c = 0; c < f; ++c) s.dact[r * f + c] = store<T>(product(prob(r), s.g[r * f + c]));
-      s.dh.resize(n * f_in);
-      ActivationBackwardArgs grad;
-      grad.dtype = a.dtype, grad.kind = a.activation, grad.dout = s.dact.data(), grad.h = s.h.data();
-      grad.dh = s.dh.data(), grad.rows = n, grad.in_features = f_in;
-      GG_RETURN_IF_ERROR(activation_backward(grad));
-      const G* dh = as_operand(s.dh, s.wide_act);
-      if (dw_in_acc) {
-        gather<G>(tokens, hidden, n, token, s.tokens);
-        GG_RETURN_IF_ERROR(
-            multiply_acc<T>(a.transpose_rhs ? gemm_call<G>(f_in, hidden, n, dh, true, s.tokens.data(), false)
-                                            : gemm_call<G>(hidden, f_in, n, s.tokens.data(), true, dh, false),
-                            dw_in_acc, !first));
+      for (int64_t r = 0; r < n;
+           ++r) {  // fc1's output gradient in place of h: act'(h) times the weight times g
+        const A p = prob(r);
+        T* h_row = s.h.data() + r * f_in;
+        for (int64_t c = 0; c < f; ++c) {
+          const A x = load<A>(h_row, c), up = up_offset ? load<A>(h_row, up_offset + c) : A(0);
+          const ActivationGrad<A> d = activation_backward_at(a.activation, product(p, s.g[r * f + c]), x, up);
+          h_row[c] = store<T>(d.dx);
+          if (up_offset) h_row[up_offset + c] = store<T>(d.dup);
+        }
+      }
+      const G* dh = as_operand(s.h, s.wide_act);
+      if (dw_in) {
+        gather<G>(tokens, hidden, n, token, s.rows);
+        GG_RETURN_IF_ERROR(dw_in_sum.add(a.transpose_rhs
+                                             ? gemm_call<G>(f_in, hidden, n, dh, true, s.rows.data(), false)
+                                             : gemm_call<G>(hidden, f_in, n, s.rows.data(), true, dh, false),
+                                         b));
       }
       for (int64_t r = 0; r < n && db_in; ++r)
-        for (int64_t c = 0; c < f_in; ++c) db_in_acc[c] += widen(s.dh[r * f_in + c]);
+        for (int64_t c = 0; c < f_in; ++c) db_in_acc[c] += widen(s.h[r * f_in + c]);
       if (a.dtokens)  // the rows' input gradients; each token sums its own below
         GG_RETURN_IF_ERROR(multiply_into(gemm_call<G>(n, hidden, f_in, dh, false, w_in_e, !a.transpose_rhs),
                                          token_rows + block.begin * hidden, s.wide));
     }
-    if constexpr (!kAccumulatesInPlace) {
-      if (dw_in) convert(dw_in_acc, DType::f32, dw_in, a.dtype, w_in_size);
-      if (dw_out) convert(dw_out_acc, DType::f32, dw_out, a.dtype, w_out_size);
-    }
+    dw_in_sum.finish(), dw_out_sum.finish();
     if (db_in) convert(db_in_acc.data(), dtype_of<A>(), db_in, a.dtype, f_in);
     if (db_out) convert(db_out_acc.data(), dtype_of<A>(), db_out, a.dtype, hidden);
     return Status::Ok();
@@ -432,13 +462,22 @@ Status backward(const ExpertMlpBackwardArgs& a) {
 
 }  // namespace
 
+Status expert_mlp_in_blocks(const ExpertMlpArgs& a, int64_t block_rows) {
+  return visit_dtype(a.dtype, [&](auto tag) { return forward<decltype(tag)>(a, block_rows); });
+}
+
+Status expert_mlp_backward_in_blocks(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
+  return visit_values_and_probs(a.dtype, a.probs || a.dprobs ? a.probs_dtype : a.dtype, [&](auto v, auto p) {
+    return backward<decltype(v), decltype(p)>(a, block_rows);
+  });
+}
+
 Status expert_mlp(const ExpertMlpArgs& a) {
-  return visit_dtype(a.dtype, [&](auto tag) { return forward<decltype(tag)>(a); });
+  return expert_mlp_in_blocks(a, rows_per_block(a.hidden, dtype_size(a.dtype)));
 }
 
 Status expert_mlp_backward(const ExpertMlpBackwardArgs& a) {
-  return visit_values_and_probs(a.dtype, a.probs || a.dprobs ? a.probs_dtype : a.dtype,
-                                [&](auto v, auto p) { return backward<decltype(v), decltype(p)>(a); });
+  return expert_mlp_backward_in_blocks(a, rows_per_block(a.hidden, dtype_size(a.dtype)));
 }
 
 }  // namespace cpu

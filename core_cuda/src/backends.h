@@ -23,6 +23,10 @@ Status expert_mlp_backward(const ExpertMlpBackwardArgs& args);
 // chunks (the CPU uses 1), for the tests.
 Status permute_in_chunks(const PermuteArgs& args, int64_t chunks);
 Status unpermute_backward_in_chunks(const UnpermuteBackwardArgs& args, int64_t chunks);
+// expert_mlp and its backward with each expert's rows multiplied in blocks of at most
+// block_rows (the CPU picks its own), for the tests.
+Status expert_mlp_in_blocks(const ExpertMlpArgs& args, int64_t block_rows);
+Status expert_mlp_backward_in_blocks(const ExpertMlpBackwardArgs& args, int64_t block_rows);
 }  // namespace cpu
 
 namespace cuda {
