@@ -190,17 +190,35 @@ class WeightGradient {
 };
 
 // rows[i] = the `width` values at source row row_of(i), in the GEMMs' type.
+// fn(r) for each row r of a block of n rows of `width` values: on all threads when the block
+// runs alone (outside a team), else on the calling thread. Each row is one thread's, in a fixed
+// order, so the bits are the same either way.
+template <typename Fn>
+void for_rows(int64_t n, int64_t width, Fn fn) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && parallel_rows(n, width))
+  for (int64_t r = 0; r < n; ++r) fn(r);
+}
+
+// sum[c] += rows[r][c] over the n rows in order, widened (a bias gradient), columns split as for_rows splits
+// rows.
+template <typename A, typename V>
+void add_rows(const V* rows, int64_t n, int64_t width, std::vector<A>& sum) {
+  for_rows(width, n, [&](int64_t c) {
+    for (int64_t r = 0; r < n; ++r) sum[c] += widen(rows[r * width + c]);
+  });
+}
+
 template <typename G, typename T, typename RowOf>
 void gather(const T* source, int64_t width, int64_t n, RowOf row_of, std::vector<G>& rows) {
   rows.resize(n * width);
   if (width == 0) return;
-  for (int64_t i = 0; i < n; ++i) {
+  for_rows(n, width, [&](int64_t i) {
     const T* from = source + row_of(i) * width;
     if constexpr (std::is_same_v<G, T>)
       std::memcpy(rows.data() + i * width, from, width * sizeof(T));
     else
       convert(from, dtype_of<T>(), rows.data() + i * width, dtype_of<G>(), width);
-  }
+  });
 }
 
 // The rows of T as GEMM operands: themselves, or float16's widened into `wide`.
@@ -302,8 +320,8 @@ Status forward(const ExpertMlpArgs& a, int64_t block_rows) {
                                    a.transpose_rhs, b_in.at(e * f_in)),
                       s.h.data(), s.wide));
     if (h && f_in > 0)
-      for (int64_t r = 0; r < n; ++r)
-        std::memcpy(h + slots[r] * f_in, s.h.data() + r * f_in, f_in * sizeof(T));
+      for_rows(n, f_in,
+               [&](int64_t r) { std::memcpy(h + slots[r] * f_in, s.h.data() + r * f_in, f_in * sizeof(T)); });
     activate(a.activation, s.h.data(), n, f_in, s.act);
     return multiply_into(gemm_call<G>(n, hidden, f, as_operand(s.act, s.wide_act), false,
                                       w_out.at(e * f * hidden), a.transpose_rhs, b_out.at(e * hidden)),
@@ -376,7 +394,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
             gemm_call<G>(n, f, hidden, s.rows.data(), false, w_out_e, !a.transpose_rhs), s.g.data(), false));
       }
       if (dprobs)
-        for (int64_t r = 0; r < n; ++r) {
+        for_rows(n, f + hidden, [&](int64_t r) {
           A partial[kDotLanes];
           auto act = [&](int64_t c) { return load<A>(s.act.data(), r * f + c); };
           auto g = [&](int64_t c) { return s.g[r * f + c]; };
@@ -390,24 +408,23 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
             dot = dot + fold_dot_lanes(partial);
           }
           dprobs[slots[r]] = store<P>(dot);
-        }
+        });
       if (want_dy) {  // fc2's output gradient in place of dout's rows: the slot's weight times dout[t],
                       // rounded as unpermute's backward rounds it
-        for (int64_t r = 0; r < n; ++r)
+        for_rows(n, hidden, [&](int64_t r) {
           for (int64_t c = 0; c < hidden; ++c)
             s.rows[r * hidden + c] = rounded<T>(product(prob(r), load<A>(s.rows.data(), r * hidden + c)));
+        });
         const G* act = as_operand(s.act, s.wide_act);
         if (dw_out)
           GG_RETURN_IF_ERROR(dw_out_sum.add(a.transpose_rhs
                                                 ? gemm_call<G>(hidden, f, n, s.rows.data(), true, act, false)
                                                 : gemm_call<G>(f, hidden, n, act, true, s.rows.data(), false),
                                             b));
-        for (int64_t r = 0; r < n && db_out; ++r)  // rows in order, as grouped_bias_grad adds them
-          for (int64_t c = 0; c < hidden; ++c) db_out_acc[c] += widen(s.rows[r * hidden + c]);
+        if (db_out) add_rows(s.rows.data(), n, hidden, db_out_acc);  // rows in order, as grouped_bias_grad
       }
       if (!want_dh) continue;
-      for (int64_t r = 0; r < n;
-           ++r) {  // fc1's output gradient in place of h: act'(h) times the weight times g
+      for_rows(n, f_in, [&](int64_t r) {  // fc1's output gradient in place of h: act'(h) times weight times g
         const A p = prob(r);
         T* h_row = s.h.data() + r * f_in;
         for (int64_t c = 0; c < f; ++c) {
@@ -416,7 +433,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
           h_row[c] = store<T>(d.dx);
           if (up_offset) h_row[up_offset + c] = store<T>(d.dup);
         }
-      }
+      });
       const G* dh = as_operand(s.h, s.wide_act);
       if (dw_in) {
         gather<G>(tokens, hidden, n, token, s.rows);
@@ -425,8 +442,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
                                              : gemm_call<G>(hidden, f_in, n, s.rows.data(), true, dh, false),
                                          b));
       }
-      for (int64_t r = 0; r < n && db_in; ++r)
-        for (int64_t c = 0; c < f_in; ++c) db_in_acc[c] += widen(s.h[r * f_in + c]);
+      if (db_in) add_rows(s.h.data(), n, f_in, db_in_acc);
       if (a.dtokens)  // the rows' input gradients; each token sums its own below
         GG_RETURN_IF_ERROR(multiply_into(gemm_call<G>(n, hidden, f_in, dh, false, w_in_e, !a.transpose_rhs),
                                          token_rows + block.begin * hidden, s.wide));
