@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from groupgemm import _dispatch_plan as rules
 from groupgemm.jax_ext.arguments import same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
+from groupgemm.jax_ext.expert_mlp import expert_mlp, fused_by_default
 from groupgemm.jax_ext.functional import grouped_matmul
 
 
@@ -99,6 +100,15 @@ def dispatch(tokens, expert_indices, num_experts, *, axis_name, capacity):
     Differentiable: the backward is the reverse exchange.
     """
     fn = "dispatch"
+    chunks, receive_experts, plan = _send(tokens, expert_indices, num_experts, axis_name, capacity, fn)
+    expert_input, local_sizes, received_rows = permute(chunks, receive_experts, num_experts // plan.sent.shape[0])
+    return expert_input, local_sizes, dataclasses.replace(plan, received_rows=received_rows)
+
+
+def _send(tokens, expert_indices, num_experts, axis_name, capacity, fn):
+    """dispatch's exchange: ``(chunks [ep * capacity, H], receive_experts [ep * capacity, 1],
+    plan)``, chunk s the rows device s sent this one (then zeros), each row's local expert
+    (-1 for padding), the plan without received_rows."""
     ep = _axis_size(axis_name)
     e_local = rules.check(num_experts, ep, capacity, fn, dropless_mode=False)
     tokens, expert_indices = jnp.asarray(tokens), jnp.asarray(expert_indices)
@@ -111,10 +121,9 @@ def dispatch(tokens, expert_indices, num_experts, *, axis_name, capacity):
     chunks = _exchange_chunks(permuted, _Ops.cumsum(bound_for, 0) - bound_for, rows_to, rows_from,
                               chunks_of=lambda rows: unpermute(rows, send_rows), axis_name=axis_name,
                               capacity=capacity)
-    expert_input, local_sizes, received_rows = permute(chunks, rules.receive_plan(_Ops, received, capacity), e_local)
     return_rows = rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0])
-    return expert_input, local_sizes, DispatchPlan(row_map, received_rows, return_rows, dropped, rows_to, rows_from,
-                                                   axis_name)
+    return chunks, rules.receive_plan(_Ops, received, capacity), DispatchPlan(row_map, None, return_rows, dropped,
+                                                                              rows_to, rows_from, axis_name)
 
 
 def combine(expert_output, plan, probs=None):
@@ -128,7 +137,12 @@ def combine(expert_output, plan, probs=None):
     if probs is not None:
         probs = jnp.asarray(probs)
         rules.check_slot_values(shape_and_dtype(probs), plan.row_map.shape, "probs", fn, output[1])
-    results = unpermute(expert_output, plan.received_rows)  # chunk s: the rows device s sent, then zeros
+    return _send_back(unpermute(expert_output, plan.received_rows), plan, probs)
+
+
+def _send_back(results, plan, probs):
+    """combine's exchange, from the results in the chunks' order (chunk s: the rows device s
+    sent, then zeros)."""
     ep = plan.sent.shape[0]
     capacity = results.shape[0] // ep
     back = _exchange_chunks(results, jnp.arange(ep, dtype=jnp.int32) * capacity, plan.received, plan.sent,
@@ -142,7 +156,7 @@ def dropless_capacity(num_tokens, top_k):
 
 
 def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation="swiglu", transpose_rhs=False,
-              allowed=None, fp8=None):
+              allowed=None, fp8=None, fused=None):
     """An expert-parallel MoE layer inside ``jax.shard_map`` over ``axis_name``: softmax
     top-k router, dispatch, the grouped MLP of this device's experts, combine. Returns
     ``(out [T, H], dropped)``.
@@ -153,12 +167,22 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     GEMM (one group of every token), so every step with arithmetic runs in the core and
     PyTorch's ExpertParallelMoE gives the same bits. ``allowed`` (broadcastable to
     ``[T, E]``) bars experts from routing: a token with none allowed goes nowhere.
+
+    ``fused``: the received rows go through ``expert_mlp`` (grouped by local expert inside
+    its GEMMs, a gradient keeping fc1's output only) instead of permute, grouped_mlp and
+    unpermute; the same values. None (the default) fuses where that is measured faster,
+    on the CPU, and not under ``fp8``.
     """
     rules.check(num_experts, _axis_size(axis_name), capacity, "moe_layer", dropless_mode=False)
     logits = grouped_matmul(x, params["router"][None], jnp.full((1,), x.shape[0], jnp.int32))
     if allowed is not None:
         logits = jnp.where(allowed, logits, -jnp.inf)
     probs, experts = softmax_topk(logits, top_k)
+    if (fp8 is None and fused_by_default()) if fused is None else fused:
+        chunks, receive_experts, plan = _send(x, experts, num_experts, axis_name, capacity, "moe_layer")
+        results = expert_mlp(chunks, receive_experts, None, params["w_in"], params["w_out"], activation=activation,
+                             transpose_rhs=transpose_rhs, fp8=fp8)
+        return _send_back(results, plan, probs), plan.dropped
     expert_input, group_sizes, plan = dispatch(x, experts, num_experts, axis_name=axis_name, capacity=capacity)
     y = grouped_mlp(expert_input, params["w_in"], params["w_out"], group_sizes, activation=activation,
                     transpose_rhs=transpose_rhs, fp8=fp8)

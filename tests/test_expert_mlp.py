@@ -362,3 +362,61 @@ def test_expert_mlp_runs_each_devices_tokens_through_its_experts_on_a_data_by_ex
         calls = custom_calls(text, target)
         assert calls and all((t // 2, k) in operands and (2, case.f_in, case.hidden) in operands
                              for _, operands in calls), (target, calls)
+
+
+def test_moe_layer_gives_the_same_output_fused_or_composed_and_close_gradients():
+    # moe_layer over 4 devices, one of them without tokens: the received rows through
+    # expert_mlp (the CPU's default) or through permute, grouped_mlp and unpermute.
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(5)
+    devices, e, h, f, t = 4, 8, 8, 4, 6
+    params = {"router": jnp.asarray(rng.standard_normal((h, e)), jnp.float32),
+              "w_in": jnp.asarray(rng.standard_normal((e, h, 2 * f)) / 3, jnp.float32),
+              "w_out": jnp.asarray(rng.standard_normal((e, f, h)) / 3, jnp.float32)}
+    x = jnp.asarray(rng.standard_normal((devices * t, h)), jnp.float32)
+    mesh = jax.make_mesh((devices,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,))
+    allowed = jnp.asarray(np.arange(devices * t) >= t)[:, None]  # device 0's tokens go nowhere
+
+    def loss(params, x, allowed, fused):
+        def local(params, x, allowed):
+            out, _ = gj.moe_layer(params, x, num_experts=e, top_k=2, axis_name="ep", capacity=2 * t,
+                                  allowed=allowed, fused=fused)
+            return out
+
+        specs = ({"router": P(), "w_in": P("ep"), "w_out": P("ep")}, P("ep"), P("ep"))
+        out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P("ep"))(params, x, allowed)
+        return jnp.sum(out ** 2), out
+
+    results = [jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=3)(params, x, allowed, fused)
+               for fused in (True, False)]
+    (_, fused_out), fused_grads = results[0]
+    (_, composed_out), composed_grads = results[1]
+    assert_same_bits(fused_out, composed_out, "out")
+    assert (np.asarray(fused_out)[:t] == 0).all()
+    for name in params:
+        np.testing.assert_allclose(fused_grads[name], composed_grads[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("fp8", [None, "rowwise"])
+def test_grouped_mlp_forward_routed_fuses_by_default_on_the_cpu(fp8):
+    torch.manual_seed(0)
+    experts = gt.GroupedMLP(3, 8, 4, bias=True, fp8=fp8)
+    composed = gt.GroupedMLP(3, 8, 4, bias=True, fp8=fp8, fused=False)
+    composed.load_state_dict(experts.state_dict())
+    tokens = torch.randn(5, 8, requires_grad=True)
+    indices = torch.tensor([[4, 2], [3, 3], [2, 9], [-1, 4], [3, 2]])  # global ids; the module holds 2, 3 and 4
+    probs = torch.rand(5, 2)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(tuple(s.shape)) or s, lambda s: s):
+        outs = [m.forward_routed(tokens, indices, probs, group_offset=2) for m in (experts, composed)]
+    assert ((5, 2, 8) in saved) == (fp8 is None)  # the fused op keeps h [T, k, F_in]; FP8 runs the composition
+    grads = [torch.autograd.grad(out.square().sum(), [tokens, *m.parameters()]) for out, m in zip(outs,
+                                                                                                (experts, composed))]
+    if fp8 is None:
+        assert_same_bits(outs[0], outs[1], "out")
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0 if fp8 is None else 1e-6)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(NotImplementedError, match="fp8"):
+        gt.GroupedMLP(3, 8, 4, fp8="rowwise", fused=True).forward_routed(tokens, indices, probs)

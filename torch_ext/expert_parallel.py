@@ -102,7 +102,16 @@ def dispatch(tokens: Tensor, expert_indices: Tensor, num_experts: int, group=Non
     receives nothing, and idle experts are ordinary input, and every rank takes part in
     each collective. Differentiable: the backward is the reverse exchange.
     """
-    fn = "dispatch"
+    arrived, plan = _send(tokens, expert_indices, num_experts, group, capacity, "dispatch")
+    expert_input, local_sizes, plan.received_rows = expert.permute(arrived, plan.receive_experts,
+                                                                   num_experts // dist.get_world_size(plan.group))
+    return expert_input, local_sizes, plan
+
+
+def _send(tokens, expert_indices, num_experts, group, capacity, fn) -> tuple[Tensor, DispatchPlan]:
+    """dispatch's exchange: the rows this rank received, in the order they arrived
+    (plan.receive_experts gives each its local expert, -1 for padding), and the plan
+    without received_rows."""
     group = group or dist.group.WORLD
     ep = _group_size(group, fn)
     e_local = rules.check(num_experts, ep, capacity, fn)
@@ -130,8 +139,7 @@ def dispatch(tokens: Tensor, expert_indices: Tensor, num_experts: int, group=Non
         plan = DispatchPlan(expert_indices, num_experts, row_map, rules.receive_plan(_Ops, received, capacity),
                             send_rows, rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0]),
                             dropped, group)
-    expert_input, local_sizes, plan.received_rows = _to_experts(permuted, plan)
-    return expert_input, local_sizes, plan
+    return _arrive(permuted, plan), plan
 
 
 def _group_size(group, fn) -> int:
@@ -168,15 +176,18 @@ def _check_ranks_agree(group, tokens: Tensor, num_experts: int, capacity, fn) ->
     _agreed.add((group, configuration))
 
 
+def _arrive(permuted: Tensor, plan: DispatchPlan) -> Tensor:
+    """Rows in permute's order on this rank -> the rows its peers receive, in the order they arrive."""
+    if plan.splits is None:
+        return _exchange(expert.unpermute(permuted, plan.send_rows), plan.group)
+    return plan.splits.forward(permuted[:sum(plan.splits.send)], plan.group)  # the slots kept come first
+
+
 def _to_experts(permuted: Tensor, plan: DispatchPlan) -> tuple[Tensor, Tensor, Tensor]:
     """Rows in permute's order on this rank -> the rows its peers' experts receive, grouped
     by local expert: permute's three results on the received rows."""
-    if plan.splits is None:
-        arrived = _exchange(expert.unpermute(permuted, plan.send_rows), plan.group)
-    else:
-        arrived = plan.splits.forward(permuted[:sum(plan.splits.send)], plan.group)  # the slots kept come first
     e_local = plan.num_experts // dist.get_world_size(plan.group)
-    return expert.permute(arrived, plan.receive_experts, e_local)
+    return expert.permute(_arrive(permuted, plan), plan.receive_experts, e_local)
 
 
 def dispatch_probs(probs: Tensor, plan: DispatchPlan) -> Tensor:
@@ -238,7 +249,11 @@ def combine(expert_output: Tensor, plan: DispatchPlan, probs: Tensor | None = No
     if probs is not None:
         rules.check_slot_values(shape_and_dtype(probs, "probs", fn), tuple(plan.row_map.shape), "probs", fn,
                                 output[1])
-    back_local = expert.unpermute(expert_output, plan.received_rows)
+    return _send_back(expert.unpermute(expert_output, plan.received_rows), plan, probs)
+
+
+def _send_back(back_local: Tensor, plan: DispatchPlan, probs: Tensor | None) -> Tensor:
+    """combine's exchange, from the results in the order the rows arrived."""
     if plan.splits is None:
         permuted = expert.unpermute(_exchange(back_local, plan.group), plan.return_rows)
     else:
@@ -262,10 +277,11 @@ class ExpertParallelMoE(nn.Module):
     with arithmetic runs in the core and groupgemm.jax.moe_layer gives the same bits.
     ``capacity`` as in dispatch (None: dropless). The router's gradient is this rank's
     tokens' share: all-reduce it over the data-parallel ranks as for any replicated weight.
+    The received rows go through ``experts.forward_routed``: ``fused`` is GroupedMLP's.
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, top_k, group=None, *, capacity=None,
-                 activation="swiglu", fp8=None, device=None, dtype=None):
+                 activation="swiglu", fp8=None, device=None, dtype=None, fused=None):
         super().__init__()
         self.group = group or dist.group.WORLD
         self.num_experts, self.top_k, self.capacity = num_experts, top_k, capacity
@@ -273,7 +289,7 @@ class ExpertParallelMoE(nn.Module):
         self.router = nn.Parameter(torch.empty(hidden_size, num_experts, device=device, dtype=dtype))
         nn.init.normal_(self.router, std=0.02)
         self.experts = GroupedMLP(e_local, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
-                                  device=device, dtype=dtype)
+                                  device=device, dtype=dtype, fused=fused)
 
     def forward(self, x: Tensor, allowed: Tensor | None = None) -> tuple[Tensor, Tensor]:
         every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
@@ -281,5 +297,5 @@ class ExpertParallelMoE(nn.Module):
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
         probs, experts = expert.softmax_topk(logits, self.top_k)
-        expert_input, group_sizes, plan = dispatch(x, experts, self.num_experts, self.group, capacity=self.capacity)
-        return combine(self.experts(expert_input, group_sizes), plan, probs), plan.dropped
+        arrived, plan = _send(x, experts, self.num_experts, self.group, self.capacity, "ExpertParallelMoE")
+        return _send_back(self.experts.forward_routed(arrived, plan.receive_experts), plan, probs), plan.dropped
