@@ -401,6 +401,23 @@ def test_cuda_moe_block_is_bitwise_identical_in_jax_and_torch():
         assert_same_bits(a, b, f"cuda/moe block/result {i}")
 
 
+@needs_torch_cuda
+def test_cuda_expert_mlp_says_it_has_no_kernels_and_the_layers_run_the_composition():
+    # The fused expert MLP's CUDA kernels are not written: the op refuses clearly, and
+    # GroupedMLP.forward_routed's default (fused=None) runs the composition on a GPU.
+    torch.manual_seed(0)
+    experts = gt.GroupedMLP(3, 16, 8, bias=True)
+    tokens, probs = torch.randn(6, 16), torch.rand(6, 2)
+    indices = torch.tensor([[0, 2], [2, 2], [1, -1], [0, 1], [2, 0], [5, 1]])
+    want = experts.forward_routed(tokens, indices, probs)  # the CPU: fused
+    experts.cuda()
+    with pytest.raises(NotImplementedError, match="expert_mlp has no CUDA kernels"):
+        gt.expert_mlp(tokens.cuda(), indices.cuda(), probs.cuda(), experts.fc1.weight, experts.fc2.weight,
+                      b_in=experts.fc1.bias, b_out=experts.fc2.bias, transpose_weight=True)
+    got = experts.forward_routed(tokens.cuda(), indices.cuda(), probs.cuda())
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
 def _torch_moe_block(dim=64, ffn=32, experts=8, top_k=2):
     from moe_block import init_block, torch_block_class
 

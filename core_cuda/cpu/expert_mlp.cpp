@@ -1,19 +1,19 @@
 // The CPU backend's fused expert MLP (groupgemm/expert_mlp.h). The routing runs on the host;
-// then each local expert's rows are multiplied in blocks of an L2 cache's worth of rows:
-// a block's token rows are gathered into the scratch and multiplied by the library GEMM
+// then each local expert's rows are multiplied in blocks of an L2 cache's worth of rows: a
+// block's token rows are gathered into a scratch and multiplied by the library GEMM
 // (gemm.h), so no [T*k, H] copy of the tokens exists. Forward, per block: fc1, its output
 // scattered into h (slot order), the activation, fc2 into the expert-output scratch rows;
 // then each token's weighted sum is unpermute's (expert_ops.cpp). Backward, per expert,
 // its blocks in order: dout's rows gathered, g = dout @ w_out^T, the activation recomputed
-// from h, dprobs from the identity, the weight and bias gradients added up in float32
-// (float64), the input gradients' rows written to the token-row scratch, whose per-token
-// sums are unpermute's again.
+// from h, dprobs from the identity, fc1's output gradient, the weight and bias gradients
+// added up in float32 (float64), the input gradients' rows written to the token-row
+// scratch, whose per-token sums are unpermute's again.
 //
-// The GEMMs, the activation and its backward are the grouped path's own calls
-// (backend.cpp's library GEMM, expert_ops.cpp's activation), on a block's rows instead of
-// a group's. Every block runs on one thread in a fixed order, or on all threads inside a
-// library GEMM whose bits do not depend on them (gemm_threading), so the results do not
-// depend on the thread count.
+// The GEMMs and the activation are the grouped path's own calls (backend.cpp's library
+// GEMM, expert_ops.cpp's activation) on a block's rows instead of a group's; the
+// activation's derivative is activation.h's, per element. Every block runs on one thread
+// in a fixed order, or on all threads split by rows or inside a library GEMM whose bits do
+// not depend on them (gemm_threading), so the results do not depend on the thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -86,7 +86,7 @@ template <typename T>
 class GemmOperand {
  public:
   GemmOperand(const void* data, int64_t count) {
-    if constexpr (std::is_same_v<T, f16_t>) {
+    if constexpr (kWidened<T>) {
       if (data == nullptr) return;
       widened_.resize(count);
       convert(data, DType::f16, widened_.data(), DType::f32, count);
@@ -141,7 +141,7 @@ GemmCall gemm_call(int64_t m, int64_t n, int64_t k, const G* a, bool a_transpose
 // and is rounded once; the others' GEMMs write T themselves.
 template <typename T>
 Status multiply_into(GemmCall c, T* out, std::vector<float>& wide) {
-  if constexpr (std::is_same_v<T, f16_t>) {
+  if constexpr (kWidened<T>) {
     wide.resize(c.m * c.n);
     c.out_dtype = DType::f32, c.c = wide.data();
     GG_RETURN_IF_ERROR(multiply(c));
@@ -161,8 +161,9 @@ Status multiply_acc(GemmCall c, Acc<T>* out, bool accumulate) {
 }
 
 // An expert's weight gradient, the sum of its blocks' products: added up in place (float32,
-// float64), else in a float32 scratch rounded into it once at the end; a bfloat16 expert of
-// one block is the library's one product, rounded by it (the grouped path's weight gradient).
+// float64), else in a float32 scratch rounded into it once at the end (float16; bfloat16 over
+// several blocks); a bfloat16 expert of one block is the library's one product, rounded by it
+// (as the grouped path's weight gradient).
 template <typename T>
 class WeightGradient {
  public:
@@ -189,7 +190,6 @@ class WeightGradient {
   Acc<T>* sum_ = nullptr;
 };
 
-// rows[i] = the `width` values at source row row_of(i), in the GEMMs' type.
 // fn(r) for each row r of a block of n rows of `width` values: on all threads when the block
 // runs alone (outside a team), else on the calling thread. Each row is one thread's, in a fixed
 // order, so the bits are the same either way.
@@ -208,6 +208,7 @@ void add_rows(const V* rows, int64_t n, int64_t width, std::vector<A>& sum) {
   });
 }
 
+// rows[i] = the `width` values at source row row_of(i), in the GEMMs' type.
 template <typename G, typename T, typename RowOf>
 void gather(const T* source, int64_t width, int64_t n, RowOf row_of, std::vector<G>& rows) {
   rows.resize(n * width);
@@ -224,7 +225,7 @@ void gather(const T* source, int64_t width, int64_t n, RowOf row_of, std::vector
 // The rows of T as GEMM operands: themselves, or float16's widened into `wide`.
 template <typename T>
 const GemmIn<T>* as_operand(const std::vector<T>& rows, std::vector<float>& wide) {
-  if constexpr (std::is_same_v<T, f16_t>) {
+  if constexpr (kWidened<T>) {
     wide.resize(rows.size());
     convert(rows.data(), DType::f16, wide.data(), DType::f32, static_cast<int64_t>(rows.size()));
     return wide.data();
