@@ -105,6 +105,9 @@ def _opcheck_samples():
     yield torch.ops.groupgemm.fp8_quantize_blocks, (torch.randn(2, 130, 4).bfloat16(), 1)
     yield torch.ops.groupgemm.fp8_quantize_grouped, (torch.randn(6, 4), torch.tensor([2, 0, 4]), 3, 0, 1, False,
                                                      None)
+    yield torch.ops.groupgemm.expert_mlp, (torch.randn(5, 4), torch.tensor([[0, 2], [2, 2], [1, -1], [0, 1], [7, 0]]),
+                                           torch.randn(3, 4, 6), torch.randn(3, 3, 4), torch.rand(5, 2), None,
+                                           torch.randn(3, 4), torch.tensor(1), 0, False, True)
     yield from _fp8_gemm_samples()
 
 
@@ -124,7 +127,8 @@ def _fp8_gemm_samples():
 
 
 # The samples whose floating-point operands get requires_grad, so opcheck checks their autograd.
-_DIFFERENTIABLE = {"grouped_mm", "grouped_mm_wgrad", "grouped_bias_grad", "permute", "unpermute", "activation"}
+_DIFFERENTIABLE = {"grouped_mm", "grouped_mm_wgrad", "grouped_bias_grad", "permute", "unpermute", "activation",
+                   "expert_mlp"}
 
 
 # opcheck's schema test multiplies the inputs, which torch does not do for float8 on the CPU.
@@ -165,6 +169,11 @@ REQUIRED_ONLY = {
     "softmax_topk_backward": (lambda x, w, d, acc: (x, torch.tensor([[1, 0]] * 6, dtype=torch.int32),
                                                     x[:, :2].contiguous()), (True,)),
     "softmax_topk_tangent": (lambda x, w, d, acc: (x, torch.tensor([[1, 0]] * 6, dtype=torch.int32), x), (True,)),
+    "expert_mlp": (lambda x, w, d, acc: (x, torch.tensor([[0], [2], [2], [1], [0], [2]]), w[:, :, :4].contiguous(),
+                                         w[:, :2, :4].contiguous()), (None, None, None, None, 0, False, True)),
+    "expert_mlp_backward": (lambda x, w, d, acc: (x, x, torch.tensor([[0], [2], [2], [1], [0], [2]]),
+                                                  w[:, :, :4].contiguous(), w[:, :2, :4].contiguous(),
+                                                  x[:, None].contiguous(), [True] * 6), (None, None, None, 0, False)),
     "fp8_quantize_rows": (lambda x, w, d, acc: (x, 0, 1), (False,)),
     "fp8_quantize_blocks": (lambda x, w, d, acc: (w, 0), (False,)),
     "fp8_quantize_grouped": (lambda x, w, d, acc: (x, _sizes(), 3, 0, 0), (False, None)),
