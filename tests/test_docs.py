@@ -18,7 +18,8 @@ PAGES = sorted(os.path.relpath(os.path.join(root, name), DOCS)
                for name in names if name.endswith(".md"))
 # The modules whose public names the reference must list, and where it lists them.
 PUBLIC_MODULES = ("groupgemm", "groupgemm.jax", "groupgemm.flax", "groupgemm.torch",
-                  "groupgemm.integrations.torchtitan", "groupgemm.integrations.megatron")
+                  "groupgemm.integrations.torchtitan", "groupgemm.integrations.megatron",
+                  "groupgemm.integrations.transformers")
 REFERENCED = re.compile(r"^\.\. auto(?:function|class):: ([\w.]+)", re.M)
 
 

@@ -23,7 +23,7 @@ from transformers_families import EXPERTS, decorated_classes, eager_forward, tin
 
 import groupgemm.torch as gt  # noqa: E402
 from groupgemm.integrations import transformers as integration  # noqa: E402
-from groupgemm.torch_ext import expert  # noqa: E402
+from groupgemm.torch_ext import expert, expert_mlp  # noqa: E402
 
 FAMILIES = decorated_classes()
 TOKENS, TOP_K = 9, 2
@@ -163,9 +163,9 @@ def _flag_experts(has_gate, has_bias, is_transposed, is_concatenated, has_post_e
 def core_activations(monkeypatch):
     """The activations the core computed, fused into its expert MLP or between the GEMMs."""
     seen = []
-    activate, fused = expert.activate, integration.expert_mlp
+    activate, fused = expert.activate, expert_mlp.expert_mlp
     monkeypatch.setattr(expert, "activate", lambda h, name: seen.append(name) or activate(h, name))
-    monkeypatch.setattr(integration, "expert_mlp", lambda *a, **k: seen.append(k["activation"]) or fused(*a, **k))
+    monkeypatch.setattr(expert_mlp, "expert_mlp", lambda *a, **k: seen.append(k["activation"]) or fused(*a, **k))
     return seen
 
 
@@ -319,9 +319,9 @@ def groupgemm_calls(monkeypatch):
     calls = []
 
     class Counted(integration._Weights):
-        def __init__(self, module):
+        def __init__(self, module, *args):
             calls.append(type(module).__name__)
-            super().__init__(module)
+            super().__init__(module, *args)
 
     monkeypatch.setattr(integration, "_Weights", Counted)
     return calls
@@ -402,6 +402,13 @@ def test_a_layout_that_cannot_be_mapped_raises_naming_the_attribute_and_the_fami
     broken = copy.deepcopy(module)
     del broken.act_fn
     with pytest.raises(TypeError, match="Qwen3MoeExperts has no callable act_fn"):
+        integration.experts_forward(broken, x, index, weights)
+    with pytest.raises(ValueError, match=r"Qwen3MoeExperts.gate_up_proj has shape \(4, 12, 8\), expected "
+                                         r"\(4, 12, 7\) .*7 features as hidden_states"):
+        integration.experts_forward(module, x[:, :-1], index, weights)
+    broken = copy.deepcopy(module)
+    broken.down_proj = torch.nn.Parameter(broken.down_proj[..., :-1])  # takes 5 features, SwiGLU gives 6
+    with pytest.raises(ValueError, match="Qwen3MoeExperts.down_proj takes 5"):
         integration.experts_forward(broken, x, index, weights)
 
 

@@ -30,10 +30,8 @@ import torch
 
 from groupgemm import _contract as contract
 from groupgemm.integrations import _transformers_fp8 as fp8
-from groupgemm.torch_ext import expert
-from groupgemm.torch_ext.arguments import dtype_name
-from groupgemm.torch_ext.expert_mlp import expert_mlp, fused_by_default
-from groupgemm.torch_ext.functional import grouped_mm
+from groupgemm.torch_ext import arguments, expert, functional
+from groupgemm.torch_ext import expert_mlp as fused
 
 try:  # the client, when installed; read at import, so a torch.compile trace sees plain objects
     from transformers import activations as hf_activations
@@ -41,7 +39,7 @@ try:  # the client, when installed; read at import, so a torch.compile trace see
 except ImportError:
     hf_activations = hf_moe = None
 
-__all__ = ["experts_forward", "fp8_experts_forward", "register"]
+__all__ = ["core_activation", "experts_forward", "fp8_experts_forward", "register"]
 
 NAME = "groupgemm"
 FN = "groupgemm experts"  # how errors name the implementation
@@ -75,19 +73,25 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     parameter and top_k_weights. A module whose layout cannot be mapped raises a
     ``TypeError`` / ``ValueError`` naming the attribute and the class.
     """
-    w = _Weights(self)
+    w = _Weights(self, hidden_states.shape[-1])
     x, probs = hidden_states.to(w.dtype), _probs(top_k_weights, w.dtype)
     activation = _core_activation(self)
+    if activation is not None:
+        w.check_activation_width(contract.activation_width(activation, w.up_features, FN, w.up_name))
     transpose = not w.transposed  # nn.Linear's [E, out, in]: read transposed
     post_norm = getattr(self, "has_post_expert_norm", False)
-    if activation is not None and not post_norm and fused_by_default(x.device):
-        out = expert_mlp(x, top_k_index, probs, w.up, w.down, activation=activation, b_in=w.up_bias,
-                         b_out=w.down_bias, transpose_weight=transpose)
+    if activation is not None and not post_norm and fused.fused_by_default(x.device):
+        out = fused.expert_mlp(x, top_k_index, probs, w.up, w.down, activation=activation, b_in=w.up_bias,
+                               b_out=w.down_bias, transpose_weight=transpose)
         return out.to(hidden_states.dtype)
     rows, group_sizes, row_map = expert.permute(x, top_k_index, w.num_experts)
-    h = grouped_mm(rows, w.up, group_sizes, w.up_bias, transpose_weight=transpose)
-    h = expert.activate(h, activation) if activation is not None else _torch_activation(self, h, w.dtype)
-    y = grouped_mm(h, w.down, group_sizes, w.down_bias, transpose_weight=transpose)
+    h = functional.grouped_mm(rows, w.up, group_sizes, w.up_bias, transpose_weight=transpose)
+    if activation is not None:
+        h = expert.activate(h, activation)
+    else:
+        h = _torch_activation(self, h, w.dtype)
+        w.check_activation_width(h.shape[-1])
+    y = functional.grouped_mm(h, w.down, group_sizes, w.down_bias, transpose_weight=transpose)
     if post_norm:
         y = self.post_expert_norm(y).to(w.dtype)
     return expert.unpermute(y, row_map, probs).to(hidden_states.dtype)
@@ -123,13 +127,13 @@ def fp8_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
 def core_activation(act) -> str | None:
     """The core's activation that computes ``act`` exactly (the same function: silu, the
     erf form of gelu, relu), or None."""
-    nn, functional = torch.nn, torch.nn.functional
-    if act is functional.silu or isinstance(act, (nn.SiLU, hf_activations.SiLUActivation)):
+    nn, F = torch.nn, torch.nn.functional
+    if act is F.silu or isinstance(act, (nn.SiLU, hf_activations.SiLUActivation)):
         return "silu"
-    if act is functional.gelu or isinstance(act, hf_activations.GELUActivation) or (
+    if act is F.gelu or isinstance(act, hf_activations.GELUActivation) or (
             isinstance(act, nn.GELU) and act.approximate == "none"):
         return "gelu"
-    if act in (functional.relu, torch.relu) or isinstance(act, nn.ReLU):
+    if act in (F.relu, torch.relu) or isinstance(act, nn.ReLU):
         return "relu"
     return None
 
@@ -173,35 +177,54 @@ def _act_fn(module):
 
 
 class _Weights:
-    """The module's expert weights and biases as groupgemm reads them, checked."""
+    """The module's expert weights and biases as groupgemm reads them, checked against each
+    other and against ``hidden`` (hidden_states' width)."""
 
-    def __init__(self, module):
-        family = type(module).__name__
-        up = "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
+    def __init__(self, module, hidden):
+        self.family = family = type(module).__name__
+        self.up_name = up = "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
         self.up, self.down = _tensor(module, up), _tensor(module, "down_proj")
         self.up_bias = self.down_bias = None
         if getattr(module, "has_bias", False):
             self.up_bias, self.down_bias = _tensor(module, f"{up}_bias"), _tensor(module, "down_proj_bias")
         self.transposed = bool(getattr(module, "is_transposed", False))
         self.dtype = self.up.dtype
-        for name, t, rank in ((up, self.up, 3), ("down_proj", self.down, 3), (f"{up}_bias", self.up_bias, 2),
-                              ("down_proj_bias", self.down_bias, 2)):
+        named = ((up, self.up, 3), ("down_proj", self.down, 3), (f"{up}_bias", self.up_bias, 2),
+                 ("down_proj_bias", self.down_bias, 2))
+        for name, t, rank in named:
             if t is None:
                 continue
-            if dtype_name(t.dtype) not in contract.FLOAT_DTYPES:
-                raise TypeError(f"{FN}: {family}.{name} is {dtype_name(t.dtype)}; groupgemm computes in "
+            if arguments.dtype_name(t.dtype) not in contract.FLOAT_DTYPES:
+                raise TypeError(f"{FN}: {family}.{name} is {arguments.dtype_name(t.dtype)}; groupgemm computes in "
                                 f"{', '.join(contract.FLOAT_DTYPES)} (an FP8 checkpoint's experts run "
                                 "fp8_experts_forward)")
             if t.dtype != self.dtype:
-                raise TypeError(f"{FN}: {family}.{name} is {dtype_name(t.dtype)} but {family}.{up} is "
-                                f"{dtype_name(self.dtype)}; the experts' parameters must share one dtype")
+                raise TypeError(f"{FN}: {family}.{name} is {arguments.dtype_name(t.dtype)} but {family}.{up} is "
+                                f"{arguments.dtype_name(self.dtype)}; the experts' parameters must share one dtype")
             if t.dim() != rank:
                 raise ValueError(f"{FN}: {family}.{name} must be {rank}-D, got shape {tuple(t.shape)}")
-        self.num_experts = self.up.shape[0]
-        declared = getattr(module, "num_experts", self.num_experts)
-        if declared != self.num_experts:
-            raise ValueError(f"{FN}: {family}.num_experts is {declared} but {family}.{up} holds "
-                             f"{self.num_experts} experts (shape {tuple(self.up.shape)})")
+        # [E, in, out] when transposed, else nn.Linear's [E, out, in]
+        e, in_axis, out_axis = self.up.shape[0], (1 if self.transposed else 2), (2 if self.transposed else 1)
+        self.num_experts, self.up_features = e, self.up.shape[out_axis]
+        self.mid_features, out_features = self.down.shape[in_axis], self.down.shape[out_axis]
+        layout = "[E, in, out] (is_transposed)" if self.transposed else "[E, out, in]"
+        wanted = {up: (e, hidden, self.up_features) if self.transposed else (e, self.up_features, hidden),
+                  "down_proj": (e, *self.down.shape[1:]), f"{up}_bias": (e, self.up_features),
+                  "down_proj_bias": (e, out_features)}
+        for name, t, _ in named:
+            if t is not None and tuple(t.shape) != wanted[name]:
+                raise ValueError(f"{FN}: {family}.{name} has shape {tuple(t.shape)}, expected {wanted[name]} (weights "
+                                 f"{layout}, {e} experts as {family}.{up}, {hidden} features as hidden_states)")
+        declared = getattr(module, "num_experts", e)
+        if declared != e:
+            raise ValueError(f"{FN}: {family}.num_experts is {declared} but {family}.{up} holds {e} experts "
+                             f"(shape {tuple(self.up.shape)})")
+
+    def check_activation_width(self, width):
+        """The gate's or activation's output must be what down_proj takes."""
+        if width != self.mid_features:
+            raise ValueError(f"{FN}: {self.family}'s gate / activation of {self.up_name}'s {self.up_features} "
+                             f"outputs gives {width} features, but {self.family}.down_proj takes {self.mid_features}")
 
 
 def _tensor(module, name):
