@@ -9,6 +9,7 @@ Runs against the real transformers package, which ./dev.sh setup installs (pinne
 its dependencies)."""
 
 import copy
+import inspect
 import itertools
 
 import pytest
@@ -266,10 +267,10 @@ def test_experts_without_tokens_get_exact_zero_full_shape_gradients(tokens, unin
     module = _qwen3_experts()
     index = torch.full((tokens, TOP_K), EXPERTS)  # every slot another rank's: all experts empty here
     x = torch.randn(tokens, module.gate_up_proj.shape[2], dtype=torch.float64)
-    out, grads = _run(integration.experts_forward, module, x, index, torch.rand(tokens, TOP_K, dtype=torch.float64),
-                      torch.randn(tokens, x.shape[1], dtype=torch.float64))
+    weights = torch.rand(tokens, TOP_K, dtype=torch.float64)
+    out, grads = _run(integration.experts_forward, module, x, index, weights, torch.randn_like(x))
     assert out.shape == x.shape and (out == 0).all()
-    for g, want in zip(grads, [x, index, *module.parameters()]):
+    for g, want in zip(grads, [x, weights, *module.parameters()]):
         assert g is not None and g.shape == want.shape and (g == 0).all()
 
 
@@ -425,10 +426,11 @@ def test_a_dtype_the_core_lacks_raises_naming_it():
 FP8_WIDTH = 128  # hidden and moe_intermediate: the blockwise recipe's block
 
 
-def _fp8_experts(block_size=(FP8_WIDTH, FP8_WIDTH), activation_scheme="dynamic"):
+def _fp8_experts(block_size=(FP8_WIDTH, FP8_WIDTH), activation_scheme="dynamic", scale_fmt="float"):
     """transformers' FP8Experts as an FP8 checkpoint loads it (decorated with the FP8
     interface, as replace_with_fp8_linear does), its weights an FP8 quantization of
-    random bfloat16 ones; and those dequantized weights in float64."""
+    random bfloat16 ones (UE8M0 scales: powers of two); and those dequantized weights in
+    float64."""
     from transformers import Qwen3MoeConfig
     from transformers.integrations import finegrained_fp8
 
@@ -438,14 +440,18 @@ def _fp8_experts(block_size=(FP8_WIDTH, FP8_WIDTH), activation_scheme="dynamic")
     cls = moe.use_experts_implementation(TinyFP8Experts, experts_interface=finegrained_fp8.ALL_FP8_EXPERTS_FUNCTIONS)
     config = Qwen3MoeConfig(hidden_size=FP8_WIDTH, moe_intermediate_size=FP8_WIDTH, num_experts=EXPERTS)
     config._experts_implementation = "groupgemm"
-    module = cls(config, block_size=block_size, activation_scheme=activation_scheme)
+    if scale_fmt != "float" and "scale_fmt" not in inspect.signature(finegrained_fp8.FP8Experts).parameters:
+        pytest.skip("this transformers release's FP8 experts have no UE8M0 scales")
+    module = cls(config, block_size=block_size, activation_scheme=activation_scheme,
+                 **({"scale_fmt": scale_fmt} if scale_fmt != "float" else {}))
     dequantized = {}
     generator = torch.Generator().manual_seed(0)
     for name in ("gate_up_proj", "down_proj"):
         weight = getattr(module, name)
         q, scale = gt.quantize_fp8(torch.randn(weight.shape, generator=generator).to(torch.bfloat16) * 0.1,
-                                   "blockwise")
-        weight.data, getattr(module, f"{name}_scale_inv").data = q, scale
+                                   "blockwise", power_of_two=scale_fmt == "ue8m0")
+        scale_inv = getattr(module, f"{name}_scale_inv")
+        weight.data, scale_inv.data = q, scale.to(scale_inv.dtype)
         dequantized[name] = q.double() * scale.double().repeat_interleave(128, 1).repeat_interleave(128, 2)
     return module, dequantized
 
@@ -459,8 +465,9 @@ def _tile_quantized(x):
     return ((tiles / scale).to(torch.float8_e4m3fn).double() * scale.double()).reshape(x.shape)
 
 
-def test_fp8_checkpoint_experts_match_the_float64_product_of_their_quantized_operands():
-    module, w = _fp8_experts()
+@pytest.mark.parametrize("scale_fmt", ["float", "ue8m0"])
+def test_fp8_checkpoint_experts_match_the_float64_product_of_their_quantized_operands(scale_fmt):
+    module, w = _fp8_experts(scale_fmt=scale_fmt)
     index, weights = _routing(torch.float32, tokens=6)
     x = torch.randn(6, FP8_WIDTH, requires_grad=True)
     out = module(x, index, weights)  # the module's own dispatch: the FP8 interface's "groupgemm"
@@ -484,10 +491,12 @@ def test_fp8_checkpoint_experts_match_the_float64_product_of_their_quantized_ope
     _close(dx.double(), want_dx, 1e-5, "grad of hidden_states")
 
 
-@pytest.mark.parametrize("option, match", [({"block_size": None}, "block_size"),
-                                           ({"activation_scheme": "static"}, "activation_scheme")])
-def test_fp8_experts_that_groupgemm_does_not_serve_raise_naming_the_attribute(option, match):
+@pytest.mark.parametrize("option, width, match", [
+    ({"block_size": None}, FP8_WIDTH, r"TinyFP8Experts.block_size \(the checkpoint's weight_block_size\) is None"),
+    ({"activation_scheme": "static"}, FP8_WIDTH, "TinyFP8Experts.activation_scheme is 'static'"),
+    ({}, 2 * FP8_WIDTH, "TinyFP8Experts.gate_up_proj takes 128 input features, got 256")])
+def test_fp8_experts_that_groupgemm_does_not_serve_raise_naming_the_attribute(option, width, match):
     module, _ = _fp8_experts(**option)
     index, weights = _routing(torch.float32, tokens=4)
     with pytest.raises(ValueError, match=match):
-        module(torch.randn(4, FP8_WIDTH), index, weights)
+        module(torch.randn(4, width), index, weights)

@@ -19,17 +19,19 @@ _ACTIVATION, _WEIGHT = "BlockWise1x128", "BlockWise128x128"
 
 @dataclass(frozen=True)
 class Fp8Weight:
-    """One projection's FP8 weight ``[E, N, K]`` and its float32 block scales."""
+    """One projection's FP8 weight ``[E, N, K]`` and its float32 block scales; ``name`` is
+    the module's attribute, as errors name it (``GptOssExperts.down_proj``)."""
     weight: torch.Tensor
     scale: torch.Tensor
     name: str
+    fn: str
 
     @property
     def num_experts(self):
         return self.weight.shape[0]
 
 
-def layers(module, hidden: int, fn: str) -> tuple[Fp8Weight, Fp8Weight]:
+def layers(module, fn: str) -> tuple[Fp8Weight, Fp8Weight]:
     """The module's two projections, checked; errors name the attribute and the class."""
     family = type(module).__name__
     scheme = getattr(module, "activation_scheme", "dynamic")
@@ -40,12 +42,11 @@ def layers(module, hidden: int, fn: str) -> tuple[Fp8Weight, Fp8Weight]:
     if block is None or tuple(block) != (BLOCK, BLOCK):
         raise ValueError(f"{fn}: {family}.block_size (the checkpoint's weight_block_size) is {block}; groupgemm's "
                          f"FP8 experts take [{BLOCK}, {BLOCK}] block scales")
-    up = "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
-    weights = tuple(_weight(module, name, family, fn) for name in (up, "down_proj"))
-    if weights[0].weight.shape[-1] != hidden:
-        raise ValueError(f"{fn}: {family}.{up} takes {weights[0].weight.shape[-1]} input features but "
-                         f"hidden_states has {hidden}")
-    return weights
+    up_name = "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
+    up, down = (_weight(module, name, family, fn) for name in (up_name, "down_proj"))
+    if down.num_experts != up.num_experts:
+        raise ValueError(f"{fn}: {down.name} holds {down.num_experts} experts but {up.name} {up.num_experts}")
+    return up, down
 
 
 def _weight(module, name, family, fn):
@@ -64,12 +65,15 @@ def _weight(module, name, family, fn):
         raise ValueError(f"{fn}: {family}.{name}_scale_inv must be {list(want)} (one scale per {BLOCK} x {BLOCK} "
                          f"block), got {got}")
     # float32 or UE8M0 (powers of two): float32 holds either exactly.
-    return Fp8Weight(weight, scale if scale.dtype == torch.float32 else scale.float(), name)
+    return Fp8Weight(weight, scale if scale.dtype == torch.float32 else scale.float(), f"{family}.{name}", fn)
 
 
 def grouped_linear(x: torch.Tensor, layer: Fp8Weight, group_sizes: torch.Tensor) -> torch.Tensor:
     """``x [M, K] @ weight[g]^T`` per group in FP8 (x bfloat16 or float32, the result in
     x's dtype); differentiable in x."""
+    if x.shape[-1] != layer.weight.shape[-1]:
+        raise ValueError(f"{layer.fn}: {layer.name} takes {layer.weight.shape[-1]} input features, got "
+                         f"{x.shape[-1]}")
     return _FrozenFp8Linear.apply(x, layer.weight, layer.scale, group_sizes)
 
 

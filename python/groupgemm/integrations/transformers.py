@@ -114,7 +114,7 @@ def fp8_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
     weight = getattr(self, "gate_up_proj" if getattr(self, "has_gate", True) else "up_proj", None)
     if isinstance(weight, torch.Tensor) and weight.element_size() > 1:
         return experts_forward(self, hidden_states, top_k_index, top_k_weights)
-    up, down = fp8.layers(self, hidden_states.shape[-1], FN)
+    up, down = fp8.layers(self, FN)
     dtype = hidden_states.dtype if hidden_states.dtype in (torch.bfloat16, torch.float32) else torch.float32
     rows, group_sizes, row_map = expert.permute(hidden_states.to(dtype), top_k_index, up.num_experts)
     h = fp8.grouped_linear(rows, up, group_sizes)
