@@ -112,9 +112,9 @@ def _smooth_jvp(formula, primals, tangents, smooth, batched, params):
 def window_ids(expert_indices, group_offset, num_experts):
     """Each slot's local expert, or -1 when it is dropped (groupgemm/expert_mlp.h's
     window_bucket: a negative id, or one outside [group_offset, group_offset + E))."""
-    ids = expert_indices
-    offset = group_offset.astype(ids.dtype)
-    unsigned = jnp.uint64 if ids.dtype == jnp.int64 else jnp.uint32
+    common = jnp.promote_types(expert_indices.dtype, group_offset.dtype)
+    ids, offset = expert_indices.astype(common), group_offset.astype(common)
+    unsigned = jnp.uint64 if common == jnp.int64 else jnp.uint32
     inside = (ids >= 0) & (ids >= offset) & (ids.astype(unsigned) - offset.astype(unsigned) < num_experts)
     return jnp.where(inside, ids - offset, -1).astype(jnp.int32)
 
