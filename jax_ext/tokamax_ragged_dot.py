@@ -17,9 +17,13 @@ FN = "tokamax_implementation"
 # products in that dtype, accumulated in float32 (float64 for float64).
 EXACT_PRESETS = {"float32": "F32_F32_F32", "bfloat16": "BF16_BF16_F32", "float16": "F16_F16_F32",
                  "float64": "F64_F64_F64"}
-# jax.lax.ragged_dot's dimension numbers, which tokamax.ragged_dot passes.
-RAGGED_DOT_DIMENSIONS = jax.lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(([1], [1]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+
+
+def _ragged_dot_dimensions():
+    """jax.lax.ragged_dot's dimension numbers, which tokamax.ragged_dot passes; made on use,
+    as jax 0.5, the oldest groupgemm supports, lacks their type."""
+    return jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(([1], [1]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
 
 
 def _unsupported(name, what):
@@ -93,7 +97,7 @@ def tokamax_implementation(lhs, rhs, *, group_sizes, ragged_dot_dimension_number
     _check_precision(precision, dtype)
     out_dtype = _output_dtype(preferred_element_type, dtype)
     group_sizes = getattr(group_sizes, "value", group_sizes)  # tokamax.RaggedDotGroupSizes: its array
-    dimensions = RAGGED_DOT_DIMENSIONS if ragged_dot_dimension_numbers is None else ragged_dot_dimension_numbers
+    dimensions = _ragged_dot_dimensions() if ragged_dot_dimension_numbers is None else ragged_dot_dimension_numbers
     # The core writes the accumulator's dtype where the result is rounded afterwards: once.
     direct = activation is None and out_dtype == dtype
     try:

@@ -91,6 +91,11 @@ def on_devices(fn, *args, out_specs):
     return jax.shard_map(fn, mesh=mesh, in_specs=tuple(P("ep") for _ in args), out_specs=out_specs)(*args)
 
 
+def traced_on_devices(fn, *args, out_specs):
+    """Traced only: the checks run at trace time, so nothing needs compiling."""
+    return jax.eval_shape(lambda *a: on_devices(fn, *a, out_specs=out_specs), *args)
+
+
 def routed(tokens_per_device):
     rng = np.random.default_rng(0)
     t = DEVICES * tokens_per_device
@@ -108,7 +113,7 @@ def test_jax_capacity_none_is_refused_saying_capacity_is_the_only_mode(call):
                                                   capacity=None)[0]}[call]
     with pytest.raises(ValueError, match=f"{call}: capacity must be a positive int .*got None: capacity is the "
                                          "only mode here"):
-        on_devices(run, x, experts, out_specs=P("ep"))
+        traced_on_devices(run, x, experts, out_specs=P("ep"))
 
 
 def test_jax_combine_refuses_an_expert_output_with_a_row_too_few_or_too_many():
@@ -121,13 +126,13 @@ def test_jax_combine_refuses_an_expert_output_with_a_row_too_few_or_too_many():
 
         with pytest.raises(ValueError, match=f"combine: expert_output has {24 + extra} rows, but dispatch gave this "
                                              "plan 24 rows"):
-            on_devices(step, x, experts, out_specs=P("ep"))
+            traced_on_devices(step, x, experts, out_specs=P("ep"))
 
 
 def test_jax_wrong_shapes_are_refused_in_the_callers_terms():
     x, experts = routed(3)
     with pytest.raises(ValueError, match="dispatch: expert_indices has 2 rows but tokens has 3"):
-        on_devices(lambda x, e: gj.dispatch(x, e[:2], E, axis_name="ep", capacity=6)[0], x, experts,
+        traced_on_devices(lambda x, e: gj.dispatch(x, e[:2], E, axis_name="ep", capacity=6)[0], x, experts,
                    out_specs=P("ep"))
 
     def transposed_probs(x, e):
@@ -135,7 +140,7 @@ def test_jax_wrong_shapes_are_refused_in_the_callers_terms():
         return gj.combine(expert_input, plan, jnp.ones((K, x.shape[0])))
 
     with pytest.raises(ValueError, match=r"combine: probs must have shape \(3, 2\), got \(2, 3\)"):
-        on_devices(transposed_probs, x, experts, out_specs=P("ep"))
+        traced_on_devices(transposed_probs, x, experts, out_specs=P("ep"))
 
 
 def test_jax_dispatch_with_no_tokens_on_any_device_returns_zero_group_sizes_under_jit():
@@ -145,21 +150,18 @@ def test_jax_dispatch_with_no_tokens_on_any_device_returns_zero_group_sizes_unde
     assert sizes.shape == (E,) and (np.asarray(sizes) == 0).all()
 
 
-def test_jax_moe_layer_with_no_tokens_on_any_device_runs_in_an_unjitted_shard_map():
+def test_jax_dispatch_and_combine_with_no_tokens_on_any_device_run_in_an_unjitted_shard_map():
+    # Each op of an unjitted shard_map is compiled on its own: here every operand of
+    # several (permute, combine's unpermutes and their transposes) is empty.
     x, experts = routed(0)
-    rng = np.random.default_rng(1)
-    params = {"router": jnp.asarray(rng.standard_normal((H, E)), jnp.float32),
-              "w_in": jnp.asarray(rng.standard_normal((E, H, 2 * H)), jnp.float32),
-              "w_out": jnp.asarray(rng.standard_normal((E, H, H)), jnp.float32)}
-    mesh = Mesh(np.array(jax.devices("cpu")[:DEVICES]), ("ep",))
-    layer = jax.shard_map(
-        lambda p, x: gj.moe_layer(p, x, num_experts=E, top_k=K, axis_name="ep", capacity=1)[0], mesh=mesh,
-        in_specs=({"router": P(), "w_in": P("ep"), "w_out": P("ep")}, P("ep")), out_specs=P("ep"))
-    out = layer(params, x)
-    grads = jax.grad(lambda p: layer(p, x).sum())(params)
-    assert out.shape == (0, H)
-    for name, g in grads.items():
-        assert g.shape == params[name].shape and (np.asarray(g) == 0).all(), name
+    probs = jnp.zeros(experts.shape)
+
+    def exchange(x, e, p):
+        expert_input, _, plan = gj.dispatch(x, e, E, axis_name="ep", capacity=1)
+        return gj.combine(expert_input * 2, plan, p)
+
+    out, grad = jax.value_and_grad(lambda x: on_devices(exchange, x, experts, probs, out_specs=P("ep")).sum())(x)
+    assert out == 0 and grad.shape == x.shape == (0, H)
 
 
 def test_jax_permute_of_no_slots_gives_permutes_results_and_gradients():

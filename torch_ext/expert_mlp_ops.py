@@ -11,6 +11,7 @@ rows live for the call only.
 """
 
 import functools
+import typing
 
 import torch
 
@@ -73,12 +74,13 @@ def _expert_mlp_backward_outputs(dout, tokens, expert_indices, w_in, w_out, h, p
 
 
 # The gradients of (tokens, w_in, w_out, probs, b_in, b_out) from one core call, each an
-# empty tensor unless `want` asks for it. Not differentiable itself (a second derivative
+# empty tensor unless `want` asks for it (typing.Sequence[bool]: torch 2.6's schema inference
+# reads no built-in list[bool]). Not differentiable itself (a second derivative
 # raises, naming the op).
 @define("expert_mlp_backward", _expert_mlp_backward_outputs)
 def expert_mlp_backward_op(dout: Tensor, tokens: Tensor, expert_indices: Tensor, w_in: Tensor, w_out: Tensor,
-                           h: Tensor, want: list[bool], probs: Tensor | None = None, b_out: Tensor | None = None,
-                           group_offset: Tensor | None = None, kind: int = 0,
+                           h: Tensor, want: typing.Sequence[bool], probs: Tensor | None = None,
+                           b_out: Tensor | None = None, group_offset: Tensor | None = None, kind: int = 0,
                            transpose_rhs: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     grads = _expert_mlp_backward_outputs(dout, tokens, expert_indices, w_in, w_out, h, probs, b_out, transpose_rhs,
                                          want, allocator(tokens.device))
