@@ -38,7 +38,7 @@ setup() {
   # Hugging Face transformers (its models' experts_implementation="groupgemm") and what its
   # model code imports; pinned and without dependencies, so nothing touches torch.
   pip install -q --no-deps transformers==5.23.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0 \
-    regex==2026.11.19 httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 truststore==0.10.5
+    regex==2026.11.19 httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 truststore==0.10.5 idna==3.20
   # jax.export's serialisation (docs/guides/export.md), and the documentation's tools.
   pip install -q flatbuffers==25.12.19 sphinx==9.0.4 myst-parser==5.2.0 alabaster==1.0.0 docutils==0.22.4 \
     markdown-it-py==4.3.0 mdit-py-plugins==0.7.0 Pygments==2.21.0

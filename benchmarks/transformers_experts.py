@@ -17,7 +17,8 @@ would exceed --max-gather-gb are reported, not run. Calls are interleaved round-
 (timing.py), so machine noise hits every implementation alike.
 
 Prints a markdown table of median milliseconds and each built-in's time over groupgemm's,
-and writes the results as JSON.
+and writes the results as JSON, after every cell (a run stopped early keeps the cells it
+finished; the GPU kit reads them back).
 Example: python benchmarks/transformers_experts.py --dtype bfloat16 --train-tokens 1024 4096
 """
 
@@ -30,10 +31,8 @@ import torch
 from bench import machine
 from progress import Progress
 from timing import interleaved_medians
+from transformers_report import BATCHED_MM, EAGER, GROUPGEMM, IMPLEMENTATIONS, markdown_table, planned_cells
 
-GROUPGEMM, GROUPED_MM, BATCHED_MM, EAGER = "groupgemm", "grouped_mm", "batched_mm", "eager"
-IMPLEMENTATIONS = (GROUPGEMM, GROUPED_MM, BATCHED_MM, EAGER)
-BUILT_INS = (GROUPED_MM, BATCHED_MM, EAGER)
 QWEN3_30B_A3B = {"hidden": 2048, "ffn": 768, "experts": 128, "top_k": 8}
 # Largest relative error (by norm) to eager allowed: float32 differs in summation order;
 # bfloat16 rounds the intermediate activations at different points.
@@ -162,45 +161,31 @@ def run_cell(module, fns, phase, tokens, dtype_name, args, progress):
     return list(rows.values())
 
 
-def markdown_table(rows, names):
-    built_ins = [n for n in names if n != GROUPGEMM]
-    lines = ["| dtype | cell | tokens | groupgemm ms | " + " | ".join(f"{n} / groupgemm" for n in built_ins)
-             + " | fastest built-in / groupgemm |",
-             "|---|---|---:|---:|" + "---:|" * len(built_ins) + "---:|"]
-    cells = {}
-    for r in rows:
-        cells.setdefault((r["dtype"], r["phase"], r["tokens"]), {})[r["impl"]] = r
-    for (dtype, phase, tokens), cell in cells.items():
-        ours = cell.get(GROUPGEMM, {})
-        ratios = [cell[n].get("vs_groupgemm") if n in cell else None for n in built_ins]
-        shown = [f"{v:.2f}" if v is not None else "n/a" for v in ratios]
-        fastest = min((v for v in ratios if v is not None), default=None)
-        lines.append(f"| {dtype} | {phase} | {tokens} | {ours.get('ms', float('nan')):.2f} | " + " | ".join(shown)
-                     + f" | {'n/a' if fastest is None else f'{fastest:.2f}'} |")
-    return "\n".join(lines)
-
-
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device(args.device)
     names = [n for n in IMPLEMENTATIONS if n in args.implementations]
     fns = implementations(names)
-    todo = [(d, phase, t) for d in args.dtype for phase, tokens in (
-        ("forward", args.train_tokens), ("forward+backward", args.train_tokens), ("decode forward", args.decode_tokens))
-        for t in tokens]
+    todo = planned_cells(args.dtype, args.train_tokens, args.decode_tokens)
+    import transformers
+
+    document = {"command": "python benchmarks/transformers_experts.py " + " ".join(
+        sys.argv[1:] if argv is None else argv), "machine": machine(args.device),
+        "transformers": transformers.__version__, "results": []}
+    if device.type == "cuda":
+        document["machine"]["gpu"] = torch.cuda.get_device_name(device)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     progress = Progress(len(todo))
-    rows, modules = [], {}
+    rows, modules = document["results"], {}
     for dtype_name, phase, tokens in todo:
         if dtype_name not in modules:
             modules[dtype_name] = experts_module(args, getattr(torch, dtype_name), device)
         rows += run_cell(modules[dtype_name], fns, phase, tokens, dtype_name, args, progress)
+        # After every cell, whole or not at all: a run stopped at a time limit keeps what it measured.
+        with open(args.json + ".part", "w") as f:
+            json.dump(document, f, indent=1)
+        os.replace(args.json + ".part", args.json)
     progress.close()
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"command": "python benchmarks/transformers_experts.py " + " ".join(
-            sys.argv[1:] if argv is None else argv), "machine": machine(args.device), "results": rows}, f, indent=1)
-    import transformers
-
     module = next(iter(modules.values()))
     print(f"\ntransformers {transformers.__version__} experts implementations, Qwen3MoeExperts with hidden "
           f"{module.down_proj.shape[1]}, moe_intermediate {module.down_proj.shape[2]}, {args.experts} experts, "

@@ -6,6 +6,7 @@ Compute's CSV, and the sanitizer driver's calls and checks on the CPU backend. T
 itself only does its real work where there is a GPU."""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import results_dir  # noqa: E402
 import runner  # noqa: E402
 import steps  # noqa: E402
 import tile_sweep  # noqa: E402
+import transformers_report  # noqa: E402
 import verdicts  # noqa: E402
 import wheels  # noqa: E402
 from verdicts import FAIL, INCOMPLETE, PASS, SKIP, Verdict  # noqa: E402
@@ -225,7 +227,8 @@ def test_the_carried_wheels_are_found_by_name_version_and_python(tmp_path):
         (tmp_path / name).write_bytes(b"")
     found, missing = wheels.find_wheels(str(tmp_path))
     assert set(found) == {"onednn-cpu-gomp"}
-    assert missing == ["groupgemm (cp312)", "scipy-openblas32==0.3.34.481.3"]
+    assert missing == ["groupgemm (cp312)", "scipy-openblas32==0.3.34.481.3",
+                       *(f"{name}=={version}" for name, version in wheels.TRANSFORMERS)]
     (tmp_path / "groupgemm-0.1.0-cp312-cp312-manylinux_2_35_x86_64.whl").write_bytes(b"")
     assert os.path.basename(wheels.find_wheels(str(tmp_path))[0]["groupgemm"]).startswith("groupgemm-0.1.0-cp312")
     assert wheels.find_wheels(str(tmp_path / "absent"))[0] == {}
@@ -266,6 +269,46 @@ def test_dependencies_are_downloaded_for_the_gpu_machines_python():
                  "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
         assert flag in command
     assert command[-3:] == ["-d", "DEST", "onednn-cpu-gomp==2023.2.0"]
+
+
+def test_transformers_and_what_it_imports_are_carried_as_dev_sh_pins_them():
+    with open(os.path.join(ROOT, "dev.sh")) as f:
+        pins = {}
+        for word in f.read().split():
+            if "==" in word:
+                name, version = word.strip("\"'").split("==", 1)
+                pins[name.lower().replace("_", "-")] = version
+    carried = dict(wheels.TRANSFORMERS)
+    assert carried["transformers"] == "5.23.0"
+    assert {name: pins.get(name) for name in carried} == carried
+    assert set(carried) <= {name for name, _ in wheels.DEPENDENCIES}
+
+
+def test_gathering_trims_the_libraries_and_carries_the_rest_whole(tmp_path, monkeypatch):
+    dist, dest = tmp_path / "dist", tmp_path / "dest"
+    dist.mkdir()
+    (dist / "groupgemm-0.1.0-cp312-cp312-manylinux_2_35_x86_64.whl").write_bytes(b"ours")
+    files = {"onednn-cpu-gomp": {"onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so": b"x" * 100,
+                                 "onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so.3": b"y" * 100},
+             "tqdm": {"tqdm/__init__.py": b"", "tqdm/cli.py": b"main = None\n"}}
+
+    def download(command):  # pip download's part: the pinned wheel into -d
+        name, version = command[-1].split("==")
+        folder = command[command.index("-d") + 1]
+        with zipfile.ZipFile(os.path.join(folder, f"{wheels.wheel_prefix(name, version)}py3-none-any.whl"), "w") as z:
+            for path, data in files[name].items():
+                z.writestr(path, data)
+            z.writestr(f"{wheels.wheel_prefix(name, version)[:-1]}.dist-info/RECORD", "")
+        return 0
+
+    monkeypatch.setattr(wheels, "DEPENDENCIES", (("onednn-cpu-gomp", "2023.2.0"), ("tqdm", "4.70.1")))
+    monkeypatch.setattr(wheels.subprocess, "call", download)
+    assert wheels.gather(str(dest), str(dist)) == []
+    with zipfile.ZipFile(dest / "onednn_cpu_gomp-2023.2.0-py3-none-any.whl") as z:
+        assert "onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so" not in z.namelist()
+    with zipfile.ZipFile(dest / "tqdm-4.70.1-py3-none-any.whl") as z:
+        assert {"tqdm/__init__.py", "tqdm/cli.py"} <= set(z.namelist())  # no KEEP entry: whole
+    assert set(wheels.find_wheels(str(dest))[0]) == {"groupgemm", "onednn-cpu-gomp", "tqdm"}
 
 
 def test_what_travels_is_the_tracked_files_and_the_carried_folder(tmp_path):
@@ -327,7 +370,7 @@ def test_dev_sh_dry_run_prints_the_device_call_and_each_steps_deadline(tmp_path)
     assert length <= kit.COMMAND_LIMIT and command.endswith("--deadline 540")
     assert "python3 benchmarks/gpu/kit.py check --wheels" in command and '--out "$OUT"' in command
     assert "  carry: " in out and "travels in all:" in out and "limit 60 MiB" in out
-    assert out.count("MISSING") == 3  # an empty wheels folder
+    assert out.count("MISSING") == 1 + len(wheels.DEPENDENCIES)  # an empty wheels folder
     ends = []
     for number, name in enumerate(steps.RUNS["check"], start=1):
         line = next(line for line in out.splitlines() if line.startswith(f"{number}. {name} (limit "))
@@ -356,6 +399,10 @@ def test_the_plan_for_a_hopper_machine_has_every_command(tmp_path):
     extra = kit.plan_text(kit.parse_args(["extra", "--wheels", str(tmp_path)]), hopper_facts(tmp_path))
     assert "ncu --target-processes all --profile-from-start off --clock-control none" in extra
     assert "--ignore tests/test_cuda.py --ignore tests/test_cuda_build.py tests" in extra
+    assert ("HF_HUB_OFFLINE=1 python3.12 ./benchmarks/transformers_experts.py --device cuda --scale 1 --dtype bfloat16 "
+            "--train-tokens 4096 16384 --decode-tokens 1 8 32 ") in extra
+    assert "--json '$OUT/transformers_experts.json'" in extra
+    assert extra.index("5. transformers (limit 90 s, done by 230 s)") > extra.index("4. suite (limit ")
 
 
 def test_the_steps_run_in_priority_order_within_the_deadline():
@@ -367,6 +414,40 @@ def test_the_steps_run_in_priority_order_within_the_deadline():
     assert steps.RUNS["check"].index("gpu_tests") < steps.RUNS["check"].index("sanitizer") < \
         steps.RUNS["check"].index("bench") < steps.RUNS["check"].index("decision")
     assert steps.DEADLINE["check"] <= 540 and steps.DEADLINE["extra"] <= 240
+    # The transformers cells come after every step that was there before them, in either run.
+    assert steps.RUNS["extra"][-1] == "transformers" and "transformers" not in steps.RUNS["check"]
+    assert steps.RUNS["extra"][:-1] == ("install", "environment", "profile", "suite")
+
+
+def test_the_transformers_step_runs_the_benchmark_at_qwen3_30b_a3b_in_bfloat16(tmp_path):
+    pytest.importorskip("torch")
+    import transformers_experts
+
+    ctx = kit.context(kit.parse_args(["extra", "--out", str(tmp_path)]), hopper_facts(tmp_path))
+    (command,) = steps.commands("transformers", ctx)
+    assert command.argv[1].endswith(os.path.join("benchmarks", "transformers_experts.py"))
+    args = transformers_experts.parse_args(command.argv[2:])  # the benchmark's own reading of it
+    assert (args.device, args.scale, args.dtype, args.experts, args.top_k) == ("cuda", 1, ["bfloat16"], 128, 8)
+    assert args.json == os.path.join(str(tmp_path), results_dir.TRANSFORMERS_JSON)
+    assert transformers_report.planned_cells(args.dtype, args.train_tokens, args.decode_tokens) == \
+        TRANSFORMERS_CELLS and len(TRANSFORMERS_CELLS) == 7
+    # batched_mm copies two bfloat16 expert weights (hidden x 2 ffn, ffn x hidden) per token
+    # slot: every decode cell runs it, no training cell could.
+    per_slot_gb = 3 * 2048 * 768 * 2 / 1e9
+    assert max(args.decode_tokens) * 8 * per_slot_gb <= args.max_gather_gb < min(args.train_tokens) * 8 * per_slot_gb
+    assert command.env["HF_HUB_OFFLINE"] == "1" and command.env["PYTHONPATH"].startswith(ctx.site_dir)
+
+
+def test_the_transformers_digest_gives_each_phases_range_of_the_fastest_built_in():
+    rows = canned_transformers_rows(TRANSFORMERS_CELLS[:2], grouped_mm=0.8)
+    rows += canned_transformers_rows(TRANSFORMERS_CELLS[2:3], grouped_mm=1.25)
+    rows += [{**r, "vs_groupgemm": 0.5} if r["impl"] == "eager" else r
+             for r in canned_transformers_rows(TRANSFORMERS_CELLS[3:4])]  # eager fastest in one cell
+    rows += [r for r in canned_transformers_rows(TRANSFORMERS_CELLS[4:5]) if r["impl"] == "groupgemm"]
+    assert transformers_report.digest(rows) == "forward 0.80x, forward+backward 0.50-1.25x"
+    table = transformers_report.markdown_table(rows)
+    assert "| bfloat16 | forward+backward | 16384 | 2.00 | 0.90 | n/a | 0.50 | 0.50 |" in table
+    assert "| bfloat16 | decode forward | 1 | 2.00 | n/a | n/a | n/a | n/a |" in table
 
 
 def test_a_failed_test_is_put_down_to_the_kernel_it_ran_on():
@@ -403,13 +484,37 @@ def canned_tile_sweep(path, fastest):
                                      "ms": ms, "tflops": 1.0})
 
 
+TRANSFORMERS_CELLS = transformers_report.planned_cells(
+    [steps.TRANSFORMERS_DTYPE], steps.TRANSFORMERS_TRAIN_TOKENS, steps.TRANSFORMERS_DECODE_TOKENS)
+
+
+def canned_transformers_rows(cells=TRANSFORMERS_CELLS, grouped_mm=0.9, wrong=None):
+    """transformers_experts.py's rows: groupgemm 2 ms everywhere, grouped_mm `grouped_mm`
+    times that, eager 20 times, batched_mm at decode cells only (1.5 times); `wrong`, a
+    cell where grouped_mm disagrees with eager."""
+    rows = []
+    for dtype, phase, tokens in cells:
+        for impl, ratio in (("groupgemm", 1.0), ("grouped_mm", grouped_mm), ("batched_mm", 1.5), ("eager", 20.0)):
+            row = {"dtype": dtype, "phase": phase, "tokens": tokens, "device": "cuda", "impl": impl}
+            if impl == "batched_mm" and phase != "decode forward":
+                row["error"] = "not run: would gather 309.2 GB of expert weights"
+            else:
+                check = "FAIL" if impl == "grouped_mm" and (dtype, phase, tokens) == wrong else "ok"
+                row.update(max_rel_error=4e-3, check=check, ms=2.0 * ratio, samples=10, vs_groupgemm=ratio)
+            rows.append(row)
+    return rows
+
+
 class FakeMachine:
     """Runs no command: answers each with canned output after canned seconds on a
-    simulated clock, and records the order."""
+    simulated clock, and records the order. The transformers benchmark writes
+    `transformers_rows` as its JSON (none when None)."""
 
-    def __init__(self, seconds=None, outputs=None, fastest_tile=TILES[-1]):
+    def __init__(self, seconds=None, outputs=None, fastest_tile=TILES[-1], returncodes=None,
+                 transformers_rows=canned_transformers_rows()):
         self.now, self.seen = 0.0, []
         self.seconds, self.outputs, self.fastest_tile = seconds or {}, outputs or {}, fastest_tile
+        self.returncodes, self.transformers_rows = returncodes or {}, transformers_rows
 
     def clock(self):
         return self.now
@@ -428,6 +533,10 @@ class FakeMachine:
         self.seen.append(key)
         if key == "tile_sweep.py":
             canned_tile_sweep(argv[argv.index("--out") + 1], self.fastest_tile)
+        if key == "transformers_experts.py" and self.transformers_rows is not None:
+            with open(argv[argv.index("--json") + 1], "w") as f:
+                json.dump({"transformers": "5.23.0", "machine": {"gpu": "NVIDIA H100 80GB HBM3"},
+                           "results": self.transformers_rows}, f)
         text = self.outputs.get(key)
         if text is None:
             text = (PYTEST_PASS if key in ("gpu_tests", "suite") else
@@ -438,7 +547,8 @@ class FakeMachine:
         self.now += min(seconds, timeout)
         log.write(text)
         failed = "FAILED" in text or "RESULT: FAIL" in text or timed_out
-        return runner.Completed(1 if failed else 0, text, min(seconds, timeout), timed_out)
+        returncode = self.returncodes.get(key, 1 if failed else 0)
+        return runner.Completed(returncode, text, min(seconds, timeout), timed_out)
 
 
 def lease(tmp_path, monkeypatch, machine, run="check", facts=None):
@@ -455,8 +565,9 @@ def lease(tmp_path, monkeypatch, machine, run="check", facts=None):
 
 
 def verdict_rows(summary):
+    """{step: verdict} from the summary's table (its other tables' rows name no step)."""
     return {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in summary.splitlines()
-            if line.startswith("| ") and not line.startswith("| step") and " | " in line}
+            if line.startswith("| ") and " | " in line and line.split(" | ")[0][2:] in steps.LIMITS}
 
 
 def test_a_whole_lease_runs_every_step_in_priority_order_and_writes_the_table(tmp_path, monkeypatch):
@@ -546,11 +657,68 @@ def test_a_failed_install_skips_what_needs_it(tmp_path, monkeypatch):
     assert all(rows[name] == SKIP for name in steps.RUNS["check"][1:]) and machine.seen == ["pip"]
 
 
-def test_the_extra_run_profiles_and_runs_the_rest_of_the_suite(tmp_path, monkeypatch):
+def test_the_extra_run_profiles_runs_the_rest_of_the_suite_and_times_the_transformers_cells(tmp_path, monkeypatch):
     machine = FakeMachine()
     code, summary, out, _ = lease(tmp_path, monkeypatch, machine, run="extra")
-    assert code == 0 and list(verdict_rows(summary)) == list(steps.RUNS["extra"])
-    assert machine.seen == ["pip", "environment_report.py", "profile_shape.py", "profile_shape.py", "suite"]
+    rows = verdict_rows(summary)
+    assert code == 0 and list(rows) == list(steps.RUNS["extra"]) and set(rows.values()) == {PASS}
+    assert machine.seen == ["pip", "environment_report.py", "profile_shape.py", "profile_shape.py", "suite",
+                            "transformers_experts.py"]
+    # Read back from the benchmark's JSON: the verdict's digest and the summary's table.
+    assert ("| transformers | PASS | 1 | 7 of 7 cells; fastest built-in / groupgemm: forward 0.90x, "
+            "forward+backward 0.90x, decode forward 0.90x |") in summary
+    assert "## transformers 5.23.0 experts implementations" in summary and "on NVIDIA H100 80GB HBM3" in summary
+    assert "| bfloat16 | forward+backward | 16384 | 2.00 | 0.90 | n/a | 20.00 | 0.90 |" in summary
+    assert "| bfloat16 | decode forward | 32 | 2.00 | 0.90 | 1.50 | 20.00 | 0.90 |" in summary
+    assert results_dir.TRANSFORMERS_JSON in os.listdir(out) and set(os.listdir(out)) <= set(results_dir.files("extra"))
+    assert results_dir.budget_problems(str(out)) == []
+
+
+def test_a_deadline_cut_transformers_run_reports_the_cells_it_finished(tmp_path, monkeypatch):
+    # The profile and the suite slow: the deadline leaves the cells 58 s of their 90; the
+    # benchmark, slower still, is stopped after its first 3 cells. The steps before keep
+    # their verdicts.
+    machine = FakeMachine(seconds={"profile_shape.py": 55.0, "suite": 60.0, "transformers_experts.py": 1000.0},
+                          transformers_rows=canned_transformers_rows(TRANSFORMERS_CELLS[:3]))
+    code, summary, out, _ = lease(tmp_path, monkeypatch, machine, run="extra")
+    rows = verdict_rows(summary)
+    assert code == 1 and {rows[name] for name in steps.RUNS["extra"][:-1]} == {PASS}
+    assert rows["transformers"] == INCOMPLETE
+    assert "timed out after 58 s (limit 58 s); 3 of 7 cells; fastest built-in / groupgemm: forward 0.90x, " \
+           "forward+backward 0.90x" in summary
+    assert machine.now <= steps.DEADLINE["extra"] - steps.SUMMARY_RESERVE_S
+    assert "| bfloat16 | forward+backward | 4096 |" in summary and "| decode forward |" not in summary
+
+
+def test_the_transformers_cells_are_skipped_when_the_steps_before_take_the_deadline(tmp_path, monkeypatch):
+    machine = FakeMachine(seconds={"profile_shape.py": 55.0, "suite": 1000.0})
+    code, summary, _, _ = lease(tmp_path, monkeypatch, machine, run="extra")
+    rows = verdict_rows(summary)
+    assert rows["profile"] == PASS and rows["suite"] == FAIL  # the suite ran to its own limit
+    assert rows["transformers"] == SKIP and "out of time (8 s left of the deadline)" in summary
+    assert "transformers_experts.py" not in machine.seen and "## transformers" not in summary
+
+
+def test_a_transformers_cell_that_disagrees_with_eager_fails_that_step_only(tmp_path, monkeypatch):
+    wrong = TRANSFORMERS_CELLS[1]
+    machine = FakeMachine(returncodes={"transformers_experts.py": 1},
+                          transformers_rows=canned_transformers_rows(wrong=wrong))
+    code, summary, _, _ = lease(tmp_path, monkeypatch, machine, run="extra")
+    rows = verdict_rows(summary)
+    assert code == 1 and rows["transformers"] == FAIL and {rows[n] for n in steps.RUNS["extra"][:-1]} == {PASS}
+    assert f"grouped_mm {wrong[1]} T={wrong[2]}: disagrees with eager; 7 of 7 cells" in summary
+
+
+def test_a_transformers_run_that_wrote_nothing_fails_without_an_earlier_runs_cells(tmp_path, monkeypatch):
+    (tmp_path / "out").mkdir()
+    stale = tmp_path / "out" / results_dir.TRANSFORMERS_JSON  # an earlier run's, in the same folder
+    stale.write_text(json.dumps({"results": canned_transformers_rows()}))
+    machine = FakeMachine(outputs={"transformers_experts.py": "ModuleNotFoundError: No module named 'regex'\n"},
+                          returncodes={"transformers_experts.py": 1}, transformers_rows=None)
+    code, summary, out, _ = lease(tmp_path, monkeypatch, machine, run="extra")
+    assert verdict_rows(summary)["transformers"] == FAIL
+    assert "exited 1: ModuleNotFoundError: No module named 'regex'; 0 of 7 cells |" in summary
+    assert not stale.exists() and "## transformers" not in summary
 
 
 def test_without_a_gpu_the_gpu_steps_are_skipped_with_the_reason(tmp_path, monkeypatch):

@@ -5,10 +5,11 @@
 
 It runs under the machine's own python3 (torch, jax with its CUDA plugin, pytest,
 pytest-xdist), starts from the carried wheels (./dev.sh gpu-wheels: the redistributable
-cp312 groupgemm wheel, oneDNN, OpenBLAS), installs them into a scratch prefix and builds
-nothing. `check` (540 s): install, environment, the GPU tests on every kernel, the
-sanitizer, capture, the benchmark's core cells, and the kernel table's decision; `extra`
-(240 s): the profile under Nsight Compute and the rest of the suite. Steps run in that
+cp312 groupgemm wheel, oneDNN, OpenBLAS, transformers and what it imports), installs them
+into a scratch prefix and builds nothing. `check` (540 s): install, environment, the GPU
+tests on every kernel, the sanitizer, capture, the benchmark's core cells, and the kernel
+table's decision; `extra` (240 s): the profile under Nsight Compute, the rest of the suite
+and transformers' experts implementations against groupgemm. Steps run in that
 priority order, each within its own limit under the run's deadline; a step's commands run
 side by side where they only check (the tests, the sanitizer, capture) and one after
 another where they time the GPU. Every step runs even when an earlier one failed (after a
@@ -38,6 +39,7 @@ import machine  # noqa: E402
 import results_dir  # noqa: E402
 import runner  # noqa: E402
 import steps  # noqa: E402
+import transformers_report  # noqa: E402
 import verdicts  # noqa: E402
 import wheels  # noqa: E402
 from verdicts import FAIL, INCOMPLETE, PASS, SKIP, Verdict  # noqa: E402
@@ -411,6 +413,42 @@ def run_decision(run, ctx, _limit):
     return PASS, f"{'changed' if changed else 'unchanged'}: {rows}; {why}"
 
 
+def read_transformers_rows(path):
+    """The rows transformers_experts.py wrote (after every cell it finished), or []."""
+    try:
+        with open(path) as f:
+            return json.load(f)["results"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def run_transformers(run, ctx, limit):
+    """transformers' experts implementations against groupgemm, judged by the cells the
+    benchmark wrote back: a cell where an implementation disagrees with eager, or groupgemm
+    fails, fails the step; a run stopped at its limit reports the cells it finished."""
+    path = os.path.join(ctx.out, results_dir.TRANSFORMERS_JSON)
+    if os.path.exists(path):
+        os.remove(path)  # an earlier run's cells are not this run's
+    (command,) = steps.commands("transformers", ctx)
+    done = run.execute(command, limit)
+    rows = read_transformers_rows(path)
+    planned = transformers_report.planned_cells(
+        [steps.TRANSFORMERS_DTYPE], steps.TRANSFORMERS_TRAIN_TOKENS, steps.TRANSFORMERS_DECODE_TOKENS)
+    cells = transformers_report.cells(rows)
+    timed = [cell for cell in planned if "ms" in cells.get(cell, {}).get(transformers_report.GROUPGEMM, {})]
+    wrong = [f"{r['impl']} {r['phase']} T={r['tokens']}: {r.get('error') or 'disagrees with eager'}" for r in rows
+             if r.get("check") == "FAIL" or (r["impl"] == transformers_report.GROUPGEMM and r.get("error"))]
+    found = f"{len(timed)} of {len(planned)} cells" + (
+        f"; fastest built-in / groupgemm: {transformers_report.digest(rows)}" if timed else "")
+    if wrong:
+        return FAIL, f"{'; '.join(wrong[:3])}; {found}"
+    if done.timed_out:
+        return (INCOMPLETE if timed else FAIL), f"{timed_out_reason(done, limit)}; {found}"
+    if done.returncode != 0:
+        return FAIL, f"exited {done.returncode}: {last_error_line(done.output)}; {found}"
+    return (PASS if len(timed) == len(planned) else INCOMPLETE), found
+
+
 def run_step(run, ctx, name, limit):
     if name == "install":
         return run_install(run, ctx, limit)
@@ -425,6 +463,8 @@ def run_step(run, ctx, name, limit):
         return pytest_part(done, limit, "")
     if name == "decision":
         return run_decision(run, ctx, limit)
+    if name == "transformers":
+        return run_transformers(run, ctx, limit)
     raise ValueError(name)
 
 
@@ -468,6 +508,21 @@ def bench_targets(out):
     return report.targets_table(rows)
 
 
+def transformers_section(out):
+    """The transformers cells' table, from transformers_experts.py's JSON in `out`, or ""."""
+    path = os.path.join(out, results_dir.TRANSFORMERS_JSON)
+    rows = read_transformers_rows(path)
+    if not rows:
+        return ""
+    with open(path) as f:
+        document = json.load(f)
+    gpu = document.get("machine", {}).get("gpu", "the GPU")
+    return (f"## transformers {document.get('transformers', '')} experts implementations\n\n"
+            f"Qwen3MoeExperts at Qwen3-30B-A3B's expert shape (hidden 2048, moe_intermediate 768, 128 experts, "
+            f"top-8) on {gpu}; medians of interleaved calls; a ratio above 1 is groupgemm faster.\n\n"
+            + transformers_report.markdown_table(rows))
+
+
 def write_summary(run, args, argv):
     facts = run.facts
     gpu = "; ".join(f"{name} (compute {cc}, driver {driver})" for name, driver, cc in facts.gpus) or "no GPU"
@@ -483,6 +538,9 @@ def write_summary(run, args, argv):
     targets = bench_targets(args.out) if args.run == "check" else ""
     if targets:
         sections += ["", "## " + targets]
+    transformers = transformers_section(args.out) if "transformers" in steps.RUNS[args.run] else ""
+    if transformers:
+        sections += ["", transformers]
     text = "\n".join(sections) + "\n"
     with open(os.path.join(args.out, results_dir.summary_md(args.run)), "w") as f:
         f.write(text)

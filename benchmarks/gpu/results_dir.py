@@ -9,6 +9,7 @@ PROFILE_MD = "profile.md"  # one MoE shape's timings and kernels
 BENCH_FILES = ("bench.csv", "bench.json", "bench.png")  # the frameworks' benchmark at the core cells
 TILES_CSV = "tiles.csv"  # each GEMM per kernel: the kernel table's evidence
 KERNEL_TABLE = "hopper_kernels.def"  # the kernel table with the run's choices
+TRANSFORMERS_JSON = "transformers_experts.json"  # transformers' experts implementations against groupgemm
 
 
 def log(run):
@@ -25,7 +26,7 @@ def summary_json(run):
 
 def files(run):
     """Every file a run writes."""
-    own = {"check": (*BENCH_FILES, TILES_CSV, KERNEL_TABLE), "extra": (PROFILE_MD, NCU_CSV)}[run]
+    own = {"check": (*BENCH_FILES, TILES_CSV, KERNEL_TABLE), "extra": (PROFILE_MD, NCU_CSV, TRANSFORMERS_JSON)}[run]
     return (log(run), summary_md(run), summary_json(run), *own)
 
 

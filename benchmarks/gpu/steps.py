@@ -4,8 +4,9 @@ Standard library only.
 
 Two commands fit a 15-minute lease: `check` (at most 540 s: the carried wheels installed,
 then correctness on every kernel, then the measurements and the kernel table's decision)
-and `extra` (at most 240 s: the profile under Nsight Compute, the rest of the suite). The
-steps of each run in priority order, each within its own limit, under one deadline.
+and `extra` (at most 240 s: the profile under Nsight Compute, the rest of the suite,
+transformers' experts implementations against groupgemm). The steps of each run in
+priority order, each within its own limit, under one deadline.
 """
 
 import dataclasses
@@ -20,18 +21,26 @@ import kernel_table  # noqa: E402
 from contenders import GROUPGEMM_DENSE, PER_EXPERT_LOOP, RAGGED_DOT, family_contender  # noqa: E402
 
 # In priority order: what a run cut short by its deadline leaves out comes last.
+# The transformers cells come after everything else: the lease has room for no third
+# command (the machine's start, check's 540 s and extra's 240 s fill its 15 minutes),
+# check's limits already add up to more than its deadline and its results are 8 files, the
+# most that come back. extra's steps before them usually end well inside their limits (the
+# profile took 23 s on the last H100 run; the suite may take its whole 110 s), so the
+# cells get what those leave, a minute or so, and cut none of them; with less than
+# MIN_STEP_S left they are skipped.
 RUNS = {
     "check": ("install", "environment", "gpu_tests", "sanitizer", "capture", "bench", "decision"),
-    "extra": ("install", "environment", "profile", "suite"),
+    "extra": ("install", "environment", "profile", "suite", "transformers"),
 }
 DEADLINE = {"check": 540, "extra": 240}  # seconds, the summary included
 SUMMARY_RESERVE_S = 10  # of a run's deadline, kept for its summary
 MIN_STEP_S = 15  # a step with less time than this left is skipped, not started
-NEEDS_GPU = ("gpu_tests", "sanitizer", "capture", "bench", "decision", "profile")
+NEEDS_GPU = ("gpu_tests", "sanitizer", "capture", "bench", "decision", "profile", "transformers")
 PARALLEL = ("gpu_tests", "sanitizer", "capture")  # their commands run side by side
 
 PURPOSE = {
-    "install": "install the carried wheels (groupgemm cp312, oneDNN, OpenBLAS) into a scratch prefix",
+    "install": "install the carried wheels (groupgemm cp312, oneDNN, OpenBLAS, transformers and what it imports) "
+               "into a scratch prefix",
     "environment": "GPU, driver, glibc, torch and jax versions; does JAX see the GPU; the wheel's CUDA build",
     "gpu_tests": "tests/test_cuda.py (and test_cuda_build.py) in parallel pytest processes, every test on the "
                  "default kernels, the 2.x kernels, the sm90 kernels by shape and each sm90 tile",
@@ -46,11 +55,14 @@ PURPOSE = {
     "profile": "Nsight Compute at one MoE shape (bf16, G = 8, 16384 tokens, 4096 -> 14336): each GEMM's "
                "kernels and TFLOP/s against dense and torch._grouped_mm",
     "suite": "the rest of the test suite, in parallel pytest processes",
+    "transformers": "benchmarks/transformers_experts.py: transformers' Qwen3MoeExperts at Qwen3-30B-A3B's expert "
+                    "shape in bfloat16, groupgemm against grouped_mm, batched_mm and eager, at training and decode "
+                    "token counts",
 }
 
 # Each step's own limit in seconds; the run's deadline can cut it shorter.
 LIMITS = {"install": 60, "environment": 45, "gpu_tests": 180, "sanitizer": 120, "capture": 60, "bench": 200,
-          "decision": 20, "profile": 110, "suite": 110}
+          "decision": 20, "profile": 110, "suite": 110, "transformers": 90}
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # initcheck needs outputs torch leaves uninitialised (a kernel reading one is reported);
@@ -71,6 +83,16 @@ BENCH_SKIP = (PER_EXPERT_LOOP, RAGGED_DOT, GROUPGEMM_DENSE,
 BENCH_TIMING = ("--repeats", "10", "--budget", "1", "--overhead-repeats", "200")
 # fp8_bench.py's shapes, G,M,K,N (blockwise needs K and N multiples of 128).
 FP8_SHAPES = ("8,16384,4096,14336", "32,16384,7168,2048", "128,16384,2048,1408")
+
+# transformers_experts.py's cells on the GPU: Qwen3-30B-A3B's expert shape itself (--scale 1:
+# hidden 2048, moe_intermediate 768, 128 experts, top-8) in bfloat16; a training step's
+# tokens (the core cells' 16384, and 4096), decode steps' (its default counts). Half a second
+# of timed calls per implementation and cell keeps its 7 cells, imports included, near a
+# minute; batched_mm may gather 8 GB, so it runs every decode cell (32 tokens gather 2.4 GB).
+TRANSFORMERS_DTYPE = "bfloat16"
+TRANSFORMERS_TRAIN_TOKENS = (4096, 16384)
+TRANSFORMERS_DECODE_TOKENS = (1, 8, 32)
+TRANSFORMERS_TIMING = ("--repeats", "10", "--decode-repeats", "30", "--budget", "0.5", "--max-gather-gb", "8")
 
 # What a test may skip for on a GPU machine: tests that need no device (they would be
 # handed host pointers), Hopper's kernels elsewhere and on Hopper the FP8 refusal other GPUs
@@ -200,6 +222,14 @@ def commands(step, ctx):
         ignore = [arg for test in GPU_TESTS for arg in ("--ignore", test)]
         return [Command(_pytest(ctx) + ["-n", str(workers(ctx)), *ignore, "tests"], {**env, **_threads(ctx)},
                         "pytest")]
+    if step == "transformers":
+        bench = [ctx.python, os.path.join(ctx.repo, "benchmarks", "transformers_experts.py"), "--device", "cuda",
+                 "--scale", "1", "--dtype", TRANSFORMERS_DTYPE,
+                 "--train-tokens", *map(str, TRANSFORMERS_TRAIN_TOKENS),
+                 "--decode-tokens", *map(str, TRANSFORMERS_DECODE_TOKENS), *TRANSFORMERS_TIMING,
+                 "--json", os.path.join(ctx.out, results_dir.TRANSFORMERS_JSON)]
+        # No network there: a Hub lookup fails at once instead of waiting out the limit.
+        return [Command(bench, {**env, "HF_HUB_OFFLINE": "1"}, "transformers experts")]
     if step == "decision":
         return []  # the kit decides in its own process
     raise ValueError(f"unknown step {step!r}")

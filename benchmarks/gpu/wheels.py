@@ -1,8 +1,10 @@
 """The wheels a lent GPU machine needs beyond its own python3, gathered into one folder
 that travels with the working tree (./dev.sh gpu-wheels): the redistributable cp312
 groupgemm wheel (./dev.sh wheel 3.12 builds it into dist/) and its two runtime
-dependencies, oneDNN and OpenBLAS, cut to what runs there. The machine has no network and
-no room for a build: the kit installs exactly what a user would, and nothing is compiled.
+dependencies, oneDNN and OpenBLAS, cut to what runs there; and Hugging Face transformers
+with what it imports, whole, for the transformers experts benchmark. The machine has no
+network and no room for a build: the kit installs exactly what a user would, and nothing
+is compiled.
 
 The oneDNN wheel holds libdnnl.so three times (libdnnl.so, .so.3 and .so.3.2, none a link:
 38.9 MB) and OpenBLAS's its headers and CMake files; only libdnnl.so.3 and OpenBLAS's
@@ -18,6 +20,7 @@ import fnmatch
 import glob
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +30,21 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 DEFAULT_DEST = ".gpu-wheels"
 TARGET_PYTHON = "3.12"  # the lent machines' python3
 GROUPGEMM = "groupgemm"
+# transformers for benchmarks/transformers_experts.py, and what importing it and running
+# Qwen3MoeExperts need that the machine's python3 lacks (it has torch, jax, numpy, pytest
+# and their own dependencies: packaging, filelock, fsspec, typing_extensions, jinja2).
+# tokenizers is not on the benchmark's path, but with transformers installed the suite runs
+# the integration's tests, whose import of transformers' auto classes fails without it.
+# Carried whole: which model families a test or a lazy import reaches is transformers' to
+# decide, and the whole set is 17 MiB.
+TRANSFORMERS = (("transformers", "5.23.0"), ("huggingface-hub", "2.4.0"), ("safetensors", "0.8.0"),
+                ("tokenizers", "0.23.3"), ("regex", "2026.11.19"), ("pyyaml", "6.0.4"), ("tqdm", "4.70.1"),
+                ("httpx2", "2.16.2"), ("httpcore2", "2.16.2"), ("h11", "0.16.0"), ("idna", "3.20"),
+                ("truststore", "0.10.5"))
 # Pinned: the versions the groupgemm wheel was built and tested against (dev.sh).
-DEPENDENCIES = (("onednn-cpu-gomp", "2023.2.0"), ("scipy-openblas32", "0.3.34.481.3"))
-# What each dependency's copy keeps besides its .dist-info (fnmatch patterns).
+DEPENDENCIES = (("onednn-cpu-gomp", "2023.2.0"), ("scipy-openblas32", "0.3.34.481.3"), *TRANSFORMERS)
+# What a dependency's copy keeps besides its .dist-info (fnmatch patterns); one not named
+# here travels whole.
 KEEP = {"onednn-cpu-gomp": ("*/lib/libdnnl.so.3", "*/LICENSE*", "*/THIRD-PARTY-PROGRAMS"),
         "scipy-openblas32": ("scipy_openblas32/lib/libscipy_openblas.so", "scipy_openblas32/*.py")}
 # manylinux tags the target accepts, newest first; pip also takes older ones (manylinux1).
@@ -110,14 +125,17 @@ def gather(dest, dist):
     ours = sorted(glob.glob(os.path.join(dist, f"{GROUPGEMM}-*-cp{TARGET_PYTHON.replace('.', '')}-*.whl")))
     if not ours:
         return [f"no cp{TARGET_PYTHON.replace('.', '')} groupgemm wheel in {dist}: run ./dev.sh wheel {TARGET_PYTHON}"]
-    with open(ours[-1], "rb") as f, open(os.path.join(dest, os.path.basename(ours[-1])), "wb") as g:
-        g.write(f.read())
+    shutil.copyfile(ours[-1], os.path.join(dest, os.path.basename(ours[-1])))
     with tempfile.TemporaryDirectory() as downloads:
         for name, version in DEPENDENCIES:
             if subprocess.call(download_command(name, version, downloads)) != 0:
                 return [f"download of {name}=={version} failed"]
             (source,) = glob.glob(os.path.join(downloads, wheel_prefix(name, version) + "*.whl"))
-            trim(source, os.path.join(dest, os.path.basename(source)), KEEP[name])
+            target = os.path.join(dest, os.path.basename(source))
+            if name in KEEP:
+                trim(source, target, KEEP[name])
+            else:
+                shutil.copyfile(source, target)
     return []
 
 
