@@ -296,7 +296,7 @@ def run_install(run, ctx, limit):
         return FAIL, timed_out_reason(done, limit)
     if done.returncode != 0:
         return FAIL, f"pip exited {done.returncode}: {last_error_line(done.output)}"
-    return PASS, f"installed {', '.join(os.path.basename(w) for w in ctx.wheels)}"
+    return PASS, f"installed {', '.join('-'.join(os.path.basename(w).split('-')[:2]) for w in ctx.wheels)}"
 
 
 def pytest_part(done, limit, label):
