@@ -169,9 +169,11 @@ def main(argv=None):
     todo = planned_cells(args.dtype, args.train_tokens, args.decode_tokens)
     import transformers
 
+    shape = {"hidden": QWEN3_30B_A3B["hidden"] // args.scale, "moe_intermediate": QWEN3_30B_A3B["ffn"] // args.scale,
+             "experts": args.experts, "top_k": args.top_k}
     document = {"command": "python benchmarks/transformers_experts.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "machine": machine(args.device),
-        "transformers": transformers.__version__, "results": []}
+        "transformers": transformers.__version__, "shape": shape, "results": []}
     if device.type == "cuda":
         document["machine"]["gpu"] = torch.cuda.get_device_name(device)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

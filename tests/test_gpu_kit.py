@@ -536,6 +536,7 @@ class FakeMachine:
         if key == "transformers_experts.py" and self.transformers_rows is not None:
             with open(argv[argv.index("--json") + 1], "w") as f:
                 json.dump({"transformers": "5.23.0", "machine": {"gpu": "NVIDIA H100 80GB HBM3"},
+                           "shape": {"hidden": 2048, "moe_intermediate": 768, "experts": 128, "top_k": 8},
                            "results": self.transformers_rows}, f)
         text = self.outputs.get(key)
         if text is None:
@@ -667,7 +668,9 @@ def test_the_extra_run_profiles_runs_the_rest_of_the_suite_and_times_the_transfo
     # Read back from the benchmark's JSON: the verdict's digest and the summary's table.
     assert ("| transformers | PASS | 1 | 7 of 7 cells; fastest built-in / groupgemm: forward 0.90x, "
             "forward+backward 0.90x, decode forward 0.90x |") in summary
-    assert "## transformers 5.23.0 experts implementations" in summary and "on NVIDIA H100 80GB HBM3" in summary
+    assert "## transformers 5.23.0 experts implementations" in summary
+    assert ("Qwen3MoeExperts (hidden 2048, moe_intermediate 768, experts 128, top_k 8) on NVIDIA H100 80GB "
+            "HBM3") in summary
     assert "| bfloat16 | forward+backward | 16384 | 2.00 | 0.90 | n/a | 20.00 | 0.90 |" in summary
     assert "| bfloat16 | decode forward | 32 | 2.00 | 0.90 | 1.50 | 20.00 | 0.90 |" in summary
     assert results_dir.TRANSFORMERS_JSON in os.listdir(out) and set(os.listdir(out)) <= set(results_dir.files("extra"))

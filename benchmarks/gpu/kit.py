@@ -413,13 +413,14 @@ def run_decision(run, ctx, _limit):
     return PASS, f"{'changed' if changed else 'unchanged'}: {rows}; {why}"
 
 
-def read_transformers_rows(path):
-    """The rows transformers_experts.py wrote (after every cell it finished), or []."""
+def read_transformers_results(path):
+    """What transformers_experts.py wrote (its rows after every cell it finished), or {}."""
     try:
         with open(path) as f:
-            return json.load(f)["results"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+            document = json.load(f)
+        return document if isinstance(document, dict) and isinstance(document.get("results"), list) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def run_transformers(run, ctx, limit):
@@ -431,7 +432,7 @@ def run_transformers(run, ctx, limit):
         os.remove(path)  # an earlier run's cells are not this run's
     (command,) = steps.commands("transformers", ctx)
     done = run.execute(command, limit)
-    rows = read_transformers_rows(path)
+    rows = read_transformers_results(path).get("results", [])
     planned = transformers_report.planned_cells(
         [steps.TRANSFORMERS_DTYPE], steps.TRANSFORMERS_TRAIN_TOKENS, steps.TRANSFORMERS_DECODE_TOKENS)
     cells = transformers_report.cells(rows)
@@ -510,17 +511,14 @@ def bench_targets(out):
 
 def transformers_section(out):
     """The transformers cells' table, from transformers_experts.py's JSON in `out`, or ""."""
-    path = os.path.join(out, results_dir.TRANSFORMERS_JSON)
-    rows = read_transformers_rows(path)
-    if not rows:
+    document = read_transformers_results(os.path.join(out, results_dir.TRANSFORMERS_JSON))
+    if not document.get("results"):
         return ""
-    with open(path) as f:
-        document = json.load(f)
+    shape = ", ".join(f"{name} {value}" for name, value in document.get("shape", {}).items())
     gpu = document.get("machine", {}).get("gpu", "the GPU")
     return (f"## transformers {document.get('transformers', '')} experts implementations\n\n"
-            f"Qwen3MoeExperts at Qwen3-30B-A3B's expert shape (hidden 2048, moe_intermediate 768, 128 experts, "
-            f"top-8) on {gpu}; medians of interleaved calls; a ratio above 1 is groupgemm faster.\n\n"
-            + transformers_report.markdown_table(rows))
+            f"Qwen3MoeExperts ({shape}) on {gpu}; medians of interleaved calls; a ratio above 1 is groupgemm "
+            f"faster.\n\n" + transformers_report.markdown_table(document["results"]))
 
 
 def write_summary(run, args, argv):

@@ -87,8 +87,9 @@ FP8_SHAPES = ("8,16384,4096,14336", "32,16384,7168,2048", "128,16384,2048,1408")
 # transformers_experts.py's cells on the GPU: Qwen3-30B-A3B's expert shape itself (--scale 1:
 # hidden 2048, moe_intermediate 768, 128 experts, top-8) in bfloat16; a training step's
 # tokens (the core cells' 16384, and 4096), decode steps' (its default counts). Half a second
-# of timed calls per implementation and cell keeps its 7 cells, imports included, near a
-# minute; batched_mm may gather 8 GB, so it runs every decode cell (32 tokens gather 2.4 GB).
+# of timed calls per implementation and cell is meant to keep its 7 cells, imports included,
+# near a minute (no GPU has run them yet); batched_mm may gather 8 GB, so it runs every
+# decode cell (32 tokens gather 2.4 GB).
 TRANSFORMERS_DTYPE = "bfloat16"
 TRANSFORMERS_TRAIN_TOKENS = (4096, 16384)
 TRANSFORMERS_DECODE_TOKENS = (1, 8, 32)
