@@ -155,8 +155,9 @@ function(groupgemm_core_library name type)
       core_cuda/cuda/backend.cu core_cuda/cuda/device_info.cu core_cuda/cuda/setup.cu
       core_cuda/cuda/bias_grad.cu core_cuda/cuda/gemm_unaligned.cu core_cuda/cuda/expert_backend.cu
       core_cuda/cuda/permute.cu core_cuda/cuda/unpermute.cu core_cuda/cuda/activation.cu core_cuda/cuda/router.cu
-      core_cuda/cuda/expert_mlp.cu
-      core_cuda/cuda/gemm_bf16.cu core_cuda/cuda/gemm_f16.cu core_cuda/cuda/gemm_f32.cu)
+      core_cuda/cuda/expert_mlp.cu core_cuda/cuda/expert_mlp_kernels.cu core_cuda/cuda/gathered_gemm_unaligned.cu
+      core_cuda/cuda/gemm_bf16.cu core_cuda/cuda/gemm_f16.cu core_cuda/cuda/gemm_f32.cu
+      core_cuda/cuda/gathered_gemm_bf16.cu core_cuda/cuda/gathered_gemm_f16.cu core_cuda/cuda/gathered_gemm_f32.cu)
     target_sources(${name} PRIVATE core_cuda/cuda/gemm_sm90_dispatch.cu)
     target_sources(${name} PRIVATE core_cuda/cuda/fp8_backend.cu core_cuda/cuda/fp8_setup.cu
       core_cuda/cuda/fp8_quantize.cu core_cuda/cuda/fp8_sm90_dispatch.cu)

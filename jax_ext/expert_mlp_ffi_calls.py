@@ -52,7 +52,8 @@ def expert_mlp(tokens, expert_indices, w_in, w_out, group_offset, *optional, kin
         jax.ShapeDtypeStruct((t, tokens.shape[1]), dtype),
         jax.ShapeDtypeStruct((t, k, f_in) if want_h else (0,), dtype),
         jax.ShapeDtypeStruct((t * k, tokens.shape[1]), dtype),  # the expert outputs' scratch rows
-        workspace(_core.expert_mlp_workspace_bytes, t * k, w_in.shape[0])))
+        workspace(_core.expert_mlp_workspace_bytes, t * k, w_in.shape[0], tokens.shape[1], f_in, kind,
+                  dtype.itemsize, False)))
     out, h, _, _ = call(tokens, expert_indices, none if probs is None else probs, w_in, w_out,
                         none if b_in is None else b_in, none if b_out is None else b_out, group_offset,
                         kind=np.int64(kind), transpose_rhs=np.bool_(transpose_rhs))
@@ -84,7 +85,7 @@ def expert_mlp_backward(dout, tokens, expert_indices, w_in, w_out, group_offset,
     call = jax.ffi.ffi_call("groupgemm_expert_mlp_backward", (
         *(jax.ShapeDtypeStruct(shape if wanted else (0,), d) for shape, d, wanted in zip(shapes, dtypes, want)),
         jax.ShapeDtypeStruct((t * k, tokens.shape[1]) if want[0] else (0,), dtype),  # the token rows' scratch
-        workspace(_core.expert_mlp_workspace_bytes, t * k, e)))
+        workspace(_core.expert_mlp_workspace_bytes, t * k, e, tokens.shape[1], f_in, kind, dtype.itemsize, True)))
     results = call(dout, tokens, expert_indices, none if probs is None else probs, w_in, w_out,
                    none if b_out is None else b_out, group_offset, h, kind=np.int64(kind),
                    transpose_rhs=np.bool_(transpose_rhs))

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import jax_frontend
 import numpy as np
 import pytest
+import test_expert_mlp as mlp_cases
 import torch
 import torch_frontend
 from bits import assert_same_bits
@@ -45,6 +46,8 @@ from test_expert_layer import (
 import groupgemm
 import groupgemm.jax as gj
 import groupgemm.torch as gt
+from groupgemm.jax_ext import expert_mlp as jax_expert_mlp
+from groupgemm.torch_ext import expert_mlp as torch_expert_mlp
 
 
 def _jax_gpu():
@@ -401,21 +404,122 @@ def test_cuda_moe_block_is_bitwise_identical_in_jax_and_torch():
         assert_same_bits(a, b, f"cuda/moe block/result {i}")
 
 
+# ---- the fused expert MLP (core_cuda/cuda/expert_mlp.cu) -------------------------------
+
+
+def _routing(t, k, ids, seed):
+    """[t][k] expert ids drawn from `ids` (a dropped marker -1 among them, or not)."""
+    return tuple(map(tuple, np.random.default_rng(seed).choice(ids, (t, k))))
+
+
+# test_expert_mlp's cases (H = 6, F = 4: the 16-bit GEMMs take the unaligned kernels) and
+# aligned ones over several tiles per expert (the tensor-core kernels): a window with dropped
+# ids and an idle expert, both weight layouts.
+FUSED_CASES = mlp_cases.CASES + [
+    mlp_cases.MlpCase("tiles_swiglu_window", _routing(300, 2, [-1, 0, 1, 2, 4, 5, 6], 0), 5, "swiglu", True,
+                      offset=1, hidden=64, ffn=32),
+    mlp_cases.MlpCase("tiles_gelu_transposed", _routing(257, 3, [0, 1, 2], 1), 4, "gelu", False, True, hidden=128,
+                      ffn=96),
+]
+FUSED_RUNS = {"jax": (mlp_cases.jax_run, JAX_GPU), "torch": (mlp_cases.torch_run, TORCH_CUDA)}
+
+
+def _fused_run(name):
+    run, available = FUSED_RUNS[name]
+    if not available:
+        pytest.skip(f"needs a CUDA GPU, {name} with CUDA and a CUDA build")
+    return run
+
+
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
+@pytest.mark.parametrize("name", list(FUSED_RUNS))
+def test_cuda_expert_mlp_matches_the_cpu_backend_with_exact_zeros(name, case, dtype):
+    # An explicit expert_mlp call on a GPU runs the fused kernels (gathered grouped GEMMs):
+    # within the dtype's tolerance of the CPU backend, forward and every gradient; a dropped
+    # slot's dprobs and an idle expert's weight and bias gradients exactly 0; T = 0 ordinary.
+    run = _fused_run(name)
+    x = mlp_cases.inputs(case)
+    (gpu_out, gpu_grads), (cpu_out, cpu_grads) = (run(case, x, dtype, device=d) for d in ("cuda", "cpu"))
+    to_float64 = torch_frontend.to_float64 if name == "torch" else jax_frontend.to_float64
+    assert_close(to_float64(gpu_out), to_float64(cpu_out), dtype, f"{case.name}/{dtype}/out")
+    t, k = case.shape
+    dropped = eref.window_ids(np.asarray(x["indices"]).reshape(t, k), case.offset or 0, case.experts) < 0
+    for what, got, want in zip(mlp_cases.GRADS, gpu_grads, cpu_grads):
+        if want is None:
+            assert got is None, what
+            continue
+        got = to_float64(got)
+        assert_close(got, to_float64(want), dtype, f"{case.name}/{dtype}/d{what}")
+        if what == "probs":
+            assert (got[dropped] == 0).all()
+        if what in ("w_in", "w_out", "b_in", "b_out"):
+            assert all((got[e] == 0).all() for e in mlp_cases.idle_experts(case)), what
+
+
+@needs_both
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("case", [FUSED_CASES[0], FUSED_CASES[-1]], ids=lambda c: c.name)
+def test_cuda_expert_mlp_is_bitwise_identical_in_jax_and_torch(case, dtype):
+    x = mlp_cases.inputs(case, seed=1)
+    jax_out, jax_grads = mlp_cases.jax_run(case, x, dtype, device="cuda")
+    torch_out, torch_grads = mlp_cases.torch_run(case, x, dtype, device="cuda")
+    assert_same_bits(jax_out, torch_out, f"cuda/{case.name}/{dtype}/out")
+    for what, a, b in zip(mlp_cases.GRADS, jax_grads, torch_grads):
+        assert (a is None) == (b is None), what
+        if a is not None:
+            assert_same_bits(a, b, f"cuda/{case.name}/{dtype}/d{what}")
+
+
 @needs_torch_cuda
-def test_cuda_expert_mlp_says_it_has_no_kernels_and_the_layers_run_the_composition():
-    # The fused expert MLP's CUDA kernels are not written: the op refuses clearly, and
-    # GroupedMLP.forward_routed's default (fused=None) runs the composition on a GPU.
+def test_cuda_layers_keep_the_composition_by_default_and_run_the_fused_op_when_told():
+    # The fused kernels are not the layers' default on CUDA until a GPU run has validated
+    # them: GroupedMLP.forward_routed (fused=None) runs the composition there, fused=True the
+    # fused op, which agrees with it within tolerance.
     torch.manual_seed(0)
-    experts = gt.GroupedMLP(3, 16, 8, bias=True)
-    tokens, probs = torch.randn(6, 16), torch.rand(6, 2)
-    indices = torch.tensor([[0, 2], [2, 2], [1, -1], [0, 1], [2, 0], [5, 1]])
-    want = experts.forward_routed(tokens, indices, probs)  # the CPU: fused
-    experts.cuda()
-    with pytest.raises(NotImplementedError, match="expert_mlp has no CUDA kernels"):
-        gt.expert_mlp(tokens.cuda(), indices.cuda(), probs.cuda(), experts.fc1.weight, experts.fc2.weight,
-                      b_in=experts.fc1.bias, b_out=experts.fc2.bias, transpose_weight=True)
-    got = experts.forward_routed(tokens.cuda(), indices.cuda(), probs.cuda())
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    experts = gt.GroupedMLP(3, 16, 8, bias=True).cuda()
+    tokens, probs = torch.randn(6, 16, device="cuda"), torch.rand(6, 2, device="cuda")
+    indices = torch.tensor([[0, 2], [2, 2], [1, -1], [0, 1], [2, 0], [5, 1]], device="cuda")
+    assert not torch_expert_mlp.fused_by_default(tokens.device)
+    assert not (JAX_GPU and jax_expert_mlp.fused_by_default())  # moe_layer's default on a GPU backend
+    default = experts.forward_routed(tokens, indices, probs)
+    experts.fused = False
+    assert_same_bits(default, experts.forward_routed(tokens, indices, probs), "the default is the composition")
+    experts.fused = True
+    fused = experts.forward_routed(tokens, indices, probs)
+    torch.testing.assert_close(fused, default, rtol=1e-5, atol=1e-5)
+
+
+@needs_torch_cuda
+def test_torch_cuda_graph_replays_the_fused_expert_mlp_with_changing_routing():
+    # Forward and backward captured once; each replay routes differently (an idle expert,
+    # every slot dropped, all on one expert): the same bits as an eager call, exact zeros
+    # for dropped slots' dprobs and idle experts' gradients.
+    gen = torch.Generator().manual_seed(0)
+    t, k, e, hidden, ffn = 96, 2, 4, 64, 32
+    tokens = torch.randn(t, hidden, generator=gen).cuda().bfloat16().requires_grad_()
+    w_in = (torch.randn(e, 2 * ffn, hidden, generator=gen) / 8).cuda().bfloat16().requires_grad_()
+    w_out = (torch.randn(e, hidden, ffn, generator=gen) / 8).cuda().bfloat16().requires_grad_()
+    probs = torch.rand(t, k, generator=gen).cuda().requires_grad_()
+    indices = torch.randint(0, e, (t, k), generator=gen, dtype=torch.int32).cuda()
+    dout = torch.randn(t, hidden, generator=gen).cuda().bfloat16()
+    params = (tokens, w_in, w_out, probs)
+
+    def step():
+        y = gt.expert_mlp(tokens, indices, probs, w_in, w_out, activation="swiglu", transpose_weight=True)
+        return (y, *torch.autograd.grad(y, params, dout))
+
+    graph, static = capture(torch, step, warm_up=True)
+    for seed, ids in ((1, [0, 1, 3]), (2, [-1]), (3, [2]), (4, [-1, 0, 1, 2, 3])):
+        routing = np.random.default_rng(seed).choice(ids, (t, k)).astype(np.int32)
+        indices.copy_(torch.from_numpy(routing))
+        graph.replay()
+        eager = step()
+        for what, replayed, want in zip(("y", "dtokens", "dw_in", "dw_out", "dprobs"), static, eager):
+            assert_same_bits(replayed, want, f"{what} {ids}")
+        assert (static[4][torch.from_numpy(routing < 0).cuda()] == 0).all()
+        for idle in set(range(e)) - set(ids):
+            assert (static[2][idle] == 0).all() and (static[3][idle] == 0).all(), (ids, idle)
 
 
 def _torch_moe_block(dim=64, ffn=32, experts=8, top_k=2):

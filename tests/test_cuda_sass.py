@@ -1,7 +1,8 @@
 """Static evidence about the CUDA GEMM kernels, from the core library's sm_90a cubin: the
 CUTLASS 3.x grouped GEMMs (every tile, the bias epilogue included) run on WGMMA (HGMMA
 instructions), the FP8 ones on FP8 WGMMA (QGMMA), the CUTLASS 2.x ones on tensor-core MMA
-(HMMA), and no kernel spills registers to local memory (STL/LDL).
+(HMMA), and no kernel spills registers to local memory (STL/LDL); the fused expert MLP's
+kernels (its gathered grouped GEMMs on HMMA) in the sm_80 cubin as well.
 No GPU is needed: cuobjdump (the nvidia-cuda-cuobjdump wheel, with nvdisasm from
 nvidia-cuda-nvdisasm; ./dev.sh setup installs both) disassembles the shipped code."""
 
@@ -36,17 +37,21 @@ def wheel_tool(dist, name):
 
 
 @functools.cache
-def sm90a_kernels():
-    """{mangled kernel name: SASS text} of the core library's sm_90a cubin."""
+def cubin_kernels(arch):
+    """{mangled kernel name: SASS text} of the core library's cubin for `arch` (sm_80, sm_90a)."""
     cuobjdump = wheel_tool("nvidia-cuda-cuobjdump", "cuobjdump")
     nvdisasm = wheel_tool("nvidia-cuda-nvdisasm", "nvdisasm")
     assert cuobjdump and nvdisasm, "cuobjdump and nvdisasm are needed: " + TOOLS
     env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
     core = os.path.join(os.path.dirname(_core.__file__), "libgroupgemm_core.so")
-    sass = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", core], env=env, check=True,
+    sass = subprocess.run([cuobjdump, "-sass", "-arch", arch, core], env=env, check=True,
                           capture_output=True, text=True).stdout
     parts = re.split(r"^\s*Function : (\S+)\s*$", sass, flags=re.M)
     return dict(zip(parts[1::2], parts[2::2]))
+
+
+def sm90a_kernels():
+    return cubin_kernels("sm_90a")
 
 
 def instructions(sass, opcode):
@@ -134,3 +139,35 @@ def test_no_kernel_spills_to_local_memory():
     spills = {n: len(instructions(s, "STL") + instructions(s, "LDL")) for n, s in kernels.items()}
     assert any(map(is_sm90_gemm, kernels)) and any(map(is_fp8_gemm, kernels))
     assert {n: c for n, c in spills.items() if c} == {}
+
+
+# The fused expert MLP (core_cuda/cuda/expert_mlp*.cu, gathered_gemm*.cu): the gathered
+# grouped GEMMs (cutlass_gathered.cuh: CUTLASS 2.x's mainloop with a gathered operand, one
+# instance per input dtype, output dtype, layout and gathered operand) and its small kernels,
+# in the sm_80 cubin (every GPU but Hopper runs it, or its PTX) and the sm_90a one.
+def is_gathered_gemm(name):
+    return "GatheredGroupedGemm" in name
+
+
+EXPERT_MLP_KERNELS = ("expert_setup_kernel", "fill_rows_kernel", "slot_h_kernel", "activation_rows_kernel",
+                      "backward_rows_kernel", "expert_sums_kernel", "zero_idle_kernel", "gathered_unaligned_kernel")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_fused_expert_mlp_kernels_are_compiled_and_never_spill(arch):
+    kernels = cubin_kernels(arch)
+    gathered = [n for n in kernels if is_gathered_gemm(n)]
+    # bfloat16 and float16: A's rows gathered in 2 layouts x 2 output dtypes, a weight
+    # gradient's contraction gathered in A or in B; float32: 2 + 2 (one output dtype).
+    assert sum(map(is_16bit, gathered)) == 12 and len(gathered) == 16, gathered
+    ours = {n: s for n, s in kernels.items() if is_gathered_gemm(n) or any(k in n for k in EXPERT_MLP_KERNELS)}
+    assert {k for k in EXPERT_MLP_KERNELS if not any(k in n for n in ours)} == set()
+    spills = {n: len(instructions(s, "STL") + instructions(s, "LDL")) for n, s in ours.items()}
+    assert {n: c for n, c in spills.items() if c} == {}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_gathered_gemm_kernels_use_tensor_core_mma(arch):
+    kernels = {n: s for n, s in cubin_kernels(arch).items() if is_gathered_gemm(n) and is_16bit(n)}
+    assert kernels
+    assert [n for n, s in kernels.items() if not instructions(s, "HMMA")] == []

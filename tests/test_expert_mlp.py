@@ -78,14 +78,14 @@ def layout(x, case):
     return x if case.transpose else {**x, "w_in": x["w_in"].transpose(0, 2, 1), "w_out": x["w_out"].transpose(0, 2, 1)}
 
 
-def jax_run(case, x, dtype, fn=gj.expert_mlp):
-    """out and the six gradients (None where absent) of fn in JAX."""
+def jax_run(case, x, dtype, fn=gj.expert_mlp, device="cpu"):
+    """out and the six gradients (None where absent) of fn in JAX, on `device` ("cpu" or "cuda")."""
     with jax_frontend.precision(dtype):
         x = layout(x, case)
-        params = {n: jax_frontend.array(x[n], dtype) for n in GRADS if x[n] is not None}
+        params = {n: jax_frontend.array(x[n], dtype, device) for n in GRADS if x[n] is not None}
         if "probs" in params:
-            params["probs"] = jax_frontend.array(x["probs"], "float32" if dtype != "float64" else dtype)
-        indices = jnp.asarray(x["indices"])
+            params["probs"] = jax_frontend.array(x["probs"], "float32" if dtype != "float64" else dtype, device)
+        indices = jax.device_put(jnp.asarray(x["indices"]), next(iter(params["tokens"].devices())))
 
         def layer(p):
             return fn(p["tokens"], indices, p.get("probs"), p["w_in"], p["w_out"], activation=case.activation,
@@ -97,16 +97,17 @@ def jax_run(case, x, dtype, fn=gj.expert_mlp):
         return out, tuple(grads.get(n) for n in GRADS)
 
 
-def torch_run(case, x, dtype):
-    """out and the six gradients (None where absent) of groupgemm.torch.expert_mlp."""
+def torch_run(case, x, dtype, device="cpu"):
+    """out and the six gradients (None where absent) of groupgemm.torch.expert_mlp on `device`."""
     x = layout(x, case)
-    params = {n: torch_frontend.array(x[n], dtype).requires_grad_() for n in GRADS if x[n] is not None}
+    params = {n: torch_frontend.array(x[n], dtype, device).requires_grad_() for n in GRADS if x[n] is not None}
     if "probs" in params:
-        params["probs"] = torch_frontend.array(x["probs"], "float32" if dtype != "float64" else dtype).requires_grad_()
-    out = gt.expert_mlp(params["tokens"], torch.from_numpy(x["indices"]), params.get("probs"), params["w_in"],
-                        params["w_out"], activation=case.activation, b_in=params.get("b_in"),
+        params["probs"] = torch_frontend.array(x["probs"], "float32" if dtype != "float64" else dtype,
+                                               device).requires_grad_()
+    out = gt.expert_mlp(params["tokens"], torch.from_numpy(x["indices"]).to(device), params.get("probs"),
+                        params["w_in"], params["w_out"], activation=case.activation, b_in=params.get("b_in"),
                         b_out=params.get("b_out"), group_offset=case.offset, transpose_weight=case.transpose)
-    grads = torch.autograd.grad(out, list(params.values()), torch_frontend.array(x["dout"], dtype),
+    grads = torch.autograd.grad(out, list(params.values()), torch_frontend.array(x["dout"], dtype, device),
                                 allow_unused=True)
     by_name = dict(zip(params, grads))
     return out.detach(), tuple(by_name.get(n) for n in GRADS)

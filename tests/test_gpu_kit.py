@@ -1094,3 +1094,50 @@ def test_the_fp8_driver_passes_on_the_cpu_backend_and_catches_wrong_results():
         else:
             wrong[0].view(torch.uint8).view(-1)[0] ^= 1  # one quantized value's last bit
         assert fp8_driver.mismatch(torch, call, case, wrong, results), call.name
+
+
+# ---- the fused expert MLP's calls of the sanitizer driver ----------------------------------
+
+def test_the_quick_fused_mlp_cases_reach_every_fused_kernel():
+    import expert_mlp_driver
+
+    def reached(names):
+        found = set()
+        for name in names:
+            for _, kernels in expert_mlp_driver.planned_mlp_calls(expert_mlp_driver.ALL_MLP_CASES[name]):
+                found |= kernels
+        return found
+
+    required = driver_calls.required_expert_mlp_kernels()
+    # 4 kernels of any dtype (route, setup, fill, idle), 5 per dtype (h, activation, bias
+    # sums, the backward rows for 1 or 2 probs dtypes); gathered GEMMs: float32 4, each
+    # 16-bit dtype 6 on tensor cores and 4 unaligned.
+    assert len(required) == 4 + 3 * 3 + 1 + 2 + 2 + 4 + 2 * (6 + 4)
+    assert required == reached(expert_mlp_driver.QUICK_MLP_CASES) == reached(expert_mlp_driver.ALL_MLP_CASES)
+    aligned = reached(["tiles"])
+    assert {k[0] for k in required - aligned if isinstance(k, tuple)} == {driver_calls.GATHERED_UNALIGNED}
+
+
+def test_the_fused_mlp_checks_pass_on_the_cpu_backend_and_catch_wrong_results():
+    torch = pytest.importorskip("torch")
+    import expert_mlp_driver as mlp
+    import numpy as np
+    import sanitizer_driver as driver
+
+    from groupgemm import _core
+
+    cpu = driver.Device(torch, _core, "cpu")
+    for name in ("tiles", "zero_ffn", "all_dropped"):
+        case = mlp.ALL_MLP_CASES[name]
+        for call, _ in mlp.planned_mlp_calls(case)[:2]:
+            assert [p for _, p in mlp.run_mlp_call(cpu, cpu, case, call, mlp.mlp_inputs(case, call), "nan") if p] == []
+    case = mlp.ALL_MLP_CASES["tiles"]
+    call = mlp.planned_mlp_calls(case)[0][0]
+    x = mlp.mlp_inputs(case, call)
+    want = torch.ones(4, 3)
+    assert "max error" in mlp.mismatch("dw_in", "float32", want + 1e-3, want, None)
+    zeros = np.zeros((4, 3), bool)
+    zeros[1] = True
+    assert "exact zeros" in mlp.mismatch("dw_in", "float32", want, want, zeros)
+    assert mlp.mismatch("dw_in", "float32", want, want, None) is None
+    assert mlp._exact_zeros(case, call, x)["dw_in"][2].all()  # global id 3 (local 2) is never chosen

@@ -25,12 +25,16 @@ from groupgemm.torch_ext.op_library import allocator, define
 Tensor = torch.Tensor
 
 
-def _scratch(device: torch.device, num_slots: int, num_experts: int) -> Tensor | None:
-    """The CUDA call's workspace (the routing); None on the CPU."""
-    if device.type != "cuda":
+def _scratch(tokens: Tensor, num_slots: int, w_in: Tensor, kind: int, transpose_rhs: bool,
+             backward: bool) -> Tensor | None:
+    """The CUDA call's workspace (the routing, the GEMMs' per-expert arrays, the row scratch);
+    None on the CPU."""
+    if tokens.device.type != "cuda":
         return None
-    return torch.empty(_core.expert_mlp_workspace_bytes(_core.Device.cuda, num_slots, num_experts), dtype=torch.uint8,
-                       device=device)
+    nbytes = _core.expert_mlp_workspace_bytes(_core.Device.cuda, num_slots, w_in.shape[0], tokens.shape[1],
+                                              _in_features(w_in, transpose_rhs), kind, tokens.element_size(),
+                                              backward)
+    return torch.empty(nbytes, dtype=torch.uint8, device=tokens.device)
 
 
 def _in_features(w_in: Tensor, transpose_rhs: bool) -> int:
@@ -53,7 +57,7 @@ def expert_mlp_op(tokens: Tensor, expert_indices: Tensor, w_in: Tensor, w_out: T
     out, h = _expert_mlp_outputs(tokens, expert_indices, w_in, w_out, probs, b_in, b_out, transpose_rhs, want_h,
                                  allocator(tokens.device))
     rows = torch.empty((expert_indices.numel(), tokens.shape[1]), dtype=tokens.dtype, device=tokens.device)
-    workspace = _scratch(tokens.device, expert_indices.numel(), w_in.shape[0])
+    workspace = _scratch(tokens, expert_indices.numel(), w_in, kind, transpose_rhs, backward=False)
     _core.expert_mlp(*map(capsule, (tokens, expert_indices, probs, w_in, w_out, b_in, b_out, group_offset, out)),
                      capsule(h) if want_h else None, capsule(rows), capsule(workspace), kind=kind,
                      transpose_rhs=transpose_rhs, stream=device_scratch.stream(tokens.device))
@@ -86,7 +90,7 @@ def expert_mlp_backward_op(dout: Tensor, tokens: Tensor, expert_indices: Tensor,
                                          want, allocator(tokens.device))
     rows = torch.empty((expert_indices.numel(), tokens.shape[1]) if want[0] else (0,), dtype=tokens.dtype,
                        device=tokens.device)
-    workspace = _scratch(tokens.device, expert_indices.numel(), w_in.shape[0])
+    workspace = _scratch(tokens, expert_indices.numel(), w_in, kind, transpose_rhs, backward=True)
     _core.expert_mlp_backward(
         *map(capsule, (dout, tokens, expert_indices, probs, w_in, w_out, b_out, group_offset, h)),
         *(capsule(g) if wanted else None for g, wanted in zip(grads, want)), capsule(rows) if want[0] else None,

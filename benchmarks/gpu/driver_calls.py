@@ -310,3 +310,100 @@ def required_expert_kernels():
         required |= {(ACTIVATION, dtype), (ACTIVATION_BACKWARD, dtype)}
         required |= {(kernel, dtype) for kernel in ROUTER_KERNELS.values()}
     return required
+
+
+# ---- the fused expert MLP (core_cuda/cuda/expert_mlp.cu, expert_mlp_kernels.cu, gathered_gemm_*.cu)
+
+# Its gathered grouped GEMMs: CUTLASS (float32 always, 16-bit with 16-byte aligned rows) by
+# input, output, layout and gathered operand; the unaligned 16-bit kernel by input, output
+# and gathered operand (its layout is a run-time flag). Its other GEMMs are the grouped
+# path's kernels above.
+GATHERED, GATHERED_UNALIGNED = "gathered cutlass", "gathered unaligned"
+MLP_ROUTE, MLP_SETUP, MLP_FILL, MLP_H, MLP_ACTIVATION, MLP_BACKWARD_ROWS, MLP_SUMS, MLP_IDLE = (
+    "expert MLP routing sort", "expert MLP setup kernel", "expert MLP row fill kernel", "expert MLP h kernel",
+    "expert MLP activation kernel", "expert MLP backward row kernel", "expert MLP bias gradient kernel",
+    "expert MLP idle expert kernel")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertMlpCall:
+    dtype: str  # the values'
+    activation: str  # one of ACTIVATIONS
+    bias: bool  # b_in and b_out (and their gradients)
+    transpose: bool  # w_in [E, F_in, H], w_out [E, H, F]
+    probs: str | None  # probs' (and dprobs') dtype; None: no probs
+
+    @property
+    def name(self):
+        flags = [f for f, on in (("bias", self.bias), ("transposed", self.transpose)) if on]
+        return "/".join(["expert_mlp", self.dtype, self.activation, *flags, f"probs {self.probs or 'absent'}"])
+
+
+def expert_mlp_calls_for(dtype):
+    """Per case and dtype, a forward and a backward (every gradient) each: both weight
+    layouts (every gathered GEMM layout), with and without biases, probs in the values'
+    dtype and in float32."""
+    return [ExpertMlpCall(dtype, "swiglu", True, False, dtype), ExpertMlpCall(dtype, "gelu", False, True, "float32")]
+
+
+def _gathered(dtype, out, layout, gather, aligned):
+    if aligned:
+        return (GATHERED, dtype, out, layout, gather)
+    return (GATHERED_UNALIGNED, dtype, out, gather)
+
+
+def expert_mlp_kernels_reached(call, tokens, top_k, experts, hidden, ffn):
+    """The fused kernels a forward (h kept) and a backward (every gradient) of `call` launch
+    on T = tokens, k = top_k, E = experts, H = hidden, F = ffn (core_cuda/src/expert_mlp_sequence.h)."""
+    slots, f = tokens * top_k, ffn
+    f_in = 2 * ffn if call.activation == "swiglu" else ffn
+    aligned = call.dtype == "float32" or all(n % 8 == 0 for n in (hidden, f_in, f))
+    fc1_layout, dgrad_layout = ("row_col", "row_row") if call.transpose else ("row_row", "row_col")
+    reached = set()
+    if tokens * hidden or slots * f_in:  # the forward
+        reached.add(MLP_ROUTE)
+        if slots:
+            reached |= {MLP_SETUP} if experts else set()
+            if f_in:
+                reached |= {_gathered(call.dtype, call.dtype, fc1_layout, "a_rows", aligned) if hidden else MLP_FILL,
+                            (MLP_H, call.dtype)}
+            if f:
+                reached.add((MLP_ACTIVATION, call.dtype))
+            elif hidden:
+                reached.add(MLP_FILL)  # fc2 over an empty contraction: its bias rows
+    dtokens, dprobs = tokens * hidden > 0, call.probs is not None and slots > 0
+    dw_in, dw_out = experts * hidden * f_in > 0, experts * f * hidden > 0
+    db_in, db_out = call.bias and experts * f_in > 0, call.bias and experts * hidden > 0
+    if dtokens or dprobs or dw_in or dw_out or db_in or db_out:  # the backward
+        reached.add(MLP_ROUTE)
+        if slots:
+            reached |= {MLP_SETUP} if experts else set()
+            if (dtokens or dw_in or db_in or dprobs) and f:
+                reached.add(_gathered(call.dtype, "float32", dgrad_layout, "a_rows", aligned) if hidden else MLP_FILL)
+            reached.add((MLP_BACKWARD_ROWS, call.dtype, f"probs {call.probs or call.dtype}"))
+            if dw_in:
+                reached.add(_gathered(call.dtype, call.dtype, "col_row", "b_k" if call.transpose else "a_k", aligned))
+            if dtokens and not f_in:
+                reached.add(MLP_FILL)
+        if dw_in or dw_out:
+            reached.add(MLP_IDLE)
+        if db_in or db_out:
+            reached.add((MLP_SUMS, call.dtype))
+    return reached
+
+
+def required_expert_mlp_kernels():
+    """What the driver must reach of the fused expert MLP: its small kernels in every dtype
+    (the backward row kernel for both probs dtypes), and every gathered GEMM instantiation:
+    A's rows gathered in both forward layouts with the values' and a float32 output, a
+    weight gradient's contraction gathered in A and in B; for 16-bit inputs, the unaligned
+    kernel's as well."""
+    required = {MLP_ROUTE, MLP_SETUP, MLP_FILL, MLP_IDLE}
+    for dtype in DTYPES:
+        for aligned in [True] + ([False] if dtype in SIXTEEN_BIT else []):
+            required |= {_gathered(dtype, out, layout, "a_rows", aligned) for out in (dtype, "float32")
+                         for layout in ("row_row", "row_col")}
+            required |= {_gathered(dtype, dtype, "col_row", gather, aligned) for gather in ("a_k", "b_k")}
+        required |= {(MLP_H, dtype), (MLP_ACTIVATION, dtype), (MLP_SUMS, dtype)}
+        required |= {(MLP_BACKWARD_ROWS, dtype, f"probs {p}") for p in dict.fromkeys([dtype, "float32"])}
+    return required

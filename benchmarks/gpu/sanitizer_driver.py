@@ -7,7 +7,8 @@ on the shared case table (tests/cases.py) plus multi-tile and unaligned shapes: 
 exact-zero padding rows and empty groups, accumulators left bit-for-bit. The expert
 layer's kernels (permute, unpermute and its backward, the activations) run on routing
 cases and are checked against the CPU backend's results for the same calls
-(expert_driver.py), and the FP8 kernels against the CPU backend too (fp8_driver.py:
+(expert_driver.py), the fused expert MLP's on its own cases (expert_mlp_driver.py), and the
+FP8 kernels against the CPU backend too (fp8_driver.py:
 quantization bit for bit, and on Hopper the FP8 GEMMs). The only device work besides the core's kernels is copies (and
 unpermute's backward's own memset), so what the sanitizer reports is the core's. At the
 end it checks that every kernel and CUTLASS instantiation was reached (driver_calls.py).
@@ -27,6 +28,7 @@ TESTS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests")
 sys.path[:0] = [HERE, os.path.join(TESTS, "helpers"), TESTS]  # the tests' case table and reference
 
 import expert_driver as expert  # noqa: E402
+import expert_mlp_driver as mlp  # noqa: E402
 import fp8_driver as fp8  # noqa: E402
 import numpy as np  # noqa: E402
 import reference  # noqa: E402
@@ -39,6 +41,7 @@ from driver_calls import (  # noqa: E402
     families_on,
     kernels_reached,
     required_expert_kernels,
+    required_expert_mlp_kernels,
     required_kernels,
 )
 
@@ -337,6 +340,24 @@ def main(argv=None):
     if expert_names:
         print(f"expert layer: {len(expert_names)} routing cases; {bitwise} of the {compared} results of passing "
               f"calls equal the CPU backend's bit for bit, the others are within the tolerances")
+    mlp_names = [] if chosen or not layer else (mlp.QUICK_MLP_CASES if args.quick else list(mlp.ALL_MLP_CASES))
+    for name in mlp_names:  # the fused expert MLP: forward and backward per call
+        case = mlp.ALL_MLP_CASES[name]
+        for call, kernels in mlp.planned_mlp_calls(case):
+            count += 1
+            label = f"{case.name}/{call.name}"
+            try:
+                problem = "; ".join(p for _, p in mlp.run_mlp_call(dev, cpu, case, call, mlp.mlp_inputs(case, call),
+                                                                    args.prefill) if p)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                problem = _error_text(exc)
+            if problem:
+                if _record_failure(failures, label, problem):
+                    return 1
+            else:
+                reached |= kernels
+    if mlp_names:
+        print(f"fused expert MLP: {len(mlp_names)} cases, a forward and a backward per call")
     fp8_names = [] if chosen or not layer else (fp8.QUICK_FP8_CASES if args.quick else list(fp8.ALL_FP8_CASES))
     hopper = args.device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     fp8_count, fp8_failures = fp8.run(torch, fp8_names, hopper, args.device)
@@ -350,6 +371,7 @@ def main(argv=None):
               (" (quantization, and the sm_90a FP8 GEMMs)" if hopper else " (quantization; the GEMMs need Hopper)"))
     # On the CPU backend no kernel runs: the rehearsal checks the calls and the values only.
     required = set().union(*map(required_kernels, families)) | (required_expert_kernels() if layer else set())
+    required |= required_expert_mlp_kernels() if mlp_names else set()
     missing = sorted(map(describe, required - reached)) if args.device == "cuda" else []
     print(f"{count} calls over {len(names)} GEMM cases ({' and '.join(families)} kernels) and "
           f"{len(expert_names)} expert-layer cases on {args.device}, "

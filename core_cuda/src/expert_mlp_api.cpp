@@ -40,9 +40,16 @@ Status check_common(const Args& a, const ExecContext& ctx, const char* op) {
 
 }  // namespace
 
-int64_t expert_mlp_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts) {
+int64_t expert_mlp_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts, int64_t hidden,
+                                   int64_t in_features, Activation activation, int64_t value_bytes,
+                                   bool backward) {
   if (device != Device::cuda) return 0;
-  return expert_routing_layout(num_slots < 0 ? 0 : num_slots, num_experts < 0 ? 0 : num_experts).bytes;
+  auto at_least_0 = [](int64_t v) { return v < 0 ? int64_t(0) : v; };
+  in_features = at_least_0(in_features);
+  const int64_t out_features = activation_out_features(activation, in_features);
+  return expert_mlp_layout({at_least_0(num_slots), at_least_0(num_experts), at_least_0(hidden), in_features,
+                            out_features, at_least_0(value_bytes), backward})
+      .bytes;
 }
 
 Status expert_mlp(const ExpertMlpArgs& a, const ExecContext& ctx) {

@@ -17,6 +17,8 @@
 
 #include "backends.h"
 #include "convert.h"
+#include "expert_mlp_host_launcher.h"
+#include "expert_mlp_sequence.h"
 #include "expert_mlp_workspace.h"
 #include "groupgemm/activation.h"
 #include "groupgemm/expert_mlp.h"
@@ -103,14 +105,45 @@ void test_routing_steps() {
   const RowRange blocks[] = {block_of({10, 139}, 0, 3), block_of({10, 139}, 1, 3), block_of({10, 139}, 2, 3)};
   CHECK(blocks[0].begin == 10 && blocks[0].end == 53 && blocks[1].end == 96 && blocks[2].begin == 96);
   CHECK(blocks[2].end == 139 && blocks[2].rows() == 43);
+  // An expert without rows shares its start with the next one: a row belongs to the last
+  // expert starting at or before it.
+  const int32_t starts[] = {0, 0, 3, 3, 5};
+  CHECK(expert_of_row(starts, 4, 0) == 1 && expert_of_row(starts, 4, 2) == 1);
+  CHECK(expert_of_row(starts, 4, 3) == 3 && expert_of_row(starts, 4, 4) == 3);
+  CHECK(expert_of_row(starts, 1, 0) == 0);
+}
+
+// The CUDA workspace: every region 16-byte aligned, in order, none overlapping the next,
+// the row scratch sized by the call (the backward's two more), and the size the API reports.
+void test_cuda_workspace_layout() {
+  g_case = "cuda_workspace_layout";
   for (int64_t s : {0, 1, 4096})
-    for (int64_t e : {0, 1, 300}) {
-      const ExpertRoutingLayout l = expert_routing_layout(s, e);
-      CHECK(l.bucket_start % 16 == 0 && l.counts % 16 == 0 && l.row_map % 16 == 0 && l.slot_of_row % 16 == 0);
-      CHECK(l.row_map >= l.counts + count_entries(e, l.chunks) * 4 && l.bytes >= l.slot_of_row + s * 4);
-      CHECK(expert_mlp_workspace_bytes(Device::cuda, s, e) == l.bytes);
-      CHECK(expert_mlp_workspace_bytes(Device::cpu, s, e) == 0);
-    }
+    for (int64_t e : {0, 1, 300})
+      for (bool backward : {false, true}) {
+        const int64_t h = 8, f_in = 12, f = 6, bytes = 2;
+        const ExpertMlpLayout l = expert_mlp_layout({s, e, h, f_in, f, bytes, backward});
+        std::vector<std::pair<int64_t, int64_t>> regions = {
+            {l.kept_rows, 4},       {l.bucket_start, (e + 1) * 4}, {l.counts, count_entries(e, l.chunks) * 4},
+            {l.row_map, s * 4},     {l.slot_of_row, s * 4},        {l.token_of_row, s * 4}};
+        for (int set = 0; set < kExpertGemmSets; ++set) {
+          const GemmArraysLayout& g = l.gemm[set];
+          regions.push_back({g.action, e * 4});
+          regions.push_back({g.problem, e * 12});
+          for (int i = 0; i < 4; ++i) regions.push_back({g.ptr[i], e * 8});
+          for (int i = 0; i < 4; ++i) regions.push_back({g.ld[i], e * 8});
+          regions.push_back({l.gather[set], e * 8});
+        }
+        regions.push_back({l.fc1_rows, s * f_in * bytes});
+        regions.push_back({l.act_rows, s * f * bytes});
+        regions.push_back({l.grad_rows, backward ? s * f * 4 : 0});
+        regions.push_back({l.dy_rows, backward ? s * h * bytes : 0});
+        regions.push_back({l.bytes, 0});
+        for (size_t i = 0; i + 1 < regions.size(); ++i)
+          CHECK(regions[i].first % 16 == 0 && regions[i + 1].first >= regions[i].first + regions[i].second);
+        const Activation swiglu = Activation::swiglu;
+        CHECK(expert_mlp_workspace_bytes(Device::cuda, s, e, h, f_in, swiglu, bytes, backward) == l.bytes);
+        CHECK(expert_mlp_workspace_bytes(Device::cpu, s, e, h, f_in, swiglu, bytes, backward) == 0);
+      }
 }
 
 // ---- the CPU backend against a double-precision reference ------------------------------
@@ -268,9 +301,21 @@ struct Fused {
   std::vector<float> dprobs;
 };
 
+// The CUDA backend's call sequence on the host, over a workspace of the size it asks for,
+// filled with 0xFF bytes (NaN in every float dtype) so a row read before it is written shows.
+template <typename Args, typename Enqueue>
+Status run_cuda_sequence(const Args& a, bool backward, Enqueue enqueue,
+                         emulated::ExpertHostLauncher& launch) {
+  const int64_t bytes = expert_mlp_layout(shape_of(a, backward)).bytes;
+  std::vector<int64_t> workspace((bytes + 7) / 8, -1);
+  return enqueue(a, workspace.data(), launch);
+}
+
 // block_rows 0: the public entry points (the CPU's own blocks); else blocks of at most that many rows.
+// With `cuda`, the CUDA backend's call sequence on the host instead.
 template <typename T>
-Fused<T> run_fused(const Problem<T>& p, int64_t block_rows = 0) {
+Fused<T> run_fused(const Problem<T>& p, int64_t block_rows = 0,
+                   emulated::ExpertHostLauncher* cuda = nullptr) {
   const Case& c = p.c;
   const int64_t slots = c.tokens * c.top_k;
   Fused<T> r;
@@ -288,7 +333,10 @@ Fused<T> run_fused(const Problem<T>& p, int64_t block_rows = 0) {
   a.num_tokens = c.tokens, a.top_k = c.top_k, a.hidden = c.hidden, a.in_features = c.f_in,
   a.num_experts = c.experts;
   a.transpose_rhs = c.transpose;
-  CHECK((block_rows ? cpu::expert_mlp_in_blocks(a, block_rows) : expert_mlp(a, ExecContext{})).ok());
+  if (cuda)
+    CHECK(run_cuda_sequence(a, false, enqueue_expert_mlp<emulated::ExpertHostLauncher>, *cuda).ok());
+  else
+    CHECK((block_rows ? cpu::expert_mlp_in_blocks(a, block_rows) : expert_mlp(a, ExecContext{})).ok());
 
   r.dtokens.assign(c.tokens * c.hidden, nan), r.dprobs.assign(slots, std::nanf(""));
   r.dw_in.assign(p.w_in.size(), nan), r.dw_out.assign(p.w_out.size(), nan);
@@ -303,9 +351,12 @@ Fused<T> run_fused(const Problem<T>& p, int64_t block_rows = 0) {
   b.num_tokens = c.tokens, b.top_k = c.top_k, b.hidden = c.hidden, b.in_features = c.f_in,
   b.num_experts = c.experts;
   b.transpose_rhs = c.transpose;
-  CHECK(
-      (block_rows ? cpu::expert_mlp_backward_in_blocks(b, block_rows) : expert_mlp_backward(b, ExecContext{}))
-          .ok());
+  if (cuda)
+    CHECK(run_cuda_sequence(b, true, enqueue_expert_mlp_backward<emulated::ExpertHostLauncher>, *cuda).ok());
+  else
+    CHECK((block_rows ? cpu::expert_mlp_backward_in_blocks(b, block_rows)
+                      : expert_mlp_backward(b, ExecContext{}))
+              .ok());
   return r;
 }
 
@@ -326,11 +377,9 @@ bool close(const std::vector<V>& got, const std::vector<double>& want, double to
 }
 
 template <typename T>
-void check_against_reference(const Case& c, int64_t block_rows = 0) {
-  g_case = std::string(c.name) + " " + dtype_name(dtype_of<T>()) + " blocks of " + std::to_string(block_rows);
-  const Problem<T> p(c, 11);
+void check_results(const Problem<T>& p, const Fused<T>& got) {
+  const Case& c = p.c;
   const Reference want = reference(p);
-  const Fused<T> got = run_fused(p, block_rows);
   const double tol = tolerance(dtype_of<T>()) * (c.f_in > 16 ? 2 : 1);
   CHECK(close(got.out, want.out, tol, "out"));
   CHECK(close(got.h, want.h, tol, "h"));
@@ -355,6 +404,30 @@ void check_against_reference(const Case& c, int64_t block_rows = 0) {
     for (int64_t i = 0; i < w_out_size; ++i) CHECK(to_double(got.dw_out[e * w_out_size + i]) == 0.0);
     for (int64_t i = 0; i < c.f_in && c.bias; ++i) CHECK(to_double(got.db_in[e * c.f_in + i]) == 0.0);
   }
+}
+
+template <typename T>
+void check_against_reference(const Case& c, int64_t block_rows = 0) {
+  g_case = std::string(c.name) + " " + dtype_name(dtype_of<T>()) + " blocks of " + std::to_string(block_rows);
+  const Problem<T> p(c, 11);
+  check_results(p, run_fused(p, block_rows));
+}
+
+// The CUDA backend's call sequence (expert_mlp_sequence.h) executed on the host: the same
+// results and exact zeros, GEMMs only over non-empty contractions, every gathered problem
+// with its indices, and fills where a contraction is empty.
+template <typename T>
+void check_cuda_sequence(const Case& c) {
+  g_case = std::string("cuda sequence ") + c.name + " " + dtype_name(dtype_of<T>());
+  const Problem<T> p(c, 11);
+  emulated::ExpertHostLauncher launch;
+  check_results(p, run_fused(p, 0, &launch));
+  const emulated::ExpertLaunchRecord& r = launch.record();
+  CHECK(r.zero_k_problems == 0 && r.missing_indices == 0);
+  const int64_t slots = c.tokens * c.top_k;
+  if (slots > 0 && c.hidden > 0 && c.f_in > 0 && c.experts > 0)  // fc1, g and w_in's gradient: gathered
+    CHECK(r.gathered_gemms == 3 && r.fills == 0);
+  if (slots > 0 && (c.hidden == 0 || c.f_in == 0) && c.experts > 0) CHECK(r.fills > 0);
 }
 
 // ---- bits: the composition, thread counts -------------------------------------------------
@@ -506,6 +579,7 @@ void test_errors() {
 int main() {
   test_window_bucket();
   test_routing_steps();
+  test_cuda_workspace_layout();
   const Activation swiglu = Activation::swiglu, gelu = Activation::gelu, relu = Activation::relu,
                    silu = Activation::silu;
   const int64_t absent = -100;
@@ -529,6 +603,11 @@ int main() {
   for (const Case& c : cases)
     for (int64_t block_rows : {0, 7})  // the CPU's own blocks (one per expert here), short ones
       for_each_dtype([&](auto tag) { check_against_reference<decltype(tag)>(c, block_rows); });
+  for (const Case& c : cases) {  // the dtypes CUDA runs
+    check_cuda_sequence<float>(c);
+    check_cuda_sequence<cpu::bf16_t>(c);
+    check_cuda_sequence<cpu::f16_t>(c);
+  }
   for (const Case& c : {cases[0], cases[1], cases[3], cases[4], cases[8]}) {
     check_composition_bits<float>(c);
     check_composition_bits<cpu::bf16_t>(c);

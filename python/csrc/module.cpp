@@ -72,10 +72,19 @@ NB_MODULE(_core, m) {
         nb::arg("num_slots"), nb::arg("num_experts"),
         "Bytes of workspace permute needs on `device` for num_slots = T * k slots and num_experts experts "
         "(0 on the CPU).");
-  m.def("expert_mlp_workspace_bytes", &groupgemm::expert_mlp_workspace_bytes, nb::arg("device"),
-        nb::arg("num_slots"), nb::arg("num_experts"),
-        "Bytes of workspace expert_mlp and its backward need on `device` for num_slots = T * k slots and "
-        "num_experts local experts (0 on the CPU).");
+  m.def(
+      "expert_mlp_workspace_bytes",
+      [](groupgemm::Device device, int64_t num_slots, int64_t num_experts, int64_t hidden,
+         int64_t in_features, int64_t kind, int64_t value_bytes, bool backward) {
+        return groupgemm::expert_mlp_workspace_bytes(device, num_slots, num_experts, hidden, in_features,
+                                                     static_cast<groupgemm::Activation>(kind), value_bytes,
+                                                     backward);
+      },
+      nb::arg("device"), nb::arg("num_slots"), nb::arg("num_experts"), nb::arg("hidden"),
+      nb::arg("in_features"), nb::arg("kind"), nb::arg("value_bytes"), nb::arg("backward"),
+      "Bytes of workspace expert_mlp (backward=False) or its backward needs on `device` for num_slots = "
+      "T * k slots, num_experts local experts, H = hidden, F_in = in_features, the activation `kind` "
+      "(Activation's value) and values of value_bytes bytes each (0 on the CPU).");
   m.def("unpermute_backward_workspace_bytes", &groupgemm::unpermute_backward_workspace_bytes,
         nb::arg("device"), nb::arg("num_slots"),
         "Bytes of workspace unpermute_backward needs on `device` to compute dpermuted for num_slots = T * k "

@@ -48,14 +48,19 @@ struct WindowBucket {
   }
 };
 
-// Step 3's record: each slot's row_map entry, and each kept row's slot.
+// Step 3's record: each slot's row_map entry, and each kept row's slot; with token_of_row,
+// also each kept row's token (the CUDA backend's GEMMs read token rows through it).
 struct RoutedSlot {
   int32_t* row_map;
   int32_t* slot_of_row;
   int64_t num_local;
+  int32_t* token_of_row = nullptr;
+  int64_t top_k = 1;
   GG_HD void operator()(int64_t slot, int64_t bucket, int32_t row) const {
     row_map[slot] = row_map_value(bucket, row, num_local);
-    if (bucket < num_local) slot_of_row[row] = static_cast<int32_t>(slot);
+    if (bucket >= num_local) return;
+    slot_of_row[row] = static_cast<int32_t>(slot);
+    if (token_of_row) token_of_row[row] = static_cast<int32_t>(slot / top_k);
   }
 };
 
@@ -67,6 +72,20 @@ GG_HD int64_t token_of_row(const int32_t* slot_of_row, int64_t row, int64_t top_
 // Rows [begin, end) of local expert e, from the routing's bucket starts.
 GG_HD RowRange expert_rows(const int32_t* bucket_start, int64_t expert) {
   return {bucket_start[expert], bucket_start[expert + 1]};
+}
+
+// The local expert whose rows hold kept row `row` (row < bucket_start[E]): the last expert
+// whose rows start at or before it (experts without rows share their start with the next).
+GG_HD int64_t expert_of_row(const int32_t* bucket_start, int64_t num_local, int64_t row) {
+  int64_t lo = 0, hi = num_local;  // bucket_start[lo] <= row < bucket_start[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (bucket_start[mid] <= row)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
 }
 
 // The blocks an expert's rows are multiplied in: as few as hold at most `max_rows` rows

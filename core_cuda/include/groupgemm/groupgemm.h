@@ -39,11 +39,14 @@ Status softmax_topk_backward(const SoftmaxTopkBackwardArgs& args, const ExecCont
 Status softmax_topk_tangent(const SoftmaxTopkTangentArgs& args, const ExecContext& ctx);
 
 // The fused expert MLP and its backward: see ExpertMlpArgs and ExpertMlpBackwardArgs. The
-// CUDA backend needs expert_mlp_workspace_bytes(cuda, T * k, E) bytes of workspace for
-// either (the routing); the CPU none.
+// CUDA backend needs expert_mlp_workspace_bytes(cuda, T * k, E, H, F_in, activation,
+// element bytes of the values, backward) bytes of workspace (the routing, the GEMMs'
+// per-expert arrays and the call's row scratch); the CPU none.
 Status expert_mlp(const ExpertMlpArgs& args, const ExecContext& ctx);
 Status expert_mlp_backward(const ExpertMlpBackwardArgs& args, const ExecContext& ctx);
-int64_t expert_mlp_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts);
+int64_t expert_mlp_workspace_bytes(Device device, int64_t num_slots, int64_t num_experts, int64_t hidden,
+                                   int64_t in_features, Activation activation, int64_t value_bytes,
+                                   bool backward);
 
 // Bytes of workspace permute needs on `device` for num_slots = T * k slots and
 // num_experts experts (0 on CPU; a function of its arguments only).
