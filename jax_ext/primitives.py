@@ -226,12 +226,15 @@ def _tangent_terms(t_lhs, t_rhs, t_bias, lhs, rhs, sizes, offset, *, transpose_r
     """The matmul_p binds the tangent sums, in order, as (operands, params) pairs."""
     b_tlhs, b_trhs, b_tbias, b_lhs, b_rhs, b_sizes, b_offset = batched
     linear = dict(transpose_rhs=transpose_rhs, out_dtype=out_dtype, has_bias=False)
+    # Structs, not arrays: the abstract rule reads these terms too, and an abstract rule may
+    # make no array (jax 0.11 has no trace to bind jnp.zeros's primitive to there).
+    no_bias = jax.ShapeDtypeStruct((0,), lhs.dtype)
     terms = []
     if has_t_lhs:
-        terms.append(((t_lhs, rhs, sizes, offset, placeholder(lhs.dtype)),
+        terms.append(((t_lhs, rhs, sizes, offset, no_bias),
                       dict(linear, batched=(b_tlhs, b_rhs, b_sizes, b_offset, False))))
     if has_t_rhs:
-        terms.append(((lhs, t_rhs, sizes, offset, placeholder(lhs.dtype)),
+        terms.append(((lhs, t_rhs, sizes, offset, no_bias),
                       dict(linear, batched=(b_lhs, b_trhs, b_sizes, b_offset, False))))
     if has_t_bias:  # bias_rows: a K = 0 matmul
         g, n = t_bias.shape[-2:]

@@ -159,7 +159,7 @@ REQUIRED_ONLY = {
     "grouped_mm_wgrad": (lambda x, w, d, acc: (x, d, _sizes(), 3), (None, None, False)),
     "grouped_mm_wgrad_accumulate": (lambda x, w, d, acc: (x, d, _sizes(), acc), (None, False)),
     "grouped_bias_grad": (lambda x, w, d, acc: (d, _sizes(), 3), (None, None, False)),
-    "grouped_mm_backward": (lambda x, w, d, acc: (x, w, d, _sizes()), (None, False, False, True, True, None, None)),
+    "grouped_mm_backward": (lambda x, w, d, acc: (x, w, d, _sizes(), None), (None, False, False, True, True, None)),
     "permute": (lambda x, w, d, acc: (x, torch.tensor([[0], [2], [2], [1], [0], [2]]), 3), ()),
     "unpermute": (lambda x, w, d, acc: (x, torch.tensor(_ROW_MAP, dtype=torch.int32)), (None,)),
     "unpermute_backward": (lambda x, w, d, acc: (x[:2], x, torch.tensor(_ROW_MAP, dtype=torch.int32)), (None,)),

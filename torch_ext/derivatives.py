@@ -86,8 +86,8 @@ def grouped_mm_grads(ctx, grad, input, weight, group_sizes, group_offset, accumu
     want_dbias = ctx.bias_dtype is not None and needs[3]
     if not backward_takes_separate_ops(grad):
         dinput, dweight, dbias = grouped_mm_backward_op(
-            input, weight, grad, group_sizes, group_offset, ctx.transpose_weight, ctx.group_ends, needs[0],
-            needs[1], ctx.bias_dtype if want_dbias else None, accumulate_into)
+            input, weight, grad, group_sizes, accumulate_into, group_offset, ctx.transpose_weight, ctx.group_ends,
+            needs[0], needs[1], ctx.bias_dtype if want_dbias else None)
         return (dinput if needs[0] else None, dweight if needs[1] and accumulate_into is None else None,
                 dbias if want_dbias else None)
     dinput, dbias = input_and_bias_grads(ctx, grad, weight, group_sizes, group_offset, input.dtype)

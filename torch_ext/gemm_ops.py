@@ -107,8 +107,8 @@ def grouped_bias_grad_op(grad: Tensor, group_sizes: Tensor, num_groups: int, gro
     return out
 
 
-def _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad, weight_grad, bias_dtype,
-                      accumulate_into, empty):
+def _backward_outputs(input, weight, grad, group_sizes, accumulate_into, transpose_weight, input_grad, weight_grad,
+                      bias_dtype, empty):
     n = _grouped_mm_columns(input, weight, group_sizes, None, transpose_weight)
     require("grouped_mm_backward", (grad, 2, "grad"), (accumulate_into, 3, "accumulate_into"))
     none = lambda: empty((0,), input.dtype)  # one each: a custom op's outputs may not alias
@@ -122,15 +122,17 @@ def _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_
 # the bias gradient (bias_dtype not None); a gradient not asked for comes back as an empty
 # tensor. The same bits as grouped_mm, grouped_mm_wgrad (or its accumulate form) and
 # grouped_bias_grad called apart. Not differentiable itself: a backward that must be
-# differentiated again calls those ops instead (derivatives.py).
+# differentiated again calls those ops instead (derivatives.py). accumulate_into, the
+# argument it may mutate, has no default: torch 2.11 leaves a defaulted argument out of a
+# call that does not pass it, and then fails looking for the mutated one.
 @torch.library.custom_op("groupgemm::grouped_mm_backward", mutates_args=("accumulate_into",))
 def grouped_mm_backward_op(input: Tensor, weight: Tensor, grad: Tensor, group_sizes: Tensor,
-                           group_offset: Tensor | None = None, transpose_weight: bool = False,
-                           group_ends: bool = False, input_grad: bool = True, weight_grad: bool = True,
-                           bias_dtype: torch.dtype | None = None,
-                           accumulate_into: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    dinput, dweight, dbias = _backward_outputs(input, weight, grad, group_sizes, transpose_weight, input_grad,
-                                               weight_grad, bias_dtype, accumulate_into, allocator(input.device))
+                           accumulate_into: Tensor | None, group_offset: Tensor | None = None,
+                           transpose_weight: bool = False, group_ends: bool = False, input_grad: bool = True,
+                           weight_grad: bool = True,
+                           bias_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    dinput, dweight, dbias = _backward_outputs(input, weight, grad, group_sizes, accumulate_into, transpose_weight,
+                                               input_grad, weight_grad, bias_dtype, allocator(input.device))
     drhs = accumulate_into if weight_grad and accumulate_into is not None else dweight if weight_grad else None
     _core.grouped_matmul_backward(*map(capsule, (input, weight, grad, group_sizes, group_offset)),
                                   dlhs=capsule(dinput) if input_grad else None, drhs=capsule(drhs),
