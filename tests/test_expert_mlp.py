@@ -93,7 +93,7 @@ def jax_run(case, x, dtype, fn=gj.expert_mlp, device="cpu"):
                       transpose_rhs=case.transpose)
 
         out, vjp = jax.vjp(layer, params)
-        (grads,) = vjp(jax_frontend.array(x["dout"], dtype))
+        (grads,) = vjp(jax_frontend.array(x["dout"], dtype, device))
         return out, tuple(grads.get(n) for n in GRADS)
 
 
