@@ -1,10 +1,11 @@
 """The CUDA backend on a GPU, through both frontends: the grouped GEMMs, the expert layer
-(permute, unpermute, GroupedMLP) and the FP8 path (quantization, the sm_90a FP8 GEMMs, the
-training recipe), against the CPU backend and across frameworks.
+(permute, unpermute, GroupedMLP, the fused expert_mlp) and the FP8 path (quantization, the
+sm_90a FP8 GEMMs, the training recipe), against the CPU backend and across frameworks.
 
 These run wherever a GPU and a CUDA build are present and skip elsewhere. Machines
 without a GPU still check the CUDA path's host-visible logic: core_tests emulates the
-setup kernel's workspace on every case (fp8_tests the FP8 call sequences), and
+setup kernel's workspace on every case (fp8_tests the FP8 call sequences, expert_mlp_tests
+the fused expert MLP's), and
 test_cuda_build.py checks the fatbinary, the absence of host synchronisation and the
 no-device error (test_cuda_sass.py the kernels' instructions).
 """
