@@ -13,6 +13,7 @@ from bits import assert_same_bits
 from hlo import collectives, compiled_text, custom_calls
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from meshes import cpu_mesh
 
 import groupgemm.jax as gj
 
@@ -23,7 +24,7 @@ RECIPES = ("rowwise", "blockwise")
 
 
 def mesh_1d():
-    return jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    return cpu_mesh((4,), ("x",))
 
 
 def put(mesh, x, *spec):
@@ -172,7 +173,7 @@ def test_fp8_grouped_mlp_forward_runs_each_devices_tokens(recipe):
 
 
 def explicit_mesh():
-    return jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    return cpu_mesh((4,), ("x",), jax.sharding.AxisType.Explicit)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -16,6 +16,7 @@ from bits import assert_same_bits
 from hlo import collectives, compiled_text, custom_calls, mesh_axis_groups
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from meshes import cpu_mesh
 
 import groupgemm.jax as gj
 
@@ -27,11 +28,11 @@ BACKWARD = "groupgemm_matmul_backward"  # a matmul's dlhs, drhs and dbias from o
 
 
 def mesh_1d():
-    return jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    return cpu_mesh((4,), ("x",))
 
 
 def mesh_2d(names):
-    return jax.make_mesh((2, 2), names, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    return cpu_mesh((2, 2), names)
 
 
 def put(mesh, x, *spec):
@@ -475,7 +476,7 @@ def test_layouts_that_cannot_stay_sharded_gather_and_stay_correct():
 
 
 def test_results_on_explicit_axes_are_typed_with_their_natural_sharding():
-    mesh = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    mesh = cpu_mesh((4,), ("x",), jax.sharding.AxisType.Explicit)
     d, sizes = data(), np.asarray(SIZES, np.int32)
     with jax.set_mesh(mesh):
         cases = {  # operands' specs -> the result's spec
@@ -507,7 +508,7 @@ def test_results_on_explicit_axes_are_typed_with_their_natural_sharding():
 
 
 def explicit_mesh():
-    return jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    return cpu_mesh((4,), ("x",), jax.sharding.AxisType.Explicit)
 
 
 def _batched_ops():
@@ -543,7 +544,7 @@ def test_vmap_over_a_batch_axis_sharded_on_explicit_axes_matches_the_unsharded_c
 def test_jax_lax_ragged_dot_out_sharding_test_passes_against_groupgemm():
     """jax's own tests/lax_test.py test_ragged_dot_out_sharding and
     test_ragged_dot_general_out_sharding, on groupgemm's drop-ins."""
-    mesh = jax.make_mesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    mesh = cpu_mesh((1,), ("x",), jax.sharding.AxisType.Explicit)
     dnums = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
     calls = {
         "ragged_dot": lambda lhs, rhs, gs: gj.ragged_dot(lhs, rhs, gs, out_sharding=jax.P("x", None)),
