@@ -93,7 +93,10 @@ struct ActivationGrad {
 template <typename T>
 GG_HD ActivationGrad<T> activation_backward_at(Activation kind, T dout, T x, T up) {
   switch (kind) {
-    case Activation::swiglu: return {dout * up * silu_derivative(x), dout * silu(x)};
+    case Activation::swiglu: {  // silu_derivative(x) and silu(x) from one sigmoid
+      const T s = sigmoid(x);
+      return {dout * up * (s + x * s * (T(1) - s)), dout * (x * s)};
+    }
     case Activation::gelu: return {dout * gelu_derivative(x), T(0)};
     case Activation::relu: return {x > T(0) ? dout : T(0), T(0)};
     case Activation::silu: return {dout * silu_derivative(x), T(0)};
