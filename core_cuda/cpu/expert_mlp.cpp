@@ -1,23 +1,26 @@
 // The CPU backend's fused expert MLP (groupgemm/expert_mlp.h). The routing runs on the host;
 // then each local expert's rows are multiplied in blocks of an L2 cache's worth of rows: a
 // block's token rows are gathered into a scratch and multiplied by the library GEMM
-// (gemm.h), so no [T*k, H] copy of the tokens exists. Forward, per block: fc1, its output
-// scattered into h (slot order), the activation, fc2 into the expert-output scratch rows;
-// then each token's weighted sum is unpermute's (expert_ops.cpp). Backward, per expert,
-// its blocks in order: dout's rows gathered, g = dout @ w_out^T, the activation recomputed
-// from h, dprobs from the identity, fc1's output gradient, the weight and bias gradients
-// added up in float32 (float64), the input gradients' rows written to the token-row
-// scratch, whose per-token sums are unpermute's again.
+// (gemm.h), so no [T*k, H] copy of the tokens exists. Each expert's blocks run in order,
+// its weights packed once for all of them (ExpertWeight). Forward, per block: fc1, its
+// output scattered into h (slot order), the activation, fc2 into the expert-output scratch
+// rows; then each token's weighted sum is unpermute's (expert_ops.cpp). Backward, per
+// block: dout's rows gathered, g = dout @ w_out^T, the activation recomputed from h (its
+// sigmoid kept for the derivative), dprobs from the identity, fc1's output gradient, the
+// weight and bias gradients added up in float32 (float64), the input gradients' rows
+// written to the token-row scratch, whose per-token sums are unpermute's again.
 //
 // The GEMMs and the activation are the grouped path's own calls (backend.cpp's library
-// GEMM, expert_ops.cpp's activation) on a block's rows instead of a group's; the
-// activation's derivative is activation.h's, per element. Every block runs on one thread
-// in a fixed order, or on all threads split by rows or inside a library GEMM whose bits do
-// not depend on them (gemm_threading), so the results do not depend on the thread count.
+// GEMM, expert_ops.cpp's activation) on a block's rows instead of a group's, with the bits
+// of the grouped path's; the activation's derivative is activation.h's, per element. Every
+// block runs on one thread in a fixed order, or on all threads split by rows or inside a
+// library GEMM whose bits do not depend on them (gemm_threading), so the results do not
+// depend on the thread count.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -234,6 +237,30 @@ const GemmIn<T>* as_operand(const std::vector<T>& rows, std::vector<float>& wide
   }
 }
 
+// An expert's weight as the B operand of its blocks' GEMMs (one role: fc1's, fc2's):
+// packed once for all of them (gemm.h's pack_b) when the expert has enough rows to pay
+// for the packing, else read as it is by each block's GEMM, which packs it itself.
+class ExpertWeight {
+ public:
+  // For calls that differ from `call` only in m, a and c (call.m and call.a unused).
+  void prepare(const GemmCall& call, int64_t rows) {
+    packed_.reset();
+    if (rows >= kMinPackedRows && call.k > 0 && call.n > 0) packed_ = pack_b(call, storage_);
+  }
+  GemmCall on(GemmCall call, int64_t m, const void* a) const {
+    call.m = m, call.a = a, call.packed_b = packed_ ? &*packed_ : nullptr;
+    return call;
+  }
+
+ private:
+  // Measured on one thread with a [1536, 1024] bfloat16 weight: packing it took 0.29 ms,
+  // what a GEMM of 64 to 256 rows saves by reading it packed; at 512 rows the packing
+  // paid for itself and saved 0.3 ms more. Below this many rows, it is not done.
+  static constexpr int64_t kMinPackedRows = 256;
+  std::vector<char> storage_;
+  std::optional<PackedB> packed_;
+};
+
 // One thread's scratch, reused block after block; the backward reuses each buffer once the
 // values in it are spent.
 template <typename T>
@@ -243,8 +270,10 @@ struct Scratch {
   std::vector<T> h, act;        // fc1's output (its gradient in its place) and the activation, stored as
                                 // the composition stores them
   std::vector<Acc<T>> g;        // dout @ w_out^T
+  std::vector<Acc<T>> sigmoid;  // a sigmoid-based activation's sigmoid(x) per column, for its derivative
   std::vector<float> wide, wide_act;  // float16's float32 operands and results
   std::vector<Acc<T>> dw_in, dw_out;  // a 16-bit expert's weight gradients over several blocks
+  ExpertWeight w_in, w_out;           // the expert's weights as the B of its blocks' GEMMs
 };
 
 // v rounded to T, as the GEMMs take it (float16's widened back).
@@ -265,6 +294,30 @@ void activate(Activation kind, const T* h, int64_t n, int64_t in_features, std::
   activation(a);
 }
 
+// The backward's activation of a block's h rows (into s.act, when want_act) and, for a
+// sigmoid-based kind, each column's sigmoid (into s.sigmoid, when want_sigmoid): one exp
+// per value serves both, with the bits of activation() and activation_backward_at.
+template <typename T>
+void recompute_activation(Activation kind, const T* h, int64_t n, int64_t f_in, bool want_act, bool want_sigmoid,
+                          Scratch<T>& s) {
+  using A = Acc<T>;
+  if (!want_sigmoid) {
+    if (want_act) activate(kind, h, n, f_in, s.act);
+    return;
+  }
+  const int64_t f = activation_out_features(kind, f_in), up_offset = kind == Activation::swiglu ? f : 0;
+  s.sigmoid.resize(n * f);
+  if (want_act) s.act.resize(n * f);
+  for_rows(n, f_in, [&](int64_t r) {
+    for (int64_t c = 0; c < f; ++c) {
+      const A x = load<A>(h, r * f_in + c), up = up_offset ? load<A>(h, r * f_in + up_offset + c) : A(0);
+      const A sig = sigmoid(x);
+      s.sigmoid[r * f + c] = sig;
+      if (want_act) s.act[r * f + c] = store<T>(activation_forward_at_sigmoid(kind, x, up, sig));
+    }
+  });
+}
+
 // Runs fn(item) for items [0, count) side by side on the threads, each on one thread.
 template <typename Fn>
 Status side_by_side(int64_t count, int threads, Fn fn) {
@@ -276,9 +329,28 @@ Status side_by_side(int64_t count, int threads, Fn fn) {
   return Status::Ok();
 }
 
-// The team the call's blocks or experts share: float64 (OpenBLAS, which threads itself, a
-// test dtype) runs them one after another.
+// The team the call's experts share: float64 (OpenBLAS, which threads itself, a test
+// dtype) runs them one after another.
 int call_threads(DType dtype) { return omp_in_parallel() || dtype == DType::f64 ? 1 : omp_get_max_threads(); }
+
+// fn(e, scratch) for every expert, each expert's blocks in order on one thread or, for the
+// largest when thread_plan.h says so (skewed routing), alone on all threads first; the
+// rest side by side, one thread each, largest first.
+template <typename T, typename Fn>
+Status for_each_expert(const Routing& routing, int64_t experts, DType dtype, Fn fn) {
+  std::vector<int64_t> order(experts);
+  for (int64_t e = 0; e < experts; ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return routing.rows(x).rows() > routing.rows(y).rows(); });
+  std::vector<double> work;
+  for (int64_t e : order) work.push_back(static_cast<double>(routing.rows(e).rows()));
+  const int threads = call_threads(dtype);
+  const size_t alone = gemms_run_alone(work, threads);
+  std::vector<Scratch<T>> scratch(threads);
+  for (size_t i = 0; i < alone; ++i) GG_RETURN_IF_ERROR(fn(order[i], scratch[0]));
+  return side_by_side(experts - static_cast<int64_t>(alone), threads,
+                      [&](int64_t i) { return fn(order[alone + i], scratch[omp_get_thread_num()]); });
+}
 
 // ---- the forward ------------------------------------------------------------------------
 
@@ -297,36 +369,29 @@ Status forward(const ExpertMlpArgs& a, int64_t block_rows) {
     for (int64_t s = 0; s < a.num_tokens * k; ++s)
       if (routing.row_map[s] < 0) std::memset(h + s * f_in, 0, f_in * sizeof(T));
 
-  struct Block {
-    int64_t expert;
-    RowRange rows;
-  };
-  std::vector<Block> blocks;
-  for (int64_t e = 0; e < experts; ++e) {
+  GG_RETURN_IF_ERROR(for_each_expert<T>(routing, experts, a.dtype, [&](int64_t e, Scratch<T>& s) -> Status {
     const RowRange rows = routing.rows(e);
+    const GemmCall fc1 = gemm_call<G>(0, f_in, hidden, nullptr, false, w_in.at(e * hidden * f_in), a.transpose_rhs,
+                                      b_in.at(e * f_in));
+    const GemmCall fc2 = gemm_call<G>(0, hidden, f, nullptr, false, w_out.at(e * f * hidden), a.transpose_rhs,
+                                      b_out.at(e * hidden));
+    s.w_in.prepare(fc1, rows.rows()), s.w_out.prepare(fc2, rows.rows());
     const int64_t count = block_count(rows, block_rows);
-    for (int64_t b = 0; b < count; ++b) blocks.push_back({e, block_of(rows, b, count)});
-  }
-  const int threads = call_threads(a.dtype);
-  std::vector<Scratch<T>> scratch(threads);
-  GG_RETURN_IF_ERROR(side_by_side(static_cast<int64_t>(blocks.size()), threads, [&](int64_t i) {
-    const Block& block = blocks[i];
-    Scratch<T>& s = scratch[omp_get_thread_num()];
-    const int64_t n = block.rows.rows(), e = block.expert;
-    const int32_t* slots = routing.slot_of_row.data() + block.rows.begin;
-    gather<G>(tokens, hidden, n, [&](int64_t r) { return slots[r] / k; }, s.rows);
-    s.h.resize(n * f_in);
-    GG_RETURN_IF_ERROR(
-        multiply_into(gemm_call<G>(n, f_in, hidden, s.rows.data(), false, w_in.at(e * hidden * f_in),
-                                   a.transpose_rhs, b_in.at(e * f_in)),
-                      s.h.data(), s.wide));
-    if (h && f_in > 0)
-      for_rows(n, f_in,
-               [&](int64_t r) { std::memcpy(h + slots[r] * f_in, s.h.data() + r * f_in, f_in * sizeof(T)); });
-    activate(a.activation, s.h.data(), n, f_in, s.act);
-    return multiply_into(gemm_call<G>(n, hidden, f, as_operand(s.act, s.wide_act), false,
-                                      w_out.at(e * f * hidden), a.transpose_rhs, b_out.at(e * hidden)),
-                         expert_rows + block.rows.begin * hidden, s.wide);
+    for (int64_t b = 0; b < count; ++b) {
+      const RowRange block = block_of(rows, b, count);
+      const int64_t n = block.rows();
+      const int32_t* slots = routing.slot_of_row.data() + block.begin;
+      gather<G>(tokens, hidden, n, [&](int64_t r) { return slots[r] / k; }, s.rows);
+      s.h.resize(n * f_in);
+      GG_RETURN_IF_ERROR(multiply_into(s.w_in.on(fc1, n, s.rows.data()), s.h.data(), s.wide));
+      if (h && f_in > 0)
+        for_rows(n, f_in,
+                 [&](int64_t r) { std::memcpy(h + slots[r] * f_in, s.h.data() + r * f_in, f_in * sizeof(T)); });
+      activate(a.activation, s.h.data(), n, f_in, s.act);
+      GG_RETURN_IF_ERROR(multiply_into(s.w_out.on(fc2, n, as_operand(s.act, s.wide_act)),
+                                       expert_rows + block.begin * hidden, s.wide));
+    }
+    return Status::Ok();
   }));
 
   UnpermuteArgs sum;  // out[t]: its slots' weighted expert outputs, in slot order
@@ -356,6 +421,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
   T* token_rows = static_cast<T*>(a.token_rows);
   const bool want_dw_in = a.dw_in || a.db_in, want_dh = a.dtokens || want_dw_in;
   const bool want_g = want_dh || a.dprobs, want_dy = a.dw_out || a.db_out, want_act = a.dprobs || a.dw_out;
+  const bool keep_sigmoid = want_dh && sigmoid_based(a.activation);
   if (dprobs)
     for (int64_t s = 0; s < a.num_tokens * k; ++s)
       if (routing.row_map[s] < 0) dprobs[s] = P{};  // a dropped slot's weight has no effect
@@ -378,8 +444,12 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
     WeightGradient<T> dw_in_sum(dw_in, w_in_size, count, s.dw_in),
         dw_out_sum(dw_out, w_out_size, count, s.dw_out);
     std::vector<A> db_in_acc(db_in ? f_in : 0, A(0)), db_out_acc(db_out ? hidden : 0, A(0));
-    const G* w_in_e = w_in.at(e * w_in_size);
-    const G* w_out_e = w_out.at(e * w_out_size);
+    // g = dout @ w_out^T (accumulated in Acc<T>) and the input gradients dh @ w_in: the
+    // weights are their B.
+    GemmCall g_call = gemm_call<G>(0, f, hidden, nullptr, false, w_out.at(e * w_out_size), !a.transpose_rhs);
+    g_call.out_dtype = dtype_of<A>();
+    const GemmCall dx_call = gemm_call<G>(0, hidden, f_in, nullptr, false, w_in.at(e * w_in_size), !a.transpose_rhs);
+    s.w_out.prepare(g_call, want_g ? rows.rows() : 0), s.w_in.prepare(dx_call, a.dtokens ? rows.rows() : 0);
     for (int64_t b = 0; b < count; ++b) {
       const RowRange block = block_of(rows, b, count);
       const int64_t n = block.rows();
@@ -388,11 +458,10 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
       auto token = [&](int64_t r) { return slots[r] / k; };
       gather<G>(dout, hidden, n, token, s.rows);
       gather<T>(h, f_in, n, [&](int64_t r) { return slots[r]; }, s.h);
-      if (want_act) activate(a.activation, s.h.data(), n, f_in, s.act);
+      recompute_activation(a.activation, s.h.data(), n, f_in, want_act, keep_sigmoid, s);
       if (want_g) {  // g = dout @ w_out^T, unweighted: fc2's input gradient over the slot's weight
         s.g.resize(n * f);
-        GG_RETURN_IF_ERROR(multiply_acc<T>(
-            gemm_call<G>(n, f, hidden, s.rows.data(), false, w_out_e, !a.transpose_rhs), s.g.data(), false));
+        GG_RETURN_IF_ERROR(multiply_acc<T>(s.w_out.on(g_call, n, s.rows.data()), s.g.data(), false));
       }
       if (dprobs)
         for_rows(n, f + hidden, [&](int64_t r) {
@@ -430,7 +499,10 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
         T* h_row = s.h.data() + r * f_in;
         for (int64_t c = 0; c < f; ++c) {
           const A x = load<A>(h_row, c), up = up_offset ? load<A>(h_row, up_offset + c) : A(0);
-          const ActivationGrad<A> d = activation_backward_at(a.activation, product(p, s.g[r * f + c]), x, up);
+          const A grad = product(p, s.g[r * f + c]);
+          const ActivationGrad<A> d =
+              keep_sigmoid ? activation_backward_at_sigmoid(a.activation, grad, x, up, s.sigmoid[r * f + c])
+                           : activation_backward_at(a.activation, grad, x, up);
           h_row[c] = store<T>(d.dx);
           if (up_offset) h_row[up_offset + c] = store<T>(d.dup);
         }
@@ -445,8 +517,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
       }
       if (db_in) add_rows(s.h.data(), n, f_in, db_in_acc);
       if (a.dtokens)  // the rows' input gradients; each token sums its own below
-        GG_RETURN_IF_ERROR(multiply_into(gemm_call<G>(n, hidden, f_in, dh, false, w_in_e, !a.transpose_rhs),
-                                         token_rows + block.begin * hidden, s.wide));
+        GG_RETURN_IF_ERROR(multiply_into(s.w_in.on(dx_call, n, dh), token_rows + block.begin * hidden, s.wide));
     }
     dw_in_sum.finish(), dw_out_sum.finish();
     if (db_in) convert(db_in_acc.data(), dtype_of<A>(), db_in, a.dtype, f_in);
@@ -454,21 +525,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
     return Status::Ok();
   };
 
-  // Experts largest first; the largest run alone on all threads when thread_plan.h says
-  // so (skewed routing), the rest side by side, one thread each.
-  std::vector<int64_t> order(experts);
-  for (int64_t e = 0; e < experts; ++e) order[e] = e;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return routing.rows(x).rows() > routing.rows(y).rows(); });
-  std::vector<double> work;
-  for (int64_t e : order) work.push_back(static_cast<double>(routing.rows(e).rows()));
-  const int threads = call_threads(a.dtype);
-  const size_t alone = gemms_run_alone(work, threads);
-  std::vector<Scratch<T>> scratch(threads);
-  for (size_t i = 0; i < alone; ++i) GG_RETURN_IF_ERROR(expert_gradients(order[i], scratch[0]));
-  GG_RETURN_IF_ERROR(side_by_side(experts - static_cast<int64_t>(alone), threads, [&](int64_t i) {
-    return expert_gradients(order[alone + i], scratch[omp_get_thread_num()]);
-  }));
+  GG_RETURN_IF_ERROR(for_each_expert<T>(routing, experts, a.dtype, expert_gradients));
 
   if (!a.dtokens) return Status::Ok();
   UnpermuteArgs sum;  // dtokens[t]: its slots' input gradients, in slot order

@@ -103,8 +103,9 @@ int64_t contraction_chunk(const GemmCall& c) {
   return std::clamp(fits / kContractionStep * kContractionStep, kContractionStep, kMaxChunk);
 }
 
-// dtypes, layout, bias, accumulate, and M, N, K when they are fixed (else 0).
-using Key = std::tuple<DType, DType, bool, bool, bool, bool, int64_t, int64_t, int64_t>;
+// dtypes, layout, bias, accumulate, and M, N, K when they are fixed (else 0); and whether
+// B is packed (pack_b).
+using Key = std::tuple<DType, DType, bool, bool, bool, bool, int64_t, int64_t, int64_t, bool>;
 
 struct Primitive {
   dnnl::matmul matmul;
@@ -112,6 +113,10 @@ struct Primitive {
   // mode): with oneDNN's own, concurrent executions of one brgemm primitive share it
   // and corrupt each other's results.
   size_t scratchpad_bytes;
+  Key key;
+  // A packed-B primitive's B layout, and the reorder that packs a B into it.
+  std::optional<dnnl::memory::desc> packed_b;
+  std::optional<dnnl::reorder> pack;
 };
 
 // The primitives calls created, the least recently used evicted past kOnednnCacheCapacity.
@@ -125,15 +130,26 @@ LruCache<Key, Primitive>& primitive_cache() {
   return cache;
 }
 
-Primitive create_primitive(const GemmCall& c) {
+Key key_of(const GemmCall& c, bool packed) {
+  const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
+  return {c.in_dtype,   c.out_dtype,         c.a_transposed,  c.b_transposed, c.bias != nullptr,
+          c.accumulate, all_fixed ? c.m : 0, fixed ? c.k : 0, fixed ? c.n : 0, packed};
+}
+
+// A packed B's calls: bfloat16 with only M run-time (K and N fix the layout).
+bool packable(const GemmCall& c) { return fixed_k_and_n(c) && !fixed_contraction(c); }
+
+Primitive create_primitive(const GemmCall& c, bool packed) {
   const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
   // Run-time sizes and leading dimensions; which stride is 1 is fixed at creation (with
   // both strides unknown oneDNN 3.2 falls back to its reference kernel).
   const memory::dim m = all_fixed ? c.m : kRuntime, k = fixed ? c.k : kRuntime, n = fixed ? c.n : kRuntime;
   const memory::desc a({m, k}, onednn_type(c.in_dtype),
                        c.a_transposed ? memory::dims{1, m} : memory::dims{k, 1});
-  const memory::desc b({k, n}, onednn_type(c.in_dtype),
-                       c.b_transposed ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc b_as_given({k, n}, onednn_type(c.in_dtype),
+                                c.b_transposed ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc b =
+      packed ? memory::desc({k, n}, onednn_type(c.in_dtype), memory::format_tag::any) : b_as_given;
   const memory::desc out({m, n}, onednn_type(c.out_dtype), memory::dims{n, 1});
   const memory::desc bias =
       c.bias ? memory::desc({1, n}, onednn_type(c.in_dtype), memory::dims{n, 1}) : memory::desc();
@@ -148,34 +164,46 @@ Primitive create_primitive(const GemmCall& c) {
   // The reference kernel is orders of magnitude slower: treat picking it as a bug.
   const std::string impl = pd.impl_info_str();
   if (impl.rfind("ref", 0) == 0) throw std::runtime_error("oneDNN chose its reference kernel: " + impl);
-  return Primitive{dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+  Primitive made{dnnl::matmul(pd), pd.scratchpad_desc().get_size(), key_of(c, packed), std::nullopt, std::nullopt};
+  if (packed) {
+    made.packed_b = pd.weights_desc();
+    made.pack = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), b_as_given, cpu_engine(), *made.packed_b));
+  }
+  return made;
 }
 
 // Held by the caller while it executes, so an eviction by another thread cannot free it.
-std::shared_ptr<const Primitive> cached_primitive(const GemmCall& c) {
-  const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
-  const Key key{c.in_dtype,   c.out_dtype,         c.a_transposed,  c.b_transposed, c.bias != nullptr,
-                c.accumulate, all_fixed ? c.m : 0, fixed ? c.k : 0, fixed ? c.n : 0};
-  return primitive_cache().get(key, [&] { return create_primitive(c); });
+std::shared_ptr<const Primitive> cached_primitive(const GemmCall& c, bool packed) {
+  const Key key = key_of(c, packed);
+  return primitive_cache().get(key, [&] { return create_primitive(c, packed); });
 }
 
-// Runs one call on its cached primitive.
+// A CPU stream runs synchronously in the calling thread; one per thread keeps concurrent
+// callers independent.
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
+// Runs one call on its cached primitive, or on its packed B's.
 Status execute(const GemmCall& c) {
   try {
-    const std::shared_ptr<const Primitive> held = cached_primitive(c);
+    const std::shared_ptr<const Primitive> held =
+        c.packed_b ? std::static_pointer_cast<const Primitive>(c.packed_b->kernel) : cached_primitive(c, false);
     const Primitive& prim = *held;
+    if (c.packed_b && prim.key != key_of(c, true))
+      return Status::Internal("a GEMM's packed B was packed for another shape of call");
     const auto in = onednn_type(c.in_dtype);
     auto& engine = cpu_engine();
     memory a({{c.m, c.k}, in, strides(c.a_transposed, c.m, c.k)}, engine, const_cast<void*>(c.a));
-    memory b({{c.k, c.n}, in, strides(c.b_transposed, c.k, c.n)}, engine, const_cast<void*>(c.b));
+    memory b = c.packed_b ? memory(*prim.packed_b, engine, const_cast<void*>(c.packed_b->data))
+                          : memory({{c.k, c.n}, in, strides(c.b_transposed, c.k, c.n)}, engine, const_cast<void*>(c.b));
     memory out({{c.m, c.n}, onednn_type(c.out_dtype), {c.n, 1}}, engine, c.c);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, out}};
     if (c.bias)
       args.emplace(DNNL_ARG_BIAS, memory({{1, c.n}, in, {c.n, 1}}, engine, const_cast<void*>(c.bias)));
-    // A CPU stream runs synchronously in the calling thread; a stream and a scratchpad
-    // per thread keep concurrent callers independent.
-    thread_local dnnl::stream stream(engine);
-    thread_local std::vector<char> scratchpad;
+    dnnl::stream& stream = thread_stream();
+    thread_local std::vector<char> scratchpad;  // per thread, as the stream
     constexpr size_t kPage = 4096;  // the packed weight lives here: keep AMX tile loads aligned
     if (scratchpad.size() < prim.scratchpad_bytes + kPage) scratchpad.resize(prim.scratchpad_bytes + kPage);
     void* aligned =
@@ -237,6 +265,25 @@ Status execute_in_chunks(const GemmCall& c) {
 }  // namespace
 
 Status gemm_onednn(const GemmCall& c) { return fixed_contraction(c) ? execute_in_chunks(c) : execute(c); }
+
+std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage) try {
+  if (!packable(call)) return std::nullopt;
+  const std::shared_ptr<const Primitive> held = cached_primitive(call, true);
+  const size_t bytes = held->packed_b->get_size();
+  constexpr size_t kPage = 4096;  // AMX tile loads read it: page-aligned
+  if (storage.size() < bytes + kPage) storage.resize(bytes + kPage);
+  void* data = storage.data() + (kPage - reinterpret_cast<uintptr_t>(storage.data()) % kPage) % kPage;
+  auto& engine = cpu_engine();
+  memory given({{call.k, call.n}, onednn_type(call.in_dtype), strides(call.b_transposed, call.k, call.n)}, engine,
+               const_cast<void*>(call.b));
+  memory packed(*held->packed_b, engine, data);
+  before_parallel_work();
+  held->pack->execute(thread_stream(), given, packed);
+  thread_stream().wait();
+  return PackedB{held, data};
+} catch (const std::exception&) {
+  return std::nullopt;  // the calls read B as it is: slower, the same result
+}
 
 bool onednn_may_split_contraction(const GemmCall& c) {
   return c.in_dtype == DType::bf16 && c.a_transposed && !fixed_contraction(c);

@@ -35,6 +35,7 @@
 #define dnnl_primitive_desc_query_md GG_ONEDNN(dnnl_primitive_desc_query_md)
 #define dnnl_primitive_destroy GG_ONEDNN(dnnl_primitive_destroy)
 #define dnnl_primitive_execute GG_ONEDNN(dnnl_primitive_execute)
+#define dnnl_reorder_primitive_desc_create GG_ONEDNN(dnnl_reorder_primitive_desc_create)
 #define dnnl_set_primitive_cache_capacity GG_ONEDNN(dnnl_set_primitive_cache_capacity)
 #define dnnl_stream_create GG_ONEDNN(dnnl_stream_create)
 #define dnnl_stream_destroy GG_ONEDNN(dnnl_stream_destroy)

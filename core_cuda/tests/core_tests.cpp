@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -689,6 +690,41 @@ void test_onednn_cache_bound() {
   for (const auto& thread_results : results)
     for (bool ok : thread_results) CHECK(ok);
   CHECK(cpu::onednn_cached_primitives() == cpu::kOnednnCacheCapacity);
+}
+
+// A packed B (gemm.h's pack_b) gives the bits of the same call on B as given, whatever its
+// layout, bias or output dtype; a packed B is refused by a call of another shape, and only
+// bfloat16 calls with a row-major A have one.
+void test_packed_b_bits() {
+  g_case = "packed_b_bits";
+  const int64_t m = 300, k = 96, n = 80;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<cpu::bf16_t> lhs(m * k), rhs(k * n), bias(n);
+  for (auto* v : {&lhs, &rhs, &bias})
+    for (auto& x : *v) x = cpu::narrow<cpu::bf16_t>(normal(rng));
+  std::vector<char> storage;
+  for (bool transposed : {false, true})
+    for (bool with_bias : {false, true})
+      for (DType out : {DType::bf16, DType::f32}) {
+        cpu::GemmCall call{DType::bf16, out,         m,       n,         k,      lhs.data(), false,
+                           rhs.data(),  transposed, with_bias ? bias.data() : nullptr, nullptr, false};
+        std::vector<float> given(m * n), packed(m * n, std::numeric_limits<float>::quiet_NaN());
+        call.c = given.data();
+        CHECK(cpu::gemm(call).ok());
+        const std::optional<cpu::PackedB> b = cpu::pack_b(call, storage);
+        CHECK(b.has_value());
+        if (!b) continue;
+        call.c = packed.data(), call.packed_b = &*b;
+        CHECK(cpu::gemm(call).ok());
+        CHECK(std::memcmp(given.data(), packed.data(), m * n * dtype_size(out)) == 0);
+        call.accumulate = true;  // another primitive: the packed B's is not its kernel
+        CHECK(!cpu::gemm(call).ok());
+      }
+  cpu::GemmCall f32{DType::f32, DType::f32, m, n, k, lhs.data(), false, rhs.data(), false, nullptr, nullptr, false};
+  CHECK(!cpu::pack_b(f32, storage).has_value());
+  cpu::GemmCall wgrad{DType::bf16, DType::f32, k, n, m, lhs.data(), true, rhs.data(), false, nullptr, nullptr, false};
+  CHECK(!cpu::pack_b(wgrad, storage).has_value());
 }
 
 void test_workspace() {
@@ -1636,6 +1672,7 @@ int main() {
   test_thread_plan();
   test_lru_cache();
   test_onednn_cache_bound();
+  test_packed_b_bits();
   test_workspace();
   test_errors();
   test_launch_counts();

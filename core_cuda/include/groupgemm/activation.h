@@ -36,17 +36,6 @@ GG_HD T sigmoid(T x) {
   return T(1) / (T(1) + exp_of(-x));
 }
 
-template <typename T>
-GG_HD T silu(T x) {
-  return x * sigmoid(x);
-}
-
-template <typename T>
-GG_HD T silu_derivative(T x) {
-  const T s = sigmoid(x);
-  return s + x * s * (T(1) - s);
-}
-
 // Phi(x) = 0.5 (1 + erf(x / sqrt 2)), the standard normal CDF.
 template <typename T>
 GG_HD T normal_cdf(T x) {
@@ -70,19 +59,6 @@ GG_HD T relu(T x) {
   return x < T(0) ? T(0) : x;
 }
 
-// out[m, f] for an elementwise kind (x = h[m, f]) or swiglu (x = h[m, f], the gate, and
-// up = h[m, F + f]); `up` is ignored by the elementwise kinds.
-template <typename T>
-GG_HD T activation_forward(Activation kind, T x, T up) {
-  switch (kind) {
-    case Activation::swiglu: return silu(x) * up;
-    case Activation::gelu: return gelu(x);
-    case Activation::relu: return relu(x);
-    case Activation::silu: return silu(x);
-  }
-  return T(0);
-}
-
 // The gradient at (x, up) times dout: dx for the input column (the gate for swiglu) and,
 // for swiglu, dup for the up column.
 template <typename T>
@@ -90,16 +66,42 @@ struct ActivationGrad {
   T dx, dup;
 };
 
+// swiglu and silu are functions of x, up and sigmoid(x): a caller that needs the value and
+// the gradient at one x computes the sigmoid once (and gets the bits of the functions below).
+GG_HD bool sigmoid_based(Activation kind) { return kind == Activation::swiglu || kind == Activation::silu; }
+
+template <typename T>
+GG_HD T activation_forward_at_sigmoid(Activation kind, T x, T up, T s) {
+  return kind == Activation::swiglu ? (x * s) * up : x * s;
+}
+
+template <typename T>
+GG_HD ActivationGrad<T> activation_backward_at_sigmoid(Activation kind, T dout, T x, T up, T s) {
+  const T derivative = s + x * s * (T(1) - s);  // silu'(x)
+  if (kind == Activation::swiglu) return {dout * up * derivative, dout * (x * s)};
+  return {dout * derivative, T(0)};
+}
+
+// out[m, f] for an elementwise kind (x = h[m, f]) or swiglu (x = h[m, f], the gate, and
+// up = h[m, F + f]); `up` is ignored by the elementwise kinds.
+template <typename T>
+GG_HD T activation_forward(Activation kind, T x, T up) {
+  switch (kind) {
+    case Activation::swiglu:
+    case Activation::silu: return activation_forward_at_sigmoid(kind, x, up, sigmoid(x));
+    case Activation::gelu: return gelu(x);
+    case Activation::relu: return relu(x);
+  }
+  return T(0);
+}
+
 template <typename T>
 GG_HD ActivationGrad<T> activation_backward_at(Activation kind, T dout, T x, T up) {
   switch (kind) {
-    case Activation::swiglu: {  // silu_derivative(x) and silu(x) from one sigmoid
-      const T s = sigmoid(x);
-      return {dout * up * (s + x * s * (T(1) - s)), dout * (x * s)};
-    }
+    case Activation::swiglu:
+    case Activation::silu: return activation_backward_at_sigmoid(kind, dout, x, up, sigmoid(x));
     case Activation::gelu: return {dout * gelu_derivative(x), T(0)};
     case Activation::relu: return {x > T(0) ? dout : T(0), T(0)};
-    case Activation::silu: return {dout * silu_derivative(x), T(0)};
   }
   return {T(0), T(0)};
 }
