@@ -239,7 +239,7 @@ const GemmIn<T>* as_operand(const std::vector<T>& rows, std::vector<float>& wide
 
 // An expert's weight as the B operand of its blocks' GEMMs (one role: fc1's, fc2's):
 // packed once for all of them (gemm.h's pack_b) when the expert has enough rows to pay
-// for the packing, else read as it is by each block's GEMM, which packs it itself.
+// for the packing, rather than by each block's GEMM.
 class ExpertWeight {
  public:
   // For calls that differ from `call` only in m, a and c (call.m and call.a unused).
@@ -253,10 +253,6 @@ class ExpertWeight {
   }
 
  private:
-  // Measured on one thread with a [1536, 1024] bfloat16 weight: packing it took 0.29 ms,
-  // what a GEMM of 64 to 256 rows saves by reading it packed; at 512 rows the packing
-  // paid for itself and saved 0.3 ms more. Below this many rows, it is not done.
-  static constexpr int64_t kMinPackedRows = 256;
   std::vector<char> storage_;
   std::optional<PackedB> packed_;
 };

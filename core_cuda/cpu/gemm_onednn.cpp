@@ -19,8 +19,11 @@
 //    there. That kernel may split a contraction across threads (measured on a long one
 //    with a small output), which changes the order of its sums: such a GEMM runs on one
 //    thread (gemm_threading).
+//    On AMX CPUs, a forward / dgrad call of kMinPackedRows rows or more first packs its B
+//    into the kernel's own layout (pack_b, gemm.h), with a second primitive per (K, N)
+//    that reads B that way; a caller with several calls on one B packs it once for all.
 //  - float32: every dimension and stride is run-time, one primitive per layout; oneDNN
-//    has no faster choice there.
+//    has no faster choice there (packing its B measured no faster).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -136,8 +139,9 @@ Key key_of(const GemmCall& c, bool packed) {
           c.accumulate, all_fixed ? c.m : 0, fixed ? c.k : 0, fixed ? c.n : 0, packed};
 }
 
-// A packed B's calls: bfloat16 with only M run-time (K and N fix the layout).
-bool packable(const GemmCall& c) { return fixed_k_and_n(c) && !fixed_contraction(c); }
+// A packed B's calls: bfloat16 with only M run-time (K and N fix the layout), on an AMX CPU
+// (the kernel measured; without AMX oneDNN picks another, unmeasured there).
+bool packable(const GemmCall& c) { return fixed_k_and_n(c) && !fixed_contraction(c) && cpu_has_amx(); }
 
 Primitive create_primitive(const GemmCall& c, bool packed) {
   const bool all_fixed = fixed_contraction(c), fixed = all_fixed || fixed_k_and_n(c);
@@ -264,8 +268,6 @@ Status execute_in_chunks(const GemmCall& c) {
 
 }  // namespace
 
-Status gemm_onednn(const GemmCall& c) { return fixed_contraction(c) ? execute_in_chunks(c) : execute(c); }
-
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage) try {
   if (!packable(call)) return std::nullopt;
   const std::shared_ptr<const Primitive> held = cached_primitive(call, true);
@@ -283,6 +285,34 @@ std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage) 
   return PackedB{held, data};
 } catch (const std::exception&) {
   return std::nullopt;  // the calls read B as it is: slower, the same result
+}
+
+namespace {
+
+// A thread keeps its packing storage for the next call up to this size (a layer's weight
+// of one expert); a larger B is packed into memory freed after the call.
+constexpr size_t kKeptPackedBytes = size_t(16) << 20;
+
+// A call with B packed first, into memory of its thread's.
+Status execute_packing_b(const GemmCall& c) {
+  thread_local std::vector<char> kept;
+  std::vector<char> once;
+  const bool keep = size_t(c.k) * size_t(c.n) * dtype_size(c.in_dtype) <= kKeptPackedBytes;
+  const std::optional<PackedB> packed = pack_b(c, keep ? kept : once);
+  if (!packed) return execute(c);
+  GemmCall on_packed = c;
+  on_packed.packed_b = &*packed;
+  return execute(on_packed);
+}
+
+}  // namespace
+
+bool cpu_packs_b() { return cpu_has_amx(); }
+
+Status gemm_onednn(const GemmCall& c) {
+  if (fixed_contraction(c)) return execute_in_chunks(c);
+  if (!c.packed_b && packable(c) && c.m >= kMinPackedRows) return execute_packing_b(c);
+  return execute(c);
 }
 
 bool onednn_may_split_contraction(const GemmCall& c) {
