@@ -63,7 +63,16 @@ constexpr int64_t kBlockBytes = int64_t(2) << 20;
 constexpr int64_t kMinBlockRows = 128, kMaxBlockRows = 1024;
 
 int64_t rows_per_block(int64_t hidden, int64_t element_bytes) {
-  return std::clamp(kBlockBytes / std::max<int64_t>(hidden * element_bytes, 1), kMinBlockRows, kMaxBlockRows);
+  const int64_t rows = kBlockBytes / std::max<int64_t>(hidden * element_bytes, 1);
+  return std::clamp(rows / kContractionStep * kContractionStep, kMinBlockRows, kMaxBlockRows);
+}
+
+// Where blocks of an expert's rows start: at whole contraction steps, so that only an
+// expert's last block is padded by its weight gradients' GEMMs (gemm.h); blocks of fewer
+// rows than two steps (the tests' short ones) anywhere.
+int64_t block_step(int64_t block_rows, int64_t expert_rows, int64_t count) {
+  const bool whole_steps = block_rows % kContractionStep == 0 && expert_rows >= count * kContractionStep;
+  return whole_steps ? kContractionStep : 1;
 }
 
 // The routing of expert_mlp.h on the host (one chunk).
@@ -372,9 +381,9 @@ Status forward(const ExpertMlpArgs& a, int64_t block_rows) {
     const GemmCall fc2 = gemm_call<G>(0, hidden, f, nullptr, false, w_out.at(e * f * hidden), a.transpose_rhs,
                                       b_out.at(e * hidden));
     s.w_in.prepare(fc1, rows.rows()), s.w_out.prepare(fc2, rows.rows());
-    const int64_t count = block_count(rows, block_rows);
+    const int64_t count = block_count(rows, block_rows), step = block_step(block_rows, rows.rows(), count);
     for (int64_t b = 0; b < count; ++b) {
-      const RowRange block = block_of(rows, b, count);
+      const RowRange block = block_of(rows, b, count, step);
       const int64_t n = block.rows();
       const int32_t* slots = routing.slot_of_row.data() + block.begin;
       gather<G>(tokens, hidden, n, [&](int64_t r) { return slots[r] / k; }, s.rows);
@@ -436,7 +445,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
       if (db_out) std::memset(db_out, 0, hidden * sizeof(T));
       return Status::Ok();
     }
-    const int64_t count = block_count(rows, block_rows);
+    const int64_t count = block_count(rows, block_rows), step = block_step(block_rows, rows.rows(), count);
     WeightGradient<T> dw_in_sum(dw_in, w_in_size, count, s.dw_in),
         dw_out_sum(dw_out, w_out_size, count, s.dw_out);
     std::vector<A> db_in_acc(db_in ? f_in : 0, A(0)), db_out_acc(db_out ? hidden : 0, A(0));
@@ -447,7 +456,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
     const GemmCall dx_call = gemm_call<G>(0, hidden, f_in, nullptr, false, w_in.at(e * w_in_size), !a.transpose_rhs);
     s.w_out.prepare(g_call, want_g ? rows.rows() : 0), s.w_in.prepare(dx_call, a.dtokens ? rows.rows() : 0);
     for (int64_t b = 0; b < count; ++b) {
-      const RowRange block = block_of(rows, b, count);
+      const RowRange block = block_of(rows, b, count, step);
       const int64_t n = block.rows();
       const int32_t* slots = routing.slot_of_row.data() + block.begin;
       auto prob = [&](int64_t r) { return probs ? load<A>(probs, slots[r]) : A(1); };

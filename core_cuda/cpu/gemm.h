@@ -51,6 +51,11 @@ std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage);
 // Whether pack_b packs on this CPU.
 bool cpu_packs_b();
 
+// bfloat16 weight-gradient GEMMs run their contraction in chunks of a multiple of this
+// many rows (the AMX kernel's K blocking); a chunk of another length is copied, padded with
+// zero rows.
+constexpr int64_t kContractionStep = 64;
+
 // gemm packs B itself (unless the call brings it packed) from this many rows on, where one
 // packing costs less than the kernel's copies. Measured on one thread with a [1536, 1024]
 // bfloat16 B: packing it took 0.29 ms, what a GEMM of 64 to 256 rows saves by reading it

@@ -93,7 +93,6 @@ bool fixed_contraction(const GemmCall& c) {
          forced_bf16_wgrad_chunks.value_or(cpu_has_amx() || c.k >= kMinChunkedRows);
 }
 
-constexpr int64_t kContractionStep = 64;  // the AMX brgemm kernel's natural K blocking
 constexpr int64_t kMaxChunk = 2048;
 // Padding a chunk copies it; this bounds that scratch for very wide layers.
 constexpr int64_t kMaxPaddedBytes = int64_t(16) << 20;

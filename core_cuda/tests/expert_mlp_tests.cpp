@@ -105,6 +105,13 @@ void test_routing_steps() {
   const RowRange blocks[] = {block_of({10, 139}, 0, 3), block_of({10, 139}, 1, 3), block_of({10, 139}, 2, 3)};
   CHECK(blocks[0].begin == 10 && blocks[0].end == 53 && blocks[1].end == 96 && blocks[2].begin == 96);
   CHECK(blocks[2].end == 139 && blocks[2].rows() == 43);
+  // In whole steps: 1030 rows, at most 1024 a block, steps of 64: 512 rows, then 512 + 6.
+  const RowRange stepped[] = {block_of({0, 1030}, 0, 2, 64), block_of({0, 1030}, 1, 2, 64)};
+  CHECK(stepped[0].begin == 0 && stepped[0].end == 512 && stepped[1].begin == 512 && stepped[1].end == 1030);
+  // 19457 rows in 20 blocks: 304 steps, the first 4 blocks 16 of them, the others 15, the
+  // last row with the last block (not a block of one row).
+  CHECK(block_of({0, 19457}, 3, 20, 64).rows() == 1024 && block_of({0, 19457}, 4, 20, 64).rows() == 960);
+  CHECK(block_of({0, 19457}, 19, 20, 64).rows() == 961 && block_of({0, 19457}, 19, 20, 64).end == 19457);
   // An expert without rows shares its start with the next one: a row belongs to the last
   // expert starting at or before it.
   const int32_t starts[] = {0, 0, 3, 3, 5};

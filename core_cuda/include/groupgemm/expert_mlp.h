@@ -89,14 +89,18 @@ GG_HD int64_t expert_of_row(const int32_t* bucket_start, int64_t num_local, int6
 }
 
 // The blocks an expert's rows are multiplied in: as few as hold at most `max_rows` rows
-// each, their sizes as even as can be (the first ones a row longer), so no block is much
-// shorter than the others: a library GEMM may round the rows of a very short call
-// differently from the same rows inside a longer one.
+// each, as even as can be in whole steps of `step` rows (the first ones a step longer),
+// the rows past the last whole step added to the last block. So no block is much shorter
+// than the others (a library GEMM may round the rows of a very short call differently
+// from the same rows inside a longer one), and every block but the last is a whole number
+// of steps. max_rows is a whole number of steps, and at least `count` steps are there to
+// share (else step is 1).
 GG_HD int64_t block_count(RowRange rows, int64_t max_rows) { return ceil_div(rows.rows(), max_rows); }
-GG_HD RowRange block_of(RowRange rows, int64_t block, int64_t count) {
-  const int64_t base = rows.rows() / count, longer = rows.rows() % count;
-  const int64_t begin = rows.begin + block * base + (block < longer ? block : longer);
-  return {begin, begin + base + (block < longer ? 1 : 0)};
+GG_HD RowRange block_of(RowRange rows, int64_t block, int64_t count, int64_t step = 1) {
+  const int64_t steps = rows.rows() / step, base = steps / count, longer = steps % count;
+  const int64_t begin = rows.begin + (block * base + (block < longer ? block : longer)) * step;
+  const int64_t end = begin + (base + (block < longer ? 1 : 0)) * step;
+  return {begin, block == count - 1 ? rows.end : end};
 }
 
 // The routing on the host with `chunks` chunks (permute.h's steps 1-3); returns the kept
