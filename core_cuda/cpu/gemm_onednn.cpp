@@ -170,7 +170,13 @@ Primitive create_primitive(const GemmCall& c, bool packed) {
   Primitive made{dnnl::matmul(pd), pd.scratchpad_desc().get_size(), key_of(c, packed), std::nullopt, std::nullopt};
   if (packed) {
     made.packed_b = pd.weights_desc();
-    made.pack = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), b_as_given, cpu_engine(), *made.packed_b));
+    dnnl::primitive_attr user_scratchpad;
+    user_scratchpad.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::reorder::primitive_desc pack(cpu_engine(), b_as_given, cpu_engine(), *made.packed_b, user_scratchpad);
+    // Threads pack at once with one reorder, so it must need no scratchpad (those measured
+    // need none); else pack_b declines and the calls read B as given.
+    if (pack.scratchpad_desc().get_size() != 0) throw std::runtime_error("oneDNN's packing of B needs a scratchpad");
+    made.pack = dnnl::reorder(pack);
   }
   return made;
 }
