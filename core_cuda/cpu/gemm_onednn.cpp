@@ -149,10 +149,10 @@ Primitive create_primitive(const GemmCall& c, bool packed) {
   const memory::dim m = all_fixed ? c.m : kRuntime, k = fixed ? c.k : kRuntime, n = fixed ? c.n : kRuntime;
   const memory::desc a({m, k}, onednn_type(c.in_dtype),
                        c.a_transposed ? memory::dims{1, m} : memory::dims{k, 1});
-  const memory::desc b_as_given({k, n}, onednn_type(c.in_dtype),
-                                c.b_transposed ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc given_layout({k, n}, onednn_type(c.in_dtype),
+                                  c.b_transposed ? memory::dims{1, k} : memory::dims{n, 1});
   const memory::desc b =
-      packed ? memory::desc({k, n}, onednn_type(c.in_dtype), memory::format_tag::any) : b_as_given;
+      packed ? memory::desc({k, n}, onednn_type(c.in_dtype), memory::format_tag::any) : given_layout;
   const memory::desc out({m, n}, onednn_type(c.out_dtype), memory::dims{n, 1});
   const memory::desc bias =
       c.bias ? memory::desc({1, n}, onednn_type(c.in_dtype), memory::dims{n, 1}) : memory::desc();
@@ -172,7 +172,7 @@ Primitive create_primitive(const GemmCall& c, bool packed) {
     made.packed_b = pd.weights_desc();
     dnnl::primitive_attr user_scratchpad;
     user_scratchpad.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    const dnnl::reorder::primitive_desc pack(cpu_engine(), b_as_given, cpu_engine(), *made.packed_b, user_scratchpad);
+    const dnnl::reorder::primitive_desc pack(cpu_engine(), given_layout, cpu_engine(), *made.packed_b, user_scratchpad);
     // Threads pack at once with one reorder, so it must need no scratchpad (those measured
     // need none); else pack_b declines and the calls read B as given.
     if (pack.scratchpad_desc().get_size() != 0) throw std::runtime_error("oneDNN's packing of B needs a scratchpad");
@@ -185,6 +185,20 @@ Primitive create_primitive(const GemmCall& c, bool packed) {
 std::shared_ptr<const Primitive> cached_primitive(const GemmCall& c, bool packed) {
   const Key key = key_of(c, packed);
   return primitive_cache().get(key, [&] { return create_primitive(c, packed); });
+}
+
+// `bytes` of `storage` (grown as needed, kept by the caller) from a page boundary: the
+// library's packed weights live there, and AMX tile loads want them aligned.
+void* page_aligned(std::vector<char>& storage, size_t bytes) {
+  constexpr size_t kPage = 4096;
+  if (storage.size() < bytes + kPage) storage.resize(bytes + kPage);
+  return storage.data() + (kPage - reinterpret_cast<uintptr_t>(storage.data()) % kPage) % kPage;
+}
+
+// The call's B as it lies in memory (row-major or transposed).
+memory b_as_given(const GemmCall& c) {
+  return memory({{c.k, c.n}, onednn_type(c.in_dtype), strides(c.b_transposed, c.k, c.n)}, cpu_engine(),
+                const_cast<void*>(c.b));
 }
 
 // A CPU stream runs synchronously in the calling thread; one per thread keeps concurrent
@@ -206,17 +220,14 @@ Status execute(const GemmCall& c) {
     auto& engine = cpu_engine();
     memory a({{c.m, c.k}, in, strides(c.a_transposed, c.m, c.k)}, engine, const_cast<void*>(c.a));
     memory b = c.packed_b ? memory(*prim.packed_b, engine, const_cast<void*>(c.packed_b->data))
-                          : memory({{c.k, c.n}, in, strides(c.b_transposed, c.k, c.n)}, engine, const_cast<void*>(c.b));
+                          : b_as_given(c);
     memory out({{c.m, c.n}, onednn_type(c.out_dtype), {c.n, 1}}, engine, c.c);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, out}};
     if (c.bias)
       args.emplace(DNNL_ARG_BIAS, memory({{1, c.n}, in, {c.n, 1}}, engine, const_cast<void*>(c.bias)));
     dnnl::stream& stream = thread_stream();
     thread_local std::vector<char> scratchpad;  // per thread, as the stream
-    constexpr size_t kPage = 4096;  // the packed weight lives here: keep AMX tile loads aligned
-    if (scratchpad.size() < prim.scratchpad_bytes + kPage) scratchpad.resize(prim.scratchpad_bytes + kPage);
-    void* aligned =
-        scratchpad.data() + (kPage - reinterpret_cast<uintptr_t>(scratchpad.data()) % kPage) % kPage;
+    void* aligned = page_aligned(scratchpad, prim.scratchpad_bytes);  // a plain B is packed here
     args.emplace(DNNL_ARG_SCRATCHPAD,
                  memory({{static_cast<memory::dim>(prim.scratchpad_bytes)}, memory::data_type::u8, {1}},
                         engine, aligned));
@@ -276,14 +287,8 @@ Status execute_in_chunks(const GemmCall& c) {
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage) try {
   if (!packable(call)) return std::nullopt;
   const std::shared_ptr<const Primitive> held = cached_primitive(call, true);
-  const size_t bytes = held->packed_b->get_size();
-  constexpr size_t kPage = 4096;  // AMX tile loads read it: page-aligned
-  if (storage.size() < bytes + kPage) storage.resize(bytes + kPage);
-  void* data = storage.data() + (kPage - reinterpret_cast<uintptr_t>(storage.data()) % kPage) % kPage;
-  auto& engine = cpu_engine();
-  memory given({{call.k, call.n}, onednn_type(call.in_dtype), strides(call.b_transposed, call.k, call.n)}, engine,
-               const_cast<void*>(call.b));
-  memory packed(*held->packed_b, engine, data);
+  void* data = page_aligned(storage, held->packed_b->get_size());
+  memory given = b_as_given(call), packed(*held->packed_b, cpu_engine(), data);
   before_parallel_work();
   held->pack->execute(thread_stream(), given, packed);
   thread_stream().wait();
