@@ -10,8 +10,6 @@ zeros; JAX and PyTorch give the same bits; counts of dropped slots are exact."""
 
 import os
 import re
-import subprocess
-import sys
 
 import ep_cases as cases
 import jax
@@ -20,6 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from workers import run_worker
 
 import groupgemm.jax as gj
 import groupgemm.torch as gt
@@ -30,7 +29,7 @@ DEVICES = 4
 
 def run_torch(world, mode, out_dir):
     """Per rank, {"step/name": array} of the worker's run."""
-    subprocess.run([sys.executable, WORKER, str(world), str(out_dir), mode], check=True, timeout=240)
+    run_worker(WORKER, world, out_dir, mode)
     return [dict(np.load(out_dir / f"rank{rank}.npz")) for rank in range(world)]
 
 

@@ -5,8 +5,6 @@ inside shard_map over four CPU devices."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from workers import run_worker
 
 import groupgemm.jax as gj
 
@@ -24,7 +23,7 @@ DEVICES, E, H, K = 4, 8, 4, 2
 @pytest.fixture(scope="module")
 def torch_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ep_checks")
-    subprocess.run([sys.executable, WORKER, str(out)], check=True, timeout=240)
+    run_worker(WORKER, out)
     return [json.load(open(out / f"rank{r}.json")) for r in range(2)]
 
 

@@ -6,8 +6,6 @@ gradient is a full-shape zero; MoE's parameters carry their sharding, and under 
 on a data x expert mesh it keeps the one-device bits without gathering anything."""
 
 import os
-import subprocess
-import sys
 
 import ep_cases as cases
 import jax
@@ -17,8 +15,10 @@ import pytest
 from clients import require
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from workers import run_worker
 
 nnx = require("flax.nnx")
+
 import groupgemm.flax as gf  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "ep_layer_worker.py")
@@ -35,7 +35,7 @@ def torch_ranks(tmp_path_factory):
     """Per rank, {"step/name": array} of groupgemm.torch's ExpertParallelMoE over RANKS gloo
     processes at dispatch's dropless capacity (ep_layer_worker.py)."""
     out = tmp_path_factory.mktemp("ep")
-    subprocess.run([sys.executable, WORKER, str(RANKS), str(out), "capacity"], check=True, timeout=240)
+    run_worker(WORKER, RANKS, out, "capacity")
     return [dict(np.load(out / f"rank{rank}.npz")) for rank in range(RANKS)]
 
 

@@ -7,8 +7,6 @@ Runs against the real megatron-core package, which ./dev.sh setup installs (pinn
 its dependencies), in this process with a one-rank gloo group."""
 
 import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -16,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from clients import require
+from workers import run_worker
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
@@ -148,7 +147,7 @@ def test_groupgemm_token_dispatcher_matches_megatrons_all_to_all_over_two_ranks(
     # experts. The rows and probs each expert gets, the outputs and every gradient are the
     # same bits.
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "megatron_ep_worker.py")
-    subprocess.run([sys.executable, worker, str(tmp_path)], check=True, timeout=240)
+    run_worker(worker, tmp_path)
     for rank in range(2):
         saved = np.load(tmp_path / f"rank{rank}.npz")
         for mode in ("groupgemm dropless", "groupgemm capacity"):

@@ -12,12 +12,12 @@ the path (helpers/tokamax_worker.py computes, these tests check)."""
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from clients import NOT_INSTALLED
+from workers import run_worker
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "tokamax_worker.py")
 TYPEGUARD = os.path.join(sys.prefix, "tokamax-typeguard")
@@ -33,8 +33,7 @@ def worker(tmp_path_factory):
     env = dict(os.environ)
     if os.path.isdir(TYPEGUARD):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (TYPEGUARD, env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, WORKER, str(out)], env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
+    run_worker(WORKER, out, timeout=180, env=env)
     return dict(np.load(out / "results.npz")), json.load(open(out / "report.json"))
 
 

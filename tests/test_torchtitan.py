@@ -6,13 +6,12 @@ its dependencies); bfloat16 throughout, as torchtitan's experts compute."""
 
 import copy
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from clients import require
+from workers import run_worker
 
 from groupgemm.integrations import torchtitan as integration
 from groupgemm.integrations.torchtitan import (
@@ -161,7 +160,7 @@ def test_groupgemm_token_dispatcher_matches_torchtitans_all_to_all_over_two_rank
     # the score gradients are dot products whose order differs.
     require("torchtitan.models.common.token_dispatcher")
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "torchtitan_ep_worker.py")
-    subprocess.run([sys.executable, worker, str(tmp_path)], check=True, timeout=240)
+    run_worker(worker, tmp_path)
     for rank in range(2):
         saved = np.load(tmp_path / f"rank{rank}.npz")
         for mode in ("groupgemm dropless", "groupgemm capacity"):

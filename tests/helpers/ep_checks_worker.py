@@ -97,6 +97,7 @@ def run(rank, out_dir):
     results["gathers_for_an_agreed_configuration"] = len(gathers) - before
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
+    dist.barrier()  # no rank tears the group down while a peer is still in its last exchange
     dist.destroy_process_group()
 
 

@@ -1,0 +1,38 @@
+"""Runs a test's worker script (torch.distributed ranks, a fresh interpreter) in a process
+of its own under a timeout, so a hang fails instead of stalling. When the worker fails,
+the error's first line, which a test summary shows, says how it ended and its last line
+of output (where a rank's exception ends up); the output's tail follows."""
+
+import os
+import subprocess
+import sys
+
+TAIL_CHARS = 6000
+
+
+def _last_line(*texts):
+    for text in texts:
+        lines = [line for line in (text or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1].strip()
+    return "(no output)"
+
+
+def _text(output):
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
+
+
+def run_worker(script, *args, timeout=240, env=None):
+    """``python script *args``; raises AssertionError if it fails or runs past ``timeout`` s."""
+    name = os.path.basename(script)
+    try:
+        result = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True,
+                                timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        out, err = _text(e.stdout), _text(e.stderr)
+        raise AssertionError(f"{name} ran past {timeout} s: {_last_line(err, out)}\n"
+                             f"{(out + err)[-TAIL_CHARS:]}") from None
+    if result.returncode != 0:
+        raise AssertionError(f"{name} exited with {result.returncode}: {_last_line(result.stderr, result.stdout)}\n"
+                             f"{(result.stdout + result.stderr)[-TAIL_CHARS:]}")
+    return result
