@@ -121,6 +121,12 @@ if(GG_WITH_CUDA AND CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)90a")
       endforeach()
     endforeach()
   endforeach()
+  # The gathered grouped GEMM (cutlass_gathered_sm90.cuh): one unit per input dtype.
+  foreach(SM90_DTYPE bf16 f16)
+    set(unit "${CMAKE_CURRENT_BINARY_DIR}/sm90/gathered_sm90_${SM90_DTYPE}.cu")
+    configure_file(core_cuda/cuda/gathered_sm90_instance.cu.in "${unit}" @ONLY)
+    list(APPEND GG_SM90_UNITS "${unit}")
+  endforeach()
   # The FP8 grouped GEMM with blockwise scaling (fp8_sm90.cuh): one unit per A type and
   # output dtype (fp8_sm90_dispatch.cu calls each).
   foreach(FP8_LHS e4m3 e5m2)

@@ -421,8 +421,25 @@ FUSED_CASES = mlp_cases.CASES + [
                       offset=1, hidden=64, ffn=32),
     mlp_cases.MlpCase("tiles_gelu_transposed", _routing(257, 3, [0, 1, 2], 1), 4, "gelu", False, True, hidden=128,
                       ffn=96),
+    # K and N past a 64-wide k tile and a 128-wide n tile by less than one (16-byte pieces
+    # partly outside), with bias.
+    mlp_cases.MlpCase("tiles_edges_bias", _routing(200, 2, [0, 1, 3], 2), 4, "swiglu", True, hidden=136, ffn=72),
 ]
 FUSED_RUNS = {"jax": (mlp_cases.jax_run, JAX_GPU), "torch": (mlp_cases.torch_run, TORCH_CUDA)}
+
+
+@pytest.fixture(params=[DEFAULT_KERNEL, "sm90"])
+def fused_kernel(request, monkeypatch):
+    """The fused op's kernels: the default (the CUTLASS 2.x gathered GEMMs on every GPU) and,
+    on Hopper, GROUPGEMM_CUDA_KERNEL=sm90, under which A's gathered rows go through the
+    sm_90a gathered GEMM (cutlass_gathered_sm90.cuh)."""
+    if request.param == DEFAULT_KERNEL:
+        monkeypatch.delenv("GROUPGEMM_CUDA_KERNEL", raising=False)
+    elif not _hopper():
+        pytest.skip(HOPPER_ONLY)
+    else:
+        monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", request.param)
+    return request.param
 
 
 def _fused_run(name):
@@ -435,7 +452,7 @@ def _fused_run(name):
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
 @pytest.mark.parametrize("name", list(FUSED_RUNS))
-def test_cuda_expert_mlp_matches_the_cpu_backend_with_exact_zeros(name, case, dtype):
+def test_cuda_expert_mlp_matches_the_cpu_backend_with_exact_zeros(name, case, dtype, fused_kernel):
     # An explicit expert_mlp call on a GPU runs the fused kernels (gathered grouped GEMMs):
     # within the dtype's tolerance of the CPU backend, forward and every gradient; a dropped
     # slot's dprobs and an idle expert's weight and bias gradients exactly 0; T = 0 ordinary.
@@ -461,7 +478,7 @@ def test_cuda_expert_mlp_matches_the_cpu_backend_with_exact_zeros(name, case, dt
 @needs_both
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("case", [FUSED_CASES[0], FUSED_CASES[-1]], ids=lambda c: c.name)
-def test_cuda_expert_mlp_is_bitwise_identical_in_jax_and_torch(case, dtype):
+def test_cuda_expert_mlp_is_bitwise_identical_in_jax_and_torch(case, dtype, fused_kernel):
     x = mlp_cases.inputs(case, seed=1)
     jax_out, jax_grads = mlp_cases.jax_run(case, x, dtype, device="cuda")
     torch_out, torch_grads = mlp_cases.torch_run(case, x, dtype, device="cuda")
@@ -492,7 +509,7 @@ def test_cuda_layers_keep_the_composition_by_default_and_run_the_fused_op_when_t
 
 
 @needs_torch_cuda
-def test_torch_cuda_graph_replays_the_fused_expert_mlp_with_changing_routing():
+def test_torch_cuda_graph_replays_the_fused_expert_mlp_with_changing_routing(fused_kernel):
     # Forward and backward captured once; each replay routes differently (an idle expert,
     # every slot dropped, all on one expert): the same bits as an eager call, exact zeros
     # for dropped slots' dprobs and idle experts' gradients.

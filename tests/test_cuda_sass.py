@@ -2,7 +2,8 @@
 CUTLASS 3.x grouped GEMMs (every tile, the bias epilogue included) run on WGMMA (HGMMA
 instructions), the FP8 ones on FP8 WGMMA (QGMMA), the CUTLASS 2.x ones on tensor-core MMA
 (HMMA), and no kernel spills registers to local memory (STL/LDL); the fused expert MLP's
-kernels (its gathered grouped GEMMs on HMMA) in the sm_80 cubin as well.
+kernels (its gathered grouped GEMMs on HMMA) in the sm_80 cubin as well, and its sm_90a
+gathered GEMM (cp.async into WGMMA).
 No GPU is needed: cuobjdump (the nvidia-cuda-cuobjdump wheel, with nvdisasm from
 nvidia-cuda-nvdisasm; ./dev.sh setup installs both) disassembles the shipped code."""
 
@@ -146,7 +147,13 @@ def test_no_kernel_spills_to_local_memory():
 # instance per input dtype, output dtype, layout and gathered operand) and its small kernels,
 # in the sm_80 cubin (every GPU but Hopper runs it, or its PTX) and the sm_90a one.
 def is_gathered_gemm(name):
-    return "GatheredGroupedGemm" in name
+    return "GatheredGroupedGemm" in name and not is_gathered_sm90_gemm(name)
+
+
+# The sm_90a gathered GEMM (cutlass_gathered_sm90.cuh): A's rows gathered by cp.async
+# (LDGSTS) into WGMMA, in the sm_90a cubin only.
+def is_gathered_sm90_gemm(name):
+    return "GatheredGroupedGemmSm90" in name
 
 
 EXPERT_MLP_KERNELS = ("expert_setup_kernel", "fill_rows_kernel", "slot_h_kernel", "activation_rows_kernel",
@@ -171,3 +178,11 @@ def test_gathered_gemm_kernels_use_tensor_core_mma(arch):
     kernels = {n: s for n, s in cubin_kernels(arch).items() if is_gathered_gemm(n) and is_16bit(n)}
     assert kernels
     assert [n for n, s in kernels.items() if not instructions(s, "HMMA")] == []
+
+
+def test_sm90a_gathered_gemm_kernels_load_with_cp_async_into_wgmma():
+    # bfloat16 and float16 x 2 forward layouts x 2 output dtypes.
+    kernels = {n: s for n, s in sm90a_kernels().items() if is_gathered_sm90_gemm(n)}
+    assert len(kernels) == 8 and sum("6half_t" in n for n in kernels) == 4, list(kernels)
+    assert [n for n, s in kernels.items() if not (instructions(s, "HGMMA") and instructions(s, "LDGSTS"))] == []
+    assert not any(map(is_gathered_sm90_gemm, cubin_kernels("sm_80")))

@@ -10,6 +10,7 @@ library only.
 """
 
 import dataclasses
+import itertools
 import os
 import sys
 
@@ -319,6 +320,17 @@ def required_expert_kernels():
 # and gathered operand (its layout is a run-time flag). Its other GEMMs are the grouped
 # path's kernels above.
 GATHERED, GATHERED_UNALIGNED = "gathered cutlass", "gathered unaligned"
+# Under GROUPGEMM_CUDA_KERNEL=sm90 on Hopper, A's gathered rows (16-bit, aligned, a forward
+# layout) run the sm_90a gathered GEMM (cutlass_gathered_sm90.cuh) instead, by input, output
+# and layout; the fused op's other GEMMs stay as they are.
+GATHERED_SM90 = "gathered cutlass sm90"
+# The fused op's kernel choices the sanitizer driver runs: GROUPGEMM_CUDA_KERNEL unset, and on
+# Hopper "sm90".
+MLP_FAMILIES = ("default", "sm90")
+
+
+def mlp_families_on(compute_capability):
+    return MLP_FAMILIES if tuple(compute_capability) == (9, 0) else MLP_FAMILIES[:1]
 MLP_ROUTE, MLP_SETUP, MLP_FILL, MLP_H, MLP_ACTIVATION, MLP_BACKWARD_ROWS, MLP_SUMS, MLP_IDLE = (
     "expert MLP routing sort", "expert MLP setup kernel", "expert MLP row fill kernel", "expert MLP h kernel",
     "expert MLP activation kernel", "expert MLP backward row kernel", "expert MLP bias gradient kernel",
@@ -346,26 +358,33 @@ def expert_mlp_calls_for(dtype):
     return [ExpertMlpCall(dtype, "swiglu", True, False, dtype), ExpertMlpCall(dtype, "gelu", False, True, "float32")]
 
 
-def _gathered(dtype, out, layout, gather, aligned):
+def _gathered(dtype, out, layout, gather, aligned, family):
+    if aligned and family == "sm90" and dtype in SIXTEEN_BIT and gather == "a_rows":
+        return (GATHERED_SM90, dtype, out, layout)
     if aligned:
         return (GATHERED, dtype, out, layout, gather)
     return (GATHERED_UNALIGNED, dtype, out, gather)
 
 
-def expert_mlp_kernels_reached(call, tokens, top_k, experts, hidden, ffn):
+def expert_mlp_kernels_reached(call, tokens, top_k, experts, hidden, ffn, family="default"):
     """The fused kernels a forward (h kept) and a backward (every gradient) of `call` launch
-    on T = tokens, k = top_k, E = experts, H = hidden, F = ffn (core_cuda/src/expert_mlp_sequence.h)."""
+    on T = tokens, k = top_k, E = experts, H = hidden, F = ffn (core_cuda/src/expert_mlp_sequence.h)
+    under `family` (one of MLP_FAMILIES)."""
     slots, f = tokens * top_k, ffn
     f_in = 2 * ffn if call.activation == "swiglu" else ffn
     aligned = call.dtype == "float32" or all(n % 8 == 0 for n in (hidden, f_in, f))
     fc1_layout, dgrad_layout = ("row_col", "row_row") if call.transpose else ("row_row", "row_col")
+
+    def gathered(out, layout, gather):
+        return _gathered(call.dtype, out, layout, gather, aligned, family)
+
     reached = set()
     if tokens * hidden or slots * f_in:  # the forward
         reached.add(MLP_ROUTE)
         if slots:
             reached |= {MLP_SETUP} if experts else set()
             if f_in:
-                reached |= {_gathered(call.dtype, call.dtype, fc1_layout, "a_rows", aligned) if hidden else MLP_FILL,
+                reached |= {gathered(call.dtype, fc1_layout, "a_rows") if hidden else MLP_FILL,
                             (MLP_H, call.dtype)}
             if f:
                 reached.add((MLP_ACTIVATION, call.dtype))
@@ -379,10 +398,10 @@ def expert_mlp_kernels_reached(call, tokens, top_k, experts, hidden, ffn):
         if slots:
             reached |= {MLP_SETUP} if experts else set()
             if (dtokens or dw_in or db_in or dprobs) and f:
-                reached.add(_gathered(call.dtype, "float32", dgrad_layout, "a_rows", aligned) if hidden else MLP_FILL)
+                reached.add(gathered("float32", dgrad_layout, "a_rows") if hidden else MLP_FILL)
             reached.add((MLP_BACKWARD_ROWS, call.dtype, f"probs {call.probs or call.dtype}"))
             if dw_in:
-                reached.add(_gathered(call.dtype, call.dtype, "col_row", "b_k" if call.transpose else "a_k", aligned))
+                reached.add(gathered(call.dtype, "col_row", "b_k" if call.transpose else "a_k"))
             if dtokens and not f_in:
                 reached.add(MLP_FILL)
         if dw_in or dw_out:
@@ -392,18 +411,19 @@ def expert_mlp_kernels_reached(call, tokens, top_k, experts, hidden, ffn):
     return reached
 
 
-def required_expert_mlp_kernels():
-    """What the driver must reach of the fused expert MLP: its small kernels in every dtype
-    (the backward row kernel for both probs dtypes), and every gathered GEMM instantiation:
-    A's rows gathered in both forward layouts with the values' and a float32 output, a
-    weight gradient's contraction gathered in A and in B; for 16-bit inputs, the unaligned
-    kernel's as well."""
+def required_expert_mlp_kernels(families=MLP_FAMILIES[:1]):
+    """What the driver must reach of the fused expert MLP under `families`: its small
+    kernels in every dtype (the backward row kernel for both probs dtypes), and every
+    gathered GEMM instantiation: A's rows gathered in both forward layouts with the values'
+    and a float32 output, a weight gradient's contraction gathered in A and in B; for 16-bit
+    inputs, the unaligned kernel's as well."""
     required = {MLP_ROUTE, MLP_SETUP, MLP_FILL, MLP_IDLE}
-    for dtype in DTYPES:
+    for dtype, family in itertools.product(DTYPES, families):
         for aligned in [True] + ([False] if dtype in SIXTEEN_BIT else []):
-            required |= {_gathered(dtype, out, layout, "a_rows", aligned) for out in (dtype, "float32")
+            required |= {_gathered(dtype, out, layout, "a_rows", aligned, family) for out in (dtype, "float32")
                          for layout in ("row_row", "row_col")}
-            required |= {_gathered(dtype, dtype, "col_row", gather, aligned) for gather in ("a_k", "b_k")}
+            required |= {_gathered(dtype, dtype, "col_row", gather, aligned, family)
+                         for gather in ("a_k", "b_k")}
         required |= {(MLP_H, dtype), (MLP_ACTIVATION, dtype), (MLP_SUMS, dtype)}
         required |= {(MLP_BACKWARD_ROWS, dtype, f"probs {p}") for p in dict.fromkeys([dtype, "float32"])}
     return required

@@ -141,7 +141,9 @@ def mismatch(what, dtype, got, want, zeros):
     return None
 
 
-def planned_mlp_calls(case):
-    """The calls made on a case, each with the kernels it reaches."""
-    return [(call, expert_mlp_kernels_reached(call, case.tokens, case.top_k, case.experts, case.hidden, case.ffn))
+def planned_mlp_calls(case, family="default"):
+    """The calls made on a case under `family` (driver_calls.MLP_FAMILIES), each with the
+    kernels it reaches."""
+    return [(call, expert_mlp_kernels_reached(call, case.tokens, case.top_k, case.experts, case.hidden, case.ffn,
+                                              family))
             for dtype in DTYPES for call in expert_mlp_calls_for(dtype)]

@@ -13,13 +13,16 @@ quantization bit for bit, and on Hopper the FP8 GEMMs). The only device work bes
 unpermute's backward's own memset), so what the sanitizer reports is the core's. At the
 end it checks that every kernel and CUTLASS instantiation was reached (driver_calls.py).
 On a compute capability 9.0 GPU the GEMM calls run once per kernel family
-(GROUPGEMM_CUDA_KERNEL=sm80, then each sm90 tile), so the sanitizer sees every 3.x kernel too.
+(GROUPGEMM_CUDA_KERNEL=sm80, then each sm90 tile), so the sanitizer sees every 3.x kernel too,
+and the fused expert MLP's cases that reach A's gathered rows run again under "sm90", its
+sm_90a gathered GEMM.
 Exit status: 0 all good, 1 a mismatch or a kernel not reached, 3 no CUDA GPU (or no torch).
 
     compute-sanitizer --tool memcheck python3 benchmarks/gpu/sanitizer_driver.py --quick
 """
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -36,10 +39,13 @@ from cases import CASES, Case, inputs, round_to  # noqa: E402
 from driver_calls import (  # noqa: E402
     DTYPES,
     FAMILIES,
+    GATHERED_SM90,
+    MLP_FAMILIES,
     calls_for,
     describe,
     families_on,
     kernels_reached,
+    mlp_families_on,
     required_expert_kernels,
     required_expert_mlp_kernels,
     required_kernels,
@@ -253,6 +259,14 @@ def _error_text(exc):
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
+def _set_kernel_family(family):
+    """GROUPGEMM_CUDA_KERNEL for the calls that follow (the core reads it on every call); None unsets it."""
+    if family is None:
+        os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
+    else:
+        os.environ["GROUPGEMM_CUDA_KERNEL"] = family
+
+
 def _record_failure(failures, label, problem):
     """Adds and prints a failed call; True when its CUDA error ends the run (a sticky error
     leaves the context unusable, so every later call would fail too)."""
@@ -295,7 +309,7 @@ def main(argv=None):
     layer = args.part in ("all", "layer")
     reached, failures, count = set(), [], 0
     for family in families:
-        os.environ["GROUPGEMM_CUDA_KERNEL"] = family  # read by the core on every call
+        _set_kernel_family(family)
         for name in names:
             case = ALL_CASES[name]
             x = inputs(case)
@@ -315,7 +329,7 @@ def main(argv=None):
                             return 1
                     else:
                         reached |= kernels_reached(call, case.m, case.k, case.n, case.g, busy, family)
-    os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
+    _set_kernel_family(None)
     cpu = Device(torch, _core, "cpu")
     compared = bitwise = 0
     for name in expert_names:
@@ -341,11 +355,19 @@ def main(argv=None):
         print(f"expert layer: {len(expert_names)} routing cases; {bitwise} of the {compared} results of passing "
               f"calls equal the CPU backend's bit for bit, the others are within the tolerances")
     mlp_names = [] if chosen or not layer else (mlp.QUICK_MLP_CASES if args.quick else list(mlp.ALL_MLP_CASES))
-    for name in mlp_names:  # the fused expert MLP: forward and backward per call
+    mlp_families = mlp_families_on(torch.cuda.get_device_capability()) if args.device == "cuda" else MLP_FAMILIES[:1]
+    # The fused expert MLP: forward and backward per call; under "sm90" only the cases whose
+    # calls reach the sm_90a gathered GEMM (the rest run what the default pass ran).
+    for family, name in itertools.product(mlp_families, mlp_names):
         case = mlp.ALL_MLP_CASES[name]
-        for call, kernels in mlp.planned_mlp_calls(case):
+        planned = mlp.planned_mlp_calls(case, family)
+        if family != "default" and not any(k[0] == GATHERED_SM90 for _, ks in planned for k in ks
+                                           if isinstance(k, tuple)):
+            continue
+        _set_kernel_family(None if family == "default" else family)
+        for call, kernels in planned:
             count += 1
-            label = f"{case.name}/{call.name}"
+            label = f"{case.name}/{call.name}" + ("" if family == "default" else f" under {family}")
             try:
                 problem = "; ".join(p for _, p in mlp.run_mlp_call(dev, cpu, case, call, mlp.mlp_inputs(case, call),
                                                                     args.prefill) if p)
@@ -356,8 +378,10 @@ def main(argv=None):
                     return 1
             else:
                 reached |= kernels
+    _set_kernel_family(None)
     if mlp_names:
-        print(f"fused expert MLP: {len(mlp_names)} cases, a forward and a backward per call")
+        print(f"fused expert MLP: {len(mlp_names)} cases, a forward and a backward per call, under "
+              f"{' and '.join(mlp_families)}")
     fp8_names = [] if chosen or not layer else (fp8.QUICK_FP8_CASES if args.quick else list(fp8.ALL_FP8_CASES))
     hopper = args.device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     fp8_count, fp8_failures = fp8.run(torch, fp8_names, hopper, args.device)
@@ -371,7 +395,7 @@ def main(argv=None):
               (" (quantization, and the sm_90a FP8 GEMMs)" if hopper else " (quantization; the GEMMs need Hopper)"))
     # On the CPU backend no kernel runs: the rehearsal checks the calls and the values only.
     required = set().union(*map(required_kernels, families)) | (required_expert_kernels() if layer else set())
-    required |= required_expert_mlp_kernels() if mlp_names else set()
+    required |= required_expert_mlp_kernels(mlp_families) if mlp_names else set()
     missing = sorted(map(describe, required - reached)) if args.device == "cuda" else []
     print(f"{count} calls over {len(names)} GEMM cases ({' and '.join(families)} kernels) and "
           f"{len(expert_names)} expert-layer cases on {args.device}, "

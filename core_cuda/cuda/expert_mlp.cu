@@ -6,8 +6,9 @@
 // the host (the kept-row count and the experts' rows stay on the device), so a call can be
 // captured in a CUDA graph.
 //
-// The GEMMs are the CUTLASS 2.x kernels on every GPU (sm_90a included): the sm_90a 3.x
-// kernels take no gathered operand yet.
+// The GEMMs are the CUTLASS 2.x kernels on every GPU by default. Under GROUPGEMM_CUDA_KERNEL
+// (sm90 or a tile) on Hopper, A's gathered rows go through the sm_90a gathered kernel
+// (gathered_kernel_choice.h); the other GEMMs stay on the 2.x kernels.
 #include <limits>
 #include <optional>
 #include <string>
@@ -17,6 +18,8 @@
 #include "expert_kernels.h"
 #include "expert_mlp_kernels.h"
 #include "gathered_gemm.h"
+#include "gathered_kernel_choice.h"
+#include "gemm_sm90.h"
 
 namespace groupgemm {
 namespace cuda {
@@ -47,7 +50,9 @@ class CudaLauncher {
   Status start() {
     device_.emplace(ctx_);  // held until the launcher goes: every launch runs on that device
     GG_RETURN_IF_ERROR(device_->status());
-    return current_device_info(&device_info_);
+    GG_RETURN_IF_ERROR(current_device_info(&device_info_));
+    choice_ = choose_kernel(device_info_);
+    return choice_.status;
   }
   Status route(const ExpertRouteArgs& a) { return launch_expert_route(a, stream_); }
   Status setup(const ExpertSetupArgs& a) { return launch_expert_setup(a, stream_); }
@@ -59,7 +64,10 @@ class CudaLauncher {
     l.c = c.call.c, l.max_m = static_cast<int>(c.call.max_m), l.n = static_cast<int>(c.call.n);
     l.device = device_info_, l.stream = stream_;
     if (c.gather == Gather::none) return grouped_gemm(l, c.aligned);
-    return gathered_gemm(GatheredGemmLaunch{l, c.gather_indices, c.gather}, c.aligned);
+    const GatheredGemmLaunch gathered{l, c.gather_indices, c.gather};
+    if (gathered_kernel_for(choice_, c.call, c.gather, c.aligned) == GemmKernel::sm90)
+      return gathered_gemm_sm90(gathered);
+    return gathered_gemm(gathered, c.aligned);
   }
   Status fill_rows(const ExpertFillArgs& a) { return launch_expert_fill_rows(a, stream_); }
   Status forward_rows(const ForwardRowsArgs& a) { return launch_forward_rows(a, stream_); }
@@ -73,6 +81,7 @@ class CudaLauncher {
   cudaStream_t stream_;
   std::optional<DeviceGuard> device_;
   DeviceInfo device_info_{};
+  KernelChoice choice_{Status::Ok(), KernelPolicy::sm80, Sm90Tile{}};
 };
 
 }  // namespace

@@ -27,5 +27,15 @@ Status gathered_gemm_f16(const GatheredGemmLaunch& launch);
 Status gathered_gemm_f32(const GatheredGemmLaunch& launch);
 Status gathered_gemm_unaligned(const GatheredGemmLaunch& launch);
 
+// The sm_90a gathered GEMM (cutlass_gathered_sm90.cuh), for the calls gathered_kernel_choice.h
+// gives it: A's rows gathered, 16-bit inputs with 16-byte aligned rows, a forward layout. An
+// error in a build without sm_90a code.
+Status gathered_gemm_sm90(const GatheredGemmLaunch& launch);
+
+// Its halves per input type (bf16, f16), one sm_90a translation unit each, made by
+// cmake/core.cmake from gathered_sm90_instance.cu.in.
+template <DType In>
+Status gathered_gemm_sm90_for(const GatheredGemmLaunch& launch);
+
 }  // namespace cuda
 }  // namespace groupgemm

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "device_checks.h"
+#include "gathered_gemm.h"
 #include "gemm_sm90.h"
 #include "kernel_choice.h"
 #include "workspace.h"
@@ -111,6 +112,17 @@ Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, void* w
 #else
   (void)launch, (void)tile, (void)workspace, (void)workspace_bytes;
   return Status::Internal("this build has no sm_90a grouped GEMM");
+#endif
+}
+
+Status gathered_gemm_sm90(const GatheredGemmLaunch& launch) {
+#ifdef GROUPGEMM_WITH_SM90
+  if (launch.gemm.in_dtype == DType::bf16) return gathered_gemm_sm90_for<DType::bf16>(launch);
+  if (launch.gemm.in_dtype == DType::f16) return gathered_gemm_sm90_for<DType::f16>(launch);
+  return Status::Internal("the gathered sm90 GEMM takes bfloat16 or float16 inputs");
+#else
+  (void)launch;
+  return Status::Internal("this build has no sm_90a gathered GEMM");
 #endif
 }
 

@@ -26,6 +26,7 @@
 #include "backends.h"
 #include "call_sequence.h"
 #include "convert.h"
+#include "gathered_kernel_choice.h"
 #include "gemm.h"
 #include "groupgemm/activation.h"
 #include "groupgemm/groupgemm.h"
@@ -902,6 +903,23 @@ void test_kernel_choice() {
       CHECK(!sm90_runs(call(in, layout, GemmC::none), false));  // TMA needs 16-byte alignment
     }
   CHECK(!sm90_runs(call(DType::f32, GemmLayout::row_row, GemmC::none), true));  // exact fp32 stays on CUDA cores
+
+  // The gathered GEMMs: the sm90 kernel only when asked for, for A's rows in a forward layout.
+  for (GemmLayout layout : {GemmLayout::row_row, GemmLayout::row_col}) {
+    const GroupedGemmCall forward = call(DType::bf16, layout, GemmC::none);
+    CHECK(gathered_kernel_for(by_shape, forward, Gather::a_rows, true) == GemmKernel::sm90);
+    CHECK(gathered_kernel_for(choose_gemm_kernel(9, 0, kSm90TileNames[0], true), forward, Gather::a_rows, true) ==
+          GemmKernel::sm90);
+    CHECK(gathered_kernel_for(hopper, forward, Gather::a_rows, true) == GemmKernel::sm80);  // not the default yet
+    CHECK(gathered_kernel_for(by_shape, forward, Gather::a_rows, false) == GemmKernel::sm80);  // unaligned
+    CHECK(gathered_kernel_for(by_shape, call(DType::f32, layout, GemmC::none), Gather::a_rows, true) ==
+          GemmKernel::sm80);
+    CHECK(gathered_kernel_for(choose_gemm_kernel(9, 0, "sm80", true), forward, Gather::a_rows, true) ==
+          GemmKernel::sm80);
+  }
+  for (Gather contraction : {Gather::a_k, Gather::b_k})
+    CHECK(gathered_kernel_for(by_shape, call(DType::bf16, GemmLayout::col_row, GemmC::none), contraction, true) ==
+          GemmKernel::sm80);
 }
 
 // The sm90 kernel reads each operand through its 3.x stride (sm90_strides.h): one GEMM per
