@@ -7,9 +7,7 @@
 // the loads are written here: the collective's own take one strided tensor.
 //
 // Persistent over the groups' tiles with the problem sizes only on the device: block b
-// takes tiles b, b + gridDim.x, ... and finds each one's group by counting the groups'
-// tiles from where its previous tile was, as CUTLASS 2.x's device-only problem visitor
-// does. A group with k = 0 writes beta * C and runs no mainloop (the collective needs a
+// takes tiles b, b + gridDim.x, ... and finds each one's group (gathered_tiles.h). A group with k = 0 writes beta * C and runs no mainloop (the collective needs a
 // k tile). Deterministic: one block owns each output tile and its whole K loop.
 //
 // Only compiled for sm_90a (a unit of the sm90 object library in cmake/core.cmake).
@@ -30,6 +28,7 @@
 #include "cutlass_layouts.h"
 #include "cutlass_sm90.cuh"
 #include "gathered_gemm.h"
+#include "gathered_tiles.h"
 #include "kernel_attributes.h"
 #include "kernels.h"
 
@@ -46,48 +45,13 @@ CUTLASS_DEVICE void copy_16_bytes(void* shared_dst, const void* src, int bytes) 
 #endif
 }
 
-// A group's part of the persistent tile sequence: the tile's group, its first row and
-// column, and the group's problem.
-struct GatheredTile {
-  int group, m0, n0, m, n, k;
-};
-
-// Finds the group of each of a block's tiles. Tiles only grow along a block's sequence,
-// so the walk resumes where the previous tile was found: O(G + tiles) per block.
-template <int kTileM, int kTileN>
-class GroupTileWalker {
- public:
-  CUTLASS_DEVICE GroupTileWalker(const int32_t* problems, int num_groups)
-      : problems_(problems), num_groups_(num_groups) {}
-
-  CUTLASS_DEVICE bool find(int64_t tile, GatheredTile& out) {
-    for (; group_ < num_groups_; ++group_) {
-      const int m = problems_[3 * group_], n = problems_[3 * group_ + 1], k = problems_[3 * group_ + 2];
-      const int64_t tiles_n = (n + kTileN - 1) / kTileN;
-      const int64_t count = (m + kTileM - 1) / kTileM * tiles_n;
-      if (tile < first_ + count) {
-        const int64_t local = tile - first_;
-        out = {group_, int(local / tiles_n) * kTileM, int(local % tiles_n) * kTileN, m, n, k};
-        return true;
-      }
-      first_ += count;
-    }
-    return false;
-  }
-
- private:
-  const int32_t* problems_;
-  int num_groups_;
-  int group_ = 0;
-  int64_t first_ = 0;  // the first tile of group_
-};
-
 template <typename In, typename Out, GemmLayout L>
 struct GatheredGroupedGemmSm90 {
   static_assert(L == GemmLayout::row_row || L == GemmLayout::row_col, "A's rows are gathered in a forward layout");
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
   static constexpr int kTileM = 128, kTileN = 128, kTileK = 64;
-  static constexpr int kVector = 16 / int(sizeof(In));  // elements per 16-byte copy
+  static constexpr int kElementBytes = int(sizeof(In));
+  static constexpr int kVector = 16 / kElementBytes;  // elements per 16-byte copy
   static constexpr bool kBRowMajor = L == GemmLayout::row_row;  // B [K, N]: N contiguous; else [N, K]
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -108,17 +72,28 @@ struct GatheredGroupedGemmSm90 {
   static constexpr uint32_t MaxThreadsPerBlock = kLoadThreads + kMmaThreads;
   static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
 
-  // A tile row's 16-byte pieces spread over the load warp group: each thread copies the
-  // same piece of kPasses rows, kRowsPerPass apart.
-  template <int kContiguous, int kRows>
-  struct Pieces {
-    static constexpr int kPerRow = kContiguous / kVector;
-    static constexpr int kRowsPerPass = kLoadThreads / kPerRow;
-    static constexpr int kPasses = kRows / kRowsPerPass;
-    static_assert(kLoadThreads % kPerRow == 0 && kRows % kRowsPerPass == 0, "the tile does not split into passes");
-  };
-  using PiecesA = Pieces<kTileK, kTileM>;                                     // A [m, k]: k contiguous
-  using PiecesB = Pieces<kBRowMajor ? kTileN : kTileK, kBRowMajor ? kTileK : kTileN>;
+  // Each operand tile's 16-byte pieces over the load warp group (gathered_tiles.h).
+  using PiecesA = TilePieces<kTileK, kTileM, kVector, kLoadThreads>;  // A [m, k]: k contiguous
+  using PiecesB = TilePieces<kBRowMajor ? kTileN : kTileK, kBRowMajor ? kTileK : kTileN, kVector, kLoadThreads>;
+
+  // A piece is one 16-byte cp.async, so its values must be contiguous and 16-byte aligned in
+  // the shared-memory layout too. GMMA's layouts swizzle whole 16-byte units; checked over
+  // one swizzle period (8 rows) of each tile.
+  template <typename Layout, bool kAlongFirst>
+  static constexpr bool pieces_contiguous(int rows, int cols) {
+    const auto at = [](int i, int j) { return int(kAlongFirst ? Layout{}(j, i, 0) : Layout{}(i, j, 0)); };
+    for (int r = 0; r < 8 && r < rows; ++r)
+      for (int c = 0; c < cols; c += kVector) {
+        if (at(r, c) % kVector != 0) return false;
+        for (int v = 1; v < kVector; ++v)
+          if (at(r, c + v) != at(r, c) + v) return false;
+      }
+    return true;
+  }
+  static_assert(pieces_contiguous<typename Mainloop::SmemLayoutA, false>(kTileM, kTileK) &&
+                    pieces_contiguous<typename Mainloop::SmemLayoutB, kBRowMajor>(kBRowMajor ? kTileK : kTileN,
+                                                                                 kBRowMajor ? kTileN : kTileK),
+                "a 16-byte piece is not contiguous in the mainloop's shared-memory layout");
 
   struct Params {
     const int32_t* problems;
@@ -149,12 +124,12 @@ struct GatheredGroupedGemmSm90 {
       const In* b = static_cast<const In*>(p.ptr[1][t.group]);
       const int64_t lda = p.ld[0][t.group], ldb = p.ld[1][t.group];
       const int32_t* rows = p.indices[t.group];
-      // This thread's rows of A for the whole tile: read the index array once, not per k tile.
-      const int a_piece = thread % PiecesA::kPerRow * kVector;
+      // This thread's rows of A for the whole tile: the index array is read once, not per k tile.
+      const int a_col = PiecesA::col(thread), b_col = PiecesB::col(thread);
       const In* a_row[PiecesA::kPasses];
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < PiecesA::kPasses; ++i) {
-        const int r = t.m0 + thread / PiecesA::kPerRow + i * PiecesA::kRowsPerPass;
+        const int r = t.m0 + PiecesA::row(thread, i);
         a_row[i] = r < t.m ? a + int64_t(rows[r]) * lda : nullptr;
       }
       const int k_tiles = (t.k + kTileK - 1) / kTileK;
@@ -164,20 +139,18 @@ struct GatheredGroupedGemmSm90 {
         const int k0 = kt * kTileK;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < PiecesA::kPasses; ++i) {
-          const int r = thread / PiecesA::kPerRow + i * PiecesA::kRowsPerPass;
-          const int bytes = a_row[i] ? edge_bytes(t.k - (k0 + a_piece)) : 0;
-          copy_16_bytes(&sA(r, a_piece, stage), bytes ? a_row[i] + k0 + a_piece : a, bytes);
+          const int bytes = a_row[i] ? piece_bytes(t.k - (k0 + a_col), kElementBytes) : 0;
+          copy_16_bytes(&sA(PiecesA::row(thread, i), a_col, stage), bytes ? a_row[i] + k0 + a_col : a, bytes);
         }
-        const int b_piece = thread % PiecesB::kPerRow * kVector;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < PiecesB::kPasses; ++i) {
-          const int r = thread / PiecesB::kPerRow + i * PiecesB::kRowsPerPass;
-          if constexpr (kBRowMajor) {  // row r of the tile is k0 + r, the piece runs along n
-            const int bytes = k0 + r < t.k ? edge_bytes(t.n - (t.n0 + b_piece)) : 0;
-            copy_16_bytes(&sB(b_piece, r, stage), bytes ? b + int64_t(k0 + r) * ldb + t.n0 + b_piece : b, bytes);
-          } else {  // row r is column t.n0 + r of the product, the piece runs along k
-            const int bytes = t.n0 + r < t.n ? edge_bytes(t.k - (k0 + b_piece)) : 0;
-            copy_16_bytes(&sB(r, b_piece, stage), bytes ? b + int64_t(t.n0 + r) * ldb + k0 + b_piece : b, bytes);
+          const int r = PiecesB::row(thread, i);
+          if constexpr (kBRowMajor) {  // tile row r is k0 + r, the piece runs along n
+            const int bytes = k0 + r < t.k ? piece_bytes(t.n - (t.n0 + b_col), kElementBytes) : 0;
+            copy_16_bytes(&sB(b_col, r, stage), bytes ? b + int64_t(k0 + r) * ldb + t.n0 + b_col : b, bytes);
+          } else {  // tile row r is column t.n0 + r of the product, the piece runs along k
+            const int bytes = t.n0 + r < t.n ? piece_bytes(t.k - (k0 + b_col), kElementBytes) : 0;
+            copy_16_bytes(&sB(r, b_col, stage), bytes ? b + int64_t(t.n0 + r) * ldb + k0 + b_col : b, bytes);
           }
         }
         pipeline.producer_commit(write, cutlass::arch::cpasync_barrier_arrive);
@@ -214,9 +187,6 @@ struct GatheredGroupedGemmSm90 {
                accumulators, tiled_mma, make_shape(t.m - t.m0, t.n - t.n0, t.k), mma_thread, nullptr);
     }
   }
-
-  // Bytes of a 16-byte piece that lie inside the problem, `left` elements from its start.
-  CUTLASS_DEVICE static int edge_bytes(int left) { return left >= kVector ? 16 : left > 0 ? left * int(sizeof(In)) : 0; }
 
   CUTLASS_DEVICE void operator()(const Params& p, char* shared_bytes) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

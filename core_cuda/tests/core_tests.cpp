@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -27,6 +28,7 @@
 #include "call_sequence.h"
 #include "convert.h"
 #include "gathered_kernel_choice.h"
+#include "gathered_tiles.h"
 #include "gemm.h"
 #include "groupgemm/activation.h"
 #include "groupgemm/groupgemm.h"
@@ -1641,6 +1643,59 @@ void test_expert_errors() {
 
 }  // namespace
 
+// The sm_90a gathered GEMM's arithmetic (gathered_tiles.h): the blocks' persistent walks
+// find every tile of every group exactly once, each block's in order, with its group's
+// problem; each operand tile's 16-byte pieces cover every element once; a piece's bytes
+// stop at the problem's edge.
+void test_gathered_tiles() {
+  constexpr int kTileM = 128, kTileN = 128;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int groups = trial % 9;  // none, one, several, with empty ones among them
+    std::vector<int32_t> problems;
+    std::set<std::tuple<int, int, int>> want;
+    for (int g = 0; g < groups; ++g) {
+      const int m = rng() % 4 == 0 ? 0 : int(rng() % 600), n = rng() % 5 == 0 ? 0 : 1 + int(rng() % 300);
+      const int k = int(rng() % 200);
+      problems.insert(problems.end(), {m, n, k});
+      for (int m0 = 0; m0 < m; m0 += kTileM)
+        for (int n0 = 0; n0 < n; n0 += kTileN) want.insert({g, m0, n0});
+    }
+    for (int blocks : {1, 3, 132}) {
+      std::multiset<std::tuple<int, int, int>> got;
+      for (int b = 0; b < blocks; ++b) {
+        GroupTileWalker<kTileM, kTileN> walker(problems.data(), groups);
+        GatheredTile t{};
+        std::tuple<int, int, int> previous{-1, 0, 0};
+        for (int64_t tile = b; walker.find(tile, t); tile += blocks) {
+          CHECK(t.m == problems[3 * t.group] && t.n == problems[3 * t.group + 1] && t.k == problems[3 * t.group + 2]);
+          CHECK(t.m0 < t.m && t.n0 < t.n);
+          CHECK(previous < std::make_tuple(t.group, t.m0, t.n0));
+          previous = {t.group, t.m0, t.n0};
+          got.insert(previous);
+        }
+      }
+      const std::set<std::tuple<int, int, int>> distinct(got.begin(), got.end());
+      CHECK(got.size() == want.size() && distinct == want);
+    }
+  }
+
+  // A [m, k] and a row-major B [k, n] or a [n, k] one, for 2-byte values (8 per piece).
+  auto covers_once = [](auto pieces, int rows, int cols, int vector) {
+    using Pieces = decltype(pieces);
+    std::vector<int> count(size_t(rows) * cols, 0);
+    for (int thread = 0; thread < 128; ++thread)
+      for (int pass = 0; pass < Pieces::kPasses; ++pass)
+        for (int v = 0; v < vector; ++v) ++count[size_t(Pieces::row(thread, pass)) * cols + Pieces::col(thread) + v];
+    for (int c : count) CHECK(c == 1);
+  };
+  covers_once(TilePieces<64, 128, 8, 128>{}, 128, 64, 8);
+  covers_once(TilePieces<128, 64, 8, 128>{}, 64, 128, 8);
+
+  CHECK(piece_bytes(8, 2) == 16 && piece_bytes(100, 2) == 16 && piece_bytes(3, 2) == 6 && piece_bytes(1, 2) == 2);
+  CHECK(piece_bytes(0, 2) == 0 && piece_bytes(-40, 2) == 0 && piece_bytes(3, 4) == 12 && piece_bytes(4, 4) == 16);
+}
+
 int main() {
   test_schedule();
   test_dtype_list();
@@ -1684,6 +1739,7 @@ int main() {
   check_gemm_paths_seen();
   test_kernel_workspace();
   test_kernel_choice();
+  test_gathered_tiles();
   test_sm90_strides();
   test_bf16_wgrad_chunks();
   test_bf16_wgrad_bits_on_any_thread_count();
