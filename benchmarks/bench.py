@@ -158,6 +158,8 @@ def machine(device):
     for name in ("jax", "torch"):
         if name in sys.modules:
             info[name] = sys.modules[name].__version__
+    if device == "cuda" and "torch" in sys.modules:
+        info["gpu"] = sys.modules["torch"].cuda.get_device_name()
     return info
 
 

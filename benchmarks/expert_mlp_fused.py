@@ -10,7 +10,12 @@ weights, tokens and skewed routing (Zipf-like expert shares, every fourth expert
 - peak bytes: how far the process's resident memory rises above where it was during one
   forward+backward, outputs and gradients included (a fresh process per measurement,
   large allocations returned to the system when freed, so freed memory is not counted);
+  on CUDA, how far torch's allocator rises (its peak statistic; not measured for JAX);
 - time: the median forward+backward, the two calls interleaved round-robin.
+
+On CUDA (--device cuda) each cell runs under each of --kernels: GROUPGEMM_CUDA_KERNEL unset
+("default": the fused op's CUTLASS 2.x gathered GEMMs) or set ("sm90" on Hopper: A's
+gathered rows through the sm_90a gathered GEMM, the composition's GEMMs on the sm90 kernels).
 
 Before timing, the two results (output and every gradient) are compared (largest
 relative error, by norm); a disagreement fails the run. Prints a markdown table of each
@@ -27,6 +32,7 @@ import sys
 
 import numpy as np
 from bench import machine
+from expert_mlp_report import DEFAULT_KERNEL, markdown_table, planned_cells
 from progress import Progress
 from timing import interleaved_medians
 
@@ -50,6 +56,9 @@ def parse_args(argv):
     p.add_argument("--scale", type=float, default=1.0, help="multiplies T, H, F (a quick run: 0.125)")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per variant (median)")
     p.add_argument("--budget", type=float, default=10.0, help="seconds of timed calls per variant and cell")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--kernels", nargs="+", default=[DEFAULT_KERNEL],
+                   help="on CUDA, the GROUPGEMM_CUDA_KERNEL values each cell runs under ('default': unset)")
     p.add_argument("--json", default=DEFAULT_JSON, help="where to write the results")
     p.add_argument("--peak-of", nargs=4, metavar=("FRAMEWORK", "VARIANT", "SHAPE", "DTYPE"),
                    help=argparse.SUPPRESS)  # the child process of one peak measurement
@@ -83,7 +92,7 @@ def inputs(shape, scale, seed=0):
 # ---- the two frameworks: (forward+backward of a variant, its saved bytes) ---------------------
 
 
-def torch_cell(x, dtype_name):
+def torch_cell(x, dtype_name, device):
     import torch
 
     import groupgemm.torch as gt
@@ -91,13 +100,13 @@ def torch_cell(x, dtype_name):
 
     dtype = getattr(torch, dtype_name)
     e, f_in, h = x["w_in"].shape
-    mlp = gt.GroupedMLP(e, h, f_in // 2, dtype=dtype)
+    mlp = gt.GroupedMLP(e, h, f_in // 2, dtype=dtype).to(device)
     with torch.no_grad():
         mlp.fc1.weight.copy_(torch.from_numpy(x["w_in"]))
         mlp.fc2.weight.copy_(torch.from_numpy(x["w_out"]))
-    tokens = torch.from_numpy(x["tokens"]).to(dtype).requires_grad_()
-    probs = torch.from_numpy(x["probs"]).float().requires_grad_()
-    indices, dout = torch.from_numpy(x["indices"]), torch.from_numpy(x["dout"]).to(dtype)
+    tokens = torch.from_numpy(x["tokens"]).to(device, dtype).requires_grad_()
+    probs = torch.from_numpy(x["probs"]).to(device, torch.float32).requires_grad_()
+    indices, dout = torch.from_numpy(x["indices"]).to(device), torch.from_numpy(x["dout"]).to(device, dtype)
     leaves = (tokens, probs, mlp.fc1.weight, mlp.fc2.weight)
     forwards = {"fused": lambda: gt.expert_mlp(tokens, indices, probs, mlp.fc1.weight, mlp.fc2.weight,
                                                transpose_weight=True),
@@ -105,7 +114,10 @@ def torch_cell(x, dtype_name):
 
     def forward_backward(variant):
         out = forwards[variant]()
-        return (out.detach(), *torch.autograd.grad(out, leaves, dout))
+        result = (out.detach(), *torch.autograd.grad(out, leaves, dout))
+        if device == "cuda":
+            torch.cuda.synchronize()  # the time is the GPU's work, not its launch
+        return result
 
     def saved_bytes(variant):
         storages, parameters = {}, {p.untyped_storage().data_ptr() for p in mlp.parameters()}
@@ -121,10 +133,21 @@ def torch_cell(x, dtype_name):
         del out
         return sum(storages.values())
 
-    return forward_backward, saved_bytes, lambda r: [t.double().numpy() for t in r]
+    return forward_backward, saved_bytes, lambda r: [t.double().cpu().numpy() for t in r]
 
 
-def jax_cell(x, dtype_name):
+def torch_cuda_peak_bytes(forward_backward, variant):
+    """How far torch's CUDA allocator rises above its level during one forward+backward."""
+    import torch
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    forward_backward(variant)
+    return torch.cuda.max_memory_allocated() - before
+
+
+def jax_cell(x, dtype_name, device):
     import jax
     import jax.numpy as jnp
 
@@ -132,8 +155,11 @@ def jax_cell(x, dtype_name):
     from groupgemm.jax_ext.expert_mlp import composed_expert_mlp
 
     dtype = jnp.dtype(dtype_name)
-    tokens, w_in, w_out, dout = (jnp.asarray(x[n], dtype) for n in ("tokens", "w_in", "w_out", "dout"))
-    probs, indices = jnp.asarray(x["probs"], jnp.float32), jnp.asarray(x["indices"])
+    place = jax.devices("gpu" if device == "cuda" else "cpu")[0]
+    tokens, w_in, w_out, dout = (jax.device_put(jnp.asarray(x[n], dtype), place)
+                                 for n in ("tokens", "w_in", "w_out", "dout"))
+    probs, indices = (jax.device_put(a, place) for a in (jnp.asarray(x["probs"], jnp.float32),
+                                                         jnp.asarray(x["indices"])))
     functions = {"fused": gj.expert_mlp, "composed": composed_expert_mlp}
 
     def layer(variant):
@@ -181,7 +207,7 @@ def peak_child(framework, variant, shape, dtype, scale):
     """Prints how far resident memory rises above its level during one forward+backward
     (after a warm-up one: compiled, caches filled)."""
     x, _ = inputs(shape, scale)
-    forward_backward, _, _ = CELLS[framework](x, dtype)
+    forward_backward, _, _ = CELLS[framework](x, dtype, "cpu")
     result = forward_backward(variant)
     del result
     gc.collect()
@@ -210,48 +236,50 @@ def relative_error(got, want):
     return float(np.linalg.norm(got - want) / (scale if scale > 0 else 1.0))
 
 
-def run_cell(framework, shape, dtype, args, progress):
-    label = f"{framework} {shape} {dtype}"
+def use_kernel(kernel):
+    """GROUPGEMM_CUDA_KERNEL for the calls that follow (the core reads it on every call)."""
+    if kernel == DEFAULT_KERNEL:
+        os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
+    else:
+        os.environ["GROUPGEMM_CUDA_KERNEL"] = kernel
+
+
+def run_cell(framework, shape, dtype, kernel, args, progress):
+    label = f"{framework} {shape} {dtype}" + (f" {kernel}" if args.device == "cuda" else "")
+    use_kernel(kernel)
     x, d = inputs(shape, args.scale)
-    forward_backward, saved_bytes, as_numpy = CELLS[framework](x, dtype)
+    forward_backward, saved_bytes, as_numpy = CELLS[framework](x, dtype, args.device)
     progress.show(f"{label}: check")
     fused, composed = (as_numpy(forward_backward(v)) for v in VARIANTS)
     error = max(relative_error(a, b) for a, b in zip(fused, composed))
-    row = {"framework": framework, "shape": shape, "dtype": dtype, **d,
+    row = {"framework": framework, "shape": shape, "dtype": dtype, "device": args.device, "kernel": kernel, **d,
            "idle_experts": int(d["experts"] - len(np.unique(x["indices"]))), "max_rel_error": error,
            "check": "ok" if error <= TOLERANCE[dtype] else "FAIL"}
     for variant in VARIANTS:
         row[f"{variant}_saved_bytes"] = saved_bytes(variant)
     progress.show(f"{label}: peak memory")
     for variant in VARIANTS:
-        row[f"{variant}_peak_bytes"] = peak_bytes(framework, variant, shape, dtype, args.scale)
+        if args.device == "cpu":
+            row[f"{variant}_peak_bytes"] = peak_bytes(framework, variant, shape, dtype, args.scale)
+        elif framework == "torch":
+            row[f"{variant}_peak_bytes"] = torch_cuda_peak_bytes(forward_backward, variant)
     medians = interleaved_medians({v: lambda v=v: forward_backward(v) for v in VARIANTS}, args.repeats, args.budget,
                                   on_round=lambda i, n: progress.show(f"{label}: timing round {i + 1}/{n}"),
                                   shuffle_seed=0)
     for variant, (seconds, samples) in medians.items():
         row[f"{variant}_ms"], row[f"{variant}_samples"] = seconds * 1e3, samples
     for quantity in ("saved_bytes", "peak_bytes", "ms"):  # a peak can be 0 on a tiny shape: no page grew
-        row[f"{quantity}_ratio"] = row[f"fused_{quantity}"] / max(row[f"composed_{quantity}"], 1e-9)
+        if f"fused_{quantity}" in row:
+            row[f"{quantity}_ratio"] = row[f"fused_{quantity}"] / max(row[f"composed_{quantity}"], 1e-9)
     progress.step(label)
     return row
 
 
-def _pair(row, quantity, unit):
-    """fused / composed (ratio)."""
-    return (f"{row[f'fused_{quantity}'] / unit:.1f} / {row[f'composed_{quantity}'] / unit:.1f} "
-            f"({row[f'{quantity}_ratio']:.2f})")
-
-
-def markdown_table(rows):
-    mib = 2.0**20
-    lines = ["| framework | shape | dtype | saved MiB fused / composed (ratio) | peak MiB fused / composed (ratio) "
-             "| fwd+bwd ms fused / composed (ratio) | max rel. error |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['framework']} | {r['shape']} | {r['dtype']} | {_pair(r, 'saved_bytes', mib)} "
-                     f"| {_pair(r, 'peak_bytes', mib)} | {_pair(r, 'ms', 1.0)} "
-                     f"| {r['check']} ({r['max_rel_error']:.0e}) |")
-    return "\n".join(lines)
+def write_json(args, argv, rows):
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        command = "python benchmarks/expert_mlp_fused.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        json.dump({"command": command, "machine": machine(args.device), "results": rows}, f, indent=1)
 
 
 def main(argv=None):
@@ -259,16 +287,16 @@ def main(argv=None):
     if args.peak_of:
         peak_child(*args.peak_of, args.scale)
         return 0
-    todo = [(f, s, d) for f in args.frameworks for s in args.shapes for d in args.dtype]
+    kernels = args.kernels if args.device == "cuda" else [DEFAULT_KERNEL]
+    todo = planned_cells(args.frameworks, args.shapes, args.dtype, kernels)
     progress = Progress(len(todo))
-    rows = [run_cell(f, s, d, args, progress) for f, s, d in todo]
+    rows = []
+    for cell in todo:
+        rows.append(run_cell(*cell, args, progress))
+        write_json(args, argv, rows)  # after every cell: a run stopped at a time limit keeps what it measured
     progress.close()
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        command = "python benchmarks/expert_mlp_fused.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        json.dump({"command": command, "machine": machine("cpu"), "results": rows}, f, indent=1)
-    print("\nexpert_mlp (fused) against permute + grouped MLP + unpermute (composed), SwiGLU, forward+backward, CPU; "
-          "skewed routing with every fourth expert idle\n")
+    print(f"\nexpert_mlp (fused) against permute + grouped MLP + unpermute (composed), SwiGLU, forward+backward, "
+          f"{args.device.upper()}; skewed routing with every fourth expert idle\n")
     print(markdown_table(rows))
     print(f"\nwrote {args.json}")
     bad = [r for r in rows if r["check"] == "FAIL"]

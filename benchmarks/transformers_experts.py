@@ -174,8 +174,6 @@ def main(argv=None):
     document = {"command": "python benchmarks/transformers_experts.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "machine": machine(args.device),
         "transformers": transformers.__version__, "shape": shape, "results": []}
-    if device.type == "cuda":
-        document["machine"]["gpu"] = torch.cuda.get_device_name(device)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     progress = Progress(len(todo))
     rows, modules = document["results"], {}

@@ -18,6 +18,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 KIT_DIR = os.path.join(ROOT, "benchmarks", "gpu")
 
 import driver_calls  # noqa: E402
+import expert_mlp_report  # noqa: E402
 import hlo_command_buffers  # noqa: E402
 import kernel_table  # noqa: E402
 import kit  # noqa: E402
@@ -402,7 +403,11 @@ def test_the_plan_for_a_hopper_machine_has_every_command(tmp_path):
     assert ("HF_HUB_OFFLINE=1 python3.12 ./benchmarks/transformers_experts.py --device cuda --scale 1 --dtype bfloat16 "
             "--train-tokens 4096 16384 --decode-tokens 1 8 32 ") in extra
     assert "--json '$OUT/transformers_experts.json'" in extra
-    assert extra.index("5. transformers (limit 90 s, done by 230 s)") > extra.index("4. suite (limit ")
+    assert extra.index("6. transformers (limit 90 s, done by 230 s)") > extra.index("5. suite (limit ")
+    assert extra.index("4. fused (limit 45 s,") > extra.index("3. profile (limit ")
+    assert ("./benchmarks/expert_mlp_fused.py --device cuda --frameworks torch jax --shapes qwen3-30b-a3b/2 small-F "
+            "--dtype bfloat16 --scale 2 --kernels default sm90 ") in extra
+    assert "--json '$OUT/expert_mlp_fused.json'" in extra
 
 
 def test_the_steps_run_in_priority_order_within_the_deadline():
@@ -414,9 +419,9 @@ def test_the_steps_run_in_priority_order_within_the_deadline():
     assert steps.RUNS["check"].index("gpu_tests") < steps.RUNS["check"].index("sanitizer") < \
         steps.RUNS["check"].index("bench") < steps.RUNS["check"].index("decision")
     assert steps.DEADLINE["check"] <= 540 and steps.DEADLINE["extra"] <= 240
-    # The transformers cells come after every step that was there before them, in either run.
+    # The fused expert MLP's cells right after the profile, the transformers cells last.
     assert steps.RUNS["extra"][-1] == "transformers" and "transformers" not in steps.RUNS["check"]
-    assert steps.RUNS["extra"][:-1] == ("install", "environment", "profile", "suite")
+    assert steps.RUNS["extra"][:-1] == ("install", "environment", "profile", "fused", "suite")
 
 
 def test_the_transformers_step_runs_the_benchmark_at_qwen3_30b_a3b_in_bfloat16(tmp_path):
@@ -505,16 +510,36 @@ def canned_transformers_rows(cells=TRANSFORMERS_CELLS, grouped_mm=0.9, wrong=Non
     return rows
 
 
+FUSED_CELLS = expert_mlp_report.planned_cells(steps.FUSED_FRAMEWORKS, steps.FUSED_SHAPES, [steps.FUSED_DTYPE],
+                                              steps.fused_kernels(hopper=True))
+
+
+def canned_fused_rows(cells=FUSED_CELLS, ratio=0.8, wrong=None):
+    """expert_mlp_fused.py's rows on CUDA: the fused op `ratio` of the composition's time,
+    0.3 of its saved bytes; the cell `wrong` disagreeing."""
+    rows = []
+    for framework, shape, dtype, kernel in cells:
+        row = {"framework": framework, "shape": shape, "dtype": dtype, "device": "cuda", "kernel": kernel,
+               "max_rel_error": 0.5 if (framework, shape, dtype, kernel) == wrong else 4e-3,
+               "check": "FAIL" if (framework, shape, dtype, kernel) == wrong else "ok",
+               "fused_saved_bytes": 3 * 2**20, "composed_saved_bytes": 10 * 2**20, "saved_bytes_ratio": 0.3,
+               "fused_ms": 10.0 * ratio, "composed_ms": 10.0, "ms_ratio": ratio}
+        if framework == "torch":
+            row.update(fused_peak_bytes=5 * 2**20, composed_peak_bytes=10 * 2**20, peak_bytes_ratio=0.5)
+        rows.append(row)
+    return rows
+
+
 class FakeMachine:
     """Runs no command: answers each with canned output after canned seconds on a
-    simulated clock, and records the order. The transformers benchmark writes
-    `transformers_rows` as its JSON (none when None)."""
+    simulated clock, and records the order. The transformers and fused benchmarks write
+    `transformers_rows` and `fused_rows` as their JSON (none when None)."""
 
     def __init__(self, seconds=None, outputs=None, fastest_tile=TILES[-1], returncodes=None,
-                 transformers_rows=canned_transformers_rows()):
+                 transformers_rows=canned_transformers_rows(), fused_rows=canned_fused_rows()):
         self.now, self.seen = 0.0, []
         self.seconds, self.outputs, self.fastest_tile = seconds or {}, outputs or {}, fastest_tile
-        self.returncodes, self.transformers_rows = returncodes or {}, transformers_rows
+        self.returncodes, self.transformers_rows, self.fused_rows = returncodes or {}, transformers_rows, fused_rows
 
     def clock(self):
         return self.now
@@ -533,6 +558,10 @@ class FakeMachine:
         self.seen.append(key)
         if key == "tile_sweep.py":
             canned_tile_sweep(argv[argv.index("--out") + 1], self.fastest_tile)
+        if key == "expert_mlp_fused.py" and self.fused_rows is not None:
+            with open(argv[argv.index("--json") + 1], "w") as f:
+                json.dump({"command": "python benchmarks/expert_mlp_fused.py --device cuda",
+                           "machine": {"gpu": "NVIDIA H200"}, "results": self.fused_rows}, f)
         if key == "transformers_experts.py" and self.transformers_rows is not None:
             with open(argv[argv.index("--json") + 1], "w") as f:
                 json.dump({"transformers": "5.23.0", "machine": {"gpu": "NVIDIA H100 80GB HBM3"},
@@ -663,8 +692,14 @@ def test_the_extra_run_profiles_runs_the_rest_of_the_suite_and_times_the_transfo
     code, summary, out, _ = lease(tmp_path, monkeypatch, machine, run="extra")
     rows = verdict_rows(summary)
     assert code == 0 and list(rows) == list(steps.RUNS["extra"]) and set(rows.values()) == {PASS}
-    assert machine.seen == ["pip", "environment_report.py", "profile_shape.py", "profile_shape.py", "suite",
-                            "transformers_experts.py"]
+    assert machine.seen == ["pip", "environment_report.py", "profile_shape.py", "profile_shape.py",
+                            "expert_mlp_fused.py", "suite", "transformers_experts.py"]
+    assert ("| fused | PASS | 1 | 8 of 8 cells; fused / composed time: torch qwen3-30b-a3b/2 default 0.80, "
+            "torch qwen3-30b-a3b/2 sm90 0.80,") in summary
+    assert "## The fused expert MLP against its composition" in summary and " on NVIDIA H200;" in summary
+    assert "| torch | qwen3-30b-a3b/2 | bfloat16 | sm90 | 3.0 / 10.0 (0.30) | 5.0 / 10.0 (0.50) | 8.0 / 10.0 (0.80) " \
+        "| ok (4e-03) |" in summary
+    assert "| jax | small-F | bfloat16 | default | 3.0 / 10.0 (0.30) | not measured | 8.0 / 10.0 (0.80) " in summary
     # Read back from the benchmark's JSON: the verdict's digest and the summary's table.
     assert ("| transformers | PASS | 1 | 7 of 7 cells; fastest built-in / groupgemm: forward 0.90x, "
             "forward+backward 0.90x, decode forward 0.90x |") in summary
@@ -673,12 +708,13 @@ def test_the_extra_run_profiles_runs_the_rest_of_the_suite_and_times_the_transfo
             "HBM3") in summary
     assert "| bfloat16 | forward+backward | 16384 | 2.00 | 0.90 | n/a | 20.00 | 0.90 |" in summary
     assert "| bfloat16 | decode forward | 32 | 2.00 | 0.90 | 1.50 | 20.00 | 0.90 |" in summary
-    assert results_dir.TRANSFORMERS_JSON in os.listdir(out) and set(os.listdir(out)) <= set(results_dir.files("extra"))
+    assert {results_dir.TRANSFORMERS_JSON, results_dir.FUSED_JSON} <= set(os.listdir(out))
+    assert set(os.listdir(out)) <= set(results_dir.files("extra"))
     assert results_dir.budget_problems(str(out)) == []
 
 
 def test_a_deadline_cut_transformers_run_reports_the_cells_it_finished(tmp_path, monkeypatch):
-    # The profile and the suite slow: the deadline leaves the cells 58 s of their 90; the
+    # The profile and the suite slow: the deadline leaves the cells 57 s of their 90; the
     # benchmark, slower still, is stopped after its first 3 cells. The steps before keep
     # their verdicts.
     machine = FakeMachine(seconds={"profile_shape.py": 55.0, "suite": 60.0, "transformers_experts.py": 1000.0},
@@ -687,7 +723,7 @@ def test_a_deadline_cut_transformers_run_reports_the_cells_it_finished(tmp_path,
     rows = verdict_rows(summary)
     assert code == 1 and {rows[name] for name in steps.RUNS["extra"][:-1]} == {PASS}
     assert rows["transformers"] == INCOMPLETE
-    assert "timed out after 58 s (limit 58 s); 3 of 7 cells; fastest built-in / groupgemm: forward 0.90x, " \
+    assert "timed out after 57 s (limit 57 s); 3 of 7 cells; fastest built-in / groupgemm: forward 0.90x, " \
            "forward+backward 0.90x" in summary
     assert machine.now <= steps.DEADLINE["extra"] - steps.SUMMARY_RESERVE_S
     assert "| bfloat16 | forward+backward | 4096 |" in summary and "| decode forward |" not in summary
@@ -698,7 +734,7 @@ def test_the_transformers_cells_are_skipped_when_the_steps_before_take_the_deadl
     code, summary, _, _ = lease(tmp_path, monkeypatch, machine, run="extra")
     rows = verdict_rows(summary)
     assert rows["profile"] == PASS and rows["suite"] == FAIL  # the suite ran to its own limit
-    assert rows["transformers"] == SKIP and "out of time (8 s left of the deadline)" in summary
+    assert rows["transformers"] == SKIP and "out of time (7 s left of the deadline)" in summary
     assert "transformers_experts.py" not in machine.seen and "## transformers" not in summary
 
 
@@ -710,6 +746,41 @@ def test_a_transformers_cell_that_disagrees_with_eager_fails_that_step_only(tmp_
     rows = verdict_rows(summary)
     assert code == 1 and rows["transformers"] == FAIL and {rows[n] for n in steps.RUNS["extra"][:-1]} == {PASS}
     assert f"grouped_mm {wrong[1]} T={wrong[2]}: disagrees with eager; 7 of 7 cells" in summary
+
+
+def test_the_fused_step_runs_the_benchmark_at_qwen3_widths_in_bfloat16_under_each_kernel_choice(tmp_path):
+    pytest.importorskip("numpy")
+    import expert_mlp_fused
+
+    for hopper, kernels in ((True, ["default", "sm90"]), (False, ["default"])):
+        ctx = kit.context(kit.parse_args(["extra", "--out", str(tmp_path)]), hopper_facts(tmp_path))
+        ctx.hopper = hopper
+        (command,) = steps.commands("fused", ctx)
+        args = expert_mlp_fused.parse_args(command.argv[2:])  # the benchmark's own reading of it
+        assert (args.device, args.dtype, args.kernels, args.scale) == ("cuda", ["bfloat16"], kernels, 2)
+        assert expert_mlp_fused.dims("qwen3-30b-a3b/2", args.scale) == dict(tokens=8192, hidden=2048, ffn=768,
+                                                                             experts=16, top_k=4)
+        assert args.json == os.path.join(str(tmp_path), results_dir.FUSED_JSON)
+        assert len(expert_mlp_report.planned_cells(args.frameworks, args.shapes, args.dtype, args.kernels)) == \
+            4 * len(kernels)
+
+
+def test_a_fused_cell_that_disagrees_fails_that_step_only(tmp_path, monkeypatch):
+    wrong = FUSED_CELLS[5]
+    machine = FakeMachine(returncodes={"expert_mlp_fused.py": 1}, fused_rows=canned_fused_rows(wrong=wrong))
+    code, summary, _, _ = lease(tmp_path, monkeypatch, machine, run="extra")
+    rows = verdict_rows(summary)
+    assert code == 1 and rows["fused"] == FAIL and {rows[n] for n in steps.RUNS["extra"] if n != "fused"} == {PASS}
+    assert f"{' '.join(wrong)}: fused and composed disagree (5.0e-01); 8 of 8 cells" in summary
+
+
+def test_a_fused_run_stopped_at_its_limit_reports_the_cells_it_finished(tmp_path, monkeypatch):
+    machine = FakeMachine(seconds={"expert_mlp_fused.py": 1000.0}, fused_rows=canned_fused_rows(FUSED_CELLS[:3]))
+    code, summary, _, _ = lease(tmp_path, monkeypatch, machine, run="extra")
+    rows = verdict_rows(summary)
+    assert rows["fused"] == INCOMPLETE and rows["suite"] == PASS
+    assert "timed out after 45 s (limit 45 s); 3 of 8 cells; fused / composed time: torch qwen3-30b-a3b/2 default " \
+           "0.80, torch qwen3-30b-a3b/2 sm90 0.80, torch small-F default 0.80" in summary
 
 
 def test_a_transformers_run_that_wrote_nothing_fails_without_an_earlier_runs_cells(tmp_path, monkeypatch):

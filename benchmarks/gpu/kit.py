@@ -34,6 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
+import expert_mlp_report  # noqa: E402
 import kernel_table  # noqa: E402
 import machine  # noqa: E402
 import results_dir  # noqa: E402
@@ -413,8 +414,9 @@ def run_decision(run, ctx, _limit):
     return PASS, f"{'changed' if changed else 'unchanged'}: {rows}; {why}"
 
 
-def read_transformers_results(path):
-    """What transformers_experts.py wrote (its rows after every cell it finished), or {}."""
+def read_results(path):
+    """What a benchmark wrote (transformers_experts.py, expert_mlp_fused.py: its rows after
+    every cell it finished), or {}."""
     try:
         with open(path) as f:
             document = json.load(f)
@@ -432,7 +434,7 @@ def run_transformers(run, ctx, limit):
         os.remove(path)  # an earlier run's cells are not this run's
     (command,) = steps.commands("transformers", ctx)
     done = run.execute(command, limit)
-    rows = read_transformers_results(path).get("results", [])
+    rows = read_results(path).get("results", [])
     planned = transformers_report.planned_cells(
         [steps.TRANSFORMERS_DTYPE], steps.TRANSFORMERS_TRAIN_TOKENS, steps.TRANSFORMERS_DECODE_TOKENS)
     cells = transformers_report.cells(rows)
@@ -441,6 +443,32 @@ def run_transformers(run, ctx, limit):
              if r.get("check") == "FAIL" or (r["impl"] == transformers_report.GROUPGEMM and r.get("error"))]
     found = f"{len(timed)} of {len(planned)} cells" + (
         f"; fastest built-in / groupgemm: {transformers_report.digest(rows)}" if timed else "")
+    if wrong:
+        return FAIL, f"{'; '.join(wrong[:3])}; {found}"
+    if done.timed_out:
+        return (INCOMPLETE if timed else FAIL), f"{timed_out_reason(done, limit)}; {found}"
+    if done.returncode != 0:
+        return FAIL, f"exited {done.returncode}: {last_error_line(done.output)}; {found}"
+    return (PASS if len(timed) == len(planned) else INCOMPLETE), found
+
+
+def run_fused(run, ctx, limit):
+    """The fused expert MLP against its composition on the GPU, judged by the cells the
+    benchmark wrote back: a cell where the two disagree fails the step; a run stopped at its
+    limit reports the cells it finished, with each one's fused / composed time."""
+    path = os.path.join(ctx.out, results_dir.FUSED_JSON)
+    if os.path.exists(path):
+        os.remove(path)  # an earlier run's cells are not this run's
+    (command,) = steps.commands("fused", ctx)
+    done = run.execute(command, limit)
+    rows = read_results(path).get("results", [])
+    planned = expert_mlp_report.planned_cells(steps.FUSED_FRAMEWORKS, steps.FUSED_SHAPES, [steps.FUSED_DTYPE],
+                                              steps.fused_kernels(ctx.hopper))
+    timed = [r for r in rows if expert_mlp_report.cell(r) in planned and "ms_ratio" in r]
+    wrong = [f"{' '.join(expert_mlp_report.cell(r))}: fused and composed disagree ({r['max_rel_error']:.1e})"
+             for r in rows if r.get("check") == "FAIL"]
+    found = f"{len(timed)} of {len(planned)} cells" + (
+        f"; fused / composed time: {expert_mlp_report.digest(timed)}" if timed else "")
     if wrong:
         return FAIL, f"{'; '.join(wrong[:3])}; {found}"
     if done.timed_out:
@@ -464,6 +492,8 @@ def run_step(run, ctx, name, limit):
         return pytest_part(done, limit, "")
     if name == "decision":
         return run_decision(run, ctx, limit)
+    if name == "fused":
+        return run_fused(run, ctx, limit)
     if name == "transformers":
         return run_transformers(run, ctx, limit)
     raise ValueError(name)
@@ -511,7 +541,7 @@ def bench_targets(out):
 
 def transformers_section(out):
     """The transformers cells' table, from transformers_experts.py's JSON in `out`, or ""."""
-    document = read_transformers_results(os.path.join(out, results_dir.TRANSFORMERS_JSON))
+    document = read_results(os.path.join(out, results_dir.TRANSFORMERS_JSON))
     if not document.get("results"):
         return ""
     shape = ", ".join(f"{name} {value}" for name, value in document.get("shape", {}).items())
@@ -519,6 +549,17 @@ def transformers_section(out):
     return (f"## transformers {document.get('transformers', '')} experts implementations\n\n"
             f"Qwen3MoeExperts ({shape}) on {gpu}; medians of interleaved calls; a ratio above 1 is groupgemm "
             f"faster.\n\n" + transformers_report.markdown_table(document["results"]))
+
+
+def fused_section(out):
+    """The fused expert MLP's cells as a table, from expert_mlp_fused.py's JSON in `out`, or ""."""
+    document = read_results(os.path.join(out, results_dir.FUSED_JSON))
+    if not document.get("results"):
+        return ""
+    gpu = document.get("machine", {}).get("gpu", "the GPU")
+    return (f"## The fused expert MLP against its composition\n\n`{document.get('command', '')}` on {gpu}; "
+            f"SwiGLU, forward+backward, skewed routing with every fourth expert idle; a ratio below 1 is the "
+            f"fused op smaller or faster.\n\n" + expert_mlp_report.markdown_table(document["results"]))
 
 
 def write_summary(run, args, argv):
@@ -536,9 +577,10 @@ def write_summary(run, args, argv):
     targets = bench_targets(args.out) if args.run == "check" else ""
     if targets:
         sections += ["", "## " + targets]
-    transformers = transformers_section(args.out) if "transformers" in steps.RUNS[args.run] else ""
-    if transformers:
-        sections += ["", transformers]
+    for step, section in (("fused", fused_section), ("transformers", transformers_section)):
+        table = section(args.out) if step in steps.RUNS[args.run] else ""
+        if table:
+            sections += ["", table]
     text = "\n".join(sections) + "\n"
     with open(os.path.join(args.out, results_dir.summary_md(args.run)), "w") as f:
         f.write(text)

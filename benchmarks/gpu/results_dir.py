@@ -10,6 +10,7 @@ BENCH_FILES = ("bench.csv", "bench.json", "bench.png")  # the frameworks' benchm
 TILES_CSV = "tiles.csv"  # each GEMM per kernel: the kernel table's evidence
 KERNEL_TABLE = "hopper_kernels.def"  # the kernel table with the run's choices
 TRANSFORMERS_JSON = "transformers_experts.json"  # transformers' experts implementations against groupgemm
+FUSED_JSON = "expert_mlp_fused.json"  # the fused expert MLP against its composition
 
 
 def log(run):
@@ -26,7 +27,8 @@ def summary_json(run):
 
 def files(run):
     """Every file a run writes."""
-    own = {"check": (*BENCH_FILES, TILES_CSV, KERNEL_TABLE), "extra": (PROFILE_MD, NCU_CSV, TRANSFORMERS_JSON)}[run]
+    own = {"check": (*BENCH_FILES, TILES_CSV, KERNEL_TABLE),
+           "extra": (PROFILE_MD, NCU_CSV, FUSED_JSON, TRANSFORMERS_JSON)}[run]
     return (log(run), summary_md(run), summary_json(run), *own)
 
 

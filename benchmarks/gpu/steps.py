@@ -4,9 +4,10 @@ Standard library only.
 
 Two commands fit a 15-minute lease: `check` (at most 540 s: the carried wheels installed,
 then correctness on every kernel, then the measurements and the kernel table's decision)
-and `extra` (at most 240 s: the profile under Nsight Compute, the rest of the suite,
-transformers' experts implementations against groupgemm). The steps of each run in
-priority order, each within its own limit, under one deadline.
+and `extra` (at most 240 s: the profile under Nsight Compute, the rest of the suite, the
+fused expert MLP against its composition, transformers' experts implementations against
+groupgemm). The steps of each run in priority order, each within its own limit, under one
+deadline.
 """
 
 import dataclasses
@@ -17,25 +18,28 @@ import results_dir
 from driver_calls import DEFAULT_KERNEL, TEST_KERNELS  # noqa: F401  (the kit reads failed tests by them)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+import expert_mlp_report  # noqa: E402
 import kernel_table  # noqa: E402
 from contenders import GROUPGEMM_DENSE, PER_EXPERT_LOOP, RAGGED_DOT, family_contender  # noqa: E402
 
 # In priority order: what a run cut short by its deadline leaves out comes last.
-# The transformers cells come after everything else: the lease has room for no third
-# command (the machine's start, check's 540 s and extra's 240 s fill its 15 minutes),
-# check's limits already add up to more than its deadline and its results are 8 files, the
-# most that come back. extra's steps before them usually end well inside their limits (the
-# profile took 23 s on the last H100 run; the suite may take its whole 110 s), so the
-# cells get what those leave, a minute or so, and cut none of them; with less than
-# MIN_STEP_S left they are skipped.
+# extra holds what does not fit check: the lease has room for no third command (the
+# machine's start, check's 540 s and extra's 240 s fill its 15 minutes), check's limits
+# already add up to more than its deadline and its results are 8 files, the most that come
+# back. The fused expert MLP's cells come right after the profile (whether the fused op
+# becomes the layers' CUDA default waits on them; they take well under their limit), then
+# the rest of the suite; the transformers cells come last. The steps before them usually end
+# well inside their limits (the profile took 23 s on the last H100 run; the suite may take
+# its whole 110 s), so the cells get what those leave, a minute or so; with less than
+# MIN_STEP_S left a step is skipped.
 RUNS = {
     "check": ("install", "environment", "gpu_tests", "sanitizer", "capture", "bench", "decision"),
-    "extra": ("install", "environment", "profile", "suite", "transformers"),
+    "extra": ("install", "environment", "profile", "fused", "suite", "transformers"),
 }
 DEADLINE = {"check": 540, "extra": 240}  # seconds, the summary included
 SUMMARY_RESERVE_S = 10  # of a run's deadline, kept for its summary
 MIN_STEP_S = 15  # a step with less time than this left is skipped, not started
-NEEDS_GPU = ("gpu_tests", "sanitizer", "capture", "bench", "decision", "profile", "transformers")
+NEEDS_GPU = ("gpu_tests", "sanitizer", "capture", "bench", "decision", "profile", "fused", "transformers")
 PARALLEL = ("gpu_tests", "sanitizer", "capture")  # their commands run side by side
 
 PURPOSE = {
@@ -55,6 +59,9 @@ PURPOSE = {
     "profile": "Nsight Compute at one MoE shape (bf16, G = 8, 16384 tokens, 4096 -> 14336): each GEMM's "
                "kernels and TFLOP/s against dense and torch._grouped_mm",
     "suite": "the rest of the test suite, in parallel pytest processes",
+    "fused": "benchmarks/expert_mlp_fused.py: the fused expert MLP against permute + grouped MLP + unpermute, "
+             "forward+backward at Qwen3-30B-A3B's expert widths in bfloat16, in PyTorch and JAX, under the default "
+             "kernels and on Hopper under sm90 (its sm_90a gathered GEMM)",
     "transformers": "benchmarks/transformers_experts.py: transformers' Qwen3MoeExperts at Qwen3-30B-A3B's expert "
                     "shape in bfloat16, groupgemm against grouped_mm, batched_mm and eager, at training and decode "
                     "token counts",
@@ -62,7 +69,7 @@ PURPOSE = {
 
 # Each step's own limit in seconds; the run's deadline can cut it shorter.
 LIMITS = {"install": 60, "environment": 45, "gpu_tests": 180, "sanitizer": 120, "capture": 60, "bench": 200,
-          "decision": 20, "profile": 110, "suite": 110, "transformers": 90}
+          "decision": 20, "profile": 110, "suite": 110, "fused": 45, "transformers": 90}
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # initcheck needs outputs torch leaves uninitialised (a kernel reading one is reported);
@@ -83,6 +90,23 @@ BENCH_SKIP = (PER_EXPERT_LOOP, RAGGED_DOT, GROUPGEMM_DENSE,
 BENCH_TIMING = ("--repeats", "10", "--budget", "1", "--overhead-repeats", "200")
 # fp8_bench.py's shapes, G,M,K,N (blockwise needs K and N multiples of 128).
 FP8_SHAPES = ("8,16384,4096,14336", "32,16384,7168,2048", "128,16384,2048,1408")
+
+# expert_mlp_fused.py's cells on the GPU: its two shapes at twice their CPU size (--scale 2:
+# H 2048 and F 768, Qwen3-30B-A3B's expert widths, or F 256; 8192 tokens, 16 experts, top-4),
+# in bfloat16, in both frameworks, under each of fused_kernels(); a quarter second of timed
+# calls per variant and cell.
+FUSED_FRAMEWORKS = ("torch", "jax")
+FUSED_SHAPES = ("qwen3-30b-a3b/2", "small-F")
+FUSED_DTYPE = "bfloat16"
+FUSED_SCALE = 2
+FUSED_TIMING = ("--repeats", "10", "--budget", "0.25")
+
+
+def fused_kernels(hopper):
+    """The GROUPGEMM_CUDA_KERNEL settings the fused cells run under: unset, and on Hopper
+    "sm90" (A's gathered rows through the sm_90a gathered GEMM)."""
+    return (expert_mlp_report.DEFAULT_KERNEL, "sm90") if hopper else (expert_mlp_report.DEFAULT_KERNEL,)
+
 
 # transformers_experts.py's cells on the GPU: Qwen3-30B-A3B's expert shape itself (--scale 1:
 # hidden 2048, moe_intermediate 768, 128 experts, top-8) in bfloat16; a training step's
@@ -223,6 +247,12 @@ def commands(step, ctx):
         ignore = [arg for test in GPU_TESTS for arg in ("--ignore", test)]
         return [Command(_pytest(ctx) + ["-n", str(workers(ctx)), *ignore, "tests"], {**env, **_threads(ctx)},
                         "pytest")]
+    if step == "fused":
+        bench = [ctx.python, os.path.join(ctx.repo, "benchmarks", "expert_mlp_fused.py"), "--device", "cuda",
+                 "--frameworks", *FUSED_FRAMEWORKS, "--shapes", *FUSED_SHAPES, "--dtype", FUSED_DTYPE,
+                 "--scale", str(FUSED_SCALE), "--kernels", *fused_kernels(ctx.hopper), *FUSED_TIMING,
+                 "--json", os.path.join(ctx.out, results_dir.FUSED_JSON)]
+        return [Command(bench, env, "fused expert MLP")]
     if step == "transformers":
         bench = [ctx.python, os.path.join(ctx.repo, "benchmarks", "transformers_experts.py"), "--device", "cuda",
                  "--scale", "1", "--dtype", TRANSFORMERS_DTYPE,
