@@ -7,14 +7,13 @@
 // the loads are written here: the collective's own take one strided tensor.
 //
 // Persistent over the groups' tiles with the problem sizes only on the device: block b
-// takes tiles b, b + gridDim.x, ... and finds each one's group (gathered_tiles.h). A group with k = 0 writes beta * C and runs no mainloop (the collective needs a
-// k tile). Deterministic: one block owns each output tile and its whole K loop.
+// takes tiles b, b + gridDim.x, ... and finds each one's group (gathered_tiles.h). A group
+// with k = 0 writes beta * C and runs no mainloop (the collective needs a k tile).
+// Deterministic: one block owns each output tile and its whole K loop.
 //
 // Only compiled for sm_90a (a unit of the sm90 object library in cmake/core.cmake).
 #pragma once
 
-#include <algorithm>
-#include <atomic>
 #include <string>
 
 #include "cute/tensor.hpp"
@@ -48,8 +47,8 @@ CUTLASS_DEVICE void copy_16_bytes(void* shared_dst, const void* src, int bytes) 
 template <typename In, typename Out, GemmLayout L>
 struct GatheredGroupedGemmSm90 {
   static_assert(L == GemmLayout::row_row || L == GemmLayout::row_col, "A's rows are gathered in a forward layout");
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
   static constexpr int kTileM = 128, kTileN = 128, kTileK = 64;
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   static constexpr int kElementBytes = int(sizeof(In));
   static constexpr int kVector = 16 / kElementBytes;  // elements per 16-byte copy
   static constexpr bool kBRowMajor = L == GemmLayout::row_row;  // B [K, N]: N contiguous; else [N, K]
