@@ -327,14 +327,14 @@ GATHERED_SM90 = "gathered cutlass sm90"
 # The fused op's kernel choices the sanitizer driver runs: GROUPGEMM_CUDA_KERNEL unset, and on
 # Hopper "sm90".
 MLP_FAMILIES = ("default", "sm90")
-
-
-def mlp_families_on(compute_capability):
-    return MLP_FAMILIES if tuple(compute_capability) == (9, 0) else MLP_FAMILIES[:1]
 MLP_ROUTE, MLP_SETUP, MLP_FILL, MLP_H, MLP_ACTIVATION, MLP_BACKWARD_ROWS, MLP_SUMS, MLP_IDLE = (
     "expert MLP routing sort", "expert MLP setup kernel", "expert MLP row fill kernel", "expert MLP h kernel",
     "expert MLP activation kernel", "expert MLP backward row kernel", "expert MLP bias gradient kernel",
     "expert MLP idle expert kernel")
+
+
+def mlp_families_on(compute_capability):
+    return MLP_FAMILIES if tuple(compute_capability) == (9, 0) else MLP_FAMILIES[:1]
 
 
 @dataclasses.dataclass(frozen=True)
