@@ -425,57 +425,52 @@ def read_results(path):
         return {}
 
 
-def run_transformers(run, ctx, limit):
-    """transformers' experts implementations against groupgemm, judged by the cells the
-    benchmark wrote back: a cell where an implementation disagrees with eager, or groupgemm
-    fails, fails the step; a run stopped at its limit reports the cells it finished."""
-    path = os.path.join(ctx.out, results_dir.TRANSFORMERS_JSON)
+def run_benchmark(run, ctx, limit, step, json_name, judge):
+    """A benchmark step judged by the cells it wrote back (its JSON, rewritten after every
+    cell): judge(rows) gives the wrong cells, the timed and the planned cell counts and a
+    digest of the timed ones. A wrong cell fails the step; a run stopped at its limit
+    reports the cells it finished."""
+    path = os.path.join(ctx.out, json_name)
     if os.path.exists(path):
         os.remove(path)  # an earlier run's cells are not this run's
-    (command,) = steps.commands("transformers", ctx)
+    (command,) = steps.commands(step, ctx)
     done = run.execute(command, limit)
-    rows = read_results(path).get("results", [])
+    wrong, timed, planned, digest = judge(read_results(path).get("results", []))
+    found = f"{timed} of {planned} cells" + (f"; {digest}" if timed else "")
+    if wrong:
+        return FAIL, f"{'; '.join(wrong[:3])}; {found}"
+    if done.timed_out:
+        return (INCOMPLETE if timed else FAIL), f"{timed_out_reason(done, limit)}; {found}"
+    if done.returncode != 0:
+        return FAIL, f"exited {done.returncode}: {last_error_line(done.output)}; {found}"
+    return (PASS if timed == planned else INCOMPLETE), found
+
+
+def transformers_cells(rows):
+    """transformers' experts implementations against groupgemm: a cell where an
+    implementation disagrees with eager, or groupgemm fails, is wrong."""
     planned = transformers_report.planned_cells(
         [steps.TRANSFORMERS_DTYPE], steps.TRANSFORMERS_TRAIN_TOKENS, steps.TRANSFORMERS_DECODE_TOKENS)
     cells = transformers_report.cells(rows)
     timed = [cell for cell in planned if "ms" in cells.get(cell, {}).get(transformers_report.GROUPGEMM, {})]
     wrong = [f"{r['impl']} {r['phase']} T={r['tokens']}: {r.get('error') or 'disagrees with eager'}" for r in rows
              if r.get("check") == "FAIL" or (r["impl"] == transformers_report.GROUPGEMM and r.get("error"))]
-    found = f"{len(timed)} of {len(planned)} cells" + (
-        f"; fastest built-in / groupgemm: {transformers_report.digest(rows)}" if timed else "")
-    if wrong:
-        return FAIL, f"{'; '.join(wrong[:3])}; {found}"
-    if done.timed_out:
-        return (INCOMPLETE if timed else FAIL), f"{timed_out_reason(done, limit)}; {found}"
-    if done.returncode != 0:
-        return FAIL, f"exited {done.returncode}: {last_error_line(done.output)}; {found}"
-    return (PASS if len(timed) == len(planned) else INCOMPLETE), found
+    return wrong, len(timed), len(planned), f"fastest built-in / groupgemm: {transformers_report.digest(rows)}"
 
 
-def run_fused(run, ctx, limit):
-    """The fused expert MLP against its composition on the GPU, judged by the cells the
-    benchmark wrote back: a cell where the two disagree fails the step; a run stopped at its
-    limit reports the cells it finished, with each one's fused / composed time."""
-    path = os.path.join(ctx.out, results_dir.FUSED_JSON)
-    if os.path.exists(path):
-        os.remove(path)  # an earlier run's cells are not this run's
-    (command,) = steps.commands("fused", ctx)
-    done = run.execute(command, limit)
-    rows = read_results(path).get("results", [])
+def fused_cells(hopper):
+    """The fused expert MLP against its composition: a cell where the two disagree is wrong;
+    the digest gives each timed cell's fused / composed time."""
     planned = expert_mlp_report.planned_cells(steps.FUSED_FRAMEWORKS, steps.FUSED_SHAPES, [steps.FUSED_DTYPE],
-                                              steps.fused_kernels(ctx.hopper))
-    timed = [r for r in rows if expert_mlp_report.cell(r) in planned and "ms_ratio" in r]
-    wrong = [f"{' '.join(expert_mlp_report.cell(r))}: fused and composed disagree ({r['max_rel_error']:.1e})"
-             for r in rows if r.get("check") == "FAIL"]
-    found = f"{len(timed)} of {len(planned)} cells" + (
-        f"; fused / composed time: {expert_mlp_report.digest(timed)}" if timed else "")
-    if wrong:
-        return FAIL, f"{'; '.join(wrong[:3])}; {found}"
-    if done.timed_out:
-        return (INCOMPLETE if timed else FAIL), f"{timed_out_reason(done, limit)}; {found}"
-    if done.returncode != 0:
-        return FAIL, f"exited {done.returncode}: {last_error_line(done.output)}; {found}"
-    return (PASS if len(timed) == len(planned) else INCOMPLETE), found
+                                              steps.fused_kernels(hopper))
+
+    def judge(rows):
+        timed = [r for r in rows if expert_mlp_report.cell(r) in planned and "ms_ratio" in r]
+        wrong = [f"{' '.join(expert_mlp_report.cell(r))}: fused and composed disagree ({r['max_rel_error']:.1e})"
+                 for r in rows if r.get("check") == "FAIL"]
+        return wrong, len(timed), len(planned), f"fused / composed time: {expert_mlp_report.digest(timed)}"
+
+    return judge
 
 
 def run_step(run, ctx, name, limit):
@@ -493,9 +488,9 @@ def run_step(run, ctx, name, limit):
     if name == "decision":
         return run_decision(run, ctx, limit)
     if name == "fused":
-        return run_fused(run, ctx, limit)
+        return run_benchmark(run, ctx, limit, name, results_dir.FUSED_JSON, fused_cells(ctx.hopper))
     if name == "transformers":
-        return run_transformers(run, ctx, limit)
+        return run_benchmark(run, ctx, limit, name, results_dir.TRANSFORMERS_JSON, transformers_cells)
     raise ValueError(name)
 
 
