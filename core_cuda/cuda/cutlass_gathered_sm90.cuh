@@ -77,21 +77,21 @@ struct GatheredGroupedGemmSm90 {
 
   // A piece is one 16-byte cp.async, so its values must be contiguous and 16-byte aligned in
   // the shared-memory layout too. GMMA's layouts swizzle whole 16-byte units; checked over
-  // one swizzle period (8 rows) of each tile.
-  template <typename Layout, bool kAlongFirst>
-  static constexpr bool pieces_contiguous(int rows, int cols) {
+  // one swizzle period (8 rows) of each tile. kAlongFirst: the layout's first mode (M or
+  // N) is the pieces' contiguous one.
+  template <typename Layout, typename Pieces, bool kAlongFirst>
+  static constexpr bool pieces_contiguous() {
     const auto at = [](int i, int j) { return int(kAlongFirst ? Layout{}(j, i, 0) : Layout{}(i, j, 0)); };
-    for (int r = 0; r < 8 && r < rows; ++r)
-      for (int c = 0; c < cols; c += kVector) {
+    for (int r = 0; r < 8 && r < Pieces::kTileRows; ++r)
+      for (int c = 0; c < Pieces::kTileCols; c += kVector) {
         if (at(r, c) % kVector != 0) return false;
         for (int v = 1; v < kVector; ++v)
           if (at(r, c + v) != at(r, c) + v) return false;
       }
     return true;
   }
-  static_assert(pieces_contiguous<typename Mainloop::SmemLayoutA, false>(kTileM, kTileK) &&
-                    pieces_contiguous<typename Mainloop::SmemLayoutB, kBRowMajor>(kBRowMajor ? kTileK : kTileN,
-                                                                                 kBRowMajor ? kTileN : kTileK),
+  static_assert(pieces_contiguous<typename Mainloop::SmemLayoutA, PiecesA, false>() &&
+                    pieces_contiguous<typename Mainloop::SmemLayoutB, PiecesB, kBRowMajor>(),
                 "a 16-byte piece is not contiguous in the mainloop's shared-memory layout");
 
   struct Params {
@@ -131,7 +131,7 @@ struct GatheredGroupedGemmSm90 {
         const int r = t.m0 + PiecesA::row(thread, i);
         a_row[i] = r < t.m ? a + int64_t(rows[r]) * lda : nullptr;
       }
-      const int k_tiles = (t.k + kTileK - 1) / kTileK;
+      const int k_tiles = t.k_tiles<kTileK>();
       for (int kt = 0; kt < k_tiles; ++kt) {
         pipeline.producer_acquire(write);
         const int stage = write.index();
@@ -169,7 +169,7 @@ struct GatheredGroupedGemmSm90 {
     GatheredTile t;
     for (int64_t tile = blockIdx.x; walker.find(tile, t); tile += gridDim.x) {
       Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-      const int k_tiles = (t.k + kTileK - 1) / kTileK;
+      const int k_tiles = t.k_tiles<kTileK>();
       if (k_tiles > 0) {
         mainloop.mma(pipeline, read, accumulators, k_tiles, mma_thread, shared.tensors, {});
         mainloop.mma_tail(pipeline, read, k_tiles);

@@ -15,6 +15,12 @@ namespace groupgemm {
 // group's problem (m, n, k).
 struct GatheredTile {
   int group, m0, n0, m, n, k;
+
+  // The k tiles of kTileK its mainloop runs: the loading and the computing warps both count them.
+  template <int kTileK>
+  GG_HD int k_tiles() const {
+    return (k + kTileK - 1) / kTileK;
+  }
 };
 
 // Finds the group of each of a block's tiles (block b takes tiles b, b + blocks, ...), from
@@ -54,6 +60,7 @@ class GroupTileWalker {
 // copies the piece starting at column col(t) of rows row(t, 0), ..., row(t, kPasses - 1).
 template <int kContiguous, int kRows, int kVector, int kThreads>
 struct TilePieces {
+  static constexpr int kTileCols = kContiguous, kTileRows = kRows, kPieceValues = kVector, kLoadThreads = kThreads;
   static constexpr int kPerRow = kContiguous / kVector;
   static constexpr int kRowsPerPass = kThreads / kPerRow;
   static constexpr int kPasses = kRows / kRowsPerPass;

@@ -1670,6 +1670,8 @@ void test_gathered_tiles() {
         for (int64_t tile = b; walker.find(tile, t); tile += blocks) {
           CHECK(t.m == problems[3 * t.group] && t.n == problems[3 * t.group + 1] && t.k == problems[3 * t.group + 2]);
           CHECK(t.m0 < t.m && t.n0 < t.n);
+          const int k_tiles = t.k_tiles<64>();  // every k covered, no empty k tile
+          CHECK(k_tiles * 64 >= t.k && (k_tiles == 0 || (k_tiles - 1) * 64 < t.k));
           CHECK(previous < std::make_tuple(t.group, t.m0, t.n0));
           previous = {t.group, t.m0, t.n0};
           got.insert(previous);
@@ -1681,16 +1683,18 @@ void test_gathered_tiles() {
   }
 
   // A [m, k] and a row-major B [k, n] or a [n, k] one, for 2-byte values (8 per piece).
-  auto covers_once = [](auto pieces, int rows, int cols, int vector) {
+  auto covers_once = [](auto pieces) {
     using Pieces = decltype(pieces);
-    std::vector<int> count(size_t(rows) * cols, 0);
-    for (int thread = 0; thread < 128; ++thread)
+    const int cols = Pieces::kTileCols;
+    std::vector<int> count(size_t(Pieces::kTileRows) * cols, 0);
+    for (int thread = 0; thread < Pieces::kLoadThreads; ++thread)
       for (int pass = 0; pass < Pieces::kPasses; ++pass)
-        for (int v = 0; v < vector; ++v) ++count[size_t(Pieces::row(thread, pass)) * cols + Pieces::col(thread) + v];
+        for (int v = 0; v < Pieces::kPieceValues; ++v)
+          ++count[size_t(Pieces::row(thread, pass)) * cols + Pieces::col(thread) + v];
     for (int c : count) CHECK(c == 1);
   };
-  covers_once(TilePieces<64, 128, 8, 128>{}, 128, 64, 8);
-  covers_once(TilePieces<128, 64, 8, 128>{}, 64, 128, 8);
+  covers_once(TilePieces<64, 128, 8, 128>{});
+  covers_once(TilePieces<128, 64, 8, 128>{});
 
   CHECK(piece_bytes(8, 2) == 16 && piece_bytes(100, 2) == 16 && piece_bytes(3, 2) == 6 && piece_bytes(1, 2) == 2);
   CHECK(piece_bytes(0, 2) == 0 && piece_bytes(-40, 2) == 0 && piece_bytes(3, 4) == 12 && piece_bytes(4, 4) == 16);
