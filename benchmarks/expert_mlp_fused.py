@@ -32,7 +32,8 @@ import sys
 
 import numpy as np
 from bench import machine
-from expert_mlp_report import DEFAULT_KERNEL, markdown_table, planned_cells
+from expert_mlp_report import markdown_table, planned_cells
+from kernel_table import DEFAULT_KERNEL
 from progress import Progress
 from timing import interleaved_medians
 

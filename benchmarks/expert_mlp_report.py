@@ -2,8 +2,6 @@
 and a one-line digest. Standard library only: the GPU kit reads the benchmark's JSON back
 with it before anything is installed."""
 
-DEFAULT_KERNEL = "default"  # a cell run with GROUPGEMM_CUDA_KERNEL unset
-
 
 def planned_cells(frameworks, shapes, dtypes, kernels):
     """[(framework, shape, dtype, kernel)] in the order the benchmark runs them."""

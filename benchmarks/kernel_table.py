@@ -16,6 +16,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 TABLE = os.path.join(ROOT, "core_cuda", "src", "hopper_kernels.def")
 SM80 = "sm80"  # the CUTLASS 2.x kernels, the table's name for them
 SM90_BY_SHAPE = "sm90"  # GROUPGEMM_CUDA_KERNEL's value for the table's sm90 column
+DEFAULT_KERNEL = "default"  # the benchmarks' and tests' name for GROUPGEMM_CUDA_KERNEL unset
 
 _TILE = re.compile(r"^GG_SM90_TILE\((\w+), (\w+), (\d+), (\d+), (\d+), (\d+), (\d+)\)$")
 _CHOICE = re.compile(r"^GG_HOPPER_CHOICE\((\d+), (\w+), (\w+)\)$")

@@ -512,7 +512,7 @@ def canned_transformers_rows(cells=TRANSFORMERS_CELLS, grouped_mm=0.9, wrong=Non
 
 
 FUSED_CELLS = expert_mlp_report.planned_cells(steps.FUSED_FRAMEWORKS, steps.FUSED_SHAPES, [steps.FUSED_DTYPE],
-                                              steps.fused_kernels(hopper=True))
+                                              driver_calls.mlp_families_on(hopper=True))
 
 
 def canned_fused_rows(cells=FUSED_CELLS, ratio=0.8, wrong=None):

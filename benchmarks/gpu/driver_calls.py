@@ -15,6 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+import kernel_table  # noqa: E402
 from contenders import SM90_TILES  # noqa: E402
 
 # The setup kernel also writes what no GEMM writes (padding rows, K = 0 rows, bias rows of a
@@ -29,7 +30,7 @@ FAMILIES = ("sm80", *SM90_TILES)
 # the GPU kit reads back from failed tests): GROUPGEMM_CUDA_KERNEL unset (on Hopper the
 # kernel table's choice per call), the 2.x kernels, the sm90 kernels by the table's shape
 # rule, and each tile.
-DEFAULT_KERNEL = "default"
+DEFAULT_KERNEL = kernel_table.DEFAULT_KERNEL
 TEST_KERNELS = (DEFAULT_KERNEL, "sm80", "sm90", *SM90_TILES)
 
 
@@ -324,17 +325,17 @@ GATHERED, GATHERED_UNALIGNED = "gathered cutlass", "gathered unaligned"
 # layout) run the sm_90a gathered GEMM (cutlass_gathered_sm90.cuh) instead, by input, output
 # and layout; the fused op's other GEMMs stay as they are.
 GATHERED_SM90 = "gathered cutlass sm90"
-# The fused op's kernel choices the sanitizer driver runs: GROUPGEMM_CUDA_KERNEL unset, and on
-# Hopper "sm90".
-MLP_FAMILIES = ("default", "sm90")
+# The fused op's kernel choices the sanitizer driver and the kit's fused cells run:
+# GROUPGEMM_CUDA_KERNEL unset, and on Hopper "sm90".
+MLP_FAMILIES = (DEFAULT_KERNEL, kernel_table.SM90_BY_SHAPE)
 MLP_ROUTE, MLP_SETUP, MLP_FILL, MLP_H, MLP_ACTIVATION, MLP_BACKWARD_ROWS, MLP_SUMS, MLP_IDLE = (
     "expert MLP routing sort", "expert MLP setup kernel", "expert MLP row fill kernel", "expert MLP h kernel",
     "expert MLP activation kernel", "expert MLP backward row kernel", "expert MLP bias gradient kernel",
     "expert MLP idle expert kernel")
 
 
-def mlp_families_on(compute_capability):
-    return MLP_FAMILIES if tuple(compute_capability) == (9, 0) else MLP_FAMILIES[:1]
+def mlp_families_on(hopper):
+    return MLP_FAMILIES if hopper else MLP_FAMILIES[:1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,14 +360,14 @@ def expert_mlp_calls_for(dtype):
 
 
 def _gathered(dtype, out, layout, gather, aligned, family):
-    if aligned and family == "sm90" and dtype in SIXTEEN_BIT and gather == "a_rows":
+    if aligned and family == kernel_table.SM90_BY_SHAPE and dtype in SIXTEEN_BIT and gather == "a_rows":
         return (GATHERED_SM90, dtype, out, layout)
     if aligned:
         return (GATHERED, dtype, out, layout, gather)
     return (GATHERED_UNALIGNED, dtype, out, gather)
 
 
-def expert_mlp_kernels_reached(call, tokens, top_k, experts, hidden, ffn, family="default"):
+def expert_mlp_kernels_reached(call, tokens, top_k, experts, hidden, ffn, family=DEFAULT_KERNEL):
     """The fused kernels a forward (h kept) and a backward (every gradient) of `call` launch
     on T = tokens, k = top_k, E = experts, H = hidden, F = ffn (core_cuda/src/expert_mlp_sequence.h)
     under `family` (one of MLP_FAMILIES)."""

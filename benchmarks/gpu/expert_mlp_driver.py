@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 from bits import raw_bits
-from driver_calls import DTYPES, expert_mlp_calls_for, expert_mlp_kernels_reached
+from driver_calls import DEFAULT_KERNEL, DTYPES, expert_mlp_calls_for, expert_mlp_kernels_reached
 
 GRADS = ("dtokens", "dw_in", "dw_out", "dprobs", "db_in", "db_out")
 # Largest error relative to the result's scale, per dtype (the GEMM driver's).
@@ -141,7 +141,7 @@ def mismatch(what, dtype, got, want, zeros):
     return None
 
 
-def planned_mlp_calls(case, family="default"):
+def planned_mlp_calls(case, family=DEFAULT_KERNEL):
     """The calls made on a case under `family` (driver_calls.MLP_FAMILIES), each with the
     kernels it reaches."""
     return [(call, expert_mlp_kernels_reached(call, case.tokens, case.top_k, case.experts, case.hidden, case.ffn,

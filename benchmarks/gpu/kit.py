@@ -462,7 +462,7 @@ def fused_cells(hopper):
     """The fused expert MLP against its composition: a cell where the two disagree is wrong;
     the digest gives each timed cell's fused / composed time."""
     planned = expert_mlp_report.planned_cells(steps.FUSED_FRAMEWORKS, steps.FUSED_SHAPES, [steps.FUSED_DTYPE],
-                                              steps.fused_kernels(hopper))
+                                              steps.mlp_families_on(hopper))
 
     def judge(rows):
         timed = [r for r in rows if expert_mlp_report.cell(r) in planned and "ms_ratio" in r]

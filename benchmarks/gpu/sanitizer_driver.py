@@ -37,10 +37,10 @@ import numpy as np  # noqa: E402
 import reference  # noqa: E402
 from cases import CASES, Case, inputs, round_to  # noqa: E402
 from driver_calls import (  # noqa: E402
+    DEFAULT_KERNEL,
     DTYPES,
     FAMILIES,
     GATHERED_SM90,
-    MLP_FAMILIES,
     calls_for,
     describe,
     families_on,
@@ -259,9 +259,10 @@ def _error_text(exc):
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def _set_kernel_family(family):
-    """GROUPGEMM_CUDA_KERNEL for the calls that follow (the core reads it on every call); None unsets it."""
-    if family is None:
+def _use_kernels(family):
+    """GROUPGEMM_CUDA_KERNEL=family for the calls that follow (the core reads it on every
+    call); DEFAULT_KERNEL unsets it."""
+    if family == DEFAULT_KERNEL:
         os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
     else:
         os.environ["GROUPGEMM_CUDA_KERNEL"] = family
@@ -309,7 +310,7 @@ def main(argv=None):
     layer = args.part in ("all", "layer")
     reached, failures, count = set(), [], 0
     for family in families:
-        _set_kernel_family(family)
+        _use_kernels(family)
         for name in names:
             case = ALL_CASES[name]
             x = inputs(case)
@@ -329,7 +330,7 @@ def main(argv=None):
                             return 1
                     else:
                         reached |= kernels_reached(call, case.m, case.k, case.n, case.g, busy, family)
-    _set_kernel_family(None)
+    _use_kernels(DEFAULT_KERNEL)
     cpu = Device(torch, _core, "cpu")
     compared = bitwise = 0
     for name in expert_names:
@@ -355,19 +356,20 @@ def main(argv=None):
         print(f"expert layer: {len(expert_names)} routing cases; {bitwise} of the {compared} results of passing "
               f"calls equal the CPU backend's bit for bit, the others are within the tolerances")
     mlp_names = [] if chosen or not layer else (mlp.QUICK_MLP_CASES if args.quick else list(mlp.ALL_MLP_CASES))
-    mlp_families = mlp_families_on(torch.cuda.get_device_capability()) if args.device == "cuda" else MLP_FAMILIES[:1]
+    hopper = args.device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+    mlp_families = mlp_families_on(hopper)
     # The fused expert MLP: forward and backward per call; under "sm90" only the cases whose
     # calls reach the sm_90a gathered GEMM (the rest run what the default pass ran).
     for family, name in itertools.product(mlp_families, mlp_names):
         case = mlp.ALL_MLP_CASES[name]
         planned = mlp.planned_mlp_calls(case, family)
-        if family != "default" and not any(k[0] == GATHERED_SM90 for _, ks in planned for k in ks
+        if family != DEFAULT_KERNEL and not any(k[0] == GATHERED_SM90 for _, ks in planned for k in ks
                                            if isinstance(k, tuple)):
             continue
-        _set_kernel_family(None if family == "default" else family)
+        _use_kernels(family)
         for call, kernels in planned:
             count += 1
-            label = f"{case.name}/{call.name}" + ("" if family == "default" else f" under {family}")
+            label = f"{case.name}/{call.name}" + ("" if family == DEFAULT_KERNEL else f" under {family}")
             try:
                 problem = "; ".join(p for _, p in mlp.run_mlp_call(dev, cpu, case, call, mlp.mlp_inputs(case, call),
                                                                     args.prefill) if p)
@@ -378,12 +380,11 @@ def main(argv=None):
                     return 1
             else:
                 reached |= kernels
-    _set_kernel_family(None)
+    _use_kernels(DEFAULT_KERNEL)
     if mlp_names:
         print(f"fused expert MLP: {len(mlp_names)} cases, a forward and a backward per call, under "
               f"{' and '.join(mlp_families)}")
     fp8_names = [] if chosen or not layer else (fp8.QUICK_FP8_CASES if args.quick else list(fp8.ALL_FP8_CASES))
-    hopper = args.device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     fp8_count, fp8_failures = fp8.run(torch, fp8_names, hopper, args.device)
     count += fp8_count
     for failure in fp8_failures:

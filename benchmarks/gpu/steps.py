@@ -15,10 +15,11 @@ import os
 import sys
 
 import results_dir
-from driver_calls import DEFAULT_KERNEL, TEST_KERNELS  # noqa: F401  (the kit reads failed tests by them)
+
+# DEFAULT_KERNEL and TEST_KERNELS are the kit's too: it reads failed tests by them.
+from driver_calls import DEFAULT_KERNEL, TEST_KERNELS, mlp_families_on  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
-import expert_mlp_report  # noqa: E402
 import kernel_table  # noqa: E402
 from contenders import GROUPGEMM_DENSE, PER_EXPERT_LOOP, RAGGED_DOT, family_contender  # noqa: E402
 
@@ -93,19 +94,13 @@ FP8_SHAPES = ("8,16384,4096,14336", "32,16384,7168,2048", "128,16384,2048,1408")
 
 # expert_mlp_fused.py's cells on the GPU: its two shapes at twice their CPU size (--scale 2:
 # H 2048 and F 768, Qwen3-30B-A3B's expert widths, or F 256; 8192 tokens, 16 experts, top-4),
-# in bfloat16, in both frameworks, under each of fused_kernels(); a quarter second of timed
-# calls per variant and cell.
+# in bfloat16, in both frameworks, under each of driver_calls.mlp_families_on(hopper); a
+# quarter second of timed calls per variant and cell.
 FUSED_FRAMEWORKS = ("torch", "jax")
 FUSED_SHAPES = ("qwen3-30b-a3b/2", "small-F")
 FUSED_DTYPE = "bfloat16"
 FUSED_SCALE = 2
 FUSED_TIMING = ("--repeats", "10", "--budget", "0.25")
-
-
-def fused_kernels(hopper):
-    """The GROUPGEMM_CUDA_KERNEL settings the fused cells run under: unset, and on Hopper
-    "sm90" (A's gathered rows through the sm_90a gathered GEMM)."""
-    return (expert_mlp_report.DEFAULT_KERNEL, "sm90") if hopper else (expert_mlp_report.DEFAULT_KERNEL,)
 
 
 # transformers_experts.py's cells on the GPU: Qwen3-30B-A3B's expert shape itself (--scale 1:
@@ -250,7 +245,7 @@ def commands(step, ctx):
     if step == "fused":
         bench = [ctx.python, os.path.join(ctx.repo, "benchmarks", "expert_mlp_fused.py"), "--device", "cuda",
                  "--frameworks", *FUSED_FRAMEWORKS, "--shapes", *FUSED_SHAPES, "--dtype", FUSED_DTYPE,
-                 "--scale", str(FUSED_SCALE), "--kernels", *fused_kernels(ctx.hopper), *FUSED_TIMING,
+                 "--scale", str(FUSED_SCALE), "--kernels", *mlp_families_on(ctx.hopper), *FUSED_TIMING,
                  "--json", os.path.join(ctx.out, results_dir.FUSED_JSON)]
         return [Command(bench, env, "fused expert MLP")]
     if step == "transformers":
