@@ -25,20 +25,26 @@ SM90_TILES = kernel_table.read().tile_names
 HOPPER_FAMILIES = (kernel_table.SM80, kernel_table.SM90_BY_SHAPE, *SM90_TILES)
 
 
+def set_kernel_family(family):
+    """GROUPGEMM_CUDA_KERNEL=family for the calls that follow (the core reads it at every
+    call); None or kernel_table.DEFAULT_KERNEL unsets it."""
+    if family in (None, kernel_table.DEFAULT_KERNEL):
+        os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
+    else:
+        os.environ["GROUPGEMM_CUDA_KERNEL"] = family
+
+
 @contextlib.contextmanager
 def kernel_family(family):
     """GROUPGEMM_CUDA_KERNEL=family for the calls inside, then as it was (None: left as it
     is). The core reads it at every call, so a backward must run inside too."""
     before = os.environ.get("GROUPGEMM_CUDA_KERNEL")
     if family is not None:
-        os.environ["GROUPGEMM_CUDA_KERNEL"] = family
+        set_kernel_family(family)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
-        else:
-            os.environ["GROUPGEMM_CUDA_KERNEL"] = before
+        set_kernel_family(before)
 
 
 def family_contender(family):

@@ -32,6 +32,7 @@ import sys
 
 import numpy as np
 from bench import machine
+from contenders import set_kernel_family
 from expert_mlp_report import markdown_table, planned_cells
 from kernel_table import DEFAULT_KERNEL
 from progress import Progress
@@ -237,17 +238,9 @@ def relative_error(got, want):
     return float(np.linalg.norm(got - want) / (scale if scale > 0 else 1.0))
 
 
-def use_kernel(kernel):
-    """GROUPGEMM_CUDA_KERNEL for the calls that follow (the core reads it on every call)."""
-    if kernel == DEFAULT_KERNEL:
-        os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
-    else:
-        os.environ["GROUPGEMM_CUDA_KERNEL"] = kernel
-
-
 def run_cell(framework, shape, dtype, kernel, args, progress):
     label = f"{framework} {shape} {dtype}" + (f" {kernel}" if args.device == "cuda" else "")
-    use_kernel(kernel)
+    set_kernel_family(kernel)
     x, d = inputs(shape, args.scale)
     forward_backward, saved_bytes, as_numpy = CELLS[framework](x, dtype, args.device)
     progress.show(f"{label}: check")

@@ -36,6 +36,7 @@ import fp8_driver as fp8  # noqa: E402
 import numpy as np  # noqa: E402
 import reference  # noqa: E402
 from cases import CASES, Case, inputs, round_to  # noqa: E402
+from contenders import set_kernel_family  # noqa: E402
 from driver_calls import (  # noqa: E402
     DEFAULT_KERNEL,
     DTYPES,
@@ -259,15 +260,6 @@ def _error_text(exc):
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def _use_kernels(family):
-    """GROUPGEMM_CUDA_KERNEL=family for the calls that follow (the core reads it on every
-    call); DEFAULT_KERNEL unsets it."""
-    if family == DEFAULT_KERNEL:
-        os.environ.pop("GROUPGEMM_CUDA_KERNEL", None)
-    else:
-        os.environ["GROUPGEMM_CUDA_KERNEL"] = family
-
-
 def _record_failure(failures, label, problem):
     """Adds and prints a failed call; True when its CUDA error ends the run (a sticky error
     leaves the context unusable, so every later call would fail too)."""
@@ -310,7 +302,7 @@ def main(argv=None):
     layer = args.part in ("all", "layer")
     reached, failures, count = set(), [], 0
     for family in families:
-        _use_kernels(family)
+        set_kernel_family(family)
         for name in names:
             case = ALL_CASES[name]
             x = inputs(case)
@@ -330,7 +322,7 @@ def main(argv=None):
                             return 1
                     else:
                         reached |= kernels_reached(call, case.m, case.k, case.n, case.g, busy, family)
-    _use_kernels(DEFAULT_KERNEL)
+    set_kernel_family(DEFAULT_KERNEL)
     cpu = Device(torch, _core, "cpu")
     compared = bitwise = 0
     for name in expert_names:
@@ -366,7 +358,7 @@ def main(argv=None):
         if family != DEFAULT_KERNEL and not any(k[0] == GATHERED_SM90 for _, ks in planned for k in ks
                                            if isinstance(k, tuple)):
             continue
-        _use_kernels(family)
+        set_kernel_family(family)
         for call, kernels in planned:
             count += 1
             label = f"{case.name}/{call.name}" + ("" if family == DEFAULT_KERNEL else f" under {family}")
@@ -380,7 +372,7 @@ def main(argv=None):
                     return 1
             else:
                 reached |= kernels
-    _use_kernels(DEFAULT_KERNEL)
+    set_kernel_family(DEFAULT_KERNEL)
     if mlp_names:
         print(f"fused expert MLP: {len(mlp_names)} cases, a forward and a backward per call, under "
               f"{' and '.join(mlp_families)}")
