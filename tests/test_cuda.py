@@ -27,7 +27,7 @@ import torch_frontend
 from bits import assert_same_bits
 from capture_check import capture
 from cases import CASE_IDS, CASES, CUDA_DTYPES, TOLERANCE, VARIANT_IDS, VARIANTS, Case, inputs, round_to
-from driver_calls import DEFAULT_KERNEL, TEST_KERNELS
+from driver_calls import DEFAULT_KERNEL, MLP_FAMILIES, TEST_KERNELS
 from fp8_reference import LAYER_CASES, RECIPES, layer_inputs
 from kernel_table import SM80
 from kernel_table import read as read_kernel_table
@@ -86,19 +86,25 @@ HOPPER_ONLY = "the sm_90a kernels need a compute capability 9.0 GPU"
 NOT_ON_HOPPER = "the refusal of a GPU without FP8 tensor cores cannot run on Hopper"
 
 
+def _run_under(kernel, monkeypatch):
+    """GROUPGEMM_CUDA_KERNEL=kernel for the test (DEFAULT_KERNEL: unset); a kernel only
+    Hopper runs skips the test elsewhere."""
+    if kernel == DEFAULT_KERNEL:
+        monkeypatch.delenv("GROUPGEMM_CUDA_KERNEL", raising=False)
+        return kernel
+    if kernel != SM80 and not _hopper():
+        pytest.skip(HOPPER_ONLY)
+    monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", kernel)
+    return kernel
+
+
 @pytest.fixture(params=TEST_KERNELS)
 def gemm_kernel(request, monkeypatch):
     """Each GEMM test runs on every kernel choice: the default (GROUPGEMM_CUDA_KERNEL unset:
     the Hopper kernel table's choice per call there, the CUTLASS 2.x kernels elsewhere), the
     2.x kernels (every GPU), and the sm_90a CUTLASS 3.x kernels (Hopper only) by the table's
     shape rule ("sm90") and held to each tile. The ids are what the GPU kit reads back."""
-    if request.param == DEFAULT_KERNEL:
-        monkeypatch.delenv("GROUPGEMM_CUDA_KERNEL", raising=False)
-        return request.param
-    if request.param != SM80 and not _hopper():
-        pytest.skip(HOPPER_ONLY)
-    monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", request.param)
-    return request.param
+    return _run_under(request.param, monkeypatch)
 
 
 # One shape in each class of the kernel table (its bound, or past the last bound): rows
@@ -428,18 +434,12 @@ FUSED_CASES = mlp_cases.CASES + [
 FUSED_RUNS = {"jax": (mlp_cases.jax_run, JAX_GPU), "torch": (mlp_cases.torch_run, TORCH_CUDA)}
 
 
-@pytest.fixture(params=[DEFAULT_KERNEL, "sm90"])
+@pytest.fixture(params=MLP_FAMILIES)
 def fused_kernel(request, monkeypatch):
     """The fused op's kernels: the default (the CUTLASS 2.x gathered GEMMs on every GPU) and,
     on Hopper, GROUPGEMM_CUDA_KERNEL=sm90, under which A's gathered rows go through the
     sm_90a gathered GEMM (cutlass_gathered_sm90.cuh)."""
-    if request.param == DEFAULT_KERNEL:
-        monkeypatch.delenv("GROUPGEMM_CUDA_KERNEL", raising=False)
-    elif not _hopper():
-        pytest.skip(HOPPER_ONLY)
-    else:
-        monkeypatch.setenv("GROUPGEMM_CUDA_KERNEL", request.param)
-    return request.param
+    return _run_under(request.param, monkeypatch)
 
 
 def _fused_run(name):
