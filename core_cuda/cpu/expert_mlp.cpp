@@ -5,10 +5,11 @@
 // its weights packed once for all of them (ExpertWeight). Forward, per block: fc1, its
 // output scattered into h (slot order), the activation, fc2 into the expert-output scratch
 // rows; then each token's weighted sum is unpermute's (expert_ops.cpp). Backward, per
-// block: dout's rows gathered, g = dout @ w_out^T, the activation recomputed from h (its
-// sigmoid kept for the derivative), dprobs from the identity, fc1's output gradient, the
-// weight and bias gradients added up in float32 (float64), the input gradients' rows
-// written to the token-row scratch, whose per-token sums are unpermute's again.
+// block: dout's rows gathered, g = dout @ w_out^T; then one pass per row (row_backward)
+// recomputes the activation from h, takes dprobs from the identity and fc1's output gradient
+// from one sigmoid per value; the weight and bias gradients are added up in float32
+// (float64), the input gradients' rows written to the token-row scratch, whose per-token
+// sums are unpermute's again.
 //
 // The GEMMs and the activation are the grouped path's own calls (backend.cpp's library
 // GEMM, expert_ops.cpp's activation) on a block's rows instead of a group's, with the bits
@@ -275,7 +276,6 @@ struct Scratch {
   std::vector<T> h, act;        // fc1's output (its gradient in its place) and the activation, stored as
                                 // the composition stores them
   std::vector<Acc<T>> g;        // dout @ w_out^T
-  std::vector<Acc<T>> sigmoid;  // a sigmoid-based activation's sigmoid(x) per column, for its derivative
   std::vector<float> wide, wide_act;  // float16's float32 operands and results
   std::vector<Acc<T>> dw_in, dw_out;  // a 16-bit expert's weight gradients over several blocks
   ExpertWeight w_in, w_out;           // the expert's weights as the B of its blocks' GEMMs
@@ -299,28 +299,51 @@ void activate(Activation kind, const T* h, int64_t n, int64_t in_features, std::
   activation(a);
 }
 
-// The backward's activation of a block's h rows (into s.act, when want_act) and, for a
-// sigmoid-based kind, each column's sigmoid (into s.sigmoid, when want_sigmoid): one exp
-// per value serves both, with the bits of activation() and activation_backward_at.
+// Columns of a row go through the backward's elementwise steps in chunks of this many (a
+// multiple of kDotLanes), each step a loop of its own that the compiler can vectorize.
+constexpr int64_t kColumnChunk = 256;
+
+// One block row's elementwise backward, while the row is in cache: the activation recomputed
+// from the row's pre-activation h (into act, when given), the lane sums of dot(act, g) for
+// dprobs (into partial, when given), and, when `dh`, fc1's output gradient act'(h) times the
+// slot's weight p times g in place of h. A sigmoid-based kind computes one sigmoid per value
+// for both; the bits are those of activation() and activation_backward_at.
 template <typename T>
-void recompute_activation(Activation kind, const T* h, int64_t n, int64_t f_in, bool want_act, bool want_sigmoid,
-                          Scratch<T>& s) {
+void row_backward(Activation kind, T* h, const Acc<T>* g, Acc<T> p, int64_t f_in, T* act, Acc<T>* partial,
+                  bool dh) {
   using A = Acc<T>;
-  if (!want_sigmoid) {
-    if (want_act) activate(kind, h, n, f_in, s.act);
+  const int64_t f = activation_out_features(kind, f_in), up_offset = kind == Activation::swiglu ? f : 0;
+  auto up_at = [&](int64_t c) { return up_offset ? load<A>(h, up_offset + c) : A(0); };
+  auto write_dh = [&](int64_t c, ActivationGrad<A> d) {
+    h[c] = store<T>(d.dx);
+    if (up_offset) h[up_offset + c] = store<T>(d.dup);
+  };
+  if (!sigmoid_based(kind)) {
+    for (int64_t c = 0; c < f; ++c) {
+      const A x = load<A>(h, c), up = up_at(c);
+      if (act) act[c] = store<T>(activation_forward(kind, x, up));
+      if (partial) partial[c % kDotLanes] = add_product(partial[c % kDotLanes], load<A>(act, c), g[c]);
+      if (dh) write_dh(c, activation_backward_at(kind, product(p, g[c]), x, up));
+    }
     return;
   }
-  const int64_t f = activation_out_features(kind, f_in), up_offset = kind == Activation::swiglu ? f : 0;
-  s.sigmoid.resize(n * f);
-  if (want_act) s.act.resize(n * f);
-  for_rows(n, f_in, [&](int64_t r) {
-    for (int64_t c = 0; c < f; ++c) {
-      const A x = load<A>(h, r * f_in + c), up = up_offset ? load<A>(h, r * f_in + up_offset + c) : A(0);
-      const A sig = sigmoid(x);
-      s.sigmoid[r * f + c] = sig;
-      if (want_act) s.act[r * f + c] = store<T>(activation_forward_at_sigmoid(kind, x, up, sig));
-    }
-  });
+  A sig[kColumnChunk];
+  for (int64_t c0 = 0; c0 < f; c0 += kColumnChunk) {
+    const int64_t n = std::min(kColumnChunk, f - c0);
+    for (int64_t i = 0; i < n; ++i) sig[i] = sigmoid(load<A>(h, c0 + i));
+    if (act)
+      for (int64_t i = 0; i < n; ++i)
+        act[c0 + i] = store<T>(activation_forward_at_sigmoid(kind, load<A>(h, c0 + i), up_at(c0 + i), sig[i]));
+    if (partial)  // column c adds to lane c % kDotLanes, in column order (dot_lane_partial's order)
+      for (int64_t i0 = 0; i0 < n; i0 += kDotLanes)
+        for (int64_t l = 0; l < std::min<int64_t>(kDotLanes, n - i0); ++l)
+          partial[l] = add_product(partial[l], load<A>(act, c0 + i0 + l), g[c0 + i0 + l]);
+    if (dh)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t c = c0 + i;
+        write_dh(c, activation_backward_at_sigmoid(kind, product(p, g[c]), load<A>(h, c), up_at(c), sig[i]));
+      }
+  }
 }
 
 // Runs fn(item) for items [0, count) side by side on the threads, each on one thread.
@@ -414,7 +437,6 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
   using A = Acc<T>;
   const int64_t k = a.top_k, hidden = a.hidden, f_in = a.in_features, experts = a.num_experts;
   const int64_t f = activation_out_features(a.activation, f_in);
-  const int64_t up_offset = a.activation == Activation::swiglu ? f : 0;  // swiglu's up half
   const Routing routing(a);
   const GemmOperand<T> w_in(a.w_in, experts * hidden * f_in), w_out(a.w_out, experts * f * hidden);
   const T* dout = static_cast<const T*>(a.dout);
@@ -426,7 +448,6 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
   T* token_rows = static_cast<T*>(a.token_rows);
   const bool want_dw_in = a.dw_in || a.db_in, want_dh = a.dtokens || want_dw_in;
   const bool want_g = want_dh || a.dprobs, want_dy = a.dw_out || a.db_out, want_act = a.dprobs || a.dw_out;
-  const bool keep_sigmoid = want_dh && sigmoid_based(a.activation);
   if (dprobs)
     for (int64_t s = 0; s < a.num_tokens * k; ++s)
       if (routing.row_map[s] < 0) dprobs[s] = P{};  // a dropped slot's weight has no effect
@@ -463,33 +484,33 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
       auto token = [&](int64_t r) { return slots[r] / k; };
       gather<G>(dout, hidden, n, token, s.rows);
       gather<T>(h, f_in, n, [&](int64_t r) { return slots[r]; }, s.h);
-      recompute_activation(a.activation, s.h.data(), n, f_in, want_act, keep_sigmoid, s);
       if (want_g) {  // g = dout @ w_out^T, unweighted: fc2's input gradient over the slot's weight
         s.g.resize(n * f);
         GG_RETURN_IF_ERROR(multiply_acc<T>(s.w_out.on(g_call, n, s.rows.data()), s.g.data(), false));
       }
-      if (dprobs)
-        for_rows(n, f + hidden, [&](int64_t r) {
-          A partial[kDotLanes];
-          auto act = [&](int64_t c) { return load<A>(s.act.data(), r * f + c); };
-          auto g = [&](int64_t c) { return s.g[r * f + c]; };
-          for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] = dot_lane_partial<A>(lane, f, act, g);
+      if (want_act) s.act.resize(n * f);
+      for_rows(n, f_in + hidden, [&](int64_t r) {
+        const A p = prob(r);
+        A partial[kDotLanes] = {};
+        row_backward<T>(a.activation, s.h.data() + r * f_in, want_g ? s.g.data() + r * f : nullptr, p, f_in,
+                        want_act ? s.act.data() + r * f : nullptr, dprobs ? partial : nullptr, want_dh);
+        G* dout_row = s.rows.data() + r * hidden;
+        if (dprobs) {
           A dot = fold_dot_lanes(partial);
           if (b_out) {
             auto bias = [&](int64_t c) { return load<A>(b_out, e * hidden + c); };
-            auto grad = [&](int64_t c) { return load<A>(s.rows.data(), r * hidden + c); };
+            auto grad = [&](int64_t c) { return load<A>(dout_row, c); };
             for (int lane = 0; lane < kDotLanes; ++lane)
               partial[lane] = dot_lane_partial<A>(lane, hidden, bias, grad);
             dot = dot + fold_dot_lanes(partial);
           }
           dprobs[slots[r]] = store<P>(dot);
-        });
-      if (want_dy) {  // fc2's output gradient in place of dout's rows: the slot's weight times dout[t],
+        }
+        if (want_dy)  // fc2's output gradient in place of dout's row: the slot's weight times dout[t],
                       // rounded as unpermute's backward rounds it
-        for_rows(n, hidden, [&](int64_t r) {
-          for (int64_t c = 0; c < hidden; ++c)
-            s.rows[r * hidden + c] = rounded<T>(product(prob(r), load<A>(s.rows.data(), r * hidden + c)));
-        });
+          for (int64_t c = 0; c < hidden; ++c) dout_row[c] = rounded<T>(product(p, load<A>(dout_row, c)));
+      });
+      if (want_dy) {
         const G* act = as_operand(s.act, s.wide_act);
         if (dw_out)
           GG_RETURN_IF_ERROR(dw_out_sum.add(a.transpose_rhs
@@ -499,19 +520,6 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
         if (db_out) add_rows(s.rows.data(), n, hidden, db_out_acc);  // rows in order, as grouped_bias_grad
       }
       if (!want_dh) continue;
-      for_rows(n, f_in, [&](int64_t r) {  // fc1's output gradient in place of h: act'(h) times weight times g
-        const A p = prob(r);
-        T* h_row = s.h.data() + r * f_in;
-        for (int64_t c = 0; c < f; ++c) {
-          const A x = load<A>(h_row, c), up = up_offset ? load<A>(h_row, up_offset + c) : A(0);
-          const A grad = product(p, s.g[r * f + c]);
-          const ActivationGrad<A> d =
-              keep_sigmoid ? activation_backward_at_sigmoid(a.activation, grad, x, up, s.sigmoid[r * f + c])
-                           : activation_backward_at(a.activation, grad, x, up);
-          h_row[c] = store<T>(d.dx);
-          if (up_offset) h_row[up_offset + c] = store<T>(d.dup);
-        }
-      });
       const G* dh = as_operand(s.h, s.wide_act);
       if (dw_in) {
         gather<G>(tokens, hidden, n, token, s.rows);
