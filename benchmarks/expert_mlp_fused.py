@@ -14,8 +14,8 @@ weights, tokens and skewed routing (Zipf-like expert shares, every fourth expert
 - time: the median forward+backward, the two calls interleaved round-robin.
 
 On CUDA (--device cuda) each cell runs under each of --kernels: GROUPGEMM_CUDA_KERNEL unset
-("default": the fused op's CUTLASS 2.x gathered GEMMs) or set ("sm90" on Hopper: A's
-gathered rows through the sm_90a gathered GEMM, the composition's GEMMs on the sm90 kernels).
+("default": the fused op's CUTLASS 2.x gathered GEMMs) or set ("sm90" on Hopper: the
+gathered GEMMs through the sm_90a gathered GEMM, the composition's on the sm90 kernels).
 
 Before timing, the two results (output and every gradient) are compared (largest
 relative error, by norm); a disagreement fails the run. Prints a markdown table of each

@@ -437,8 +437,8 @@ FUSED_RUNS = {"jax": (mlp_cases.jax_run, JAX_GPU), "torch": (mlp_cases.torch_run
 @pytest.fixture(params=MLP_FAMILIES)
 def fused_kernel(request, monkeypatch):
     """The fused op's kernels: the default (the CUTLASS 2.x gathered GEMMs on every GPU) and,
-    on Hopper, GROUPGEMM_CUDA_KERNEL=sm90, under which A's gathered rows go through the
-    sm_90a gathered GEMM (cutlass_gathered_sm90.cuh)."""
+    on Hopper, GROUPGEMM_CUDA_KERNEL=sm90, under which A's gathered rows and w_in's
+    gradient go through the sm_90a gathered GEMM (cutlass_gathered_sm90.cuh)."""
     return _run_under(request.param, monkeypatch)
 
 

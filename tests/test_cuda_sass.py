@@ -150,8 +150,8 @@ def is_gathered_gemm(name):
     return "GatheredGroupedGemm" in name and not is_gathered_sm90_gemm(name)
 
 
-# The sm_90a gathered GEMM (cutlass_gathered_sm90.cuh): A's rows gathered by cp.async
-# (LDGSTS) into WGMMA, in the sm_90a cubin only.
+# The sm_90a gathered GEMM (cutlass_gathered_sm90.cuh): A's rows, or a weight gradient's
+# contraction, gathered by cp.async (LDGSTS) into WGMMA, in the sm_90a cubin only.
 def is_gathered_sm90_gemm(name):
     return "GatheredGroupedGemmSm90" in name
 
@@ -181,8 +181,9 @@ def test_gathered_gemm_kernels_use_tensor_core_mma(arch):
 
 
 def test_sm90a_gathered_gemm_kernels_load_with_cp_async_into_wgmma():
-    # bfloat16 and float16 x 2 forward layouts x 2 output dtypes.
+    # bfloat16 and float16 x (2 forward layouts x 2 output dtypes + the contraction gathered
+    # in A or in B).
     kernels = {n: s for n, s in sm90a_kernels().items() if is_gathered_sm90_gemm(n)}
-    assert len(kernels) == 8 and sum("6half_t" in n for n in kernels) == 4, list(kernels)
+    assert len(kernels) == 12 and sum("6half_t" in n for n in kernels) == 6, list(kernels)
     assert [n for n, s in kernels.items() if not (instructions(s, "HGMMA") and instructions(s, "LDGSTS"))] == []
     assert not any(map(is_gathered_sm90_gemm, cubin_kernels("sm_80")))

@@ -1197,10 +1197,11 @@ def test_the_quick_fused_mlp_cases_reach_every_fused_kernel():
     assert required == reached(expert_mlp_driver.QUICK_MLP_CASES) == reached(expert_mlp_driver.ALL_MLP_CASES)
     aligned = reached(["tiles"])
     assert {k[0] for k in required - aligned if isinstance(k, tuple)} == {driver_calls.GATHERED_UNALIGNED}
-    # On Hopper the driver runs them again under "sm90": A's aligned 16-bit gathered rows go
-    # through the sm_90a gathered GEMM, 2 dtypes x 2 outputs x 2 layouts more to reach.
+    # On Hopper the driver runs them again under "sm90": the aligned 16-bit gathered GEMMs go
+    # through the sm_90a gathered GEMM, 2 dtypes x (2 outputs x 2 layouts + the contraction
+    # gathered in A or in B) more to reach.
     hopper = driver_calls.required_expert_mlp_kernels(driver_calls.MLP_FAMILIES)
-    assert {k[0] for k in hopper - required} == {driver_calls.GATHERED_SM90} and len(hopper - required) == 8
+    assert {k[0] for k in hopper - required} == {driver_calls.GATHERED_SM90} and len(hopper - required) == 12
     assert hopper == required | reached(expert_mlp_driver.QUICK_MLP_CASES, "sm90")
 
 

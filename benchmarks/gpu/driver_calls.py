@@ -321,9 +321,10 @@ def required_expert_kernels():
 # and gathered operand (its layout is a run-time flag). Its other GEMMs are the grouped
 # path's kernels above.
 GATHERED, GATHERED_UNALIGNED = "gathered cutlass", "gathered unaligned"
-# Under GROUPGEMM_CUDA_KERNEL=sm90 on Hopper, A's gathered rows (16-bit, aligned, a forward
-# layout) run the sm_90a gathered GEMM (cutlass_gathered_sm90.cuh) instead, by input, output
-# and layout; the fused op's other GEMMs stay as they are.
+# Under GROUPGEMM_CUDA_KERNEL=sm90 on Hopper, the aligned 16-bit gathered GEMMs (A's rows in
+# a forward layout; w_in's gradient, whose contraction is gathered, into the inputs' type) run
+# the sm_90a gathered GEMM (cutlass_gathered_sm90.cuh) instead, by input, output, layout and
+# gathered operand; the fused op's other GEMMs stay as they are.
 GATHERED_SM90 = "gathered cutlass sm90"
 # The fused op's kernel choices the sanitizer driver and the kit's fused cells run:
 # GROUPGEMM_CUDA_KERNEL unset, and on Hopper "sm90".
@@ -360,8 +361,8 @@ def expert_mlp_calls_for(dtype):
 
 
 def _gathered(dtype, out, layout, gather, aligned, family):
-    if aligned and family == kernel_table.SM90_BY_SHAPE and dtype in SIXTEEN_BIT and gather == "a_rows":
-        return (GATHERED_SM90, dtype, out, layout)
+    if aligned and family == kernel_table.SM90_BY_SHAPE and dtype in SIXTEEN_BIT and (gather == "a_rows" or out == dtype):
+        return (GATHERED_SM90, dtype, out, layout, gather)
     if aligned:
         return (GATHERED, dtype, out, layout, gather)
     return (GATHERED_UNALIGNED, dtype, out, gather)

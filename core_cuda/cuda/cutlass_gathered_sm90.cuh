@@ -1,6 +1,8 @@
 // The gathered grouped GEMM on sm_90a: WGMMA from shared memory, fed by cp.async loads
-// whose rows of A come from each group's index array, so token rows enter the GEMM
-// where they are, never as a [T*k, H] copy. TMA cannot gather (a descriptor covers one
+// that read one operand through each group's index array, so token rows enter the GEMM
+// where they are, never as a [T*k, H] copy: A's rows in a forward layout (fc1, fc2's input
+// gradient), or the contraction's rows of A or B in a weight gradient's (w_in's gradient,
+// col_row: both operands [K, M] / [K, N], M and N contiguous). TMA cannot gather (a descriptor covers one
 // strided box), hence cp.async, as in CUTLASS's Hopper gather/scatter example; the
 // consumer half is CUTLASS 3.x's cp.async warp-specialized cooperative mainloop (one
 // producer warp group loads, two consumer warp groups share each 128 x 128 output tile),
@@ -44,14 +46,17 @@ CUTLASS_DEVICE void copy_16_bytes(void* shared_dst, const void* src, int bytes) 
 #endif
 }
 
-template <typename In, typename Out, GemmLayout L>
+template <typename In, typename Out, GemmLayout L, Gather kGather>
 struct GatheredGroupedGemmSm90 {
-  static_assert(L == GemmLayout::row_row || L == GemmLayout::row_col, "A's rows are gathered in a forward layout");
+  static_assert(kGather == Gather::a_rows ? L == GemmLayout::row_row || L == GemmLayout::row_col
+                                          : (kGather == Gather::a_k || kGather == Gather::b_k) && L == GemmLayout::col_row,
+                "A's rows are gathered in a forward layout, the contraction's rows in a weight gradient's");
   static constexpr int kTileM = 128, kTileN = 128, kTileK = 64;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   static constexpr int kElementBytes = int(sizeof(In));
   static constexpr int kVector = 16 / kElementBytes;  // elements per 16-byte copy
-  static constexpr bool kBRowMajor = L == GemmLayout::row_row;  // B [K, N]: N contiguous; else [N, K]
+  static constexpr bool kAColMajor = L == GemmLayout::col_row;   // A [K, M]: M contiguous; else [M, K]
+  static constexpr bool kBRowMajor = L != GemmLayout::row_col;   // B [K, N]: N contiguous; else [N, K]
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, typename OperandLayouts<L>::A, kVector, In,
@@ -72,7 +77,7 @@ struct GatheredGroupedGemmSm90 {
   static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
 
   // Each operand tile's 16-byte pieces over the load warp group (gathered_tiles.h).
-  using PiecesA = TilePieces<kTileK, kTileM, kVector, kLoadThreads>;  // A [m, k]: k contiguous
+  using PiecesA = TilePieces<kAColMajor ? kTileM : kTileK, kAColMajor ? kTileK : kTileM, kVector, kLoadThreads>;
   using PiecesB = TilePieces<kBRowMajor ? kTileN : kTileK, kBRowMajor ? kTileK : kTileN, kVector, kLoadThreads>;
 
   // A piece is one 16-byte cp.async, so its values must be contiguous and 16-byte aligned in
@@ -90,7 +95,7 @@ struct GatheredGroupedGemmSm90 {
       }
     return true;
   }
-  static_assert(pieces_contiguous<typename Mainloop::SmemLayoutA, PiecesA, false>() &&
+  static_assert(pieces_contiguous<typename Mainloop::SmemLayoutA, PiecesA, kAColMajor>() &&
                     pieces_contiguous<typename Mainloop::SmemLayoutB, PiecesB, kBRowMajor>(),
                 "a 16-byte piece is not contiguous in the mainloop's shared-memory layout");
 
@@ -99,7 +104,7 @@ struct GatheredGroupedGemmSm90 {
     int num_groups;
     void* const* ptr[4];             // A, B, C, D per group
     const int64_t* ld[4];            // their leading dimensions
-    const int32_t* const* indices;   // A's rows per group
+    const int32_t* const* indices;   // the gathered operand's rows per group
     float beta;
   };
 
@@ -123,14 +128,19 @@ struct GatheredGroupedGemmSm90 {
       const In* b = static_cast<const In*>(p.ptr[1][t.group]);
       const int64_t lda = p.ld[0][t.group], ldb = p.ld[1][t.group];
       const int32_t* rows = p.indices[t.group];
-      // This thread's rows of A for the whole tile: the index array is read once, not per k tile.
       const int a_col = PiecesA::col(thread), b_col = PiecesB::col(thread);
-      const In* a_row[PiecesA::kPasses];
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < PiecesA::kPasses; ++i) {
-        const int r = t.m0 + PiecesA::row(thread, i);
-        a_row[i] = r < t.m ? a + int64_t(rows[r]) * lda : nullptr;
+      // A forward layout's gathered rows of A, for the whole tile: the index array is read
+      // once, not per k tile.
+      const In* a_row[kGather == Gather::a_rows ? PiecesA::kPasses : 1] = {};
+      if constexpr (kGather == Gather::a_rows) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < PiecesA::kPasses; ++i) {
+          const int r = t.m0 + PiecesA::row(thread, i);
+          a_row[i] = r < t.m ? a + int64_t(rows[r]) * lda : nullptr;
+        }
       }
+      // Row k of the contraction of an operand [K, M or N]: row rows[k] when it is the gathered one.
+      const auto k_row = [&](bool gathered, int k) { return int64_t(gathered ? rows[k] : k); };
       const int k_tiles = t.k_tiles<kTileK>();
       for (int kt = 0; kt < k_tiles; ++kt) {
         pipeline.producer_acquire(write);
@@ -138,15 +148,23 @@ struct GatheredGroupedGemmSm90 {
         const int k0 = kt * kTileK;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < PiecesA::kPasses; ++i) {
-          const int bytes = a_row[i] ? piece_bytes(t.k - (k0 + a_col), kElementBytes) : 0;
-          copy_16_bytes(&sA(PiecesA::row(thread, i), a_col, stage), bytes ? a_row[i] + k0 + a_col : a, bytes);
+          const int r = PiecesA::row(thread, i);
+          if constexpr (kAColMajor) {  // tile row r is k0 + r, the piece runs along m
+            const int bytes = k0 + r < t.k ? piece_bytes(t.m - (t.m0 + a_col), kElementBytes) : 0;
+            const In* src = bytes ? a + k_row(kGather == Gather::a_k, k0 + r) * lda + t.m0 + a_col : a;
+            copy_16_bytes(&sA(a_col, r, stage), src, bytes);
+          } else {  // tile row r is a gathered row of A, the piece runs along k
+            const int bytes = a_row[i] ? piece_bytes(t.k - (k0 + a_col), kElementBytes) : 0;
+            copy_16_bytes(&sA(r, a_col, stage), bytes ? a_row[i] + k0 + a_col : a, bytes);
+          }
         }
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < PiecesB::kPasses; ++i) {
           const int r = PiecesB::row(thread, i);
           if constexpr (kBRowMajor) {  // tile row r is k0 + r, the piece runs along n
             const int bytes = k0 + r < t.k ? piece_bytes(t.n - (t.n0 + b_col), kElementBytes) : 0;
-            copy_16_bytes(&sB(b_col, r, stage), bytes ? b + int64_t(k0 + r) * ldb + t.n0 + b_col : b, bytes);
+            const In* src = bytes ? b + k_row(kGather == Gather::b_k, k0 + r) * ldb + t.n0 + b_col : b;
+            copy_16_bytes(&sB(b_col, r, stage), src, bytes);
           } else {  // tile row r is column t.n0 + r of the product, the piece runs along k
             const int bytes = t.n0 + r < t.n ? piece_bytes(t.k - (k0 + b_col), kElementBytes) : 0;
             copy_16_bytes(&sB(r, b_col, stage), bytes ? b + int64_t(t.n0 + r) * ldb + k0 + b_col : b, bytes);
@@ -209,9 +227,9 @@ struct GatheredGroupedGemmSm90 {
 };
 
 // One persistent wave of the gathered sm90 kernel for one input type, output type and layout.
-template <typename In, typename Out, GemmLayout L>
+template <typename In, typename Out, GemmLayout L, Gather kGather>
 Status run_gathered_sm90(const GatheredGemmLaunch& l) {
-  using Kernel = GatheredGroupedGemmSm90<In, Out, L>;
+  using Kernel = GatheredGroupedGemmSm90<In, Out, L, kGather>;
   static KernelAttributesOnce attributes;
   if (attributes.needed(l.gemm.device.device)) {
     if (cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -231,12 +249,19 @@ template <DType InType>
 Status gathered_gemm_sm90_for(const GatheredGemmLaunch& l) {
   using In = typename Sm90Element<InType>::type;
   const bool wide = l.gemm.out_dtype == DType::f32;
-  if (l.gather != Gather::a_rows) return Status::Internal("the gathered sm90 GEMM gathers A's rows only");
-  if (l.gemm.layout == GemmLayout::row_row)
-    return wide ? run_gathered_sm90<In, float, GemmLayout::row_row>(l) : run_gathered_sm90<In, In, GemmLayout::row_row>(l);
-  if (l.gemm.layout == GemmLayout::row_col)
-    return wide ? run_gathered_sm90<In, float, GemmLayout::row_col>(l) : run_gathered_sm90<In, In, GemmLayout::row_col>(l);
-  return Status::Internal("the gathered sm90 GEMM takes a forward layout");
+  const GemmLayout layout = l.gemm.layout;
+  if (l.gather == Gather::a_rows && layout == GemmLayout::row_row)
+    return wide ? run_gathered_sm90<In, float, GemmLayout::row_row, Gather::a_rows>(l)
+                : run_gathered_sm90<In, In, GemmLayout::row_row, Gather::a_rows>(l);
+  if (l.gather == Gather::a_rows && layout == GemmLayout::row_col)
+    return wide ? run_gathered_sm90<In, float, GemmLayout::row_col, Gather::a_rows>(l)
+                : run_gathered_sm90<In, In, GemmLayout::row_col, Gather::a_rows>(l);
+  if (l.gather == Gather::a_k && layout == GemmLayout::col_row && !wide)
+    return run_gathered_sm90<In, In, GemmLayout::col_row, Gather::a_k>(l);
+  if (l.gather == Gather::b_k && layout == GemmLayout::col_row && !wide)
+    return run_gathered_sm90<In, In, GemmLayout::col_row, Gather::b_k>(l);
+  return Status::Internal("the gathered sm90 GEMM takes A's rows in a forward layout, or a weight gradient's "
+                          "gathered contraction with the inputs' output type");
 }
 
 }  // namespace cuda

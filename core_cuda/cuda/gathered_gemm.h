@@ -28,8 +28,9 @@ Status gathered_gemm_f32(const GatheredGemmLaunch& launch);
 Status gathered_gemm_unaligned(const GatheredGemmLaunch& launch);
 
 // The sm_90a gathered GEMM (cutlass_gathered_sm90.cuh), for the calls gathered_kernel_choice.h
-// gives it: A's rows gathered, 16-bit inputs with 16-byte aligned rows, a forward layout. An
-// error in a build without sm_90a code.
+// gives it: 16-bit inputs with 16-byte aligned rows, A's rows gathered in a forward layout or
+// a weight gradient's contraction gathered (its output in the inputs' type). An error in a
+// build without sm_90a code.
 Status gathered_gemm_sm90(const GatheredGemmLaunch& launch);
 
 // Its halves per input type (bf16, f16), one sm_90a translation unit each, made by

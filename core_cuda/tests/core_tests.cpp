@@ -906,7 +906,8 @@ void test_kernel_choice() {
     }
   CHECK(!sm90_runs(call(DType::f32, GemmLayout::row_row, GemmC::none), true));  // exact fp32 stays on CUDA cores
 
-  // The gathered GEMMs: the sm90 kernel only when asked for, for A's rows in a forward layout.
+  // The gathered GEMMs: the sm90 kernel only when asked for, for A's rows in a forward layout
+  // or a weight gradient's gathered contraction into the inputs' type.
   for (GemmLayout layout : {GemmLayout::row_row, GemmLayout::row_col}) {
     const GroupedGemmCall forward = call(DType::bf16, layout, GemmC::none);
     CHECK(gathered_kernel_for(by_shape, forward, Gather::a_rows, true) == GemmKernel::sm90);
@@ -919,9 +920,19 @@ void test_kernel_choice() {
     CHECK(gathered_kernel_for(choose_gemm_kernel(9, 0, "sm80", true), forward, Gather::a_rows, true) ==
           GemmKernel::sm80);
   }
-  for (Gather contraction : {Gather::a_k, Gather::b_k})
-    CHECK(gathered_kernel_for(by_shape, call(DType::bf16, GemmLayout::col_row, GemmC::none), contraction, true) ==
-          GemmKernel::sm80);
+  for (Gather contraction : {Gather::a_k, Gather::b_k}) {
+    GroupedGemmCall wgrad = call(DType::bf16, GemmLayout::col_row, GemmC::none);
+    CHECK(gathered_kernel_for(by_shape, wgrad, contraction, true) == GemmKernel::sm80);  // a float32 output
+    wgrad.out_dtype = DType::bf16;
+    CHECK(gathered_kernel_for(by_shape, wgrad, contraction, true) == GemmKernel::sm90);
+    CHECK(gathered_kernel_for(hopper, wgrad, contraction, true) == GemmKernel::sm80);    // not the default yet
+    CHECK(gathered_kernel_for(by_shape, wgrad, contraction, false) == GemmKernel::sm80);  // unaligned
+    CHECK(gathered_kernel_for(by_shape, wgrad, Gather::a_rows, true) == GemmKernel::sm80);
+    for (GemmLayout forward : {GemmLayout::row_row, GemmLayout::row_col}) {
+      wgrad.layout = forward;
+      CHECK(gathered_kernel_for(by_shape, wgrad, contraction, true) == GemmKernel::sm80);
+    }
+  }
 }
 
 // The sm90 kernel reads each operand through its 3.x stride (sm90_strides.h): one GEMM per
@@ -1682,7 +1693,7 @@ void test_gathered_tiles() {
     }
   }
 
-  // A [m, k] and a row-major B [k, n] or a [n, k] one, for 2-byte values (8 per piece).
+  // A [m, k] or [k, m] and B [k, n] or [n, k], for 2-byte values (8 per piece).
   auto covers_once = [](auto pieces) {
     using Pieces = decltype(pieces);
     const int cols = Pieces::kTileCols;
