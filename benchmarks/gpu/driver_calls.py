@@ -361,7 +361,8 @@ def expert_mlp_calls_for(dtype):
 
 
 def _gathered(dtype, out, layout, gather, aligned, family):
-    if aligned and family == kernel_table.SM90_BY_SHAPE and dtype in SIXTEEN_BIT and (gather == "a_rows" or out == dtype):
+    sm90_takes = gather == "a_rows" or out == dtype  # a gathered contraction: the inputs' output type only
+    if aligned and family == kernel_table.SM90_BY_SHAPE and dtype in SIXTEEN_BIT and sm90_takes:
         return (GATHERED_SM90, dtype, out, layout, gather)
     if aligned:
         return (GATHERED, dtype, out, layout, gather)
