@@ -44,8 +44,9 @@ struct PackedB {
 
 // B of `call` packed into `storage` (kept by the caller and reused), for calls that
 // differ from `call` only in m, a and c; nullopt where the call's kernel reads B as it is
-// (every call but a bfloat16 one with a row-major A, and every call on a CPU without AMX,
-// where packing was not measured).
+// (every call but a bfloat16 one with a row-major A, and every call on a CPU without AMX:
+// on an AVX-512 BF16 CPU, grouped bfloat16 GEMMs of 256 to 4096 rows per group ran at
+// 0.94-1.16x of their time with B packed once, so there it is not).
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage);
 
 // Whether pack_b packs on this CPU.
