@@ -47,6 +47,7 @@ set(GG_CORE_SOURCES
   core_cuda/cpu/expert_ops.cpp
   core_cuda/src/expert_mlp_api.cpp
   core_cuda/cpu/expert_mlp.cpp
+  core_cuda/cpu/row_scratch.cpp
   core_cuda/src/fp8_api.cpp
   core_cuda/cpu/fp8_quantize.cpp
   core_cuda/cpu/fp8_gemm.cpp

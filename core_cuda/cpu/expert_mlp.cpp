@@ -4,7 +4,8 @@
 // (gemm.h), so no [T*k, H] copy of the tokens exists. Each expert's blocks run in order,
 // its weights packed once for all of them (ExpertWeight). Forward, per block: fc1, its
 // output scattered into h (slot order), the activation, fc2 into the expert-output scratch
-// rows; then each token's weighted sum is unpermute's (expert_ops.cpp). Backward, per
+// rows (row_scratch.h's, kept from call to call, not the caller's); then each token's
+// weighted sum is unpermute's (expert_ops.cpp). Backward, per
 // block: dout's rows gathered, g = dout @ w_out^T; then one pass per row (row_backward)
 // recomputes the activation from h, takes dprobs from the identity and fc1's output gradient
 // from one sigmoid per value; the weight and bias gradients are added up in float32
@@ -30,6 +31,7 @@
 #include "gemm.h"
 #include "groupgemm/activation.h"
 #include "groupgemm/expert_mlp.h"
+#include "row_scratch.h"
 #include "thread_plan.h"
 #include "values.h"
 
@@ -392,7 +394,8 @@ Status forward(const ExpertMlpArgs& a, int64_t block_rows) {
       b_in(a.b_in, experts * f_in), b_out(a.b_out, experts * hidden);
   const T* tokens = static_cast<const T*>(a.tokens);
   T* h = static_cast<T*>(a.h);
-  T* expert_rows = static_cast<T*>(a.expert_rows);
+  const RowScratch scratch_rows(routing.kept * hidden * int64_t(sizeof(T)));  // the expert outputs
+  T* expert_rows = scratch_rows.as<T>();
   if (h)  // a dropped slot's pre-activation: exact zeros
     for (int64_t s = 0; s < a.num_tokens * k; ++s)
       if (routing.row_map[s] < 0) std::memset(h + s * f_in, 0, f_in * sizeof(T));
@@ -424,7 +427,7 @@ Status forward(const ExpertMlpArgs& a, int64_t block_rows) {
 
   UnpermuteArgs sum;  // out[t]: its slots' weighted expert outputs, in slot order
   sum.dtype = a.dtype, sum.probs_dtype = a.probs_dtype;
-  sum.permuted = a.expert_rows, sum.row_map = routing.row_map.data(), sum.probs = a.probs, sum.out = a.out;
+  sum.permuted = expert_rows, sum.row_map = routing.row_map.data(), sum.probs = a.probs, sum.out = a.out;
   sum.num_rows = routing.kept, sum.num_tokens = a.num_tokens, sum.top_k = k, sum.hidden = hidden;
   return unpermute(sum);
 }
@@ -445,7 +448,8 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
   const T* b_out = static_cast<const T*>(a.b_out);
   const P* probs = static_cast<const P*>(a.probs);
   P* dprobs = static_cast<P*>(a.dprobs);
-  T* token_rows = static_cast<T*>(a.token_rows);
+  const RowScratch scratch_rows(a.dtokens ? routing.kept * hidden * int64_t(sizeof(T)) : 0);
+  T* token_rows = scratch_rows.as<T>();  // the input gradients' rows
   const bool want_dw_in = a.dw_in || a.db_in, want_dh = a.dtokens || want_dw_in;
   const bool want_g = want_dh || a.dprobs, want_dy = a.dw_out || a.db_out, want_act = a.dprobs || a.dw_out;
   if (dprobs)
@@ -542,7 +546,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
 
   if (!a.dtokens) return Status::Ok();
   UnpermuteArgs sum;  // dtokens[t]: its slots' input gradients, in slot order
-  sum.dtype = a.dtype, sum.permuted = a.token_rows, sum.row_map = routing.row_map.data(), sum.out = a.dtokens;
+  sum.dtype = a.dtype, sum.permuted = token_rows, sum.row_map = routing.row_map.data(), sum.out = a.dtokens;
   sum.num_rows = routing.kept, sum.num_tokens = a.num_tokens, sum.top_k = k, sum.hidden = hidden;
   return unpermute(sum);
 }

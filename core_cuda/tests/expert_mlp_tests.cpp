@@ -23,6 +23,7 @@
 #include "groupgemm/activation.h"
 #include "groupgemm/expert_mlp.h"
 #include "groupgemm/groupgemm.h"
+#include "row_scratch.h"
 
 using namespace groupgemm;
 
@@ -318,8 +319,16 @@ Status run_cuda_sequence(const Args& a, bool backward, Enqueue enqueue,
   return enqueue(a, workspace.data(), launch);
 }
 
+// One CPU call with the CPU backend's kept scratch rows (row_scratch.h) poisoned first.
+template <typename Call>
+void run_cpu(Call call) {
+  cpu::poison_kept_row_scratch();
+  CHECK(call().ok());
+}
+
 // block_rows 0: the public entry points (the CPU's own blocks); else blocks of at most that many rows.
-// With `cuda`, the CUDA backend's call sequence on the host instead.
+// With `cuda`, the CUDA backend's call sequence on the host instead. The scratch rows are NaN
+// before each call: the caller's, and the CPU backend's own (row_scratch.h), which it uses instead.
 template <typename T>
 Fused<T> run_fused(const Problem<T>& p, int64_t block_rows = 0,
                    emulated::ExpertHostLauncher* cuda = nullptr) {
@@ -343,7 +352,7 @@ Fused<T> run_fused(const Problem<T>& p, int64_t block_rows = 0,
   if (cuda)
     CHECK(run_cuda_sequence(a, false, enqueue_expert_mlp<emulated::ExpertHostLauncher>, *cuda).ok());
   else
-    CHECK((block_rows ? cpu::expert_mlp_in_blocks(a, block_rows) : expert_mlp(a, ExecContext{})).ok());
+    run_cpu([&] { return block_rows ? cpu::expert_mlp_in_blocks(a, block_rows) : expert_mlp(a, ExecContext{}); });
 
   r.dtokens.assign(c.tokens * c.hidden, nan), r.dprobs.assign(slots, std::nanf(""));
   r.dw_in.assign(p.w_in.size(), nan), r.dw_out.assign(p.w_out.size(), nan);
@@ -361,9 +370,9 @@ Fused<T> run_fused(const Problem<T>& p, int64_t block_rows = 0,
   if (cuda)
     CHECK(run_cuda_sequence(b, true, enqueue_expert_mlp_backward<emulated::ExpertHostLauncher>, *cuda).ok());
   else
-    CHECK((block_rows ? cpu::expert_mlp_backward_in_blocks(b, block_rows)
-                      : expert_mlp_backward(b, ExecContext{}))
-              .ok());
+    run_cpu([&] {
+      return block_rows ? cpu::expert_mlp_backward_in_blocks(b, block_rows) : expert_mlp_backward(b, ExecContext{});
+    });
   return r;
 }
 
