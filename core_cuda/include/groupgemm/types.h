@@ -258,7 +258,8 @@ struct ActivationBackwardArgs {
 // in float32 (float64 for float64), rounded once (weight 1 without probs). A slot with a
 // negative id or one outside the window adds nothing. The expert outputs go through
 // `expert_rows`, [T * k, H] of scratch (left undefined), so the per-token sum runs in
-// slot order on every backend.
+// slot order on every backend. (The CPU backend uses scratch of its own, kept from call
+// to call, and leaves `expert_rows` and the backward's `token_rows` untouched.)
 struct ExpertMlpArgs {
   DType dtype = DType::f32;        // tokens, weights, biases, out, h and expert_rows
   DType probs_dtype = DType::f32;  // dtype, or float32
