@@ -5,12 +5,11 @@
 // its weights packed once for all of them (ExpertWeight). Forward, per block: fc1, its
 // output scattered into h (slot order), the activation, fc2 into the expert-output scratch
 // rows (row_scratch.h's, kept from call to call, not the caller's); then each token's
-// weighted sum is unpermute's (expert_ops.cpp). Backward, per
-// block: dout's rows gathered, g = dout @ w_out^T; then one pass per row (row_backward)
-// recomputes the activation from h, takes dprobs from the identity and fc1's output gradient
-// from one sigmoid per value; the weight and bias gradients are added up in float32
-// (float64), the input gradients' rows written to the token-row scratch, whose per-token
-// sums are unpermute's again.
+// weighted sum is unpermute's (expert_ops.cpp). Backward, per block: dout's rows gathered,
+// g = dout @ w_out^T; then one pass per row (row_backward) recomputes the activation from
+// h, takes dprobs from the identity and fc1's output gradient from one sigmoid per value;
+// the weight and bias gradients are added up in float32 (float64), the input gradients'
+// rows written to the token-row scratch, whose per-token sums are unpermute's again.
 //
 // The GEMMs and the activation are the grouped path's own calls (backend.cpp's library
 // GEMM, expert_ops.cpp's activation) on a block's rows instead of a group's, with the bits
@@ -302,7 +301,8 @@ void activate(Activation kind, const T* h, int64_t n, int64_t in_features, std::
 }
 
 // Columns of a row go through the backward's elementwise steps in chunks of this many (a
-// multiple of kDotLanes), each step a loop of its own that the compiler can vectorize.
+// multiple of kDotLanes), each step a loop of its own: the exponentials (a library call
+// each) apart from the arithmetic, which the compiler can vectorize.
 constexpr int64_t kColumnChunk = 256;
 
 // One block row's elementwise backward, while the row is in cache: the activation recomputed

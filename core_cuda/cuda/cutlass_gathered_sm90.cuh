@@ -2,11 +2,11 @@
 // that read one operand through each group's index array, so token rows enter the GEMM
 // where they are, never as a [T*k, H] copy: A's rows in a forward layout (fc1, fc2's input
 // gradient), or the contraction's rows of A or B in a weight gradient's (w_in's gradient,
-// col_row: both operands [K, M] / [K, N], M and N contiguous). TMA cannot gather (a descriptor covers one
-// strided box), hence cp.async, as in CUTLASS's Hopper gather/scatter example; the
-// consumer half is CUTLASS 3.x's cp.async warp-specialized cooperative mainloop (one
-// producer warp group loads, two consumer warp groups share each 128 x 128 output tile),
-// the loads are written here: the collective's own take one strided tensor.
+// col_row: both operands [K, M] / [K, N], M and N contiguous). TMA cannot gather (a
+// descriptor covers one strided box), hence cp.async, as in CUTLASS's Hopper gather/scatter
+// example; the consumer half is CUTLASS 3.x's cp.async warp-specialized cooperative
+// mainloop (one producer warp group loads, two consumer warp groups share each 128 x 128
+// output tile), the loads are written here: the collective's own take one strided tensor.
 //
 // Persistent over the groups' tiles with the problem sizes only on the device: block b
 // takes tiles b, b + gridDim.x, ... and finds each one's group (gathered_tiles.h). A group
@@ -226,7 +226,8 @@ struct GatheredGroupedGemmSm90 {
   }
 };
 
-// One persistent wave of the gathered sm90 kernel for one input type, output type and layout.
+// One persistent wave of the gathered sm90 kernel for one input type, output type, layout and
+// gathered operand.
 template <typename In, typename Out, GemmLayout L, Gather kGather>
 Status run_gathered_sm90(const GatheredGemmLaunch& l) {
   using Kernel = GatheredGroupedGemmSm90<In, Out, L, kGather>;
