@@ -127,48 +127,52 @@ struct GatheredGroupedGemmSm90 {
       const In* a = static_cast<const In*>(p.ptr[0][t.group]);
       const In* b = static_cast<const In*>(p.ptr[1][t.group]);
       const int64_t lda = p.ld[0][t.group], ldb = p.ld[1][t.group];
-      const int32_t* rows = p.indices[t.group];
+      const int32_t* indices = p.indices[t.group];
+      const int32_t* a_indices = kGather == Gather::b_k ? nullptr : indices;
+      const int32_t* b_indices = kGather == Gather::b_k ? indices : nullptr;
       const int a_col = PiecesA::col(thread), b_col = PiecesB::col(thread);
-      // A forward layout's gathered rows of A, for the whole tile: the index array is read
-      // once, not per k tile.
-      const In* a_row[kGather == Gather::a_rows ? PiecesA::kPasses : 1] = {};
-      if constexpr (kGather == Gather::a_rows) {
+      // The storage rows of tile rows along M or N (A [M, K], B [N, K]) for the whole tile:
+      // a gathered index array is read once, not per k tile.
+      int64_t a_row[kAColMajor ? 1 : PiecesA::kPasses], b_row[kBRowMajor ? 1 : PiecesB::kPasses];
+      if constexpr (!kAColMajor) {
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < PiecesA::kPasses; ++i) {
-          const int r = t.m0 + PiecesA::row(thread, i);
-          a_row[i] = r < t.m ? a + int64_t(rows[r]) * lda : nullptr;
-        }
+        for (int i = 0; i < PiecesA::kPasses; ++i)
+          a_row[i] = storage_row(a_tile_spans(false, t, 0).rows, PiecesA::row(thread, i), a_indices);
       }
-      // Row k of the contraction of an operand [K, M or N]: row rows[k] when it is the gathered one.
-      const auto k_row = [&](bool gathered, int k) { return int64_t(gathered ? rows[k] : k); };
+      if constexpr (!kBRowMajor) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < PiecesB::kPasses; ++i)
+          b_row[i] = storage_row(b_tile_spans(false, t, 0).rows, PiecesB::row(thread, i), nullptr);
+      }
       const int k_tiles = t.k_tiles<kTileK>();
       for (int kt = 0; kt < k_tiles; ++kt) {
         pipeline.producer_acquire(write);
         const int stage = write.index();
-        const int k0 = kt * kTileK;
+        const TileSpans a_spans = a_tile_spans(kAColMajor, t, kt * kTileK);
+        const TileSpans b_spans = b_tile_spans(kBRowMajor, t, kt * kTileK);
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < PiecesA::kPasses; ++i) {
           const int r = PiecesA::row(thread, i);
-          if constexpr (kAColMajor) {  // tile row r is k0 + r, the piece runs along m
-            const int bytes = k0 + r < t.k ? piece_bytes(t.m - (t.m0 + a_col), kElementBytes) : 0;
-            const In* src = bytes ? a + k_row(kGather == Gather::a_k, k0 + r) * lda + t.m0 + a_col : a;
-            copy_16_bytes(&sA(a_col, r, stage), src, bytes);
-          } else {  // tile row r is a gathered row of A, the piece runs along k
-            const int bytes = a_row[i] ? piece_bytes(t.k - (k0 + a_col), kElementBytes) : 0;
-            copy_16_bytes(&sA(r, a_col, stage), bytes ? a_row[i] + k0 + a_col : a, bytes);
-          }
+          int64_t row;
+          void* dst;  // sA(m, k)
+          if constexpr (kAColMajor)
+            row = storage_row(a_spans.rows, r, a_indices), dst = &sA(a_col, r, stage);
+          else
+            row = a_row[i], dst = &sA(r, a_col, stage);
+          const int bytes = piece_bytes_at(row, a_spans.cols, a_col, kElementBytes);
+          copy_16_bytes(dst, bytes ? a + row * lda + a_spans.cols.first + a_col : a, bytes);
         }
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < PiecesB::kPasses; ++i) {
           const int r = PiecesB::row(thread, i);
-          if constexpr (kBRowMajor) {  // tile row r is k0 + r, the piece runs along n
-            const int bytes = k0 + r < t.k ? piece_bytes(t.n - (t.n0 + b_col), kElementBytes) : 0;
-            const In* src = bytes ? b + k_row(kGather == Gather::b_k, k0 + r) * ldb + t.n0 + b_col : b;
-            copy_16_bytes(&sB(b_col, r, stage), src, bytes);
-          } else {  // tile row r is column t.n0 + r of the product, the piece runs along k
-            const int bytes = t.n0 + r < t.n ? piece_bytes(t.k - (k0 + b_col), kElementBytes) : 0;
-            copy_16_bytes(&sB(r, b_col, stage), bytes ? b + int64_t(t.n0 + r) * ldb + k0 + b_col : b, bytes);
-          }
+          int64_t row;
+          void* dst;  // sB(n, k)
+          if constexpr (kBRowMajor)
+            row = storage_row(b_spans.rows, r, b_indices), dst = &sB(b_col, r, stage);
+          else
+            row = b_row[i], dst = &sB(r, b_col, stage);
+          const int bytes = piece_bytes_at(row, b_spans.cols, b_col, kElementBytes);
+          copy_16_bytes(dst, bytes ? b + row * ldb + b_spans.cols.first + b_col : b, bytes);
         }
         pipeline.producer_commit(write, cutlass::arch::cpasync_barrier_arrive);
         ++write;

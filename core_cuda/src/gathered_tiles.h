@@ -77,4 +77,39 @@ GG_HD int piece_bytes(int left, int element_bytes) {
   return left * element_bytes >= 16 ? 16 : left > 0 ? left * element_bytes : 0;
 }
 
+// Where a loading thread's piece of an operand tile comes from. The operand is stored as
+// rows of contiguous values; a tile's rows and its columns (TilePieces' rows and columns)
+// each cover a span of one problem dimension: the contraction (K) from the k tile's first
+// k, or the product's M or N from the tile's m0 or n0. A [M, K] and B [N, K] tiles' rows
+// run along M and N, A [K, M] and B [K, N] tiles' rows along K.
+struct TileSpan {
+  int first, extent;  // the span's first index and the problem's size along it
+};
+struct TileSpans {
+  TileSpan rows, cols;
+};
+// An A tile's spans for the k tile from k0: rows along K for A [K, M], else along M.
+GG_HD TileSpans a_tile_spans(bool rows_along_k, const GatheredTile& t, int k0) {
+  const TileSpan k{k0, t.k}, m{t.m0, t.m};
+  return rows_along_k ? TileSpans{k, m} : TileSpans{m, k};
+}
+// A B tile's: rows along K for B [K, N], else along N.
+GG_HD TileSpans b_tile_spans(bool rows_along_k, const GatheredTile& t, int k0) {
+  const TileSpan k{k0, t.k}, n{t.n0, t.n};
+  return rows_along_k ? TileSpans{k, n} : TileSpans{n, k};
+}
+
+// The storage row of tile row r: the index array's entry when the operand's rows are the
+// gathered ones (indices not null); -1 past the problem.
+GG_HD int64_t storage_row(TileSpan rows, int r, const int32_t* indices) {
+  const int i = rows.first + r;
+  return i >= rows.extent ? -1 : indices ? int64_t(indices[i]) : int64_t(i);
+}
+
+// The bytes a piece at tile column col of storage row `row` (storage_row's) reads: 0 for
+// no row, fewer than 16 at the problem's edge. It starts at column cols.first + col.
+GG_HD int piece_bytes_at(int64_t row, TileSpan cols, int col, int element_bytes) {
+  return row < 0 ? 0 : piece_bytes(cols.extent - (cols.first + col), element_bytes);
+}
+
 }  // namespace groupgemm

@@ -1707,6 +1707,54 @@ void test_gathered_tiles() {
   covers_once(TilePieces<64, 128, 8, 128>{});
   covers_once(TilePieces<128, 64, 8, 128>{});
 
+  // Every operand tile the loads fill, element by element: the operand's value or, past the
+  // problem's edge, zero. A is [M, K] or [K, M] in storage, B [N, K] or [K, N]; the storage
+  // rows of the gathered dimension (M for A's rows, K for a contraction) are the index
+  // array's entries. Each piece is 8 2-byte values, as the kernel's 16-byte copies.
+  for (int trial = 0; trial < 40; ++trial) {
+    const int m = 1 + int(rng() % 300), n = 1 + int(rng() % 300), k = 1 + int(rng() % 200);
+    const GatheredTile t{0, int(rng() % 3) * 128, int(rng() % 3) * 128, m, n, k};
+    const int k0 = int(rng() % 4) * 64, sources = 400;
+    std::vector<int32_t> indices(400);
+    for (int32_t& i : indices) i = int32_t(rng() % sources);
+    for (bool is_a : {true, false})
+      for (bool rows_along_k : {false, true})
+        for (bool gathered : {false, true}) {
+          // The operand's value at (i, k): i an m (A) or an n (B); storage row and column of it.
+          const int ld = 1000;  // wider than any column
+          auto value = [&](int i, int kk) {
+            const int along_rows = rows_along_k ? kk : i, along_cols = rows_along_k ? i : kk;
+            const int row = gathered ? indices[along_rows] : along_rows;
+            return row * ld + along_cols + 1;  // storage[row][col], never 0
+          };
+          const TileSpans spans = is_a ? a_tile_spans(rows_along_k, t, k0) : b_tile_spans(rows_along_k, t, k0);
+          constexpr int kTileRows = 64, kTileCols = 128;  // a tile along K has 64 rows, else 64 columns
+          const int rows = rows_along_k ? kTileRows : kTileCols, cols = rows_along_k ? kTileCols : kTileRows;
+          std::vector<int> tile(size_t(rows) * cols, -1);
+          auto fill = [&](auto pieces) {
+            using Pieces = decltype(pieces);
+            for (int thread = 0; thread < Pieces::kLoadThreads; ++thread)
+              for (int pass = 0; pass < Pieces::kPasses; ++pass) {
+                const int r = Pieces::row(thread, pass), c = Pieces::col(thread);
+                const int64_t row = storage_row(spans.rows, r, gathered ? indices.data() : nullptr);
+                const int values = piece_bytes_at(row, spans.cols, c, 2) / 2;
+                for (int v = 0; v < 8; ++v)
+                  tile[size_t(r) * cols + c + v] = v < values ? int(row * ld + spans.cols.first + c + v + 1) : 0;
+              }
+          };
+          if (rows_along_k)
+            fill(TilePieces<128, 64, 8, 128>{});
+          else
+            fill(TilePieces<64, 128, 8, 128>{});
+          const int first = is_a ? t.m0 : t.n0, extent = is_a ? m : n;
+          for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) {
+              const int i = first + (rows_along_k ? c : r), kk = k0 + (rows_along_k ? r : c);
+              CHECK(tile[size_t(r) * cols + c] == (i < extent && kk < k ? value(i, kk) : 0));
+            }
+        }
+  }
+
   CHECK(piece_bytes(8, 2) == 16 && piece_bytes(100, 2) == 16 && piece_bytes(3, 2) == 6 && piece_bytes(1, 2) == 2);
   CHECK(piece_bytes(0, 2) == 0 && piece_bytes(-40, 2) == 0 && piece_bytes(3, 4) == 12 && piece_bytes(4, 4) == 16);
 }
