@@ -115,6 +115,34 @@ struct GatheredGroupedGemmSm90 {
   static constexpr int kSharedBytes = int(sizeof(SharedStorage));
   static_assert(kSharedBytes <= int(kSm90SharedMemoryPerBlock), "the gathered sm90 kernel needs too much shared memory");
 
+  // The storage rows (storage_row) of a thread's tile rows in `rows`, one per pass.
+  template <typename Pieces>
+  CUTLASS_DEVICE static void tile_rows(TileSpan rows, const int32_t* indices, int thread, int64_t* out) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < Pieces::kPasses; ++i) out[i] = storage_row(rows, Pieces::row(thread, i), indices);
+  }
+
+  // A thread's pieces of one operand tile of a k tile, into `stage` of `smem` (indexed (m or n,
+  // k, stage)): tile rows along K find their storage rows now, the others take them from
+  // tile_rows' `rows`.
+  template <typename Pieces, bool kRowsAlongK, typename Smem>
+  CUTLASS_DEVICE static void load_pieces(Smem& smem, int stage, const In* base, int64_t ld, TileSpans spans,
+                                         const int32_t* indices, const int64_t* rows, int thread) {
+    const int col = Pieces::col(thread);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < Pieces::kPasses; ++i) {
+      const int r = Pieces::row(thread, i);
+      int64_t row;
+      void* dst;
+      if constexpr (kRowsAlongK)
+        row = storage_row(spans.rows, r, indices), dst = &smem(col, r, stage);
+      else
+        row = rows[i], dst = &smem(r, col, stage);
+      const int bytes = piece_bytes_at(row, spans.cols, col, kElementBytes);
+      copy_16_bytes(dst, bytes ? base + row * ld + spans.cols.first + col : base, bytes);
+    }
+  }
+
   // The load warp group: every k tile of each of the block's tiles into the pipeline.
   CUTLASS_DEVICE static void load(const Params& p, Pipeline& pipeline, SharedStorage& shared, int thread) {
     using namespace cute;
@@ -130,50 +158,19 @@ struct GatheredGroupedGemmSm90 {
       const int32_t* indices = p.indices[t.group];
       const int32_t* a_indices = kGather == Gather::b_k ? nullptr : indices;
       const int32_t* b_indices = kGather == Gather::b_k ? indices : nullptr;
-      const int a_col = PiecesA::col(thread), b_col = PiecesB::col(thread);
       // The storage rows of tile rows along M or N (A [M, K], B [N, K]) for the whole tile:
       // a gathered index array is read once, not per k tile.
       int64_t a_row[kAColMajor ? 1 : PiecesA::kPasses], b_row[kBRowMajor ? 1 : PiecesB::kPasses];
-      if constexpr (!kAColMajor) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < PiecesA::kPasses; ++i)
-          a_row[i] = storage_row(a_tile_spans(false, t, 0).rows, PiecesA::row(thread, i), a_indices);
-      }
-      if constexpr (!kBRowMajor) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < PiecesB::kPasses; ++i)
-          b_row[i] = storage_row(b_tile_spans(false, t, 0).rows, PiecesB::row(thread, i), nullptr);
-      }
+      if constexpr (!kAColMajor) tile_rows<PiecesA>(a_tile_spans(false, t, 0).rows, a_indices, thread, a_row);
+      if constexpr (!kBRowMajor) tile_rows<PiecesB>(b_tile_spans(false, t, 0).rows, nullptr, thread, b_row);
       const int k_tiles = t.k_tiles<kTileK>();
       for (int kt = 0; kt < k_tiles; ++kt) {
         pipeline.producer_acquire(write);
         const int stage = write.index();
-        const TileSpans a_spans = a_tile_spans(kAColMajor, t, kt * kTileK);
-        const TileSpans b_spans = b_tile_spans(kBRowMajor, t, kt * kTileK);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < PiecesA::kPasses; ++i) {
-          const int r = PiecesA::row(thread, i);
-          int64_t row;
-          void* dst;  // sA(m, k)
-          if constexpr (kAColMajor)
-            row = storage_row(a_spans.rows, r, a_indices), dst = &sA(a_col, r, stage);
-          else
-            row = a_row[i], dst = &sA(r, a_col, stage);
-          const int bytes = piece_bytes_at(row, a_spans.cols, a_col, kElementBytes);
-          copy_16_bytes(dst, bytes ? a + row * lda + a_spans.cols.first + a_col : a, bytes);
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < PiecesB::kPasses; ++i) {
-          const int r = PiecesB::row(thread, i);
-          int64_t row;
-          void* dst;  // sB(n, k)
-          if constexpr (kBRowMajor)
-            row = storage_row(b_spans.rows, r, b_indices), dst = &sB(b_col, r, stage);
-          else
-            row = b_row[i], dst = &sB(r, b_col, stage);
-          const int bytes = piece_bytes_at(row, b_spans.cols, b_col, kElementBytes);
-          copy_16_bytes(dst, bytes ? b + row * ldb + b_spans.cols.first + b_col : b, bytes);
-        }
+        load_pieces<PiecesA, kAColMajor>(sA, stage, a, lda, a_tile_spans(kAColMajor, t, kt * kTileK), a_indices, a_row,
+                                         thread);
+        load_pieces<PiecesB, kBRowMajor>(sB, stage, b, ldb, b_tile_spans(kBRowMajor, t, kt * kTileK), b_indices, b_row,
+                                         thread);
         pipeline.producer_commit(write, cutlass::arch::cpasync_barrier_arrive);
         ++write;
       }
