@@ -35,13 +35,14 @@ template <>
 inline f16_t narrow<f16_t>(float v) {
   return static_cast<f16_t>(v);
 }
+// A NaN stays a (quiet) NaN. Both results are computed and one selected, without a branch,
+// so that loops of conversions vectorize.
 template <>
 inline bf16_t narrow<bf16_t>(float v) {
   uint32_t u;
   std::memcpy(&u, &v, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40u)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return {static_cast<uint16_t>(u >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x40u;
+  return {static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 
 // Calls fn with a value of the C++ storage type of `t` (only its type matters).

@@ -31,6 +31,7 @@
 #include "groupgemm/activation.h"
 #include "groupgemm/expert_mlp.h"
 #include "row_scratch.h"
+#include "sigmoid_rows.h"
 #include "thread_plan.h"
 #include "values.h"
 
@@ -302,52 +303,45 @@ void activate(Activation kind, const T* h, int64_t n, int64_t in_features, std::
   activation(a);
 }
 
-// Columns of a row go through the backward's elementwise steps in chunks of this many (a
-// multiple of kDotLanes), each step a loop of its own: the exponentials (a library call
-// each) apart from the arithmetic, which the compiler can vectorize.
-constexpr int64_t kColumnChunk = 256;
-
 // One block row's elementwise backward, while the row is in cache: the activation recomputed
 // from the row's pre-activation h (into act, when given), the lane sums of dot(act, g) for
 // dprobs (into partial, when given), and, when `dh`, fc1's output gradient act'(h) times the
 // slot's weight p times g in place of h. A sigmoid-based kind computes one sigmoid per value
-// for both; the bits are those of activation() and activation_backward_at.
+// for both (sigmoid_rows.h); the bits are those of activation() and activation_backward_at.
 template <typename T>
 void row_backward(Activation kind, T* h, const Acc<T>* g, Acc<T> p, int64_t f_in, T* act, Acc<T>* partial,
                   bool dh) {
   using A = Acc<T>;
-  const int64_t f = activation_out_features(kind, f_in), up_offset = kind == Activation::swiglu ? f : 0;
-  auto up_at = [&](int64_t c) { return up_offset ? load<A>(h, up_offset + c) : A(0); };
-  auto write_dh = [&](int64_t c, ActivationGrad<A> d) {
-    h[c] = store<T>(d.dx);
-    if (up_offset) h[up_offset + c] = store<T>(d.dup);
+  const int64_t f = activation_out_features(kind, f_in);
+  auto add_lanes = [&](int64_t c0, int64_t n) {  // column c adds to lane c % kDotLanes, in column order
+    for (int64_t i0 = 0; i0 < n; i0 += kDotLanes)  // (dot_lane_partial's order)
+      for (int64_t l = 0; l < std::min<int64_t>(kDotLanes, n - i0); ++l)
+        partial[l] = add_product(partial[l], load<A>(act, c0 + i0 + l), g[c0 + i0 + l]);
   };
-  if (!sigmoid_based(kind)) {
-    for (int64_t c = 0; c < f; ++c) {
-      const A x = load<A>(h, c), up = up_at(c);
-      if (act) act[c] = store<T>(activation_forward(kind, x, up));
-      if (partial) partial[c % kDotLanes] = add_product(partial[c % kDotLanes], load<A>(act, c), g[c]);
-      if (dh) write_dh(c, activation_backward_at(kind, product(p, g[c]), x, up));
-    }
-    return;
+  const bool sigmoid_based = visit_sigmoid_kind(kind, [&](auto kind_constant) {
+    constexpr Activation kKind = decltype(kind_constant)::value;
+    for_sigmoid_chunks<kKind>(h, f, [&](int64_t c0, int64_t n, const A* up, const A* sig) {
+      T* gate = h + c0;
+      if (act)
+        for (int64_t i = 0; i < n; ++i)
+          act[c0 + i] = store<T>(activation_forward_at_sigmoid(kKind, load<A>(gate, i), up[i], sig[i]));
+      if (partial) add_lanes(c0, n);
+      if (dh)
+        for (int64_t i = 0; i < n; ++i) {
+          const ActivationGrad<A> d =
+              activation_backward_at_sigmoid(kKind, product(p, g[c0 + i]), load<A>(gate, i), up[i], sig[i]);
+          gate[i] = store<T>(d.dx);
+          if (kKind == Activation::swiglu) gate[f + i] = store<T>(d.dup);
+        }
+    });
+  });
+  if (sigmoid_based) return;
+  for (int64_t c = 0; c < f; ++c) {
+    const A x = load<A>(h, c);
+    if (act) act[c] = store<T>(activation_forward(kind, x, A(0)));
+    if (dh) h[c] = store<T>(activation_backward_at(kind, product(p, g[c]), x, A(0)).dx);
   }
-  A sig[kColumnChunk];
-  for (int64_t c0 = 0; c0 < f; c0 += kColumnChunk) {
-    const int64_t n = std::min(kColumnChunk, f - c0);
-    for (int64_t i = 0; i < n; ++i) sig[i] = sigmoid(load<A>(h, c0 + i));
-    if (act)
-      for (int64_t i = 0; i < n; ++i)
-        act[c0 + i] = store<T>(activation_forward_at_sigmoid(kind, load<A>(h, c0 + i), up_at(c0 + i), sig[i]));
-    if (partial)  // column c adds to lane c % kDotLanes, in column order (dot_lane_partial's order)
-      for (int64_t i0 = 0; i0 < n; i0 += kDotLanes)
-        for (int64_t l = 0; l < std::min<int64_t>(kDotLanes, n - i0); ++l)
-          partial[l] = add_product(partial[l], load<A>(act, c0 + i0 + l), g[c0 + i0 + l]);
-    if (dh)
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t c = c0 + i;
-        write_dh(c, activation_backward_at_sigmoid(kind, product(p, g[c]), load<A>(h, c), up_at(c), sig[i]));
-      }
-  }
+  if (partial) add_lanes(0, f);
 }
 
 // Runs fn(item) for items [0, count) side by side on the threads, each on one thread.

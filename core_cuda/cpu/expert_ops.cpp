@@ -15,6 +15,7 @@
 #include "groupgemm/activation.h"
 #include "groupgemm/permute.h"
 #include "groupgemm/router.h"
+#include "sigmoid_rows.h"
 #include "values.h"
 
 namespace groupgemm {
@@ -137,16 +138,22 @@ Status activation(const ActivationArgs& a) {
     using T = decltype(tag);
     using A = Acc<T>;
     const int64_t f_in = a.in_features, f_out = activation_out_features(a.kind, f_in);
-    const int64_t up_offset = a.kind == Activation::swiglu ? f_out : 0;
     const T* h = static_cast<const T*>(a.h);
     T* out = static_cast<T*>(a.out);
 #pragma omp parallel for schedule(static) if (parallel_rows(a.rows, f_in))
-    for (int64_t m = 0; m < a.rows; ++m)
-      for (int64_t f = 0; f < f_out; ++f) {
-        const A x = load<A>(h, m * f_in + f);
-        const A up = up_offset ? load<A>(h, m * f_in + up_offset + f) : A(0);
-        out[m * f_out + f] = store<T>(activation_forward(a.kind, x, up));
-      }
+    for (int64_t m = 0; m < a.rows; ++m) {
+      const T* x = h + m * f_in;
+      T* y = out + m * f_out;
+      const bool sigmoid_based = visit_sigmoid_kind(a.kind, [&](auto kind_constant) {
+        constexpr Activation kKind = decltype(kind_constant)::value;
+        for_sigmoid_chunks<kKind>(x, f_out, [&](int64_t c0, int64_t n, const A* up, const A* sig) {
+          for (int64_t i = 0; i < n; ++i)
+            y[c0 + i] = store<T>(activation_forward_at_sigmoid(kKind, load<A>(x, c0 + i), up[i], sig[i]));
+        });
+      });
+      if (!sigmoid_based)
+        for (int64_t f = 0; f < f_out; ++f) y[f] = store<T>(activation_forward(a.kind, load<A>(x, f), A(0)));
+    }
     return Status::Ok();
   });
 }
@@ -156,19 +163,29 @@ Status activation_backward(const ActivationBackwardArgs& a) {
     using T = decltype(tag);
     using A = Acc<T>;
     const int64_t f_in = a.in_features, f_out = activation_out_features(a.kind, f_in);
-    const int64_t up_offset = a.kind == Activation::swiglu ? f_out : 0;
     const T* dout = static_cast<const T*>(a.dout);
     const T* h = static_cast<const T*>(a.h);
     T* dh = static_cast<T*>(a.dh);
 #pragma omp parallel for schedule(static) if (parallel_rows(a.rows, f_in))
-    for (int64_t m = 0; m < a.rows; ++m)
-      for (int64_t f = 0; f < f_out; ++f) {
-        const A x = load<A>(h, m * f_in + f);
-        const A up = up_offset ? load<A>(h, m * f_in + up_offset + f) : A(0);
-        const ActivationGrad<A> g = activation_backward_at(a.kind, load<A>(dout, m * f_out + f), x, up);
-        dh[m * f_in + f] = store<T>(g.dx);
-        if (up_offset) dh[m * f_in + up_offset + f] = store<T>(g.dup);
-      }
+    for (int64_t m = 0; m < a.rows; ++m) {
+      const T* x = h + m * f_in;
+      const T* dy = dout + m * f_out;
+      T* dx = dh + m * f_in;
+      const bool sigmoid_based = visit_sigmoid_kind(a.kind, [&](auto kind_constant) {
+        constexpr Activation kKind = decltype(kind_constant)::value;
+        for_sigmoid_chunks<kKind>(x, f_out, [&](int64_t c0, int64_t n, const A* up, const A* sig) {
+          for (int64_t i = 0; i < n; ++i) {
+            const ActivationGrad<A> g =
+                activation_backward_at_sigmoid(kKind, load<A>(dy, c0 + i), load<A>(x, c0 + i), up[i], sig[i]);
+            dx[c0 + i] = store<T>(g.dx);
+            if (kKind == Activation::swiglu) dx[f_out + c0 + i] = store<T>(g.dup);
+          }
+        });
+      });
+      if (!sigmoid_based)
+        for (int64_t f = 0; f < f_out; ++f)
+          dx[f] = store<T>(activation_backward_at(a.kind, load<A>(dy, f), load<A>(x, f), A(0)).dx);
+    }
     return Status::Ok();
   });
 }

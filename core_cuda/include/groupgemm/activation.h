@@ -31,9 +31,16 @@ GG_HD double exp_of(double x) { return exp(x); }
 GG_HD float erf_of(float x) { return erff(x); }
 GG_HD double erf_of(double x) { return erf(x); }
 
+// sigmoid(x) from e = exp(-x): a caller can take the exponentials (calls) apart from the
+// divisions (which then vectorize), with the bits of sigmoid.
+template <typename T>
+GG_HD T sigmoid_of_exp(T e) {
+  return T(1) / (T(1) + e);
+}
+
 template <typename T>
 GG_HD T sigmoid(T x) {
-  return T(1) / (T(1) + exp_of(-x));
+  return sigmoid_of_exp(exp_of(-x));
 }
 
 // Phi(x) = 0.5 (1 + erf(x / sqrt 2)), the standard normal CDF.
@@ -68,8 +75,6 @@ struct ActivationGrad {
 
 // swiglu and silu are functions of x, up and sigmoid(x): a caller that needs the value and
 // the gradient at one x computes the sigmoid once (and gets the bits of the functions below).
-GG_HD bool sigmoid_based(Activation kind) { return kind == Activation::swiglu || kind == Activation::silu; }
-
 template <typename T>
 GG_HD T activation_forward_at_sigmoid(Activation kind, T x, T up, T s) {
   return kind == Activation::swiglu ? (x * s) * up : x * s;

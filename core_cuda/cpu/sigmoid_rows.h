@@ -1,0 +1,62 @@
+// The CPU's rows of a sigmoid-based activation (swiglu, silu), column chunk by column chunk:
+// a chunk's exponentials (library calls, which no loop around them vectorizes) in one loop,
+// its divisions and the activation's arithmetic in others, which the compiler vectorizes.
+// Each value is activation.h's, bit for bit (a NaN's sign and payload aside, which IEEE
+// arithmetic leaves open): only the order of independent steps changes.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "groupgemm/activation.h"
+#include "values.h"
+
+namespace groupgemm {
+namespace cpu {
+
+// Columns per chunk: a chunk's sigmoids and up values (2 KiB in float) stay in L1.
+constexpr int64_t kColumnChunk = 256;
+
+template <Activation kKind>
+using KindConstant = std::integral_constant<Activation, kKind>;
+
+// Calls fn(KindConstant<kind>{}) for a sigmoid-based kind, so that the row's loops have no
+// branch on it; false (fn not called) for the other kinds.
+template <typename Fn>
+bool visit_sigmoid_kind(Activation kind, Fn&& fn) {
+  switch (kind) {
+    case Activation::swiglu: fn(KindConstant<Activation::swiglu>{}); return true;
+    case Activation::silu: fn(KindConstant<Activation::silu>{}); return true;
+    default: return false;
+  }
+}
+
+// sig[i] = sigmoid(x[i]) for i < n.
+template <typename A, typename T>
+void sigmoid_chunk(const T* x, int64_t n, A* sig) {
+  for (int64_t i = 0; i < n; ++i) sig[i] = exp_of(-load<A>(x, i));
+  for (int64_t i = 0; i < n; ++i) sig[i] = sigmoid_of_exp(sig[i]);
+}
+
+// up[i] for the chunk of gates at `gate`: swiglu's up half, f columns on; 0 for silu.
+template <Activation kKind, typename A, typename T>
+void up_chunk(const T* gate, int64_t f, int64_t n, A* up) {
+  for (int64_t i = 0; i < n; ++i) up[i] = kKind == Activation::swiglu ? load<A>(gate + f, i) : A(0);
+}
+
+// fn(c0, n, up, sig) for each chunk of a row's f output columns, h its input row.
+template <Activation kKind, typename T, typename Fn>
+void for_sigmoid_chunks(const T* h, int64_t f, Fn&& fn) {
+  using A = Acc<T>;
+  A sig[kColumnChunk], up[kColumnChunk];
+  for (int64_t c0 = 0; c0 < f; c0 += kColumnChunk) {
+    const int64_t n = std::min(kColumnChunk, f - c0);
+    sigmoid_chunk(h + c0, n, sig);
+    up_chunk<kKind>(h + c0, f, n, up);
+    fn(c0, n, up, sig);
+  }
+}
+
+}  // namespace cpu
+}  // namespace groupgemm
