@@ -59,6 +59,8 @@ CASES = [
     # Expert 0 has 1080 rows: two blocks on the CPU, sharing its weights packed once (the
     # CPU backend packs an expert's weights from 256 rows); expert 1 has 120, read unpacked.
     MlpCase("many_rows", tuple((0, 0 if t % 5 else 1) for t in range(600)), 3, hidden=64, ffn=32),
+    # F over the CPU's column chunk (256, cpu/sigmoid_rows.h): each row's activation in two.
+    MlpCase("wide_ffn", tuple((t % 3, (t + 1) % 3) for t in range(12)), 3, hidden=8, ffn=300),
 ]
 BY_NAME = {c.name: c for c in CASES}
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
@@ -140,7 +142,7 @@ def runs(names, dtypes):
 # Every case in float32, every dtype on three of them. JAX gives PyTorch's bits (the parity
 # test below), so the reference holds both frameworks to it.
 REFERENCE_RUNS = (runs(BY_NAME, ["float32"]) + runs(["top2_swiglu", "gelu_bias_transposed", "no_tokens"], DTYPES[1:])
-                  + runs(["many_rows"], ["bfloat16"]))
+                  + runs(["many_rows", "wide_ffn"], ["bfloat16"]))
 PARITY_RUNS = runs(BY_NAME, ["float32"]) + runs(["top2_swiglu", "gelu_bias_transposed", "many_rows"], DTYPES[1:])
 
 
@@ -181,7 +183,8 @@ def test_jax_and_torch_expert_mlp_are_bitwise_identical(case, dtype):
 
 
 @pytest.mark.parametrize("name, dtype", [("top2_swiglu", "float32"), ("gelu_bias_transposed", "float32"),
-                                         ("silu_window", "bfloat16"), ("many_rows", "bfloat16")])
+                                         ("silu_window", "bfloat16"), ("many_rows", "bfloat16"),
+                                         ("wide_ffn", "bfloat16")])
 def test_fused_output_has_the_compositions_bits(name, dtype):
     # Each expert's rows fit one block: the same library GEMMs on the same rows, the same
     # per-token sum. Its gradients differ in rounding only (fc2's input gradient is
