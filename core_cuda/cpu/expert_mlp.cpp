@@ -303,6 +303,8 @@ void activate(Activation kind, const T* h, int64_t n, int64_t in_features, std::
   activation(a);
 }
 
+static_assert(kColumnChunk % kDotLanes == 0, "a chunk's columns keep their dot-product lanes");
+
 // One block row's elementwise backward, while the row is in cache: the activation recomputed
 // from the row's pre-activation h (into act, when given), the lane sums of dot(act, g) for
 // dprobs (into partial, when given), and, when `dh`, fc1's output gradient act'(h) times the

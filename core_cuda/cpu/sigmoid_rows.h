@@ -15,7 +15,8 @@
 namespace groupgemm {
 namespace cpu {
 
-// Columns per chunk: a chunk's sigmoids and up values (2 KiB in float) stay in L1.
+// Columns per chunk: a chunk's sigmoids and up values (2 KiB in float) stay in L1. A
+// multiple of kDotLanes, so that a column's dot-product lane is its index in the chunk's.
 constexpr int64_t kColumnChunk = 256;
 
 template <Activation kKind>
@@ -45,7 +46,8 @@ void up_chunk(const T* gate, int64_t f, int64_t n, A* up) {
   for (int64_t i = 0; i < n; ++i) up[i] = kKind == Activation::swiglu ? load<A>(gate + f, i) : A(0);
 }
 
-// fn(c0, n, up, sig) for each chunk of a row's f output columns, h its input row.
+// fn(c0, n, up, sig) for each chunk of a row's f output columns, h its input row; fn may
+// overwrite the chunk's columns of h (gates and ups), which are read before it runs.
 template <Activation kKind, typename T, typename Fn>
 void for_sigmoid_chunks(const T* h, int64_t f, Fn&& fn) {
   using A = Acc<T>;
