@@ -144,12 +144,11 @@ Status activation(const ActivationArgs& a) {
     for (int64_t m = 0; m < a.rows; ++m) {
       const T* x = h + m * f_in;
       T* y = out + m * f_out;
-      const bool sigmoid_based = visit_sigmoid_kind(a.kind, [&](auto kind_constant) {
+      const bool sigmoid_based = for_sigmoid_chunks(a.kind, x, f_out, [&](auto kind_constant, int64_t c0, int64_t n,
+                                                                           const A* up, const A* sig) {
         constexpr Activation kKind = decltype(kind_constant)::value;
-        for_sigmoid_chunks<kKind>(x, f_out, [&](int64_t c0, int64_t n, const A* up, const A* sig) {
-          for (int64_t i = 0; i < n; ++i)
-            y[c0 + i] = store<T>(activation_forward_at_sigmoid(kKind, load<A>(x, c0 + i), up[i], sig[i]));
-        });
+        for (int64_t i = 0; i < n; ++i)
+          y[c0 + i] = store<T>(activation_forward_at_sigmoid(kKind, load<A>(x, c0 + i), up[i], sig[i]));
       });
       if (!sigmoid_based)
         for (int64_t f = 0; f < f_out; ++f) y[f] = store<T>(activation_forward(a.kind, load<A>(x, f), A(0)));
@@ -171,16 +170,15 @@ Status activation_backward(const ActivationBackwardArgs& a) {
       const T* x = h + m * f_in;
       const T* dy = dout + m * f_out;
       T* dx = dh + m * f_in;
-      const bool sigmoid_based = visit_sigmoid_kind(a.kind, [&](auto kind_constant) {
+      const bool sigmoid_based = for_sigmoid_chunks(a.kind, x, f_out, [&](auto kind_constant, int64_t c0, int64_t n,
+                                                                           const A* up, const A* sig) {
         constexpr Activation kKind = decltype(kind_constant)::value;
-        for_sigmoid_chunks<kKind>(x, f_out, [&](int64_t c0, int64_t n, const A* up, const A* sig) {
-          for (int64_t i = 0; i < n; ++i) {
-            const ActivationGrad<A> g =
-                activation_backward_at_sigmoid(kKind, load<A>(dy, c0 + i), load<A>(x, c0 + i), up[i], sig[i]);
-            dx[c0 + i] = store<T>(g.dx);
-            if (kKind == Activation::swiglu) dx[f_out + c0 + i] = store<T>(g.dup);
-          }
-        });
+        for (int64_t i = 0; i < n; ++i) {
+          const ActivationGrad<A> g =
+              activation_backward_at_sigmoid(kKind, load<A>(dy, c0 + i), load<A>(x, c0 + i), up[i], sig[i]);
+          dx[c0 + i] = store<T>(g.dx);
+          if (kKind == Activation::swiglu) dx[f_out + c0 + i] = store<T>(g.dup);
+        }
       });
       if (!sigmoid_based)
         for (int64_t f = 0; f < f_out; ++f)

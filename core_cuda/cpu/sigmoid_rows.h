@@ -22,17 +22,6 @@ constexpr int64_t kColumnChunk = 256;
 template <Activation kKind>
 using KindConstant = std::integral_constant<Activation, kKind>;
 
-// Calls fn(KindConstant<kind>{}) for a sigmoid-based kind, so that the row's loops have no
-// branch on it; false (fn not called) for the other kinds.
-template <typename Fn>
-bool visit_sigmoid_kind(Activation kind, Fn&& fn) {
-  switch (kind) {
-    case Activation::swiglu: fn(KindConstant<Activation::swiglu>{}); return true;
-    case Activation::silu: fn(KindConstant<Activation::silu>{}); return true;
-    default: return false;
-  }
-}
-
 // sig[i] = sigmoid(x[i]) for i < n.
 template <typename A, typename T>
 void sigmoid_chunk(const T* x, int64_t n, A* sig) {
@@ -46,17 +35,28 @@ void up_chunk(const T* gate, int64_t f, int64_t n, A* up) {
   for (int64_t i = 0; i < n; ++i) up[i] = kKind == Activation::swiglu ? load<A>(gate + f, i) : A(0);
 }
 
-// fn(c0, n, up, sig) for each chunk of a row's f output columns, h its input row; fn may
-// overwrite the chunk's columns of h (gates and ups), which are read before it runs.
 template <Activation kKind, typename T, typename Fn>
-void for_sigmoid_chunks(const T* h, int64_t f, Fn&& fn) {
+void sigmoid_chunks_of(const T* h, int64_t f, Fn& fn) {
   using A = Acc<T>;
   A sig[kColumnChunk], up[kColumnChunk];
   for (int64_t c0 = 0; c0 < f; c0 += kColumnChunk) {
     const int64_t n = std::min(kColumnChunk, f - c0);
     sigmoid_chunk(h + c0, n, sig);
     up_chunk<kKind>(h + c0, f, n, up);
-    fn(c0, n, up, sig);
+    fn(KindConstant<kKind>{}, c0, n, up, sig);
+  }
+}
+
+// For a sigmoid-based kind, fn(kind, c0, n, up, sig) for each chunk of a row's f output
+// columns, h its input row, kind a KindConstant (so that fn's loops have no branch on it);
+// fn may overwrite the chunk's columns of h (gates and ups), which are read before it runs.
+// False, fn not called, for the other kinds.
+template <typename T, typename Fn>
+bool for_sigmoid_chunks(Activation kind, const T* h, int64_t f, Fn&& fn) {
+  switch (kind) {
+    case Activation::swiglu: sigmoid_chunks_of<Activation::swiglu>(h, f, fn); return true;
+    case Activation::silu: sigmoid_chunks_of<Activation::silu>(h, f, fn); return true;
+    default: return false;
   }
 }
 
