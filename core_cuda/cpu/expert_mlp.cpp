@@ -7,9 +7,10 @@
 // rows (row_scratch.h's, kept from call to call, not the caller's); then each token's
 // weighted sum is unpermute's (expert_ops.cpp). Backward, per block: dout's rows gathered,
 // g = dout @ w_out^T; then one pass per row (row_backward) recomputes the activation from
-// h, takes dprobs from the identity and fc1's output gradient from one sigmoid per value;
-// the weight and bias gradients are added up in float32 (float64), the input gradients'
-// rows written to the token-row scratch, whose per-token sums are unpermute's again.
+// the row's h where it lies (not copied), takes dprobs from the identity and fc1's output
+// gradient from one sigmoid per value; the weight and bias gradients are added up in float32
+// (float64), the input gradients' rows written to the token-row scratch, whose per-token
+// sums are unpermute's again.
 //
 // The GEMMs and the activation are the grouped path's own calls (backend.cpp's library
 // GEMM, expert_ops.cpp's activation) on a block's rows instead of a group's, with the bits
@@ -277,8 +278,8 @@ template <typename T>
 struct Scratch {
   std::vector<GemmIn<T>> rows;  // token rows (forward); dout's rows, fc2's output gradient in their place,
                                 // then the token rows (backward)
-  std::vector<T> h, act;        // fc1's output (its gradient in its place) and the activation, stored as
-                                // the composition stores them
+  std::vector<T> h, act;        // fc1's output (forward) or its gradient (backward), and the activation,
+                                // stored as the composition stores them
   std::vector<Acc<T>> g;        // dout @ w_out^T
   std::vector<float> wide, wide_act;  // float16's float32 operands and results
   std::vector<Acc<T>> dw_in, dw_out;  // a 16-bit expert's weight gradients over several blocks
@@ -305,14 +306,15 @@ void activate(Activation kind, const T* h, int64_t n, int64_t in_features, std::
 
 static_assert(kColumnChunk % kDotLanes == 0, "a chunk's columns keep their dot-product lanes");
 
-// One block row's elementwise backward, while the row is in cache: the activation recomputed
-// from the row's pre-activation h (into act, when given), the lane sums of dot(act, g) for
-// dprobs (into partial, when given), and, when `dh`, fc1's output gradient act'(h) times the
-// slot's weight p times g in place of h. A sigmoid-based kind computes one sigmoid per value
-// for both (sigmoid_rows.h); the bits are those of activation() and activation_backward_at.
+// One block row's elementwise backward, from the row's pre-activation h (the saved one, read
+// where it lies): the activation recomputed (into act, when given), the lane sums of
+// dot(act, g) for dprobs (into partial, when given), and fc1's output gradient act'(h) times
+// the slot's weight p times g (into dh, when given). A sigmoid-based kind computes one
+// sigmoid per value for both (sigmoid_rows.h); the bits are those of activation() and
+// activation_backward_at.
 template <typename T>
-void row_backward(Activation kind, T* h, const Acc<T>* g, Acc<T> p, int64_t f_in, T* act, Acc<T>* partial,
-                  bool dh) {
+void row_backward(Activation kind, const T* h, const Acc<T>* g, Acc<T> p, int64_t f_in, T* act, Acc<T>* partial,
+                  T* dh) {
   using A = Acc<T>;
   const int64_t f = activation_out_features(kind, f_in);
   auto add_lanes = [&](int64_t c0, int64_t n) {  // column c adds to lane c % kDotLanes, in column order
@@ -323,7 +325,7 @@ void row_backward(Activation kind, T* h, const Acc<T>* g, Acc<T> p, int64_t f_in
   const bool sigmoid_based = for_sigmoid_chunks(kind, h, f, [&](auto kind_constant, int64_t c0, int64_t n,
                                                                 const A* up, const A* sig) {
     constexpr Activation kKind = decltype(kind_constant)::value;
-    T* gate = h + c0;
+    const T* gate = h + c0;
     if (act)
       for (int64_t i = 0; i < n; ++i)
         act[c0 + i] = store<T>(activation_forward_at_sigmoid(kKind, load<A>(gate, i), up[i], sig[i]));
@@ -332,15 +334,15 @@ void row_backward(Activation kind, T* h, const Acc<T>* g, Acc<T> p, int64_t f_in
       for (int64_t i = 0; i < n; ++i) {
         const ActivationGrad<A> d =
             activation_backward_at_sigmoid(kKind, product(p, g[c0 + i]), load<A>(gate, i), up[i], sig[i]);
-        gate[i] = store<T>(d.dx);
-        if (kKind == Activation::swiglu) gate[f + i] = store<T>(d.dup);
+        dh[c0 + i] = store<T>(d.dx);
+        if (kKind == Activation::swiglu) dh[f + c0 + i] = store<T>(d.dup);
       }
   });
   if (sigmoid_based) return;
   for (int64_t c = 0; c < f; ++c) {
     const A x = load<A>(h, c);
     if (act) act[c] = store<T>(activation_forward(kind, x, A(0)));
-    if (dh) h[c] = store<T>(activation_backward_at(kind, product(p, g[c]), x, A(0)).dx);
+    if (dh) dh[c] = store<T>(activation_backward_at(kind, product(p, g[c]), x, A(0)).dx);
   }
   if (partial) add_lanes(0, f);
 }
@@ -484,7 +486,7 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
       auto prob = [&](int64_t r) { return probs ? load<A>(probs, slots[r]) : A(1); };
       auto token = [&](int64_t r) { return slots[r] / k; };
       gather<G>(dout, hidden, n, token, s.rows);
-      gather<T>(h, f_in, n, [&](int64_t r) { return slots[r]; }, s.h);
+      if (want_dh) s.h.resize(n * f_in);
       if (want_g) {  // g = dout @ w_out^T, unweighted: fc2's input gradient over the slot's weight
         s.g.resize(n * f);
         GG_RETURN_IF_ERROR(multiply_acc<T>(s.w_out.on(g_call, n, s.rows.data()), s.g.data(), false));
@@ -493,8 +495,9 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
       for_rows(n, f_in + hidden, [&](int64_t r) {
         const A p = prob(r);
         A partial[kDotLanes] = {};
-        row_backward<T>(a.activation, s.h.data() + r * f_in, want_g ? s.g.data() + r * f : nullptr, p, f_in,
-                        want_act ? s.act.data() + r * f : nullptr, dprobs ? partial : nullptr, want_dh);
+        row_backward<T>(a.activation, h + slots[r] * f_in, want_g ? s.g.data() + r * f : nullptr, p, f_in,
+                        want_act ? s.act.data() + r * f : nullptr, dprobs ? partial : nullptr,
+                        want_dh ? s.h.data() + r * f_in : nullptr);
         G* dout_row = s.rows.data() + r * hidden;
         if (dprobs) {
           A dot = fold_dot_lanes(partial);
