@@ -322,22 +322,13 @@ void row_backward(Activation kind, const T* h, const Acc<T>* g, Acc<T> p, int64_
       for (int64_t l = 0; l < std::min<int64_t>(kDotLanes, n - i0); ++l)
         partial[l] = add_product(partial[l], load<A>(act, c0 + i0 + l), g[c0 + i0 + l]);
   };
-  const bool sigmoid_based = for_sigmoid_chunks(kind, h, f, [&](auto kind_constant, int64_t c0, int64_t n,
-                                                                const A* up, const A* sig) {
-    constexpr Activation kKind = decltype(kind_constant)::value;
-    const T* gate = h + c0;
-    if (act)
-      for (int64_t i = 0; i < n; ++i)
-        act[c0 + i] = store<T>(activation_forward_at_sigmoid(kKind, load<A>(gate, i), up[i], sig[i]));
-    if (partial) add_lanes(c0, n);
-    if (dh)
-      for (int64_t i = 0; i < n; ++i) {
-        const ActivationGrad<A> d =
-            activation_backward_at_sigmoid(kKind, product(p, g[c0 + i]), load<A>(gate, i), up[i], sig[i]);
-        dh[c0 + i] = store<T>(d.dx);
-        if (kKind == Activation::swiglu) dh[f + c0 + i] = store<T>(d.dup);
-      }
-  });
+  const bool sigmoid_based =
+      for_sigmoid_chunks(kind, h, f, [&](auto kind_constant, int64_t c0, int64_t n, const A* up, const A* sig) {
+        if (act) forward_chunk(kind_constant, h, c0, n, up, sig, act);
+        if (partial) add_lanes(c0, n);
+        auto dy = [&](int64_t i) { return product(p, g[c0 + i]); };  // the activation's gradient: p times g
+        if (dh) backward_chunk(kind_constant, h, f, c0, n, up, sig, dy, dh);
+      });
   if (sigmoid_based) return;
   for (int64_t c = 0; c < f; ++c) {
     const A x = load<A>(h, c);

@@ -146,9 +146,7 @@ Status activation(const ActivationArgs& a) {
       T* y = out + m * f_out;
       const bool sigmoid_based = for_sigmoid_chunks(a.kind, x, f_out, [&](auto kind_constant, int64_t c0, int64_t n,
                                                                            const A* up, const A* sig) {
-        constexpr Activation kKind = decltype(kind_constant)::value;
-        for (int64_t i = 0; i < n; ++i)
-          y[c0 + i] = store<T>(activation_forward_at_sigmoid(kKind, load<A>(x, c0 + i), up[i], sig[i]));
+        forward_chunk(kind_constant, x, c0, n, up, sig, y);
       });
       if (!sigmoid_based)
         for (int64_t f = 0; f < f_out; ++f) y[f] = store<T>(activation_forward(a.kind, load<A>(x, f), A(0)));
@@ -172,13 +170,7 @@ Status activation_backward(const ActivationBackwardArgs& a) {
       T* dx = dh + m * f_in;
       const bool sigmoid_based = for_sigmoid_chunks(a.kind, x, f_out, [&](auto kind_constant, int64_t c0, int64_t n,
                                                                            const A* up, const A* sig) {
-        constexpr Activation kKind = decltype(kind_constant)::value;
-        for (int64_t i = 0; i < n; ++i) {
-          const ActivationGrad<A> g =
-              activation_backward_at_sigmoid(kKind, load<A>(dy, c0 + i), load<A>(x, c0 + i), up[i], sig[i]);
-          dx[c0 + i] = store<T>(g.dx);
-          if (kKind == Activation::swiglu) dx[f_out + c0 + i] = store<T>(g.dup);
-        }
+        backward_chunk(kind_constant, x, f_out, c0, n, up, sig, [&](int64_t i) { return load<A>(dy, c0 + i); }, dx);
       });
       if (!sigmoid_based)
         for (int64_t f = 0; f < f_out; ++f)

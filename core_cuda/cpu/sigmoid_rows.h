@@ -48,8 +48,7 @@ void sigmoid_chunks_of(const T* h, int64_t f, Fn& fn) {
 }
 
 // For a sigmoid-based kind, fn(kind, c0, n, up, sig) for each chunk of a row's f output
-// columns, h its input row, kind a KindConstant (so that fn's loops have no branch on it);
-// fn may overwrite the chunk's columns of h (gates and ups), which are read before it runs.
+// columns, h its input row, kind a KindConstant (so that fn's loops have no branch on it).
 // False, fn not called, for the other kinds.
 template <typename T, typename Fn>
 bool for_sigmoid_chunks(Activation kind, const T* h, int64_t f, Fn&& fn) {
@@ -57,6 +56,25 @@ bool for_sigmoid_chunks(Activation kind, const T* h, int64_t f, Fn&& fn) {
     case Activation::swiglu: sigmoid_chunks_of<Activation::swiglu>(h, f, fn); return true;
     case Activation::silu: sigmoid_chunks_of<Activation::silu>(h, f, fn); return true;
     default: return false;
+  }
+}
+
+// A chunk's activation: y[c0 + i] for the chunk of h's row that for_sigmoid_chunks gave.
+template <Activation kKind, typename T, typename A>
+void forward_chunk(KindConstant<kKind>, const T* h, int64_t c0, int64_t n, const A* up, const A* sig, T* y) {
+  for (int64_t i = 0; i < n; ++i)
+    y[c0 + i] = store<T>(activation_forward_at_sigmoid(kKind, load<A>(h, c0 + i), up[i], sig[i]));
+}
+
+// A chunk's input gradient from its output gradient dy(i): the gates' into dh[c0 + i],
+// swiglu's ups' into dh[f + c0 + i] (h's layout).
+template <Activation kKind, typename T, typename A, typename Dy>
+void backward_chunk(KindConstant<kKind>, const T* h, int64_t f, int64_t c0, int64_t n, const A* up, const A* sig,
+                    Dy dy, T* dh) {
+  for (int64_t i = 0; i < n; ++i) {
+    const ActivationGrad<A> d = activation_backward_at_sigmoid(kKind, dy(i), load<A>(h, c0 + i), up[i], sig[i]);
+    dh[c0 + i] = store<T>(d.dx);
+    if (kKind == Activation::swiglu) dh[f + c0 + i] = store<T>(d.dup);
   }
 }
 
