@@ -109,13 +109,12 @@ def torch_run(case, x, dtype, device="cpu", want=GRADS):
     params = {n: torch_frontend.array(x[n], dtype, device) for n in GRADS if x[n] is not None}
     if "probs" in params:
         params["probs"] = torch_frontend.array(x["probs"], "float32" if dtype != "float64" else dtype, device)
-    for name in want:
-        if name in params:
-            params[name].requires_grad_()
+    wanted = [n for n in params if n in want]
+    for name in wanted:
+        params[name].requires_grad_()
     out = gt.expert_mlp(params["tokens"], torch.from_numpy(x["indices"]).to(device), params.get("probs"),
                         params["w_in"], params["w_out"], activation=case.activation, b_in=params.get("b_in"),
                         b_out=params.get("b_out"), group_offset=case.offset, transpose_weight=case.transpose)
-    wanted = [n for n in params if n in want]
     grads = torch.autograd.grad(out, [params[n] for n in wanted], torch_frontend.array(x["dout"], dtype, device),
                                 allow_unused=True)
     by_name = dict(zip(wanted, grads))
