@@ -352,6 +352,8 @@ def test_bad_arguments_are_refused_naming_them(framework):
         fn(tokens, indices[:4], None, w_in, w_out)
     with pytest.raises(TypeError, match="expert_mlp: probs must be float32, got float16"):
         fn(tokens, indices, array(x["probs"].astype(np.float16)), w_in, w_out)
+    with pytest.raises(ValueError, match=r"expert_mlp: w_in must have shape \(3, 6, 8\), got \(3, 5, 8\)"):
+        fn(tokens, indices, None, w_in[:, 1:], w_out)  # w_in's H is not the tokens'
     with pytest.raises(ValueError, match="expert_mlp: b_out must have shape"):
         fn(tokens, indices, None, w_in, w_out, b_out=array(np.zeros((3, 5), np.float32)))
     with pytest.raises(TypeError, match="expert_mlp: expert_indices must be an integer array"):

@@ -296,6 +296,8 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose):
     check_rank(in_shape, 3, "w_in", "[E, F_in, H]" if transpose else "[E, H, F_in]", fn)
     check_rank(out_shape, 3, "w_out", "[E, H, F]" if transpose else "[E, F, H]", fn)
     f_in = in_shape[1] if transpose else in_shape[2]
+    want = (in_shape[0], f_in, x_shape[-1]) if transpose else (in_shape[0], x_shape[-1], f_in)
+    check_shape(in_shape, want, "w_in", fn)
     f = activation_width(activation, f_in, fn, "w_in output")
     want = (in_shape[0], x_shape[-1], f) if transpose else (in_shape[0], f, x_shape[-1])
     check_shape(out_shape, want, "w_out", fn)
