@@ -15,6 +15,7 @@ from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
 from groupgemm.jax_ext.arguments import dtype_name
 from groupgemm.jax_ext.expert import grouped_mlp
+from groupgemm.jax_ext.expert_mlp import composed_expert_mlp, expert_mlp, fused_by_default
 from groupgemm.jax_ext.functional import grouped_matmul
 
 
@@ -105,12 +106,18 @@ class GroupedMLP(nnx.Module):
     weights; rows owned by no expert come out as exact zeros, and every parameter gets a
     full-shape gradient, zero for experts without tokens. ``bias``, ``dtype``, ``fp8``,
     ``expert_axis`` and ``mesh`` are GroupedLinear's, for both layers.
+
+    ``forward_routed(tokens, expert_indices, probs)`` applies the experts to routed tokens
+    (permute, the MLP and unpermute as one layer). ``fused`` chooses how: the fused op
+    (``groupgemm.jax.expert_mlp``: no copy of the tokens, a gradient that keeps fc1's
+    output only) or the composition; None (the default) fuses where that is measured
+    faster, on the CPU, and never under ``fp8``, which the fused op does not do.
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False,
-                 dtype=jnp.float32, fp8=None, expert_axis="expert", mesh=None, rngs):
+                 dtype=jnp.float32, fp8=None, expert_axis="expert", mesh=None, fused=None, rngs):
         contract.activation_kind(activation, "GroupedMLP")
-        self.activation, self.fp8 = activation, fp8
+        self.activation, self.fp8, self.fused = activation, fp8, fused
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "dtype": dtype, "fp8": fp8, "expert_axis": expert_axis, "mesh": mesh, "rngs": rngs}
         self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)
@@ -120,3 +127,14 @@ class GroupedMLP(nnx.Module):
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
         return grouped_mlp(x, w_in, w_out, group_sizes, activation=self.activation, b_in=b_in, b_out=b_out,
                            transpose_rhs=True, fp8=self.fp8)
+
+    def forward_routed(self, tokens, expert_indices, probs=None, *, group_offset=None):
+        """``out [T, H]``: each token's ``sum over j of probs[t, j] * mlp_e(tokens[t])``,
+        ``e = expert_indices[t, j] - group_offset`` among this layer's experts (a slot with
+        any other id adds nothing; ``probs=None``: weight 1), summed in slot order in
+        float32. The same values either way ``fused`` chooses (see the class)."""
+        fused = self.fused if self.fused is not None else self.fp8 is None and fused_by_default()
+        (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
+        return (expert_mlp if fused else composed_expert_mlp)(
+            tokens, expert_indices, probs, w_in, w_out, activation=self.activation, b_in=b_in, b_out=b_out,
+            group_offset=group_offset, transpose_rhs=True, fp8=self.fp8)

@@ -1,8 +1,8 @@
 """Flax NNX MoE layers: ``MoE`` (router and grouped expert MLP on one device, or on a mesh
 by groupgemm's sharding rules) and ``ExpertParallelMoE`` (dispatch and combine over a mesh
 axis inside ``jax.shard_map``), the twins of groupgemm.torch's ExpertParallelMoE and of its
-single-process composition: router (a core GEMM of one group), softmax top-k, permute,
-grouped MLP, unpermute."""
+single-process layer: router (a core GEMM of one group), softmax top-k and the experts'
+``GroupedMLP.forward_routed``."""
 
 import math
 
@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
-from groupgemm.jax_ext.expert import permute, softmax_topk, unpermute
+from groupgemm.jax_ext.expert import softmax_topk
 from groupgemm.jax_ext.expert_parallel import dropless_capacity, moe_layer
 from groupgemm.jax_ext.functional import grouped_matmul
 from groupgemm.jax_ext.nnx_layers import GroupedMLP, annotated, checked_value
@@ -37,15 +37,17 @@ def _on_data_axis(x, axis):
 
 
 class MoE(nnx.Module):
-    """A Mixture-of-Experts layer (Flax NNX): softmax top-k router, permute, the grouped
-    expert MLP, unpermute weighted by the router's probabilities (the caller adds the
-    residual).
+    """A Mixture-of-Experts layer (Flax NNX): softmax top-k router, then the experts on the
+    routed tokens, weighted by the router's probabilities (the caller adds the residual).
 
     ``router [hidden_size, num_experts]`` (N(0, 0.02^2)) and ``experts``, a
-    ``GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=..., fp8=...)``. The
-    router's logits are a core GEMM (one group of every token), so every step with
-    arithmetic runs in the core: groupgemm.torch's GroupedMLP, softmax_topk, permute and
-    unpermute around the same parameters give the same bits.
+    ``GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=..., fp8=...,
+    fused=...)`` applied by its ``forward_routed``: the fused expert MLP where it is
+    measured faster (the CPU; ``fused=None``), else permute, the grouped MLP and unpermute.
+    The router's logits are a core GEMM (one group of every token), so every step with
+    arithmetic runs in the core: groupgemm.torch's softmax_topk and
+    ``GroupedMLP.forward_routed`` around the same parameters, with the same ``fused``,
+    give the same bits.
 
     ``moe(x, allowed=None)``: ``x [T, H]`` -> ``[T, H]``; or ``x [B, T, H]``, B routing
     groups each routed on its own (``jax.vmap``) -> ``[B, T, H]``. ``allowed``
@@ -61,7 +63,7 @@ class MoE(nnx.Module):
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, top_k, *, activation="swiglu", fp8=None,
-                 dtype=jnp.float32, expert_axis="expert", data_axis="data", mesh=None, rngs):
+                 dtype=jnp.float32, expert_axis="expert", data_axis="data", mesh=None, fused=None, rngs):
         fn = "MoE"
         contract.static_count(num_experts, "num_experts", fn)
         self.num_experts = num_experts
@@ -69,7 +71,7 @@ class MoE(nnx.Module):
         self.data_axis = data_axis
         self.router = _router(hidden_size, num_experts, dtype, mesh, rngs)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
-                                  dtype=dtype, expert_axis=expert_axis, mesh=mesh, rngs=rngs)
+                                  dtype=dtype, expert_axis=expert_axis, mesh=mesh, fused=fused, rngs=rngs)
 
     def __call__(self, x, allowed=None):
         fn = "MoE"
@@ -83,8 +85,7 @@ class MoE(nnx.Module):
             if allowed is not None:
                 logits = jnp.where(allowed, logits, -jnp.inf)
             probs, experts = softmax_topk(logits, self.top_k)
-            permuted, group_sizes, row_map = permute(tokens, experts, self.num_experts)
-            return unpermute(self.experts(permuted, group_sizes), row_map, probs)
+            return self.experts.forward_routed(tokens, experts, probs)
 
         if x.ndim == 2:
             return route(x, allowed)
@@ -110,11 +111,13 @@ class ExpertParallelMoE(nnx.Module):
     nothing dropped. Static shapes: one ``nnx.jit`` compile serves every routing. The
     router's gradient is the sum over every device's tokens. ``mesh``: the mesh to run on
     (and to place the parameters on as they are created); None: the mesh set by
-    ``jax.set_mesh`` when the layer is called.
+    ``jax.set_mesh`` when the layer is called. ``fused``: GroupedMLP's, for the rows each
+    device receives (moe_layer's).
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, top_k, mesh=None, *, capacity=None,
-                 activation="swiglu", fp8=None, dtype=jnp.float32, expert_axis="expert", data_axis="data", rngs):
+                 activation="swiglu", fp8=None, dtype=jnp.float32, expert_axis="expert", data_axis="data", fused=None,
+                 rngs):
         fn = "ExpertParallelMoE"
         rules.check(num_experts, 1, capacity, fn)
         self.num_experts, self.capacity, self.activation, self.fp8 = num_experts, capacity, activation, fp8
@@ -125,7 +128,7 @@ class ExpertParallelMoE(nnx.Module):
             self._token_axes(known)
         self.router = _router(hidden_size, num_experts, dtype, mesh, rngs)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
-                                  dtype=dtype, expert_axis=expert_axis, mesh=mesh, rngs=rngs)
+                                  dtype=dtype, expert_axis=expert_axis, mesh=mesh, fused=fused, rngs=rngs)
 
     def _token_axes(self, mesh):
         """The mesh axes the tokens are split over, checking that the expert axis divides num_experts."""
@@ -160,7 +163,7 @@ class ExpertParallelMoE(nnx.Module):
             out, dropped = moe_layer({"router": router, "w_in": w_in, "w_out": w_out}, x,
                                      num_experts=self.num_experts, top_k=self.top_k, axis_name=self.expert_axis,
                                      capacity=capacity, activation=self.activation, transpose_rhs=True,
-                                     allowed=allowed, fp8=self.fp8)
+                                     allowed=allowed, fp8=self.fp8, fused=self.experts.fused)
             return out, dropped[None]
 
         return jax.shard_map(local, mesh=self.mesh, in_specs=tuple(specs), out_specs=(tokens, tokens))(*operands)

@@ -97,16 +97,72 @@ def test_grouped_mlp_gives_pytorchs_bits(activation, bias, fp8, dtype):
     check(results, f"GroupedMLP {activation} bias={bias} fp8={fp8}", ["fc1.weight", "fc2.weight"])
 
 
-def test_moe_gives_the_bits_of_pytorchs_router_permute_grouped_mlp_unpermute():
-    # examples/moe_block.py's PyTorch block (softmax_topk router, permute, GroupedMLP,
-    # unpermute) is the single-process composition MoE mirrors; experts 1 and 3 barred.
+# Routed tokens for forward_routed: global ids, the layers holding experts [2, 6) (group_offset
+# 2); experts 1 and 3 (ids 3 and 5) get no slot, tokens 8 and 9 none of theirs (ids -1, 1, 6).
+ROUTED_IDS = [[2, 4], [4, 2], [2, 6], [4, 4], [2, -1], [6, 4], [2, 1], [4, 2], [-1, 1], [6, -1]]
+
+
+class TorchRouted(torch.nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x, indices, probs):
+        return self.mlp.forward_routed(x, indices, probs, group_offset=2)
+
+
+class NnxRouted(nnx.Module):
+    def __init__(self, mlp):
+        self.mlp = mlp
+
+    def __call__(self, x, indices, probs):
+        return self.mlp.forward_routed(x, indices, probs, group_offset=2)
+
+
+@pytest.mark.parametrize("fused, fp8, dtype", [(None, None, torch.float32), (False, None, torch.float32),
+                                               (None, "rowwise", torch.bfloat16)])
+def test_grouped_mlp_forward_routed_gives_pytorchs_bits(fused, fp8, dtype):
+    # fused=None: the fused op on the CPU in both frameworks, the composition under fp8.
+    torch.manual_seed(3)
+    mlp = gt.GroupedMLP(EXPERTS, HIDDEN, FFN, bias=True, fp8=fp8, dtype=dtype, fused=fused)
+    nnx_mlp = twin(lambda: NnxRouted(gf.GroupedMLP(EXPERTS, HIDDEN, FFN, bias=True, fp8=fp8, fused=fused,
+                                                   dtype=to_jax(mlp.fc1.weight).dtype, rngs=nnx.Rngs(0))))
+    probs = torch.from_numpy(np.random.default_rng(4).random((ROWS, 2), np.float32))
+    indices = torch.tensor(ROUTED_IDS, dtype=torch.int32)
+    results = run_both(TorchRouted(mlp), nnx_mlp, rows(dtype), (indices, probs), (to_jax(indices), to_jax(probs)))
+    check(results, f"GroupedMLP.forward_routed fused={fused} fp8={fp8}",
+          ["mlp.fc1.weight", "mlp.fc2.weight", "mlp.fc1.bias", "mlp.fc2.bias"])
+
+
+class RoutedBlock(torch.nn.Module):
+    """examples/moe_block.py's PyTorch block with its experts applied by
+    GroupedMLP.forward_routed (the fused op where ``experts.fused`` says so)."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.top_k, self.router, self.experts = block.top_k, block.router, block.experts
+
+    def forward(self, x, allowed):
+        logits = gt.grouped_mm(x, self.router[None], torch.full((1,), x.shape[0], dtype=torch.int32))
+        probs, experts = gt.softmax_topk(logits.masked_fill(~allowed, float("-inf")), self.top_k)
+        return self.experts.forward_routed(x, experts, probs)
+
+
+@pytest.mark.parametrize("fused", [None, True, False])
+def test_moe_gives_the_bits_of_pytorchs_router_and_experts(fused):
+    # The single-process PyTorch layer MoE mirrors: examples/moe_block.py's block (softmax_topk
+    # router, permute, GroupedMLP, unpermute) for the composition, its experts through
+    # forward_routed for the fused op and the default (fused on the CPU in both frameworks);
+    # experts 1 and 3 barred.
     block = torch_block_class()(init_block(np.random.default_rng(2), HIDDEN, FFN, EXPERTS), top_k=2)
+    block.experts.fused = fused
     allowed = np.ones(EXPERTS, bool)
     allowed[IDLE] = False
-    moe = twin(lambda: gf.MoE(EXPERTS, HIDDEN, FFN, 2, rngs=nnx.Rngs(0)))
-    results = run_both(block, moe, rows(), (torch.from_numpy(allowed),), (jnp.asarray(allowed),))
+    moe = twin(lambda: gf.MoE(EXPERTS, HIDDEN, FFN, 2, fused=fused, rngs=nnx.Rngs(0)))
+    results = run_both(block if fused is False else RoutedBlock(block), moe, rows(), (torch.from_numpy(allowed),),
+                       (jnp.asarray(allowed),))
     for name, (jax_value, torch_value) in results.items():
-        assert_same_bits(np.asarray(jax_value), torch_value, f"MoE {name}")
+        assert_same_bits(np.asarray(jax_value), torch_value, f"MoE fused={fused} {name}")
     for name in ("experts.fc1.weight", "experts.fc2.weight"):
         grad = np.asarray(results[name][0])
         assert (grad[IDLE] == 0).all() and grad[0].any() and grad[2].any(), name
