@@ -98,7 +98,8 @@ def test_grouped_mlp_gives_pytorchs_bits(activation, bias, fp8, dtype):
 
 
 # Routed tokens for forward_routed: global ids, the layers holding experts [2, 6) (group_offset
-# 2); experts 1 and 3 (ids 3 and 5) get no slot, tokens 8 and 9 none of theirs (ids -1, 1, 6).
+# 2); experts 1 and 3 (ids 3 and 5) get no slot, and tokens 8 and 9 no slot in the window
+# (ids -1, 1 and 6), so their outputs are 0, as check() asks of rows 8 and 9.
 ROUTED_IDS = [[2, 4], [4, 2], [2, 6], [4, 4], [2, -1], [6, 4], [2, 1], [4, 2], [-1, 1], [6, -1]]
 
 
