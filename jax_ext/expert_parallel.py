@@ -18,6 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
 from groupgemm.jax_ext.arguments import same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
@@ -174,6 +175,7 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     on the CPU, and not under ``fp8``.
     """
     rules.check(num_experts, _axis_size(axis_name), capacity, "moe_layer", dropless_mode=False)
+    contract.check_fused(fused, "moe_layer")
     logits = grouped_matmul(x, params["router"][None], jnp.full((1,), x.shape[0], jnp.int32))
     if allowed is not None:
         logits = jnp.where(allowed, logits, -jnp.inf)

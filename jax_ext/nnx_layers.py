@@ -117,7 +117,7 @@ class GroupedMLP(nnx.Module):
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False,
                  dtype=jnp.float32, fp8=None, expert_axis="expert", mesh=None, fused=None, rngs):
         contract.activation_kind(activation, "GroupedMLP")
-        self.activation, self.fp8, self.fused = activation, fp8, fused
+        self.activation, self.fp8, self.fused = activation, fp8, contract.check_fused(fused, "GroupedMLP")
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "dtype": dtype, "fp8": fp8, "expert_axis": expert_axis, "mesh": mesh, "rngs": rngs}
         self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)

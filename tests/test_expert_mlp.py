@@ -352,8 +352,9 @@ def test_bad_arguments_are_refused_naming_them(framework):
         fn(tokens, indices[:4], None, w_in, w_out)
     with pytest.raises(TypeError, match="expert_mlp: probs must be float32, got float16"):
         fn(tokens, indices, array(x["probs"].astype(np.float16)), w_in, w_out)
-    with pytest.raises(ValueError, match=r"expert_mlp: w_in must have shape \(3, 6, 8\), got \(3, 5, 8\)"):
-        fn(tokens, indices, None, w_in[:, 1:], w_out)  # w_in's H is not the tokens'
+    with pytest.raises(ValueError, match=r"expert_mlp: w_in \(3, 5, 8\) takes inputs of width 5, but tokens has "
+                                         r"width 6 \(shape \(5, 6\)\)"):
+        fn(tokens, indices, None, w_in[:, 1:], w_out)
     with pytest.raises(ValueError, match="expert_mlp: b_out must have shape"):
         fn(tokens, indices, None, w_in, w_out, b_out=array(np.zeros((3, 5), np.float32)))
     with pytest.raises(TypeError, match="expert_mlp: expert_indices must be an integer array"):
@@ -454,3 +455,5 @@ def test_grouped_mlp_forward_routed_fuses_by_default_on_the_cpu(fp8):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     with pytest.raises(NotImplementedError, match="fp8"):
         gt.GroupedMLP(3, 8, 4, fp8="rowwise", fused=True).forward_routed(tokens, indices, probs)
+    with pytest.raises(TypeError, match="GroupedMLP: fused must be None, True or False, got 'yes'"):
+        gt.GroupedMLP(3, 8, 4, fused="yes")

@@ -62,6 +62,12 @@ BAD = {
     "activation": (
         lambda: gf.GroupedMLP(4, 8, 6, activation="tanh", rngs=nnx.Rngs(0)),
         ValueError, "GroupedMLP: activation must be one of"),
+    "fused": (
+        lambda: gf.MoE(4, 8, 6, 2, fused="yes", rngs=nnx.Rngs(0)),
+        TypeError, "GroupedMLP: fused must be None, True or False, got 'yes'"),
+    "routed tokens of another width": (
+        lambda: gf.GroupedMLP(4, 8, 6, rngs=nnx.Rngs(0)).forward_routed(jnp.ones((3, 9)), jnp.zeros((3, 2), jnp.int32)),
+        ValueError, r"expert_mlp: w_in \(4, 12, 8\) takes inputs of width 8, but tokens has width 9"),
     "negative width": (
         lambda: gf.GroupedLinear(4, -1, 6, rngs=nnx.Rngs(0)),
         ValueError, "GroupedLinear: in_features must be a non-negative int, got -1"),

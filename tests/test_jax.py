@@ -149,7 +149,7 @@ def test_grouped_mlp_takes_either_weight_layout():
     ((2, 8, 5), (2, 2, 8), "swiglu needs an even w_in output width"),
     ((2, 8, 6), (2, 4, 8), r"w_out must have shape \(2, 3, 8\)"),
     ((8, 6), (2, 3, 8), "w_in must be 3-D"),
-    ((2, 7, 6), (2, 3, 8), r"w_in must have shape \(2, 8, 6\)"),  # its H is not the rows'
+    ((2, 7, 6), (2, 3, 8), r"w_in \(2, 7, 6\) takes inputs of width 7, but x has width 8 \(shape \(4, 8\)\)"),
 ])
 def test_grouped_mlp_checks_its_weight_shapes(w_in_shape, w_out_shape, match):
     with pytest.raises(ValueError, match=match):

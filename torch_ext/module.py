@@ -111,7 +111,7 @@ class GroupedMLP(nn.Module):
         super().__init__()
         contract.activation_kind(activation, "GroupedMLP")
         self.activation = activation
-        self.fused = fused
+        self.fused = contract.check_fused(fused, "GroupedMLP")
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "device": device, "dtype": dtype,
                   "accumulate_into_main_grad": accumulate_into_main_grad, "fp8": fp8}

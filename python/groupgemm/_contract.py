@@ -289,15 +289,16 @@ def unpermute(fn, permuted, row_map, probs=None):
     return map_shape[0], permuted_shape[1]
 
 
-def grouped_mlp(fn, x, w_in, w_out, activation, transpose):
+def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x"):
     """Checks the shapes of ``fc2(act(fc1(x)))``: w_in [E, H, F_in] and w_out [E, F, H]
     (transposed: [E, F_in, H] and [E, H, F]); returns F."""
     (x_shape, _), (in_shape, _), (out_shape, _) = x, w_in, w_out
     check_rank(in_shape, 3, "w_in", "[E, F_in, H]" if transpose else "[E, H, F_in]", fn)
     check_rank(out_shape, 3, "w_out", "[E, H, F]" if transpose else "[E, F, H]", fn)
-    f_in = in_shape[1] if transpose else in_shape[2]
-    want = (in_shape[0], f_in, x_shape[-1]) if transpose else (in_shape[0], x_shape[-1], f_in)
-    check_shape(in_shape, want, "w_in", fn)
+    f_in, h = (in_shape[1], in_shape[2]) if transpose else (in_shape[2], in_shape[1])
+    if h != x_shape[-1]:
+        raise ValueError(f"{fn}: w_in {tuple(in_shape)} takes inputs of width {h}, but {x_name} has width "
+                         f"{x_shape[-1]} (shape {tuple(x_shape)})")
     f = activation_width(activation, f_in, fn, "w_in output")
     want = (in_shape[0], x_shape[-1], f) if transpose else (in_shape[0], f, x_shape[-1])
     check_shape(out_shape, want, "w_out", fn)
@@ -321,7 +322,7 @@ def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, acti
         if probs[1] not in (dtype, "float32"):
             allowed = "float32" if dtype == "float32" else f"{dtype} (tokens' dtype) or float32"
             raise TypeError(f"{fn}: probs must be {allowed}, got {probs[1]}")
-    grouped_mlp(fn, tokens, w_in, w_out, activation, transpose)
+    grouped_mlp(fn, tokens, w_in, w_out, activation, transpose, "tokens")
     for (_, weight_dtype), name in ((w_in, "w_in"), (w_out, "w_out")):
         check_float(weight_dtype, name, fn)
         check_same_dtype(weight_dtype, dtype, name, "tokens", fn)
@@ -350,6 +351,14 @@ def softmax_topk(fn, logits, k, renormalize):
     if not isinstance(renormalize, bool):
         raise TypeError(f"{fn}: renormalize must be a bool, got {renormalize!r}")
     return k, accumulate_dtype(dtype)
+
+
+def check_fused(fused, fn):
+    """A layer's ``fused``: None (the fused expert MLP where it is measured faster), True or
+    False; returns it."""
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"{fn}: fused must be None, True or False, got {fused!r}")
+    return fused
 
 
 # ---- torch._grouped_mm's offs= convention (cumulative group ends) -------------------
