@@ -18,11 +18,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
 from groupgemm.jax_ext.arguments import same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
-from groupgemm.jax_ext.expert_mlp import expert_mlp, fused_by_default
+from groupgemm.jax_ext.expert_mlp import expert_mlp, runs_fused
 from groupgemm.jax_ext.functional import grouped_matmul
 
 
@@ -175,12 +174,12 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     on the CPU, and not under ``fp8``.
     """
     rules.check(num_experts, _axis_size(axis_name), capacity, "moe_layer", dropless_mode=False)
-    contract.check_fused(fused, "moe_layer")
+    fused = runs_fused(fused, fp8, "moe_layer")
     logits = grouped_matmul(x, params["router"][None], jnp.full((1,), x.shape[0], jnp.int32))
     if allowed is not None:
         logits = jnp.where(allowed, logits, -jnp.inf)
     probs, experts = softmax_topk(logits, top_k)
-    if (fp8 is None and fused_by_default()) if fused is None else fused:
+    if fused:
         chunks, receive_experts, plan = _send(x, experts, num_experts, axis_name, capacity, "moe_layer")
         results = expert_mlp(chunks, receive_experts, None, params["w_in"], params["w_out"], activation=activation,
                              transpose_rhs=transpose_rhs, fp8=fp8)

@@ -15,7 +15,7 @@ from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
 from groupgemm.jax_ext.arguments import dtype_name
 from groupgemm.jax_ext.expert import grouped_mlp
-from groupgemm.jax_ext.expert_mlp import composed_expert_mlp, expert_mlp, fused_by_default
+from groupgemm.jax_ext.expert_mlp import composed_expert_mlp, expert_mlp, runs_fused
 from groupgemm.jax_ext.functional import grouped_matmul
 
 
@@ -133,8 +133,7 @@ class GroupedMLP(nnx.Module):
         ``e = expert_indices[t, j] - group_offset`` among this layer's experts (a slot with
         any other id adds nothing; ``probs=None``: weight 1), summed in slot order in
         float32. The same values either way ``fused`` chooses (see the class)."""
-        fused = self.fused if self.fused is not None else self.fp8 is None and fused_by_default()
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
-        return (expert_mlp if fused else composed_expert_mlp)(
+        return (expert_mlp if runs_fused(self.fused, self.fp8, "GroupedMLP") else composed_expert_mlp)(
             tokens, expert_indices, probs, w_in, w_out, activation=self.activation, b_in=b_in, b_out=b_out,
             group_offset=group_offset, transpose_rhs=True, fp8=self.fp8)
