@@ -153,9 +153,9 @@ def ids(pairs):
     return [f"{c.name}-{d}" for c, d in pairs]
 
 
-@pytest.mark.parametrize("case, dtype", REFERENCE_RUNS, ids=ids(REFERENCE_RUNS))
-def test_expert_mlp_matches_the_float64_reference_with_exact_zeros(case, dtype):
-    x = inputs(case)
+def assert_matches_the_reference(case, x, dtype):
+    """PyTorch's output and gradients against the float64 reference; exact zeros for dropped
+    slots' dprobs and idle experts' weight gradients."""
     out, grads = torch_run(case, x, dtype)
     want_out, want_grads = reference(case, x, dtype)
     to_float64 = torch_frontend.to_float64
@@ -173,6 +173,23 @@ def test_expert_mlp_matches_the_float64_reference_with_exact_zeros(case, dtype):
             assert (got[dropped] == 0).all()
         if name in ("w_in", "w_out", "b_in", "b_out"):  # an idle expert: exact zeros, full shape
             assert all((got[e] == 0).all() for e in idle_experts(case))
+
+
+@pytest.mark.parametrize("case, dtype", REFERENCE_RUNS, ids=ids(REFERENCE_RUNS))
+def test_expert_mlp_matches_the_float64_reference_with_exact_zeros(case, dtype):
+    assert_matches_the_reference(case, inputs(case), dtype)
+
+
+# Outputs of 64 MiB and more get huge-page advice before their first write (cpu/huge_pages.h),
+# as the grouped GEMMs' do: here h [T, k, F_in] (8192 * 2 * 1024 float32 values), then w_in's
+# gradient (16 * 1024 * 1024). Their contents must come through it.
+LARGE_OUTPUTS = [MlpCase("large_h", tuple((t % 3, (t + 1) % 3) for t in range(8192)), 4, hidden=8, ffn=512),
+                 MlpCase("large_w_in_gradient", ((0, 2), (2, 5), (7, 0), (2, 2)), 16, hidden=1024, ffn=512)]
+
+
+@pytest.mark.parametrize("case", LARGE_OUTPUTS, ids=[c.name for c in LARGE_OUTPUTS])
+def test_outputs_advised_huge_pages_match_the_reference(case):
+    assert_matches_the_reference(case, inputs(case), "float32")
 
 
 @pytest.mark.parametrize("case, dtype", PARITY_RUNS, ids=ids(PARITY_RUNS))

@@ -31,6 +31,7 @@
 #include "gemm.h"
 #include "groupgemm/activation.h"
 #include "groupgemm/expert_mlp.h"
+#include "huge_pages.h"
 #include "row_scratch.h"
 #include "sigmoid_rows.h"
 #include "thread_plan.h"
@@ -386,9 +387,11 @@ Status forward(const ExpertMlpArgs& a, int64_t block_rows) {
   T* h = static_cast<T*>(a.h);
   const RowScratch scratch_rows(routing.kept * hidden * int64_t(sizeof(T)));  // the expert outputs
   T* expert_rows = scratch_rows.as<T>();
-  if (h)  // a dropped slot's pre-activation: exact zeros
-    for (int64_t s = 0; s < a.num_tokens * k; ++s)
+  if (h) {  // fc1's output, advised as the grouped GEMMs' outputs are (huge_pages.h)
+    advise_huge_pages(h, a.num_tokens * k * f_in * int64_t(sizeof(T)));
+    for (int64_t s = 0; s < a.num_tokens * k; ++s)  // a dropped slot's pre-activation: exact zeros
       if (routing.row_map[s] < 0) std::memset(h + s * f_in, 0, f_in * sizeof(T));
+  }
 
   GG_RETURN_IF_ERROR(for_each_expert<T>(routing, experts, a.dtype, [&](int64_t e, Scratch<T>& s) -> Status {
     const RowRange rows = routing.rows(e);
@@ -445,6 +448,8 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
   if (dprobs)
     for (int64_t s = 0; s < a.num_tokens * k; ++s)
       if (routing.row_map[s] < 0) dprobs[s] = P{};  // a dropped slot's weight has no effect
+  if (a.dw_in) advise_huge_pages(a.dw_in, experts * hidden * f_in * int64_t(sizeof(T)));  // as the grouped
+  if (a.dw_out) advise_huge_pages(a.dw_out, experts * f * hidden * int64_t(sizeof(T)));   // weight gradients
 
   auto expert_gradients = [&](int64_t e, Scratch<T>& s) -> Status {
     const RowRange rows = routing.rows(e);
