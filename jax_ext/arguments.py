@@ -19,6 +19,20 @@ def shape_and_dtype(x):
     return tuple(x.shape), dtype_name(x.dtype)
 
 
+def index_input(x, name, fn):
+    """An integer operand as a JAX array holding its values. Without jax_enable_x64, JAX
+    holds no 64-bit integers and would silently wrap a NumPy int64 / uint64 array into 32
+    bits: such an array is taken when its values fit int32, and refused, named, otherwise."""
+    if isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind in "iu" and x.dtype.itemsize == 8 \
+            and not jax.config.jax_enable_x64:
+        if x.size and (x.min() < -contract.INT32_MAX - 1 or x.max() > contract.INT32_MAX):
+            raise ValueError(f"{fn}: {name} holds values outside int32's range ({x.min()} to {x.max()}), which "
+                             "JAX without jax_enable_x64 cannot hold (it would wrap them); enable x64 or pass "
+                             "values that fit")
+        x = x.astype(np.int32)
+    return jnp.asarray(x)
+
+
 def index_array(x):
     """An integer operand as the int32/int64 array the core reads, its value kept."""
     conversion = contract.index_conversion(dtype_name(x.dtype))
@@ -36,7 +50,7 @@ def index_operands(group_sizes, group_offset, num_groups, num_rows, fn):
     """group_sizes / group_offset as the core's operands (group_offset 0 when absent)."""
     if isinstance(group_sizes, (list, tuple)):
         group_sizes = contract.static_group_sizes(group_sizes, num_rows, fn)
-    group_sizes = jnp.asarray(group_sizes)
+    group_sizes = index_input(group_sizes, "group_sizes", fn)
     contract.check_group_sizes(group_sizes.shape, dtype_name(group_sizes.dtype), num_groups,
                                group_offset is not None, fn)
     group_sizes = index_array(group_sizes)
@@ -44,7 +58,7 @@ def index_operands(group_sizes, group_offset, num_groups, num_rows, fn):
         return group_sizes, jnp.zeros((), jnp.int32)
     if not isinstance(group_offset, (jax.Array, np.ndarray)):  # a Python or NumPy scalar
         group_offset = contract.static_group_offset(group_offset, num_groups, group_sizes.shape[0], fn)
-    group_offset = jnp.asarray(group_offset)
+    group_offset = index_input(group_offset, "group_offset", fn)
     contract.check_group_offset_array(group_offset.shape, dtype_name(group_offset.dtype), fn)
     return group_sizes, index_array(group_offset.reshape(()))
 

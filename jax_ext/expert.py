@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
-from groupgemm.jax_ext.arguments import index_array, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import index_array, index_input, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert_primitives import activation_p, permute_p, router_p, unpermute_p
 from groupgemm.jax_ext.functional import grouped_matmul
 from groupgemm.jax_ext.primitives import placeholder
@@ -43,7 +43,7 @@ def permute(tokens, expert_indices, num_experts):
     gradient sums its k rows' gradients).
     """
     fn = "permute"
-    tokens, expert_indices = jnp.asarray(tokens), jnp.asarray(expert_indices)
+    tokens, expert_indices = jnp.asarray(tokens), index_input(expert_indices, "expert_indices", fn)
     *_, num_experts = contract.permute(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), num_experts)
     expert_indices = index_array(expert_indices)
     (tokens,) = same_varying_axes((tokens,), (expert_indices,))
@@ -60,7 +60,7 @@ def unpermute(permuted, row_map, probs=None):
     every slot that names it, in slot order.
     """
     fn = "unpermute"
-    permuted, row_map = jnp.asarray(permuted), jnp.asarray(row_map)
+    permuted, row_map = jnp.asarray(permuted), index_input(row_map, "row_map", fn)
     probs = None if probs is None else jnp.asarray(probs)
     probs_arg = None if probs is None else shape_and_dtype(probs)
     contract.unpermute(fn, shape_and_dtype(permuted), shape_and_dtype(row_map), probs_arg)

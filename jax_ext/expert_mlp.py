@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from groupgemm import _contract as contract
-from groupgemm.jax_ext.arguments import dtype_name, index_array, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import dtype_name, index_array, index_input, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, unpermute
 from groupgemm.jax_ext.expert_mlp_primitives import expert_mlp_p, window_ids
 from groupgemm.jax_ext.primitives import placeholder
@@ -22,7 +22,7 @@ def _group_offset(group_offset, num_local, fn):
     if not isinstance(group_offset, (jax.Array, np.ndarray)):
         group_offset = jnp.asarray(contract.static_group_offset(group_offset, num_local, contract.INT32_MAX, fn),
                                    jnp.int32)
-    group_offset = jnp.asarray(group_offset)
+    group_offset = index_input(group_offset, "group_offset", fn)
     contract.check_group_offset_array(group_offset.shape, dtype_name(group_offset.dtype), fn)
     return index_array(group_offset.reshape(()))
 
@@ -52,7 +52,8 @@ def expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu
         raise NotImplementedError(f"{fn}: fp8 is not fused into the expert MLP yet; run permute, "
                                   "grouped_mlp(fp8=...) and unpermute")
     kind = contract.activation_kind(activation, fn)
-    tokens, expert_indices, w_in, w_out = map(jnp.asarray, (tokens, expert_indices, w_in, w_out))
+    tokens, w_in, w_out = map(jnp.asarray, (tokens, w_in, w_out))
+    expert_indices = index_input(expert_indices, "expert_indices", fn)
     probs, b_in, b_out = (None if x is None else jnp.asarray(x) for x in (probs, b_in, b_out))
     described = lambda x: None if x is None else shape_and_dtype(x)  # noqa: E731
     contract.expert_mlp(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), described(probs),
@@ -74,7 +75,7 @@ def composed_expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activatio
     """expert_mlp as the composition computes it (permute, grouped_mlp, unpermute), the same
     arguments and meaning: what the layers run with ``fused=False``, and under FP8."""
     w_in = jnp.asarray(w_in)
-    local = window_ids(index_array(jnp.asarray(expert_indices)),
+    local = window_ids(index_array(index_input(expert_indices, "expert_indices", "expert_mlp")),
                        _group_offset(group_offset, w_in.shape[0], "expert_mlp"), w_in.shape[0])
     rows, group_sizes, row_map = permute(tokens, local, w_in.shape[0])
     y = grouped_mlp(rows, w_in, w_out, group_sizes, activation=activation, b_in=b_in, b_out=b_out,

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from groupgemm import _dispatch_plan as rules
-from groupgemm.jax_ext.arguments import same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import index_input, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
 from groupgemm.jax_ext.expert_mlp import expert_mlp, runs_fused
 from groupgemm.jax_ext.functional import grouped_matmul
@@ -111,7 +111,7 @@ def _send(tokens, expert_indices, num_experts, axis_name, capacity, fn):
     (-1 for padding), the plan without received_rows."""
     ep = _axis_size(axis_name)
     e_local = rules.check(num_experts, ep, capacity, fn, dropless_mode=False)
-    tokens, expert_indices = jnp.asarray(tokens), jnp.asarray(expert_indices)
+    tokens, expert_indices = jnp.asarray(tokens), index_input(expert_indices, "expert_indices", fn)
     rules.check_routing(shape_and_dtype(tokens), shape_and_dtype(expert_indices), num_experts, fn)
     permuted, group_sizes, row_map = permute(tokens, expert_indices, num_experts)
     send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)

@@ -70,6 +70,28 @@ def test_python_list_sizes_of_any_magnitude_are_clipped_like_arrays():
     ref.assert_close(np.asarray(out, np.float64), ref.grouped_matmul(x["lhs"], x["rhs"], [0, 24, 0, 0]), "float32")
 
 
+def test_numpy_64_bit_integers_are_taken_where_they_fit_and_refused_where_jax_would_wrap_them():
+    assert not jax.config.jax_enable_x64  # JAX then holds 32-bit integers only
+    x = inputs(case("uniform"))
+    lhs, rhs = jnp.asarray(x["lhs"], jnp.float32), jnp.asarray(x["rhs"], jnp.float32)
+    want = ref.grouped_matmul(x["lhs"], x["rhs"], [0, 24, 0, 0])
+    for dtype in (np.int64, np.uint64):
+        ref.assert_close(np.asarray(grouped_matmul(lhs, rhs, np.array([0, 24, 0, 0], dtype)), np.float64), want,
+                         "float32", np.dtype(dtype).name)
+    huge = np.array([[2**32 + 1, 0], [1, 0]])  # int64; wrapped, 2**32 + 1 would be expert 1
+    tokens, w_in, w_out = jnp.ones((2, 4)), jnp.ones((2, 4, 6)), jnp.ones((2, 3, 4))
+    calls = [
+        ("group_sizes", lambda: grouped_matmul(lhs, rhs, np.array([2**32 + 1, 0, 0, 0], np.uint64))),
+        ("group_offset", lambda: grouped_matmul(lhs, rhs, [6, 6, 6, 6], group_offset=np.array(2**32))),
+        ("expert_indices", lambda: gj.permute(tokens, huge, 2)),
+        ("expert_indices", lambda: gj.expert_mlp(tokens, huge, None, w_in, w_out)),
+        ("row_map", lambda: gj.unpermute(tokens, huge)),
+    ]
+    for name, call in calls:
+        with pytest.raises(ValueError, match=f"{name} holds values outside int32's range"):
+            call()
+
+
 def test_vmap_over_a_batch_axis_matches_per_example_calls():
     rng = np.random.default_rng(1)
     lhs = jnp.asarray(rng.standard_normal((3, 12, 8)), jnp.float32)
