@@ -18,6 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
 from groupgemm.jax_ext.arguments import index_input, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
@@ -156,7 +157,7 @@ def dropless_capacity(num_tokens, top_k):
 
 
 def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation="swiglu", transpose_rhs=False,
-              allowed=None, fp8=None, fused=None):
+              allowed=None, fp8=None, fused=None, renormalize=None):
     """An expert-parallel MoE layer inside ``jax.shard_map`` over ``axis_name``: softmax
     top-k router, dispatch, the grouped MLP of this device's experts, combine. Returns
     ``(out [T, H], dropped)``.
@@ -167,6 +168,8 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     GEMM (one group of every token), so every step with arithmetic runs in the core and
     PyTorch's ExpertParallelMoE gives the same bits. ``allowed`` (broadcastable to
     ``[T, E]``) bars experts from routing: a token with none allowed goes nowhere.
+    ``renormalize``: softmax_topk's; None (the default) renormalizes for top_k > 1 only (a
+    top-1 weight renormalized is always 1, and the router would not learn).
 
     ``fused``: the received rows go through ``expert_mlp`` (grouped by local expert inside
     its GEMMs, a gradient keeping fc1's output only) instead of permute, grouped_mlp and
@@ -175,10 +178,11 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     """
     rules.check(num_experts, _axis_size(axis_name), capacity, "moe_layer", dropless_mode=False)
     fused = runs_fused(fused, fp8, "moe_layer")
+    renormalize = contract.layer_renormalize(renormalize, top_k, "moe_layer")
     logits = grouped_matmul(x, params["router"][None], jnp.full((1,), x.shape[0], jnp.int32))
     if allowed is not None:
         logits = jnp.where(allowed, logits, -jnp.inf)
-    probs, experts = softmax_topk(logits, top_k)
+    probs, experts = softmax_topk(logits, top_k, renormalize=renormalize)
     if fused:
         chunks, receive_experts, plan = _send(x, experts, num_experts, axis_name, capacity, "moe_layer")
         results = expert_mlp(chunks, receive_experts, None, params["w_in"], params["w_out"], activation=activation,

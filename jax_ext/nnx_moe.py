@@ -60,14 +60,19 @@ class MoE(nnx.Module):
     constraint when the mesh set by ``jax.set_mesh`` has that axis): each device routes its
     groups' tokens through its own experts, and the only collectives are the all-reduces
     over the expert axis and the data-parallel sum of the gradients.
+
+    ``renormalize``: softmax_topk's; None (the default) renormalizes for top_k > 1 only (a
+    top-1 weight renormalized is always 1, and the router would not learn).
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, top_k, *, activation="swiglu", fp8=None,
-                 dtype=jnp.float32, expert_axis="expert", data_axis="data", mesh=None, fused=None, rngs):
+                 dtype=jnp.float32, expert_axis="expert", data_axis="data", mesh=None, fused=None, renormalize=None,
+                 rngs):
         fn = "MoE"
         contract.static_count(num_experts, "num_experts", fn)
         self.num_experts = num_experts
         self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
+        self.renormalize = contract.layer_renormalize(renormalize, self.top_k, fn)
         self.data_axis = data_axis
         self.router = _router(hidden_size, num_experts, dtype, mesh, rngs)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
@@ -84,7 +89,7 @@ class MoE(nnx.Module):
             logits = grouped_matmul(tokens, router[None], jnp.full((1,), tokens.shape[0], jnp.int32))
             if allowed is not None:
                 logits = jnp.where(allowed, logits, -jnp.inf)
-            probs, experts = softmax_topk(logits, self.top_k)
+            probs, experts = softmax_topk(logits, self.top_k, renormalize=self.renormalize)
             return self.experts.forward_routed(tokens, experts, probs)
 
         if x.ndim == 2:
@@ -112,16 +117,17 @@ class ExpertParallelMoE(nnx.Module):
     router's gradient is the sum over every device's tokens. ``mesh``: the mesh to run on
     (and to place the parameters on as they are created); None: the mesh set by
     ``jax.set_mesh`` when the layer is called. ``fused``: GroupedMLP's, for the rows each
-    device receives (moe_layer's).
+    device receives (moe_layer's). ``renormalize``: moe_layer's.
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, top_k, mesh=None, *, capacity=None,
                  activation="swiglu", fp8=None, dtype=jnp.float32, expert_axis="expert", data_axis="data", fused=None,
-                 rngs):
+                 renormalize=None, rngs):
         fn = "ExpertParallelMoE"
         rules.check(num_experts, 1, capacity, fn)
         self.num_experts, self.capacity, self.activation, self.fp8 = num_experts, capacity, activation, fp8
         self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
+        self.renormalize = contract.layer_renormalize(renormalize, self.top_k, fn)
         self.mesh, self.expert_axis, self.data_axis = mesh, expert_axis, data_axis
         known = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
         if not known.empty:  # checked now where the mesh is known, else at the call
@@ -163,7 +169,8 @@ class ExpertParallelMoE(nnx.Module):
             out, dropped = moe_layer({"router": router, "w_in": w_in, "w_out": w_out}, x,
                                      num_experts=self.num_experts, top_k=self.top_k, axis_name=self.expert_axis,
                                      capacity=capacity, activation=self.activation, transpose_rhs=True,
-                                     allowed=allowed, fp8=self.fp8, fused=self.experts.fused)
+                                     allowed=allowed, fp8=self.fp8, fused=self.experts.fused,
+                                     renormalize=self.renormalize)
             return out, dropped[None]
 
         return jax.shard_map(local, mesh=self.mesh, in_specs=tuple(specs), out_specs=(tokens, tokens))(*operands)

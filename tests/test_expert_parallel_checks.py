@@ -115,13 +115,14 @@ def test_jax_capacity_none_is_refused_saying_capacity_is_the_only_mode(call):
         traced_on_devices(run, x, experts, out_specs=P("ep"))
 
 
-def test_jax_moe_layer_refuses_a_fused_that_is_not_a_bool():
+@pytest.mark.parametrize("option, value", [("fused", 1), ("renormalize", "yes")])
+def test_jax_moe_layer_refuses_an_option_that_is_not_a_bool(option, value):
     x, experts = routed(3)
     params = {"router": jnp.zeros((H, E)), "w_in": jnp.zeros((E // DEVICES, H, 2 * H)),
               "w_out": jnp.zeros((E // DEVICES, H, H))}
-    with pytest.raises(TypeError, match="moe_layer: fused must be None, True or False, got 1"):
+    with pytest.raises(TypeError, match=f"moe_layer: {option} must be None, True or False, got {value!r}"):
         traced_on_devices(lambda x, e: gj.moe_layer(params, x, num_experts=E, top_k=K, axis_name="ep", capacity=6,
-                                                    fused=1)[0], x, experts, out_specs=P("ep"))
+                                                    **{option: value})[0], x, experts, out_specs=P("ep"))
 
 
 def test_jax_combine_refuses_an_expert_output_with_a_row_too_few_or_too_many():

@@ -278,14 +278,19 @@ class ExpertParallelMoE(nn.Module):
     ``capacity`` as in dispatch (None: dropless). The router's gradient is this rank's
     tokens' share: all-reduce it over the data-parallel ranks as for any replicated weight.
     The received rows go through ``experts.forward_routed``: ``fused`` is GroupedMLP's.
+    ``renormalize``: softmax_topk's; None (the default) renormalizes for top_k > 1 only (a
+    top-1 weight renormalized is always 1, and the router would not learn).
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, top_k, group=None, *, capacity=None,
-                 activation="swiglu", fp8=None, device=None, dtype=None, fused=None):
+                 activation="swiglu", fp8=None, device=None, dtype=None, fused=None, renormalize=None):
         super().__init__()
         self.group = group or dist.group.WORLD
-        self.num_experts, self.top_k, self.capacity = num_experts, top_k, capacity
-        e_local = rules.check(num_experts, _group_size(self.group, "ExpertParallelMoE"), capacity, "ExpertParallelMoE")
+        fn = "ExpertParallelMoE"
+        e_local = rules.check(num_experts, _group_size(self.group, fn), capacity, fn)
+        self.num_experts, self.capacity = num_experts, capacity
+        self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
+        self.renormalize = contract.layer_renormalize(renormalize, self.top_k, fn)
         self.router = nn.Parameter(torch.empty(hidden_size, num_experts, device=device, dtype=dtype))
         nn.init.normal_(self.router, std=0.02)
         self.experts = GroupedMLP(e_local, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
@@ -296,6 +301,6 @@ class ExpertParallelMoE(nn.Module):
         logits = grouped_mm(x, self.router[None], every_token)
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
-        probs, experts = expert.softmax_topk(logits, self.top_k)
+        probs, experts = expert.softmax_topk(logits, self.top_k, renormalize=self.renormalize)
         arrived, plan = _send(x, experts, self.num_experts, self.group, self.capacity, "ExpertParallelMoE")
         return _send_back(self.experts.forward_routed(arrived, plan.receive_experts), plan, probs), plan.dropped

@@ -361,6 +361,16 @@ def check_fused(fused, fn):
     return fused
 
 
+def layer_renormalize(renormalize, top_k, fn):
+    """Whether an MoE layer's router renormalizes its top-k weights (softmax_topk's
+    ``renormalize``): as told (True or False), or when not told (None) for k > 1 only. With
+    k = 1 a renormalized weight is always 1, so the router would get no gradient and never
+    learn; top-1 routing (Switch Transformer) weights its expert by the full softmax."""
+    if renormalize is not None and not isinstance(renormalize, bool):
+        raise TypeError(f"{fn}: renormalize must be None, True or False, got {renormalize!r}")
+    return top_k > 1 if renormalize is None else renormalize
+
+
 # ---- torch._grouped_mm's offs= convention (cumulative group ends) -------------------
 
 
