@@ -26,14 +26,27 @@ def _router(hidden_size, num_experts, dtype, mesh, rngs):
 
 
 def _on_data_axis(x, axis):
-    """x with its leading axis split over ``axis`` of the mesh set by ``jax.set_mesh``,
-    where that mesh has the axis; x as it is otherwise."""
+    """x with its leading axis (the routing groups) split over ``axis`` of the mesh set by
+    ``jax.set_mesh`` where it can be: the mesh has the axis, not as a manual one (inside
+    ``shard_map`` x already is the device's share), and its size divides the groups (a
+    batch of one, as in decoding, stays whole); x as it is otherwise."""
     mesh = jax.sharding.get_abstract_mesh()
-    if axis is None or mesh.empty or axis not in mesh.axis_names:
+    if axis is None or mesh.empty or axis not in mesh.axis_names or axis in mesh.manual_axes \
+            or x.shape[0] % mesh.shape[axis]:
         return x
-    if mesh.are_all_axes_explicit:
+    if axis in mesh.explicit_axes:
         return jax.sharding.reshard(x, P(axis))
     return jax.lax.with_sharding_constraint(x, P(axis))
+
+
+def _as_specs(operands, specs, mesh):
+    """The operands resharded as shard_map's ``specs`` say where the mesh's axes are
+    explicit (shard_map then takes only arrays already sharded so); as they are otherwise."""
+    if not mesh.are_all_axes_explicit:
+        return operands
+    place = (lambda spec: spec) if isinstance(mesh, jax.sharding.AbstractMesh) else \
+        (lambda spec: jax.sharding.NamedSharding(mesh, spec))
+    return [jax.sharding.reshard(a, place(spec)) for a, spec in zip(operands, specs)]
 
 
 class MoE(nnx.Module):
@@ -56,10 +69,11 @@ class MoE(nnx.Module):
     serves every routing, experts without tokens get exact-zero gradients.
 
     Sharding under ``nnx.jit`` on a mesh: the experts' weights over ``expert_axis``, the
-    router whole, and with ``x [B, T, H]`` the routing groups over ``data_axis`` (a
-    constraint when the mesh set by ``jax.set_mesh`` has that axis): each device routes its
-    groups' tokens through its own experts, and the only collectives are the all-reduces
-    over the expert axis and the data-parallel sum of the gradients.
+    router whole, and with ``x [B, T, H]`` the routing groups over ``data_axis`` (where the
+    mesh set by ``jax.set_mesh`` has that axis, not as a manual one, and its size divides
+    B): each device routes its groups' tokens through its own experts, and the only
+    collectives are the all-reduces over the expert axis and the data-parallel sum of the
+    gradients.
 
     ``renormalize``: softmax_topk's; None (the default) renormalizes for top_k > 1 only (a
     top-1 weight renormalized is always 1, and the router would not learn).
@@ -173,4 +187,5 @@ class ExpertParallelMoE(nnx.Module):
                                      renormalize=self.renormalize)
             return out, dropped[None]
 
-        return jax.shard_map(local, mesh=self.mesh, in_specs=tuple(specs), out_specs=(tokens, tokens))(*operands)
+        return jax.shard_map(local, mesh=self.mesh, in_specs=tuple(specs), out_specs=(tokens, tokens))(
+            *_as_specs(operands, specs, mesh))

@@ -1,9 +1,11 @@
 """groupgemm.flax on a mesh of CPU devices: ExpertParallelMoE gives the bits of
 groupgemm.torch's ExpertParallelMoE over as many gloo ranks, through a rank that sends no
 tokens and a rank whose experts receive none, in one nnx.jit compile; with a data axis
-beside the expert axis it matches the one-device MoE, and with no tokens anywhere every
-gradient is a full-shape zero; MoE's parameters carry their sharding, and under nnx.jit
-on a data x expert mesh it keeps the one-device bits without gathering anything."""
+beside the expert axis it matches the one-device MoE, on auto and explicit meshes, and
+with no tokens anywhere every gradient is a full-shape zero; MoE's parameters carry their
+sharding, and under nnx.jit on a data x expert mesh (auto or explicit, a batch of one
+included) or inside a caller's shard_map it keeps the one-device bits, on an auto mesh
+without gathering anything."""
 
 import os
 
@@ -25,9 +27,13 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "ep
 RANKS = 2
 
 
-def auto_mesh(shape, names):
-    return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
-                         devices=jax.devices("cpu")[:int(np.prod(shape))])
+def mesh_of(axis_type):
+    """A mesh builder whose axes are all of ``axis_type`` (Explicit is jax.make_mesh's default)."""
+    return lambda shape, names: jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape),
+                                              devices=jax.devices("cpu")[:int(np.prod(shape))])
+
+
+auto_mesh, explicit_mesh = mesh_of(jax.sharding.AxisType.Auto), mesh_of(jax.sharding.AxisType.Explicit)
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +94,22 @@ def test_expert_parallel_moe_gives_pytorchs_bits_in_one_compile(torch_ranks):
     assert len(traces) == 1  # every routing through one compile
 
 
-def test_expert_parallel_moe_with_a_data_axis_matches_the_one_device_moe():
-    mesh = auto_mesh((2, 2), ("data", "expert"))
+@pytest.mark.parametrize("make_mesh", [auto_mesh, explicit_mesh], ids=["auto", "explicit"])
+def test_expert_parallel_moe_with_a_data_axis_matches_the_one_device_moe(make_mesh):
+    mesh = make_mesh((2, 2), ("data", "expert"))
     layer = gf.ExpertParallelMoE(4, 8, 6, 2, mesh, rngs=nnx.Rngs(3))
     assert layer.experts.fc1.weight[...].sharding.spec == P("expert", None, None)
     single = gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(3))  # the same draws: the same parameters
     x = jnp.asarray(np.random.default_rng(4).standard_normal((16, 8)), jnp.float32)  # 4 blocks of 4 tokens
+    allowed = jnp.asarray([True, True, False, True])  # [E]: broadcast to every token
 
-    def expert_parallel_loss(layer, x=x):
-        out, dropped = layer(x)
+    def expert_parallel_loss(layer, x=x, allowed=allowed):
+        out, dropped = layer(x, allowed)
         return jnp.sum(jnp.sin(out)), (out, dropped)
 
     grads_ep, (out, dropped) = nnx.jit(nnx.grad(expert_parallel_loss, has_aux=True))(layer)
-    grads_one, want = nnx.jit(nnx.grad(lambda m: (jnp.sum(jnp.sin(m(x))), m(x)), has_aux=True))(single)
+    grads_one, want = nnx.jit(nnx.grad(lambda m: (jnp.sum(jnp.sin(m(x, allowed))), m(x, allowed)),
+                                       has_aux=True))(single)
     assert np.asarray(dropped).tolist() == [0] * 4
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
     for path in ("router", "experts.fc1.weight", "experts.fc2.weight"):
@@ -109,7 +118,8 @@ def test_expert_parallel_moe_with_a_data_axis_matches_the_one_device_moe():
                                    err_msg=path)
     # No tokens on any device (equal blocks: the one way a JAX device holds none): every
     # parameter still gets its full-shape gradient, all zeros.
-    grads_none, (out, _) = nnx.jit(nnx.grad(expert_parallel_loss, has_aux=True))(layer, x=jnp.zeros((0, 8)))
+    grads_none, (out, _) = nnx.jit(nnx.grad(expert_parallel_loss, has_aux=True))(layer, x=jnp.zeros((0, 8)),
+                                                                                  allowed=None)
     assert out.shape == (0, 8)
     for path in ("router", "experts.fc1.weight", "experts.fc2.weight"):
         grad = _leaf(grads_none, path.split("."))
@@ -148,3 +158,22 @@ def test_moe_parameters_carry_their_sharding_and_keep_the_one_device_bits_on_a_d
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
         assert np.array_equal(np.asarray(got), np.asarray(want))
     assert "all-gather" not in step.as_text()  # each device: its routing group, its experts
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_moe_on_an_explicit_mesh_or_inside_shard_map_keeps_the_one_device_bits(groups):
+    # An explicit mesh takes its data axis only where it divides the routing groups (decoding's
+    # batch of one stays whole); inside a caller's shard_map each device routes its own groups.
+    x = np.random.default_rng(2).standard_normal((groups, 6, 8)).astype(np.float32)
+    want = gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(x)
+    with jax.set_mesh(explicit_mesh((2, 2), ("data", "expert"))):
+        out = nnx.jit(lambda m, x: m(x))(gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0)), x)
+    assert np.array_equal(np.asarray(out), np.asarray(want))
+    if groups % 2:
+        return
+    graph, state = nnx.split(gf.MoE(4, 8, 6, 2, expert_axis=None, rngs=nnx.Rngs(0)))
+    with jax.set_mesh(auto_mesh((2,), ("data",))):
+        per_device = jax.shard_map(lambda state, x: nnx.merge(graph, state)(x), in_specs=(P(), P("data")),
+                                   out_specs=P("data"))
+        out = jax.jit(per_device)(state, x)
+    assert np.array_equal(np.asarray(out), np.asarray(want))
