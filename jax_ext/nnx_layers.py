@@ -34,6 +34,20 @@ def symmetric_uniform(bound):
     return lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
+def check_expert_axis(num_experts, expert_axis, mesh, fn):
+    """Where the parameters are placed on a mesh as they are created (``annotated``): the
+    experts' axis is one of the mesh's axes, and its size divides num_experts."""
+    mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    if expert_axis is None or mesh.empty or not nnx.using_eager_sharding():
+        return
+    if expert_axis not in mesh.axis_names:
+        raise ValueError(f"{fn}: expert_axis {expert_axis!r} is not an axis of the mesh {mesh.axis_names}; pass "
+                         "expert_axis=None to keep every expert on every device")
+    if num_experts % mesh.shape[expert_axis]:
+        raise ValueError(f"{fn}: num_experts = {num_experts} is not a multiple of the {mesh.shape[expert_axis]} "
+                         f"devices of the mesh's expert_axis {expert_axis!r}")
+
+
 def checked_value(param, want, name, fn):
     """A parameter's array, its shape checked against the layer's configuration (a
     parameter replaced or loaded with another shape is named)."""
@@ -65,9 +79,9 @@ class GroupedLinear(nnx.Module):
     def __init__(self, num_experts, in_features, out_features, bias=True, *, dtype=jnp.float32, fp8=None,
                  expert_axis="expert", mesh=None, rngs):
         fn = "GroupedLinear"
-        for name, value in (("num_experts", num_experts), ("in_features", in_features),
-                            ("out_features", out_features)):
-            contract.static_count(value, name, fn)
+        contract.layer_config(fn, dtype_name(dtype), num_experts=num_experts, in_features=in_features,
+                              out_features=out_features)
+        check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
         self.fp8 = contract.fp8_layer(fn, fp8, dtype_name(dtype), in_features, out_features)
         init = symmetric_uniform(1.0 / math.sqrt(in_features) if in_features > 0 else 0.0)
@@ -116,8 +130,12 @@ class GroupedMLP(nnx.Module):
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False,
                  dtype=jnp.float32, fp8=None, expert_axis="expert", mesh=None, fused=None, rngs):
-        contract.activation_kind(activation, "GroupedMLP")
-        self.activation, self.fp8, self.fused = activation, fp8, contract.check_fused(fused, "GroupedMLP")
+        fn = "GroupedMLP"
+        contract.layer_config(fn, dtype_name(dtype), num_experts=num_experts, hidden_size=hidden_size,
+                              ffn_hidden_size=ffn_hidden_size)
+        contract.activation_kind(activation, fn)
+        check_expert_axis(num_experts, expert_axis, mesh, fn)
+        self.activation, self.fp8, self.fused = activation, fp8, contract.check_fused(fused, fn)
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "dtype": dtype, "fp8": fp8, "expert_axis": expert_axis, "mesh": mesh, "rngs": rngs}
         self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)

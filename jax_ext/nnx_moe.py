@@ -13,16 +13,25 @@ from jax.sharding import PartitionSpec as P
 
 from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
+from groupgemm.jax_ext.arguments import dtype_name, shape_and_dtype
 from groupgemm.jax_ext.expert import softmax_topk
 from groupgemm.jax_ext.expert_parallel import dropless_capacity, moe_layer
 from groupgemm.jax_ext.functional import grouped_matmul
-from groupgemm.jax_ext.nnx_layers import GroupedMLP, annotated, checked_value
+from groupgemm.jax_ext.nnx_layers import GroupedMLP, annotated, check_expert_axis, checked_value
 
 
 def _router(hidden_size, num_experts, dtype, mesh, rngs):
     """The router's ``[H, E]`` weight, N(0, 0.02^2) as groupgemm.torch's, whole on every device."""
     init = annotated(nnx.initializers.normal(0.02), (None, None), mesh)
     return nnx.Param(init(rngs.params(), (hidden_size, num_experts), dtype))
+
+
+def _checked_input(x, allowed, hidden_size, experts_shape, fn):
+    """allowed as an array, after x and allowed are checked against the layer."""
+    allowed = None if allowed is None else jnp.asarray(allowed)
+    contract.layer_input(shape_and_dtype(x), hidden_size, None if allowed is None else shape_and_dtype(allowed),
+                         experts_shape, fn)
+    return allowed
 
 
 def _on_data_axis(x, axis):
@@ -83,7 +92,9 @@ class MoE(nnx.Module):
                  dtype=jnp.float32, expert_axis="expert", data_axis="data", mesh=None, fused=None, renormalize=None,
                  rngs):
         fn = "MoE"
-        contract.static_count(num_experts, "num_experts", fn)
+        contract.layer_config(fn, dtype_name(dtype), num_experts=num_experts, hidden_size=hidden_size,
+                              ffn_hidden_size=ffn_hidden_size)
+        check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.num_experts = num_experts
         self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
         self.renormalize = contract.layer_renormalize(renormalize, self.top_k, fn)
@@ -97,6 +108,7 @@ class MoE(nnx.Module):
         x = jnp.asarray(x)
         if x.ndim not in (2, 3):
             raise ValueError(f"{fn}: x must be 2-D [T, H] or 3-D [B, T, H] (B routing groups), got shape {x.shape}")
+        allowed = _checked_input(x, allowed, self.experts.fc1.in_features, x.shape[:-1] + (self.num_experts,), fn)
         router = checked_value(self.router, (self.experts.fc1.in_features, self.num_experts), "router", fn)
 
         def route(tokens, allowed):
@@ -138,6 +150,8 @@ class ExpertParallelMoE(nnx.Module):
                  activation="swiglu", fp8=None, dtype=jnp.float32, expert_axis="expert", data_axis="data", fused=None,
                  renormalize=None, rngs):
         fn = "ExpertParallelMoE"
+        contract.layer_config(fn, dtype_name(dtype), num_experts=num_experts, hidden_size=hidden_size,
+                              ffn_hidden_size=ffn_hidden_size)
         rules.check(num_experts, 1, capacity, fn)
         self.num_experts, self.capacity, self.activation, self.fp8 = num_experts, capacity, activation, fp8
         self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
@@ -165,6 +179,7 @@ class ExpertParallelMoE(nnx.Module):
             raise ValueError(f"{fn}: no mesh: pass mesh= or call the layer under jax.set_mesh(mesh)")
         x = jnp.asarray(x)
         contract.check_rank(x.shape, 2, "x", "[T, H]", fn)
+        allowed = _checked_input(x, allowed, self.experts.fc1.in_features, (x.shape[0], self.num_experts), fn)
         token_axes = self._token_axes(mesh)
         blocks = math.prod(mesh.shape[a] for a in token_axes)
         if x.shape[0] % blocks:

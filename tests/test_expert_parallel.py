@@ -196,7 +196,7 @@ def test_a_num_experts_the_devices_do_not_divide_and_a_bad_capacity_are_refused_
             dispatch(8, bad)
 
 
-def test_torch_layer_refuses_a_bad_capacity_naming_it(tmp_path):
+def test_torch_layer_refuses_bad_arguments_naming_them(tmp_path):
     import torch
     import torch.distributed as dist
 
@@ -204,6 +204,17 @@ def test_torch_layer_refuses_a_bad_capacity_naming_it(tmp_path):
     try:
         with pytest.raises(ValueError, match="ExpertParallelMoE: capacity must be a positive int"):
             gt.ExpertParallelMoE(4, 8, 6, 2, capacity=-1)
+        with pytest.raises(ValueError, match="ExpertParallelMoE: hidden_size must be a non-negative int, got -1"):
+            gt.ExpertParallelMoE(4, -1, 6, 2)
+        layer = gt.ExpertParallelMoE(4, 8, 6, 2)
+        with pytest.raises(ValueError, match=r"ExpertParallelMoE: x has width 9 \(shape \(3, 9\)\), but the "
+                                             "layer's hidden_size is 8"):
+            layer(torch.ones(3, 9))
+        with pytest.raises(TypeError, match="ExpertParallelMoE: allowed must hold booleans"):
+            layer(torch.ones(3, 8), torch.ones(4))
+        with pytest.raises(ValueError, match=r"ExpertParallelMoE: allowed has shape \(5,\), which does not "
+                                             r"broadcast to \(3, 4\)"):
+            layer(torch.ones(3, 8), torch.ones(5, dtype=torch.bool))
         tokens = torch.randn(5, 8)
         out, dropped = gt.ExpertParallelMoE(4, 8, 6, 2)(tokens)  # one rank holds every expert
         assert out.shape == tokens.shape and int(dropped) == 0

@@ -1,6 +1,7 @@
 """groupgemm.flax refuses bad input with an exception naming the argument: parameters of
 the wrong shape (replaced or loaded), a num_experts the mesh's expert axis does not
-divide, a missing mesh axis, and the layers' own arguments."""
+divide, a missing mesh axis, the layers' own arguments (checked before any parameter is
+made) and their calls' x and allowed."""
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +72,33 @@ BAD = {
     "negative width": (
         lambda: gf.GroupedLinear(4, -1, 6, rngs=nnx.Rngs(0)),
         ValueError, "GroupedLinear: in_features must be a non-negative int, got -1"),
+    "negative ffn_hidden_size": (
+        lambda: gf.GroupedMLP(4, 8, -1, rngs=nnx.Rngs(0)),
+        ValueError, "GroupedMLP: ffn_hidden_size must be a non-negative int, got -1"),
+    "negative hidden_size, before the router is made": (
+        lambda: gf.MoE(4, -1, 6, 2, rngs=nnx.Rngs(0)),
+        ValueError, "MoE: hidden_size must be a non-negative int, got -1"),
+    "a float hidden_size": (
+        lambda: gf.ExpertParallelMoE(4, 8.0, 6, 2, MESH, rngs=nnx.Rngs(0)),
+        ValueError, "ExpertParallelMoE: hidden_size must be a non-negative int, got 8.0"),
+    "an integer dtype": (
+        lambda: gf.MoE(4, 8, 6, 2, dtype=jnp.int32, rngs=nnx.Rngs(0)),
+        TypeError, "MoE: dtype must be float32, bfloat16, float16 or float64, got int32"),
+    "num_experts the mesh's expert axis does not divide": (
+        lambda: gf.MoE(6, 8, 6, 2, mesh=MESH, rngs=nnx.Rngs(0)),
+        ValueError, "MoE: num_experts = 6 is not a multiple of the 4 devices of the mesh's expert_axis 'expert'"),
+    "expert axis missing from the layer's mesh": (
+        lambda: gf.GroupedMLP(4, 8, 6, mesh=MESH, expert_axis="ep", rngs=nnx.Rngs(0)),
+        ValueError, r"GroupedMLP: expert_axis 'ep' is not an axis of the mesh \('expert',\); pass expert_axis=None"),
+    "x of another width": (
+        lambda: gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 9))),
+        ValueError, r"MoE: x has width 9 \(shape \(3, 9\)\), but the layer's hidden_size is 8"),
+    "allowed that does not broadcast": (
+        lambda: gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 8)), jnp.ones(5, bool)),
+        ValueError, r"MoE: allowed has shape \(5,\), which does not broadcast to \(3, 4\)"),
+    "allowed of floats": (
+        lambda: gf.ExpertParallelMoE(4, 8, 6, 2, MESH, rngs=nnx.Rngs(0))(jnp.ones((4, 8)), jnp.ones(4)),
+        TypeError, "ExpertParallelMoE: allowed must hold booleans"),
 }
 
 
@@ -79,3 +107,10 @@ def test_bad_input_raises_naming_the_argument(case):
     call, error, message = BAD[case]
     with pytest.raises(error, match=message):
         call()
+
+
+def test_a_list_of_group_sizes_may_be_traced_as_a_jit_argument():
+    mlp = gf.GroupedMLP(4, 8, 6, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((5, 8)), jnp.float32)
+    traced = nnx.jit(lambda mlp, sizes: mlp(x, sizes))(mlp, [1, 2, 0, 0])  # each size a tracer
+    assert np.array_equal(np.asarray(traced), np.asarray(mlp(x, [1, 2, 0, 0])))

@@ -25,8 +25,8 @@ SETTINGS = [(1, None, False), (1, True, True), (1, False, False), (2, None, True
 def weights(seed=0):
     rng = np.random.default_rng(seed)
     return dict(x=rng.standard_normal((TOKENS, HIDDEN)), router=rng.standard_normal((HIDDEN, EXPERTS)),
-                w_in=rng.standard_normal((EXPERTS, 2 * FFN, HIDDEN)) / 3, w_out=rng.standard_normal((EXPERTS, HIDDEN, FFN)) / 3,
-                dout=rng.standard_normal((TOKENS, HIDDEN)))
+                w_in=rng.standard_normal((EXPERTS, 2 * FFN, HIDDEN)) / 3,
+                w_out=rng.standard_normal((EXPERTS, HIDDEN, FFN)) / 3, dout=rng.standard_normal((TOKENS, HIDDEN)))
 
 
 def reference(w, top_k, renormalize):

@@ -287,6 +287,8 @@ class ExpertParallelMoE(nn.Module):
         super().__init__()
         self.group = group or dist.group.WORLD
         fn = "ExpertParallelMoE"
+        contract.layer_config(fn, dtype_name(dtype or torch.get_default_dtype()), num_experts=num_experts,
+                              hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         e_local = rules.check(num_experts, _group_size(self.group, fn), capacity, fn)
         self.num_experts, self.capacity = num_experts, capacity
         self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
@@ -297,6 +299,12 @@ class ExpertParallelMoE(nn.Module):
                                   device=device, dtype=dtype, fused=fused)
 
     def forward(self, x: Tensor, allowed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        fn = "ExpertParallelMoE"
+        tokens = shape_and_dtype(x, "x", fn)
+        contract.check_rank(tokens[0], 2, "x", "[T, H]", fn)
+        contract.layer_input(tokens, self.router.shape[0],
+                             None if allowed is None else shape_and_dtype(allowed, "allowed", fn),
+                             (x.shape[0], self.num_experts), fn)
         every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
         logits = grouped_mm(x, self.router[None], every_token)
         if allowed is not None:

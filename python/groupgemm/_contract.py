@@ -361,6 +361,35 @@ def check_fused(fused, fn):
     return fused
 
 
+def layer_config(fn, dtype, **sizes):
+    """A layer's constructor arguments: each size (num_experts, widths) a non-negative
+    int and the parameters' dtype a float dtype, each named when not."""
+    for name, value in sizes.items():
+        static_count(value, name, fn)
+    check_float(dtype, "dtype", fn)
+
+
+def layer_input(x, hidden_size, allowed, experts_shape, fn):
+    """An MoE layer's call: ``x`` (shape, dtype) of width hidden_size, and ``allowed``
+    (shape, dtype, or None) booleans that broadcast to ``experts_shape`` (x's tokens by the
+    experts)."""
+    shape, dtype = x
+    check_float(dtype, "x", fn)
+    if shape[-1] != hidden_size:
+        raise ValueError(f"{fn}: x has width {shape[-1]} (shape {tuple(shape)}), but the layer's hidden_size is "
+                         f"{hidden_size}")
+    if allowed is None:
+        return
+    allowed_shape, allowed_dtype = allowed
+    if allowed_dtype != "bool":
+        raise TypeError(f"{fn}: allowed must hold booleans (True: the expert may be chosen), got {allowed_dtype}")
+    fits = len(allowed_shape) <= len(experts_shape) and all(
+        a in (1, b) for a, b in zip(reversed(allowed_shape), reversed(experts_shape)))
+    if not fits:
+        raise ValueError(f"{fn}: allowed has shape {tuple(allowed_shape)}, which does not broadcast to "
+                         f"{tuple(experts_shape)} (x's tokens by the experts)")
+
+
 def layer_renormalize(renormalize, top_k, fn):
     """Whether an MoE layer's router renormalizes its top-k weights (softmax_topk's
     ``renormalize``): as told (True or False), or when not told (None) for k > 1 only. With
