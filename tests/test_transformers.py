@@ -217,6 +217,51 @@ def test_plain_torch_activations_map_to_the_core_by_identity():
         "silu", "gelu", "relu", "relu", "gelu", None, "silu", None]
 
 
+class _ClampedSiLU(activations.SiLUActivation):
+    def forward(self, x):
+        return super().forward(x).clamp(max=0.1)
+
+
+def _clamp_output(module, args, out):
+    return out.clamp(max=0.1)
+
+
+def _global_hook_on(module):
+    """torch's global forward hook that clamps the output of ``module`` only."""
+    return torch.nn.modules.module.register_module_forward_hook(
+        lambda m, args, out: _clamp_output(m, args, out) if m is module else None)
+
+
+# Each changes what calling the module's act_fn gives (returning a handle to remove, or None).
+ACT_FN_CHANGES = {
+    "forward hook": lambda m: m.act_fn.register_forward_hook(_clamp_output),
+    "forward pre-hook": lambda m: m.act_fn.register_forward_pre_hook(lambda _, args: (args[0].clamp(max=0.1),)),
+    "global forward hook": lambda m: _global_hook_on(m.act_fn),
+    "subclass overriding forward": lambda m: setattr(m, "act_fn", _ClampedSiLU()),
+    "instance forward": lambda m: setattr(m.act_fn, "forward",
+                                          lambda x: torch.nn.functional.silu(x).clamp(max=0.1)),
+}
+
+
+@pytest.mark.parametrize("change", ACT_FN_CHANGES)
+def test_an_act_fn_whose_call_differs_from_its_stock_class_runs_in_torch_as_eager_does(change, core_activations):
+    module = _qwen3_experts()
+    handle = ACT_FN_CHANGES[change](module)
+    try:
+        index, weights = _routing(torch.float64)
+        x = torch.randn(TOKENS, module.gate_up_proj.shape[2], dtype=torch.float64)
+        dout = torch.randn_like(x)
+        want, want_grads = _run(eager_forward, module, x, index, weights, dout)
+        got, got_grads = _run(integration.experts_forward, module, x, index, weights, dout)
+    finally:
+        if handle is not None:
+            handle.remove()
+    _close(got, want, TOLERANCE[torch.float64], f"{change}: output")
+    for g, w in zip(got_grads, want_grads):
+        _close(g, w, TOLERANCE[torch.float64], f"{change}: gradient")
+    assert core_activations == []
+
+
 # ---- expert parallelism, zero tokens, compile, determinism --------------------------------
 
 
@@ -292,6 +337,26 @@ def test_the_experts_module_compiles_fullgraph_and_matches_eager(family):
         _close(got, want, 1e-5, "output")
         for g, w in zip(got_grads, want_grads):
             _close(g, w, 1e-5, "gradient")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
+def test_under_autocast_the_experts_run_in_its_dtype_as_eager_does(fused, monkeypatch):
+    monkeypatch.setattr(expert_mlp, "fused_by_default", lambda device: fused)
+    module = _qwen3_experts(torch.float32)
+    index, weights = _routing(torch.float32)
+    x = torch.randn(TOKENS, module.gate_up_proj.shape[2])
+    dout = torch.randn_like(x)
+    float32, _ = _run(integration.experts_forward, module, x, index, weights, dout)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, want_grads = _run(eager_forward, module, x, index, weights, dout)
+        got, got_grads = _run(integration.experts_forward, module, x, index, weights, dout)
+    assert not torch.equal(got, float32) and got.dtype == want.dtype == torch.float32
+    tolerance = 2e-2  # a few bfloat16 roundings, at different points in each
+    _close(got, want, tolerance, "output")
+    for (name, _), g, w in zip([("hidden_states", 0), ("top_k_weights", 0), *module.named_parameters()],
+                               got_grads, want_grads):
+        assert g.dtype == torch.float32, name
+        _close(g, w, tolerance, f"grad of {name}")
 
 
 def test_the_same_call_gives_the_same_bits():
@@ -489,6 +554,23 @@ def test_fp8_checkpoint_experts_match_the_float64_product_of_their_quantized_ope
     # intermediate before its quantization) separates the two.
     _close(out.double(), want, 1e-5, "output")
     _close(dx.double(), want_dx, 1e-5, "grad of hidden_states")
+
+
+def test_fp8_checkpoint_experts_compile_fullgraph_under_grad_with_the_eager_bits():
+    module, _ = _fp8_experts()
+    index, weights = _routing(torch.float32, tokens=6)
+    x, dout = torch.randn(6, FP8_WIDTH), torch.randn(6, FP8_WIDTH)
+    # Dynamo traces the backward too (in its strict mode) and AOTAutograd splits the graph;
+    # Inductor would recompile FP8Experts' own _apply_gate, which runs in torch, to other bits.
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+
+    def run(forward):
+        leaves = x.clone().requires_grad_(), weights.clone().requires_grad_()
+        out = forward(leaves[0], index, leaves[1])
+        return out.detach(), torch.autograd.grad(out, leaves, dout)
+
+    (want, want_grads), (got, got_grads) = run(module), run(compiled)
+    assert torch.equal(got, want) and all(torch.equal(g, w) for g, w in zip(got_grads, want_grads))
 
 
 @pytest.mark.parametrize("option, width, match", [

@@ -5,7 +5,7 @@ routing stays on its device."""
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import expert, expert_mlp_ops
+from groupgemm.torch_ext import autocast, expert, expert_mlp_ops
 from groupgemm.torch_ext.arguments import index_tensor, same_device, shape_and_dtype
 from groupgemm.torch_ext.op_library import _derivative_may_be_asked
 
@@ -41,12 +41,15 @@ def expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | None, w_i
     keeps fc1's output per slot only (the activation is recomputed, probs' gradient comes
     from ``dout @ w_out^T``). Differentiable in tokens, probs, the weights and biases, in
     reverse and forward mode; idle experts get exact-zero gradients. ``fp8`` is not fused
-    yet: use GroupedMLP(fp8=...) in the composition.
+    yet: use GroupedMLP(fp8=...) in the composition. Under ``torch.autocast`` it runs in the
+    autocast dtype, float32 probs kept (autocast.py).
     """
     fn = "expert_mlp"
     if fp8 is not None:
         raise NotImplementedError(f"{fn}: fp8 is not fused into the expert MLP yet; run permute, "
                                   "GroupedMLP(fp8=...) and unpermute")
+    tokens, w_in, w_out, b_in, b_out = autocast.operands(tokens, w_in, w_out, b_in, b_out)
+    probs = autocast.routing_weights(probs, tokens)
     kind = contract.activation_kind(activation, fn)
     described = lambda t, name: None if t is None else shape_and_dtype(t, name, fn)  # noqa: E731
     contract.expert_mlp(fn, described(tokens, "tokens"), described(expert_indices, "expert_indices"),
@@ -71,10 +74,13 @@ def composed_expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | 
     the experts on the rows, unpermute): the layers' path with ``fused=False``, under FP8
     and with main_grad accumulation."""
     num_local = experts.fc1.num_experts
+    if experts.fc1.fp8 is None:  # 16-bit layers run in autocast's dtype: permute the rows cast, as expert_mlp does
+        (tokens,) = autocast.operands(tokens)
     offset = _group_offset(group_offset, num_local, tokens.device, "expert_mlp")
     local = expert_mlp_ops.window_ids(index_tensor(expert_indices), offset, num_local)
     rows, group_sizes, row_map = expert.permute(tokens, local, num_local)
-    return expert.unpermute(experts(rows, group_sizes), row_map, probs)
+    out = experts(rows, group_sizes)
+    return expert.unpermute(out, row_map, autocast.routing_weights(probs, out))
 
 
 def fused_by_default(device: torch.device) -> bool:

@@ -5,7 +5,7 @@ then the ops (importing this module registers their derivatives)."""
 import torch
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import core_args, derivatives, eager, gemm_ops  # noqa: F401 - derivatives registers the ops' autograd
+from groupgemm.torch_ext import autocast, core_args, derivatives, eager, gemm_ops  # noqa: F401 - derivatives registers the ops' autograd
 from groupgemm.torch_ext import offs as offs_convention
 from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_operands, same_device, shape_and_dtype
 
@@ -43,7 +43,10 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor | None = None,
     group ends (int32, 1-D, on input's device), group g owning rows ``[offs[g-1], offs[g])``.
     With a 2-D ``weight [K, N]`` the groups split the contraction instead:
     ``out[g] = input[:, K_g] @ weight[K_g, :]``, ``[G, M, N]`` (offs.py).
+
+    Under ``torch.autocast`` it runs in the autocast dtype, as torch.mm does (autocast.py).
     """
+    input, weight, bias = autocast.operands(input, weight, bias)
     ends = offs is not None
     if ends == (group_sizes is not None):
         contract.sizes_or_ends("grouped_mm", group_sizes is not None, ends)  # raises
@@ -79,9 +82,11 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
 
     Empty groups give exact zeros. With ``accumulate_into`` (float32, or float64 for
     float64 inputs, contiguous ``[G, K, N]``) it adds in place and returns that tensor;
-    empty groups are left bit-for-bit unchanged.
+    empty groups are left bit-for-bit unchanged. Under ``torch.autocast`` input and grad are
+    cast to the autocast dtype (autocast.py); accumulate_into keeps its dtype.
     """
     fn = "grouped_mm_wgrad"
+    input, grad = autocast.operands(input, grad)
     num_groups, shape = contract.wgrad(fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn),
                                        shape_and_dtype(grad, "grad", fn), num_groups)
     same_device(grad, "grad", input.device, fn)

@@ -120,12 +120,15 @@ class _MainGradGroupedMM(torch.autograd.Function):
         return dinput, placeholder, None, dbias, None, None
 
 
-def grouped_linear(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor | None) -> Tensor:
+def grouped_linear(input: Tensor, weight: Tensor, group_sizes: Tensor, bias: Tensor | None, *,
+                   operand: Tensor) -> Tensor:
     """GroupedLinear's product with the weight gradient going to ``weight.main_grad``
-    (arguments checked, group_sizes as the core reads it)."""
+    (arguments checked, group_sizes as the core reads it). ``operand`` is the weight as the
+    GEMM reads it: the parameter itself, or autocast's cast of it, through which the
+    placeholder gradient reaches the parameter."""
     returns_placeholder = hasattr(weight, "grad_added_to_main_grad")
     if returns_placeholder and not torch.compiler.is_compiling():
         attach(weight)
-    return _MainGradGroupedMM.apply(input.contiguous(), weight, group_sizes,
+    return _MainGradGroupedMM.apply(input.contiguous(), operand, group_sizes,
                                     None if bias is None else bias.contiguous(), checked_main_grad(weight),
                                     returns_placeholder)

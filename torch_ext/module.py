@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from groupgemm import _contract as contract
-from groupgemm.torch_ext import expert, expert_mlp, fp8_recipe, functional, main_grad
+from groupgemm.torch_ext import autocast, expert, expert_mlp, fp8_recipe, functional, main_grad
 from groupgemm.torch_ext.arguments import dtype_name
 
 
@@ -30,6 +30,10 @@ class GroupedLinear(nn.Module):
     groupgemm/_fp8_recipe.py; blockwise needs in_features and out_features to be multiples
     of 128); outputs and gradients keep the layer's dtype, main_grad accumulation included.
     Reverse mode only.
+
+    Under ``torch.autocast`` the layer computes in the autocast dtype, as nn.Linear does,
+    its float32 parameters getting float32 gradients (main_grad too); with ``fp8`` autocast
+    changes nothing (autocast.py).
     """
 
     def __init__(self, num_experts, in_features, out_features, bias=True, *, device=None, dtype=None,
@@ -77,9 +81,10 @@ class GroupedLinear(nn.Module):
                                              self.accumulate_into_main_grad)
         if not (self.accumulate_into_main_grad and main_grad.needs_main_grad(self.weight)):
             return functional.grouped_mm(x, self.weight, group_sizes, bias, transpose_weight=True)
-        group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, bias, True, None,
+        x, weight, bias = autocast.operands(x, self.weight, bias)
+        group_sizes, _, _ = functional.check_grouped_mm(x, weight, group_sizes, bias, True, None,
                                                         None, fn="GroupedLinear")
-        return main_grad.grouped_linear(x, self.weight, group_sizes, bias)
+        return main_grad.grouped_linear(x, self.weight, group_sizes, bias, operand=weight)
 
     def extra_repr(self):
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

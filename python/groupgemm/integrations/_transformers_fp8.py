@@ -12,9 +12,12 @@ from dataclasses import dataclass
 import torch
 
 import groupgemm.torch as gt
+from groupgemm import _contract as contract
+from groupgemm.torch_ext import arguments, fp8_ops
 
 BLOCK = 128  # the blockwise recipe's block, the only weight_block_size served
 _ACTIVATION, _WEIGHT = "BlockWise1x128", "BlockWise128x128"
+_E4M3, _BLOCKWISE = contract.FP8_DTYPES.index("float8_e4m3fn"), contract.FP8_RECIPES.index("blockwise")
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,8 @@ def grouped_linear(x: torch.Tensor, layer: Fp8Weight, group_sizes: torch.Tensor)
 
 
 def _scaled_mm(x, weight, scale, group_sizes):
-    """x against the K-major ``weight [E, N, K]`` (block scales ``[E, N/128, K/128]``)."""
+    """x against the K-major ``weight [E, N, K]`` (block scales ``[E, N/128, K/128]``), every
+    argument checked."""
     qx, sx = gt.quantize_fp8(x.contiguous(), "blockwise")
     return gt.scaled_grouped_mm(qx, weight.transpose(-2, -1), sx, _ACTIVATION, scale, _WEIGHT,
                                 group_sizes=group_sizes, output_dtype=x.dtype)
@@ -97,7 +101,12 @@ class _FrozenFp8Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         weight, scale, group_sizes = ctx.saved_tensors
-        # dx = dy @ W[g]: W^T [E, K, N] K-major in N, its blocks the same blocks transposed.
-        dx = _scaled_mm(grad, weight.transpose(-2, -1).contiguous(), scale.transpose(-2, -1).contiguous(),
-                        group_sizes)
+        # dx = dy @ W[g]: W^T [E, K, N] K-major in N, its blocks the same blocks transposed. The
+        # forward checked these operands (dy has its output's shape), so the ops run unchecked:
+        # torch.compile traces a backward in strict mode, which bans the checks' reading of
+        # a tensor's layout.
+        qdy, sdy = fp8_ops.fp8_quantize_rows_op(grad.contiguous(), _E4M3, _BLOCKWISE)
+        dx = fp8_ops.scaled_grouped_mm_op(qdy, weight.transpose(-2, -1).contiguous(), sdy,
+                                          scale.transpose(-2, -1).contiguous(), arguments.index_tensor(group_sizes),
+                                          _BLOCKWISE, grad.dtype)
         return dx, None, None, None

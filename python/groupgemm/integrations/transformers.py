@@ -27,6 +27,7 @@ gradients, and ``torch.compile(fullgraph=True)`` traces it.
 """
 
 import torch
+from torch.nn.modules import module as torch_module
 
 from groupgemm import _contract as contract
 from groupgemm.integrations import _transformers_fp8 as fp8
@@ -66,7 +67,8 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     ``hidden_states [S, H]``, ``top_k_index [S, k]`` (ids outside ``[0, num_experts)`` are
     dropped slots) and ``top_k_weights [S, k]``; returns ``[S, H_out]`` in hidden_states'
     dtype, computed in the weights' dtype (hidden_states is cast to it, as transformers'
-    ``grouped_mm`` does). Reads the decorator's flags (``has_gate``, ``has_bias``,
+    ``grouped_mm`` does); under ``torch.autocast`` the GEMMs run in its dtype, as eager's
+    ``F.linear`` calls do. Reads the decorator's flags (``has_gate``, ``has_bias``,
     ``is_transposed``, ``is_concatenated``, ``has_post_expert_norm``) and the module's
     ``gate_up_proj`` / ``up_proj``, ``down_proj``, their ``*_bias``, ``_apply_gate``,
     ``act_fn`` and ``post_expert_norm``. Differentiable in hidden_states, every expert
@@ -74,27 +76,27 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     ``TypeError`` / ``ValueError`` naming the attribute and the class.
     """
     w = _Weights(self, hidden_states.shape[-1])
-    x, probs = hidden_states.to(w.dtype), _probs(top_k_weights, w.dtype)
+    x = hidden_states.to(w.dtype)
     activation = _core_activation(self)
     if activation is not None:
         w.check_activation_width(contract.activation_width(activation, w.up_features, FN, w.up_name))
     transpose = not w.transposed  # nn.Linear's [E, out, in]: read transposed
     post_norm = getattr(self, "has_post_expert_norm", False)
     if activation is not None and not post_norm and fused.fused_by_default(x.device):
-        out = fused.expert_mlp(x, top_k_index, probs, w.up, w.down, activation=activation, b_in=w.up_bias,
-                               b_out=w.down_bias, transpose_weight=transpose)
+        out = fused.expert_mlp(x, top_k_index, _probs(top_k_weights, w.dtype), w.up, w.down, activation=activation,
+                               b_in=w.up_bias, b_out=w.down_bias, transpose_weight=transpose)
         return out.to(hidden_states.dtype)
     rows, group_sizes, row_map = expert.permute(x, top_k_index, w.num_experts)
     h = functional.grouped_mm(rows, w.up, group_sizes, w.up_bias, transpose_weight=transpose)
     if activation is not None:
         h = expert.activate(h, activation)
     else:
-        h = _torch_activation(self, h, w.dtype)
+        h = _torch_activation(self, h)
         w.check_activation_width(h.shape[-1])
     y = functional.grouped_mm(h, w.down, group_sizes, w.down_bias, transpose_weight=transpose)
     if post_norm:
         y = self.post_expert_norm(y).to(w.dtype)
-    return expert.unpermute(y, row_map, probs).to(hidden_states.dtype)
+    return expert.unpermute(y, row_map, _probs(top_k_weights, y.dtype)).to(hidden_states.dtype)
 
 
 def fp8_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -119,23 +121,40 @@ def fp8_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
     rows, group_sizes, row_map = expert.permute(hidden_states.to(dtype), top_k_index, up.num_experts)
     h = fp8.grouped_linear(rows, up, group_sizes)
     activation = _core_activation(self)
-    h = expert.activate(h, activation) if activation is not None else _torch_activation(self, h, dtype)
+    h = expert.activate(h, activation) if activation is not None else _torch_activation(self, h)
     y = fp8.grouped_linear(h, down, group_sizes)
     return expert.unpermute(y, row_map, _probs(top_k_weights, dtype)).to(hidden_states.dtype)
 
 
 def core_activation(act) -> str | None:
     """The core's activation that computes ``act`` exactly (the same function: silu, the
-    erf form of gelu, relu), or None."""
+    erf form of gelu, relu), or None. A module counts only where calling it runs its stock
+    class's forward and nothing else: a subclass, a hook (its own or torch's global module
+    hooks) or a forward set on the instance changes what it gives, so torch then calls it."""
     nn, F = torch.nn, torch.nn.functional
-    if act is F.silu or isinstance(act, (nn.SiLU, hf_activations.SiLUActivation)):
+    if isinstance(act, nn.Module):
+        if not _runs_its_class_forward_only(act):
+            return None
+        kind = type(act)  # the exact class: a subclass may override forward
+        if kind in (nn.SiLU, hf_activations.SiLUActivation):
+            return "silu"
+        if kind is hf_activations.GELUActivation or (kind is nn.GELU and act.approximate == "none"):
+            return "gelu"
+        return "relu" if kind is nn.ReLU else None
+    if act is F.silu:
         return "silu"
-    if act is F.gelu or isinstance(act, hf_activations.GELUActivation) or (
-            isinstance(act, nn.GELU) and act.approximate == "none"):
+    if act is F.gelu:
         return "gelu"
-    if act in (F.relu, torch.relu) or isinstance(act, nn.ReLU):
-        return "relu"
-    return None
+    return "relu" if act in (F.relu, torch.relu) else None
+
+
+def _runs_its_class_forward_only(module) -> bool:
+    """Whether calling the module runs just its class's forward: no hook of any kind (the
+    ones nn.Module.__call__ checks before skipping them) and no forward of the instance's own."""
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,
+             torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
+             torch_module._global_backward_hooks, torch_module._global_backward_pre_hooks)
+    return not any(hooks) and "forward" not in vars(module)
 
 
 def _probs(top_k_weights, dtype):
@@ -152,13 +171,14 @@ def _core_activation(module) -> str | None:
     return "swiglu" if core_activation(_act_fn(module)) == "silu" else None  # silu(gate) * up
 
 
-def _torch_activation(module, h, dtype):
-    """The module's gate or activation of the first GEMM's output, as the module writes it."""
+def _torch_activation(module, h):
+    """The module's gate or activation of the first GEMM's output, as the module writes it,
+    in h's dtype (a family's own gate may compute in float32)."""
     if not getattr(module, "has_gate", True):
-        return module.act_fn(h).to(dtype)
+        return module.act_fn(h).to(h.dtype)
     if _default_gate(module) and not getattr(module, "is_concatenated", True):  # [gate0, up0, gate1, ...]
-        return (module.act_fn(h[..., ::2]) * h[..., 1::2]).to(dtype)
-    return module._apply_gate(h).to(dtype)  # the default gate, or the model's own (clamps, alpha, caps)
+        return (module.act_fn(h[..., ::2]) * h[..., 1::2]).to(h.dtype)
+    return module._apply_gate(h).to(h.dtype)  # the default gate, or the model's own (clamps, alpha, caps)
 
 
 def _default_gate(module) -> bool:
