@@ -9,7 +9,7 @@ import pytest
 import reference as ref
 import torch
 
-from groupgemm.torch import GroupedLinear, grouped_mm
+from groupgemm.torch import GroupedLinear, GroupedMLP, grouped_mm
 
 
 def t(x, dtype):
@@ -372,3 +372,15 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
     out.sum().backward()
     for name, p in block.named_parameters():
         assert p.grad is not None and p.grad.shape == p.shape and (p.grad == 0).all(), name
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: GroupedMLP(4, 8, -1), ValueError, "GroupedMLP: ffn_hidden_size must be a non-negative int, got -1"),
+    (lambda: GroupedMLP(4, 8.0, 6), ValueError, "GroupedMLP: hidden_size must be a non-negative int, got 8.0"),
+    (lambda: GroupedLinear(4, -1, 6), ValueError, "GroupedLinear: in_features must be a non-negative int, got -1"),
+    (lambda: GroupedLinear(4, 8, 6, dtype=torch.int32), TypeError,
+     "GroupedLinear: dtype must be float32, bfloat16, float16 or float64, got int32"),
+])
+def test_modules_refuse_a_bad_configuration_naming_the_argument(make, error, message):
+    with pytest.raises(error, match=message):
+        make()

@@ -39,6 +39,8 @@ class GroupedLinear(nn.Module):
     def __init__(self, num_experts, in_features, out_features, bias=True, *, device=None, dtype=None,
                  accumulate_into_main_grad=False, fp8=None):
         super().__init__()
+        contract.layer_config("GroupedLinear", dtype_name(dtype or torch.get_default_dtype()),
+                              num_experts=num_experts, in_features=in_features, out_features=out_features)
         factory = {"device": device, "dtype": dtype}
         self.num_experts = num_experts
         self.in_features = in_features
@@ -114,9 +116,12 @@ class GroupedMLP(nn.Module):
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False, device=None,
                  dtype=None, accumulate_into_main_grad=False, fp8=None, fused=None):
         super().__init__()
-        contract.activation_kind(activation, "GroupedMLP")
+        fn = "GroupedMLP"
+        contract.layer_config(fn, dtype_name(dtype or torch.get_default_dtype()), num_experts=num_experts,
+                              hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
+        contract.activation_kind(activation, fn)
         self.activation = activation
-        self.fused = contract.check_fused(fused, "GroupedMLP")
+        self.fused = contract.check_fused(fused, fn)
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "device": device, "dtype": dtype,
                   "accumulate_into_main_grad": accumulate_into_main_grad, "fp8": fp8}
