@@ -478,6 +478,19 @@ def test_a_layout_that_cannot_be_mapped_raises_naming_the_attribute_and_the_fami
         integration.experts_forward(broken, x, index, weights)
 
 
+def test_routing_arguments_that_do_not_fit_raise_in_the_callers_names():
+    module = _qwen3_experts()
+    x, (index, weights) = torch.randn(TOKENS, module.gate_up_proj.shape[2], dtype=torch.float64), _routing(
+        torch.float64)
+    calls = [((x, index, weights[:, :1]), ValueError, r"top_k_weights must have shape \(9, 2\), got \(9, 1\)"),
+             ((x[:-1], index, weights), ValueError, r"top_k_index has shape \(9, 2\), but hidden_states has 8 tokens"),
+             ((x[None], index, weights), ValueError, r"hidden_states must be 2-D \[S, H\]"),
+             ((x, index.double(), weights), TypeError, "top_k_index must be an integer array, got float64")]
+    for args, error, match in calls:
+        with pytest.raises(error, match=f"groupgemm experts: {match}"):
+            integration.experts_forward(module, *args)
+
+
 def test_a_dtype_the_core_lacks_raises_naming_it():
     module = _qwen3_experts()
     module.gate_up_proj = torch.nn.Parameter(module.gate_up_proj.to(torch.float8_e4m3fn), requires_grad=False)

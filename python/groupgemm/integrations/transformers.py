@@ -75,6 +75,7 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     parameter and top_k_weights. A module whose layout cannot be mapped raises a
     ``TypeError`` / ``ValueError`` naming the attribute and the class.
     """
+    _check_routing(hidden_states, top_k_index, top_k_weights)
     w = _Weights(self, hidden_states.shape[-1])
     x = hidden_states.to(w.dtype)
     activation = _core_activation(self)
@@ -116,6 +117,7 @@ def fp8_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
     weight = getattr(self, "gate_up_proj" if getattr(self, "has_gate", True) else "up_proj", None)
     if isinstance(weight, torch.Tensor) and weight.element_size() > 1:
         return experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    _check_routing(hidden_states, top_k_index, top_k_weights)
     up, down = fp8.layers(self, FN)
     dtype = hidden_states.dtype if hidden_states.dtype in (torch.bfloat16, torch.float32) else torch.float32
     rows, group_sizes, row_map = expert.permute(hidden_states.to(dtype), top_k_index, up.num_experts)
@@ -124,6 +126,21 @@ def fp8_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
     h = expert.activate(h, activation) if activation is not None else _torch_activation(self, h)
     y = fp8.grouped_linear(h, down, group_sizes)
     return expert.unpermute(y, row_map, _probs(top_k_weights, dtype)).to(hidden_states.dtype)
+
+
+def _check_routing(hidden_states, top_k_index, top_k_weights):
+    """The call's arguments in the caller's names: hidden_states [S, H], top_k_index (integer)
+    and top_k_weights [S, k]."""
+    (tokens, _), (index, index_dtype), (weights, _) = (
+        arguments.shape_and_dtype(t, name, FN) for t, name in
+        ((hidden_states, "hidden_states"), (top_k_index, "top_k_index"), (top_k_weights, "top_k_weights")))
+    contract.check_rank(tokens, 2, "hidden_states", "[S, H]", FN)
+    contract.check_rank(index, 2, "top_k_index", "[S, k]", FN)
+    contract.check_index_dtype(index_dtype, "top_k_index", FN)
+    if index[0] != tokens[0]:
+        raise ValueError(f"{FN}: top_k_index has shape {index}, but hidden_states has {tokens[0]} tokens "
+                         f"(shape {tokens})")
+    contract.check_shape(weights, index, "top_k_weights", FN)
 
 
 def core_activation(act) -> str | None:
