@@ -99,10 +99,12 @@ class GroupedLinear(nnx.Module):
         return weight, bias
 
     def __call__(self, x, group_sizes):
+        x = jnp.asarray(x)
+        contract.layer_width(x.shape, self.in_features, "in_features", "GroupedLinear")
         weight, bias = self.weight_and_bias()
         if self.fp8 is None:
             return grouped_matmul(x, weight, group_sizes, bias=bias, transpose_rhs=True)
-        return fp8_recipe.checked_fp8_grouped_matmul(jnp.asarray(x), weight, group_sizes, bias=bias,
+        return fp8_recipe.checked_fp8_grouped_matmul(x, weight, group_sizes, bias=bias,
                                                      transpose_rhs=True, group_offset=None, recipe=self.fp8,
                                                      fn="GroupedLinear")
 

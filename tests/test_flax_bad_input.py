@@ -90,6 +90,9 @@ BAD = {
     "expert axis missing from the layer's mesh": (
         lambda: gf.GroupedMLP(4, 8, 6, mesh=MESH, expert_axis="ep", rngs=nnx.Rngs(0)),
         ValueError, r"GroupedMLP: expert_axis 'ep' is not an axis of the mesh \('expert',\); pass expert_axis=None"),
+    "grouped rows of another width": (
+        lambda: gf.GroupedLinear(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 7)), [2, 0, 3]),
+        ValueError, r"GroupedLinear: x has width 7 \(shape \(6, 7\)\), but the layer's in_features is 8"),
     "x of another width": (
         lambda: gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 9))),
         ValueError, r"MoE: x has width 9 \(shape \(3, 9\)\), but the layer's hidden_size is 8"),

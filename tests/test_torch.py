@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import reference as ref
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+import groupgemm.torch as gt
 from groupgemm.torch import GroupedLinear, GroupedMLP, grouped_mm
 
 
@@ -380,7 +382,37 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
     (lambda: GroupedLinear(4, -1, 6), ValueError, "GroupedLinear: in_features must be a non-negative int, got -1"),
     (lambda: GroupedLinear(4, 8, 6, dtype=torch.int32), TypeError,
      "GroupedLinear: dtype must be float32, bfloat16, float16 or float64, got int32"),
+    (lambda: GroupedLinear(3, 8, 4)(torch.randn(6, 7), [2, 0, 3]), ValueError,
+     r"GroupedLinear: x has width 7 \(shape \(6, 7\)\), but the layer's in_features is 8"),
 ])
 def test_modules_refuse_a_bad_configuration_naming_the_argument(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+def test_accumulate_into_is_checked_by_the_bytes_it_spans_and_traces():
+    # Two views of one buffer that do not overlap are separate buffers; an overlapping one
+    # is refused. Traced, fake and meta tensors have no addresses: fullgraph compile, export
+    # and shape propagation run the call.
+    sizes, buffer = torch.tensor([2, 0, 3]), torch.randn(144)
+    x, grad = buffer[:48].view(6, 8), torch.randn(6, 4)
+    want = torch.einsum("rk,rn->kn", x[:2].double(), grad[:2].double())
+    acc = buffer[48:].view(3, 8, 4)
+    before = acc.clone()
+    torch.testing.assert_close(gt.grouped_mm_wgrad(x, grad, sizes, 3, accumulate_into=acc)[0].double(),
+                               before[0].double() + want)
+    with pytest.raises(ValueError, match="grouped_mm_wgrad: accumulate_into shares memory with input"):
+        gt.grouped_mm_wgrad(x, grad, sizes, 3, accumulate_into=buffer[40:136].view(3, 8, 4))
+
+    def call(x, grad, sizes, acc):
+        return gt.grouped_mm_wgrad(x, grad, sizes, 3, accumulate_into=acc)
+
+    x, eager_acc = torch.randn(6, 8), torch.randn(3, 8, 4)
+    compiled_acc = eager_acc.clone()
+    torch.compile(call, fullgraph=True, backend="eager")(x, grad, sizes, compiled_acc)
+    assert torch.equal(compiled_acc, call(x, grad, sizes, eager_acc))
+    with FakeTensorMode():
+        fake = call(torch.randn(6, 8), torch.randn(6, 4), torch.tensor([2, 0, 3]), torch.zeros(3, 8, 4))
+    assert fake.shape == (3, 8, 4)
+    meta = [torch.empty(shape, device="meta") for shape in ((6, 8), (6, 4))]
+    assert call(*meta, sizes.to("meta"), torch.zeros(3, 8, 4, device="meta")).shape == (3, 8, 4)

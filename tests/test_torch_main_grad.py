@@ -203,7 +203,11 @@ def test_main_grad_mode_without_main_grad_raises():
 def test_main_grad_mode_checks_main_grad_naming_the_layer():
     layer = _layer(torch.bfloat16)
     layer.weight.main_grad = torch.zeros(E, OUT, IN, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match=r"GroupedLinear\(accumulate_into_main_grad=True\): .* must be float32"):
+    with pytest.raises(TypeError, match=r"GroupedLinear\(accumulate_into_main_grad=True\): weight.main_grad must "
+                                        "be float32"):
+        layer(torch.randn(7, IN, dtype=torch.bfloat16), SIZES)
+    layer.weight.main_grad = torch.zeros(E, IN, OUT)  # transposed
+    with pytest.raises(ValueError, match=rf"weight.main_grad must have shape \({E}, {OUT}, {IN}\)"):
         layer(torch.randn(7, IN, dtype=torch.bfloat16), SIZES)
 
 

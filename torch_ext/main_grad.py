@@ -87,7 +87,8 @@ def checked_main_grad(weight: Tensor) -> Tensor:
         raise RuntimeError(f"{FN}: weight.main_grad is not set; allocate a float32 tensor of the weight's shape first")
     shape, dtype = shape_and_dtype(main_grad, "weight.main_grad", FN)
     contract.accumulator(FN, shape, dtype, tuple(weight.shape), dtype_name(weight.dtype), None, "out_dtype",
-                         contiguous=main_grad.is_contiguous(), requires_grad=main_grad.requires_grad)
+                         contiguous=main_grad.is_contiguous(), requires_grad=main_grad.requires_grad,
+                         name="weight.main_grad")
     return main_grad
 
 

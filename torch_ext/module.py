@@ -7,7 +7,7 @@ from torch import nn
 
 from groupgemm import _contract as contract
 from groupgemm.torch_ext import autocast, expert, expert_mlp, fp8_recipe, functional, main_grad
-from groupgemm.torch_ext.arguments import dtype_name
+from groupgemm.torch_ext.arguments import dtype_name, shape_and_dtype
 
 
 class GroupedLinear(nn.Module):
@@ -71,6 +71,8 @@ class GroupedLinear(nn.Module):
     def _grouped_product(self, x, group_sizes, bias):
         """``x @ weight[g].T (+ bias[g])`` per group, the weight gradient going where the
         layer's mode sends it (bias is self.bias, or None to leave it out)."""
+        contract.layer_width(shape_and_dtype(x, "x", "GroupedLinear")[0], self.in_features, "in_features",
+                             "GroupedLinear")
         if isinstance(group_sizes, (list, tuple)):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)

@@ -216,24 +216,23 @@ def wgrad(fn, names, lhs, grad, num_groups):
 
 
 def accumulator(fn, shape, dtype, want_shape, in_dtype, requested_out_dtype, out_dtype_name, *,
-                contiguous=True, requires_grad=False, aliases=None):
-    """Checks an ``accumulate_into`` buffer, updated in place; returns its dtype name.
+                contiguous=True, requires_grad=False, aliases=None, name="accumulate_into"):
+    """Checks an ``accumulate_into`` buffer (``name``: what the caller calls it), updated in
+    place; returns its dtype name.
 
     ``aliases`` names an input whose memory it shares, if any."""
     want = accumulate_dtype(in_dtype)
     if dtype != want:
-        raise TypeError(f"{fn}: accumulate_into must be {want}, got {dtype}")
+        raise TypeError(f"{fn}: {name} must be {want}, got {dtype}")
     if requested_out_dtype is not None and requested_out_dtype != want:
-        raise TypeError(f"{fn}: {out_dtype_name} {requested_out_dtype} conflicts with accumulate_into, "
-                        f"which is {want}")
-    check_shape(shape, want_shape, "accumulate_into", fn)
+        raise TypeError(f"{fn}: {out_dtype_name} {requested_out_dtype} conflicts with {name}, which is {want}")
+    check_shape(shape, want_shape, name, fn)
     if not contiguous:
-        raise ValueError(f"{fn}: accumulate_into must be contiguous (it is updated in place)")
+        raise ValueError(f"{fn}: {name} must be contiguous (it is updated in place)")
     if requires_grad:
-        raise ValueError(f"{fn}: accumulate_into must not require grad (it is updated in place, "
-                         "outside autograd)")
+        raise ValueError(f"{fn}: {name} must not require grad (it is updated in place, outside autograd)")
     if aliases is not None:
-        raise ValueError(f"{fn}: accumulate_into shares memory with {aliases}; pass a separate buffer")
+        raise ValueError(f"{fn}: {name} shares memory with {aliases}; pass a separate buffer")
     return want
 
 
@@ -369,15 +368,20 @@ def layer_config(fn, dtype, **sizes):
     check_float(dtype, "dtype", fn)
 
 
+def layer_width(shape, width, width_name, fn):
+    """A layer's input ``x`` (its shape) is as wide as the layer's ``width_name``."""
+    if shape[-1] != width:
+        raise ValueError(f"{fn}: x has width {shape[-1]} (shape {tuple(shape)}), but the layer's {width_name} is "
+                         f"{width}")
+
+
 def layer_input(x, hidden_size, allowed, experts_shape, fn):
     """An MoE layer's call: ``x`` (shape, dtype) of width hidden_size, and ``allowed``
     (shape, dtype, or None) booleans that broadcast to ``experts_shape`` (x's tokens by the
     experts)."""
     shape, dtype = x
     check_float(dtype, "x", fn)
-    if shape[-1] != hidden_size:
-        raise ValueError(f"{fn}: x has width {shape[-1]} (shape {tuple(shape)}), but the layer's hidden_size is "
-                         f"{hidden_size}")
+    layer_width(shape, hidden_size, "hidden_size", fn)
     if allowed is None:
         return
     allowed_shape, allowed_dtype = allowed
