@@ -68,12 +68,26 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     return _finish(out, cast, out_sharding)
 
 
+def _check_dimension_numbers(dims, lhs_ndim, rhs_ndim):
+    """Each dimension named is one of its operand's, named once (lhs's ragged dimension aside,
+    which is one of the others or not): a TypeError otherwise, as jax.lax raises. Taken
+    modulo the rank, a wrong one would silently multiply another dimension."""
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dims.dot_dimension_numbers
+    for operand, ndim, named, ragged in (
+            ("lhs", lhs_ndim, (*lhs_contract, *lhs_batch), tuple(dims.lhs_ragged_dimensions)),
+            ("rhs", rhs_ndim, (*rhs_contract, *rhs_batch, *dims.rhs_group_dimensions), ())):
+        outside = [d for d in (*named, *ragged) if not 0 <= d < ndim]
+        if outside or len(set(named)) != len(named):
+            raise TypeError(f"ragged_dot_general: the dimension numbers name {operand} dimensions "
+                            f"{sorted(named + ragged)}, which must be distinct dimensions of its {ndim} ({dims})")
+
+
 def _mode(dims, lhs_ndim):
     """The ragged mode of ``jax.lax.ragged_dot_general``'s dimension numbers."""
     (lhs_contract, _), (lhs_batch, _) = dims.dot_dimension_numbers
     if len(dims.lhs_ragged_dimensions) != 1:
         raise TypeError("ragged_dot_general: lhs must have exactly one ragged dimension")
-    ragged = dims.lhs_ragged_dimensions[0] % lhs_ndim
+    ragged = dims.lhs_ragged_dimensions[0]
     if ragged in lhs_contract:
         return "ragged contracting", ragged
     if ragged in lhs_batch:
@@ -99,10 +113,13 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     del precision
     dims = ragged_dot_dimension_numbers
     lhs, rhs = _common_dtype(jnp.asarray(lhs), jnp.asarray(rhs))
+    _check_dimension_numbers(dims, lhs.ndim, rhs.ndim)
     mode, ragged = _mode(dims, lhs.ndim)
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dims.dot_dimension_numbers
     native, cast = _core_output(lhs.dtype, preferred_element_type)
-    if mode == "ragged batch":
+    if mode == "ragged batch":  # the groups do not change the product, but they are integers
+        contract.check_index_dtype(np.dtype(jnp.asarray(group_sizes).dtype).name, "group_sizes",
+                                   "ragged_dot_general")
         return _finish(jax.lax.dot_general(lhs, rhs, dims.dot_dimension_numbers,
                                            preferred_element_type=preferred_element_type), None, out_sharding)
     if lhs_batch or rhs_batch or lhs.ndim != 2 or len(lhs_contract) != 1:
@@ -110,12 +127,14 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
                                   f"supported, got lhs shape {lhs.shape} and {dims}")
     with _shape_errors_as_type_errors():
         if mode == "ragged non-contracting":
-            if rhs.ndim != 3 or len(dims.rhs_group_dimensions) != 1:
-                raise NotImplementedError(f"ragged_dot_general ({mode}): rhs must be 3-D with one group "
-                                          f"dimension, got shape {rhs.shape} and {dims}")
-            group_dim, k_dim = dims.rhs_group_dimensions[0] % 3, rhs_contract[0] % 3
+            if len(dims.rhs_group_dimensions) != 1:
+                raise TypeError(f"ragged_dot_general ({mode}) requires exactly one rhs group dimension, got {dims}")
+            if rhs.ndim != 3:
+                raise NotImplementedError(f"ragged_dot_general ({mode}): rhs must be 3-D, got shape {rhs.shape} "
+                                          f"and {dims}")
+            group_dim, k_dim = dims.rhs_group_dimensions[0], rhs_contract[0]
             (n_dim,) = {0, 1, 2} - {group_dim, k_dim}
-            rows = lhs if lhs_contract[0] % 2 == 1 else lhs.T  # [m, k]
+            rows = lhs if lhs_contract[0] == 1 else lhs.T  # [m, k]
             weights = jnp.transpose(rhs, (group_dim, k_dim, n_dim))  # [g, k, n]
             out = grouped_matmul(rows, weights, group_sizes, group_offset=group_offset,
                                  preferred_element_type=native)
@@ -124,7 +143,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
                 raise NotImplementedError(f"ragged_dot_general ({mode}): rhs must be 2-D without a group "
                                           f"dimension, got shape {rhs.shape} and {dims}")
             rows = lhs if ragged == 0 else lhs.T  # [k, m]: the ragged contraction is the row axis
-            grad = rhs if rhs_contract[0] % 2 == 0 else rhs.T  # [k, n]
+            grad = rhs if rhs_contract[0] == 0 else rhs.T  # [k, n]
             num_groups = jnp.asarray(group_sizes).shape[0]
             out = grouped_matmul_wgrad(rows, grad, group_sizes, num_groups=num_groups, group_offset=group_offset,
                                        preferred_element_type=native)
@@ -140,6 +159,16 @@ def _owned_rows(group_sizes, group_offset, num_local, num_rows):
     begin, end = bounds[jnp.clip(offset, 0, total)], bounds[jnp.clip(offset + num_local, 0, total)]
     rows = jnp.arange(num_rows)
     return (rows >= begin) & (rows < end)
+
+
+def _existing_out(existing_out, out, fn):
+    """existing_out, which must be what the call writes: out's shape and dtype (the
+    preferred_element_type; megablox raises ValueError for another), not broadcast or cast."""
+    existing_out = jnp.asarray(existing_out)
+    if existing_out.shape != out.shape or existing_out.dtype != out.dtype:
+        raise ValueError(f"{fn}: existing_out must have the output's shape {out.shape} and dtype {out.dtype} "
+                         f"(preferred_element_type), got {existing_out.shape} {existing_out.dtype}")
+    return existing_out
 
 
 def gmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128, 128, 128), group_offset=None,
@@ -158,7 +187,7 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128, 
     if existing_out is None:
         return out
     owned = _owned_rows(group_sizes, group_offset, rhs.shape[0], lhs.shape[0])
-    return jnp.where(owned[:, None], out, jnp.asarray(existing_out).astype(out.dtype))
+    return jnp.where(owned[:, None], out, _existing_out(existing_out, out, "gmm"))
 
 
 def tgmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128, 128, 128), group_offset=None,
@@ -176,4 +205,4 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128,
     out = grouped_matmul_wgrad(lhs.T, rhs, group_sizes, num_groups=num_groups, group_offset=group_offset,
                                preferred_element_type=native)
     out = out if cast is None else out.astype(cast)
-    return out if existing_out is None else out + jnp.asarray(existing_out).astype(out.dtype)
+    return out if existing_out is None else out + _existing_out(existing_out, out, "tgmm")

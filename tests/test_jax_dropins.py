@@ -109,6 +109,25 @@ def test_ragged_batch_mode_is_a_dot_general():
                                np.asarray(jax.lax.ragged_dot_general(lhs, rhs, sizes, dims)), rtol=1e-6)
 
 
+BAD_DIMENSION_NUMBERS = {  # (lhs shape, rhs shape, dimension numbers, group sizes): jax.lax raises TypeError
+    "lhs contracting dimension past its rank": ((4, 4), (2, 4, 3), RDN((([2], [1]), ([], [])), [0], [0]), [1, 3]),
+    "negative ragged dimension": ((4, 4), (2, 4, 3), RDN((([1], [1]), ([], [])), [-2], [0]), [1, 3]),
+    "rhs group dimension contracted": ((4, 4), (2, 4, 3), RDN((([1], [1]), ([], [])), [0], [1]), [1, 3]),
+    "no rhs group dimension": ((4, 4), (4, 3), RDN((([1], [0]), ([], [])), [0], []), [1, 3]),
+    "float sizes in ragged batch": ((2, 4, 4), (2, 4, 3), RDN((([2], [1]), ([0], [0])), [0], []), [1.0, 1.0]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_DIMENSION_NUMBERS))
+def test_ragged_dot_general_raises_where_jax_raises_instead_of_wrapping_dimensions(case):
+    lhs_shape, rhs_shape, dims, sizes = BAD_DIMENSION_NUMBERS[case]
+    args = jnp.ones(lhs_shape), jnp.ones(rhs_shape), jnp.asarray(sizes), dims
+    with pytest.raises(TypeError):
+        jax.lax.ragged_dot_general(*args)
+    with pytest.raises(TypeError, match="ragged_dot_general"):
+        gj.ragged_dot_general(*args)
+
+
 def test_other_dimension_numbers_raise_not_implemented_naming_the_mode():
     dims = RDN((([2], [2]), ([0], [1])), [1], [0])  # batch dimensions beside a ragged non-contracting one
     with pytest.raises(NotImplementedError, match="ragged non-contracting"):
@@ -177,3 +196,15 @@ def test_gmm_is_differentiable_like_megablox_gmm():
     ref.assert_close(np.asarray(dlhs, np.float64), want_dlhs, "float32", "dlhs")
     ref.assert_close(np.asarray(drhs, np.float64), want_drhs, "float32", "drhs")
     assert (np.asarray(drhs[1]) == 0).all() and (np.asarray(dlhs[18:]) == 0).all()
+
+
+@pytest.mark.parametrize("call", ["gmm", "tgmm"])
+@pytest.mark.parametrize("shape, dtype", [((2, 6, 5), jnp.float32), ((6, 5), jnp.int32), ((4, 5), jnp.float32)])
+def test_an_existing_out_that_is_not_the_output_is_refused(call, shape, dtype):
+    # Broadcast or cast, it would silently fill rows (gmm) or every group, the empty ones too
+    # (tgmm); megablox raises ValueError for a dtype other than preferred_element_type.
+    lhs, rhs, sizes = jnp.ones((6, 4)), jnp.ones((3, 4, 5)), jnp.asarray([2, 0, 4], jnp.int32)
+    run = {"gmm": lambda out: gj.gmm(lhs, rhs, sizes, existing_out=out),
+           "tgmm": lambda out: gj.tgmm(lhs.T, jnp.ones((6, 5)), sizes, existing_out=out)}[call]
+    with pytest.raises(ValueError, match=f"{call}: existing_out must have the output's shape"):
+        run(jnp.zeros(shape, dtype))
