@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
-from groupgemm.jax_ext.arguments import index_input, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import dtype_name, index_input, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
 from groupgemm.jax_ext.expert_mlp import expert_mlp, runs_fused
 from groupgemm.jax_ext.functional import grouped_matmul
@@ -156,6 +156,21 @@ def dropless_capacity(num_tokens, top_k):
     return rules.dropless_capacity(num_tokens, top_k)
 
 
+def _check_layer_params(x, router, w_in, num_experts, e_local, axis_name, fn):
+    """moe_layer's ``x [T, H]``, ``params["router"] [H, E]`` of x's dtype, and ``params["w_in"]``
+    holding this device's E / devices experts (the rest of the weights are checked against it)."""
+    contract.check_rank(x.shape, 2, "x", "[T, H]", fn)
+    contract.check_rank(router.shape, 2, "params['router']", "[H, E]", fn)
+    if router.shape[1] != num_experts:
+        raise ValueError(f"{fn}: params['router'] has shape {router.shape}: {router.shape[1]} experts, but "
+                         f"num_experts is {num_experts}")
+    contract.check_same_dtype(dtype_name(router.dtype), dtype_name(x.dtype), "params['router']", "x", fn)
+    contract.check_rank(w_in.shape, 3, "params['w_in']", "[E_local, ...]", fn)
+    if w_in.shape[0] != e_local:
+        raise ValueError(f"{fn}: params['w_in'] holds {w_in.shape[0]} experts (shape {w_in.shape}), but each device "
+                         f"of axis {axis_name!r} holds num_experts / devices = {e_local}")
+
+
 def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation="swiglu", transpose_rhs=False,
               allowed=None, fp8=None, fused=None, renormalize=None):
     """An expert-parallel MoE layer inside ``jax.shard_map`` over ``axis_name``: softmax
@@ -176,15 +191,22 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     unpermute; the same values. None (the default) fuses where that is measured faster,
     on the CPU, and not under ``fp8``.
     """
-    rules.check(num_experts, _axis_size(axis_name), capacity, "moe_layer", dropless_mode=False)
-    fused = runs_fused(fused, fp8, "moe_layer")
-    renormalize = contract.layer_renormalize(renormalize, top_k, "moe_layer")
-    logits = grouped_matmul(x, params["router"][None], jnp.full((1,), x.shape[0], jnp.int32))
+    fn = "moe_layer"
+    e_local = rules.check(num_experts, _axis_size(axis_name), capacity, fn, dropless_mode=False)
+    top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
+    fused = runs_fused(fused, fp8, fn)
+    renormalize = contract.layer_renormalize(renormalize, top_k, fn)
+    x, router = jnp.asarray(x), jnp.asarray(params["router"])
+    allowed = None if allowed is None else jnp.asarray(allowed)
+    _check_layer_params(x, router, jnp.asarray(params["w_in"]), num_experts, e_local, axis_name, fn)
+    contract.layer_input(shape_and_dtype(x), router.shape[0], None if allowed is None else shape_and_dtype(allowed),
+                         (x.shape[0], num_experts), fn)
+    logits = grouped_matmul(x, router[None], jnp.full((1,), x.shape[0], jnp.int32))
     if allowed is not None:
         logits = jnp.where(allowed, logits, -jnp.inf)
     probs, experts = softmax_topk(logits, top_k, renormalize=renormalize)
     if fused:
-        chunks, receive_experts, plan = _send(x, experts, num_experts, axis_name, capacity, "moe_layer")
+        chunks, receive_experts, plan = _send(x, experts, num_experts, axis_name, capacity, fn)
         results = expert_mlp(chunks, receive_experts, None, params["w_in"], params["w_out"], activation=activation,
                              transpose_rhs=transpose_rhs, fp8=fp8)
         return _send_back(results, plan, probs), plan.dropped

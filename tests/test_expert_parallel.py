@@ -194,6 +194,7 @@ def test_a_num_experts_the_devices_do_not_divide_and_a_bad_capacity_are_refused_
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match=f"dispatch: capacity must be a positive int .*, got {bad!r}"):
             dispatch(8, bad)
+    assert np.array_equal(dispatch(np.int64(8), np.int64(2)), dispatch(8, 2))  # NumPy integers are integers
 
 
 def test_torch_layer_refuses_bad_arguments_naming_them(tmp_path):

@@ -125,6 +125,36 @@ def test_jax_moe_layer_refuses_an_option_that_is_not_a_bool(option, value):
                                                     **{option: value})[0], x, experts, out_specs=P("ep"))
 
 
+LAYER_PARAMS = {"router": ((H, E), P()), "w_in": ((E, H, 2 * H), P("ep")), "w_out": ((E, H, H), P("ep"))}
+BAD_LAYER_PARAMS = {  # name: (replaced params' (shape, spec), moe_layer's other arguments, the error, its message)
+    "a router of more experts (every slot would be dropped)": (
+        {"router": ((H, E + 4), P())}, {}, ValueError, r"params\['router'\] has shape \(4, 12\): 12 experts, but "
+                                                        "num_experts is 8"),
+    "every expert on every device": (
+        {"w_in": ((E, H, 2 * H), P()), "w_out": ((E, H, H), P())}, {}, ValueError,
+        r"params\['w_in'\] holds 8 experts .*, but each device of axis 'ep' holds num_experts / devices = 2"),
+    "a router of another dtype": ({"router": ((H, E), P(), jnp.bfloat16)}, {}, TypeError,
+                                  r"params\['router'\] dtype bfloat16 differs from x dtype float32"),
+    "top_k above num_experts": ({}, {"top_k": E + 1}, ValueError, "top_k = 9 exceeds 8"),
+    "allowed of floats": ({}, {"allowed": jnp.ones(E)}, TypeError, "allowed must hold booleans"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LAYER_PARAMS))
+def test_jax_moe_layer_refuses_params_and_arguments_that_do_not_fit_naming_them(case):
+    replaced, options, error, message = BAD_LAYER_PARAMS[case]
+    layout = {**LAYER_PARAMS, **replaced}
+    params = {name: jnp.zeros(spec[0], *spec[2:]) for name, spec in layout.items()}
+    specs = {name: spec[1] for name, spec in layout.items()}
+    x, _ = routed(3)
+    mesh = Mesh(np.array(jax.devices("cpu")[:DEVICES]), ("ep",))
+    call = jax.shard_map(lambda p, x: gj.moe_layer(p, x, **{"num_experts": E, "top_k": K, "axis_name": "ep",
+                                                            "capacity": 6, **options})[0],
+                         mesh=mesh, in_specs=(specs, P("ep")), out_specs=P("ep"))
+    with pytest.raises(error, match=f"moe_layer: {message}"):
+        jax.eval_shape(call, params, x)
+
+
 def test_jax_combine_refuses_an_expert_output_with_a_row_too_few_or_too_many():
     x, experts = routed(3)
     for extra in (-1, 1):

@@ -76,7 +76,7 @@ def accumulate_dtype(in_dtype):
 # ---- static integers and integer operands ---------------------------------------
 
 
-def _is_static_int(value):
+def is_static_int(value):
     """Python and NumPy integers; bool (and NumPy's bool_) is not one here."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -84,7 +84,7 @@ def _is_static_int(value):
 def static_count(value, name, fn, limit=None, why=""):
     """A non-negative Python or NumPy integer (bool is not an integer here), at most
     `limit` when given (`why` says where the limit comes from)."""
-    if not _is_static_int(value) or value < 0:
+    if not is_static_int(value) or value < 0:
         raise ValueError(f"{fn}: {name} must be a non-negative int, got {value!r}")
     if limit is not None and value > limit:
         raise ValueError(f"{fn}: {name} = {value} exceeds {limit} ({why})")
@@ -158,7 +158,7 @@ def static_group_offset(value, num_local, num_total, fn):
     """A Python or NumPy integer group_offset, clamped to [-num_local, num_total]: every
     offset outside that range selects no group either way, and the clamped one fits any
     index dtype."""
-    if not _is_static_int(value):
+    if not is_static_int(value):
         raise TypeError(f"{fn}: group_offset must be an integer, got {value!r}")
     return max(-num_local, min(int(value), num_total))
 
@@ -168,7 +168,7 @@ def static_group_sizes(values, num_rows, fn):
     with it anyway), so no size overflows the index dtype."""
     sizes = []
     for v in values:
-        if not _is_static_int(v):
+        if not is_static_int(v):
             raise TypeError(f"{fn}: group_sizes must hold integers, got {v!r}")
         sizes.append(max(0, min(int(v), num_rows)))
     return sizes

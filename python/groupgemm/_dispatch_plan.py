@@ -27,17 +27,17 @@ def check(num_experts, ep_size, capacity, fn, *, dropless_mode=True):
     """E_local, the experts per rank; ValueError naming the argument for a num_experts the
     group does not divide, or a capacity that is not a positive int (None: dropless, where
     the frontend has that mode: ``dropless_mode``)."""
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+    if not contract.is_static_int(num_experts) or num_experts < 1:
         raise ValueError(f"{fn}: num_experts must be a positive int, got {num_experts!r}")
     if num_experts % ep_size:
         raise ValueError(f"{fn}: num_experts = {num_experts} is not a multiple of the expert-parallel group's "
                          f"{ep_size} ranks: each rank holds the same number of experts")
     if capacity is None and not dropless_mode:
-        raise ValueError(f"{fn}: capacity must be a positive int (rows per device pair), got None: capacity is "
-                         "the only mode here (static shapes); dropless_capacity(T, k) drops nothing")
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-        raise ValueError(f"{fn}: capacity must be a positive int (rows per rank pair), got {capacity!r}")
-    return num_experts // ep_size
+        raise ValueError(f"{fn}: capacity must be a positive int (rows per sender and receiver), got None: "
+                         "capacity is the only mode here (static shapes); dropless_capacity(T, k) drops nothing")
+    if capacity is not None and (not contract.is_static_int(capacity) or capacity < 1):
+        raise ValueError(f"{fn}: capacity must be a positive int (rows per sender and receiver), got {capacity!r}")
+    return int(num_experts) // ep_size
 
 
 def check_routing(tokens, expert_indices, num_experts, fn):
