@@ -30,6 +30,16 @@ def _common_dtype(lhs, rhs):
     return lhs.astype(dtype), rhs.astype(dtype)
 
 
+def _output_dtype(lax_fn, lhs, rhs, group_sizes, preferred, *args):
+    """The output dtype asked for, or where none is and the operands' dtypes differ, the one
+    jax.lax's function gives them (its own rule: float16 with bfloat16 gives bfloat16,
+    where the common dtype is float32)."""
+    if preferred is not None or lhs.dtype == rhs.dtype:
+        return preferred
+    spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
+    return jax.eval_shape(lambda *a: lax_fn(*a, *args), spec(lhs), spec(rhs), spec(jnp.asarray(group_sizes))).dtype
+
+
 def _core_output(in_dtype, preferred):
     """The output dtype the core writes for ``preferred_element_type``, and the dtype to
     cast it to afterwards (None: the core writes the requested one)."""
@@ -61,7 +71,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     (float64 for float64 inputs).
     """
     del precision
-    lhs, rhs = _common_dtype(jnp.asarray(lhs), jnp.asarray(rhs))
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    preferred_element_type = _output_dtype(jax.lax.ragged_dot, lhs, rhs, group_sizes, preferred_element_type)
+    lhs, rhs = _common_dtype(lhs, rhs)
     native, cast = _core_output(lhs.dtype, preferred_element_type)
     with _shape_errors_as_type_errors():
         out = grouped_matmul(lhs, rhs, group_sizes, group_offset=group_offset, preferred_element_type=native)
@@ -112,8 +124,11 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     """
     del precision
     dims = ragged_dot_dimension_numbers
-    lhs, rhs = _common_dtype(jnp.asarray(lhs), jnp.asarray(rhs))
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     _check_dimension_numbers(dims, lhs.ndim, rhs.ndim)
+    preferred_element_type = _output_dtype(jax.lax.ragged_dot_general, lhs, rhs, group_sizes, preferred_element_type,
+                                           dims)
+    lhs, rhs = _common_dtype(lhs, rhs)
     mode, ragged = _mode(dims, lhs.ndim)
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dims.dot_dimension_numbers
     native, cast = _core_output(lhs.dtype, preferred_element_type)

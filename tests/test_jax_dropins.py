@@ -44,6 +44,7 @@ def test_ragged_dot_raises_the_exception_type_jax_raises(call):
 
 @pytest.mark.parametrize("lhs_dtype, rhs_dtype, preferred", [
     ("float32", "bfloat16", None), ("float32", "float32", "float16"), ("bfloat16", "bfloat16", "float32"),
+    ("float16", "bfloat16", None),  # jax.lax gives bfloat16, where the common dtype is float32
 ])
 def test_ragged_dot_promotes_and_casts_like_jax(lhs_dtype, rhs_dtype, preferred):
     rng = np.random.default_rng(0)
