@@ -42,6 +42,20 @@ def test_ragged_dot_raises_the_exception_type_jax_raises(call):
         call(gj.ragged_dot, *args)
 
 
+@pytest.mark.parametrize("name", ["ragged_dot", "ragged_dot_general"])
+def test_a_precision_jax_refuses_is_refused_and_one_it_takes_is_taken(name):
+    args = jnp.ones((6, 4)), jnp.ones((3, 4, 5)), jnp.asarray([2, 2, 2], jnp.int32)
+    if name == "ragged_dot_general":
+        args += (RDN((([1], [1]), ([], [])), [0], [0]),)
+    for bad in ("bogus", 5, ("default", "high", "highest")):
+        with pytest.raises(ValueError, match="Precision argument must be one of"):
+            getattr(jax.lax, name)(*args, precision=bad)
+        with pytest.raises(ValueError, match="Precision argument must be one of"):
+            getattr(gj, name)(*args, precision=bad)
+    for good in ("highest", jax.lax.Precision.HIGH, ("default", "high")):
+        assert getattr(gj, name)(*args, precision=good).shape == (6, 5)
+
+
 @pytest.mark.parametrize("lhs_dtype, rhs_dtype, preferred", [
     ("float32", "bfloat16", None), ("float32", "float32", "float16"), ("bfloat16", "bfloat16", "float32"),
     ("float16", "bfloat16", None),  # jax.lax gives bfloat16, where the common dtype is float32
