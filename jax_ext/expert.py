@@ -96,7 +96,7 @@ def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, 
     contract.activation_kind(activation, fn)
     contract.check_rank(x.shape, 2, "x", "[M, H]", fn)
     contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation,
-                         bool(transpose_rhs))
+                         contract.static_flag(transpose_rhs, "transpose_rhs", fn))
     if fp8 is None:
         layer = grouped_matmul
     else:

@@ -96,9 +96,10 @@ fp8_grouped_matmul.defvjp(_fwd, _bwd)
 
 def checked_fp8_grouped_matmul(x, weight, group_sizes, *, bias, transpose_rhs, group_offset, recipe, fn):
     """grouped_matmul's checks and operands, then fp8_grouped_matmul (grouped_mlp's layers)."""
-    num_groups, n, _ = contract.matmul(fn, NAMES, shape_and_dtype(x), shape_and_dtype(weight), bool(transpose_rhs),
+    transpose_rhs = contract.static_flag(transpose_rhs, "transpose_rhs", fn)
+    num_groups, n, _ = contract.matmul(fn, NAMES, shape_and_dtype(x), shape_and_dtype(weight), transpose_rhs,
                                        None if bias is None else shape_and_dtype(bias))
     contract.fp8_layer(fn, recipe, dtype_name(x.dtype), x.shape[1], n)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, x.shape[0], fn)
     x, weight, bias = same_varying_axes((x, weight, bias), (group_sizes, group_offset))
-    return fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, bool(transpose_rhs))
+    return fp8_grouped_matmul(x, weight, group_sizes, group_offset, bias, recipe, transpose_rhs)

@@ -36,15 +36,16 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
     fn = "grouped_matmul"
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     bias = None if bias is None else jnp.asarray(bias)
+    transpose_rhs = contract.static_flag(transpose_rhs, "transpose_rhs", fn)
     num_groups, _, out_dtype = contract.matmul(
-        fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), bool(transpose_rhs),
+        fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), transpose_rhs,
         None if bias is None else shape_and_dtype(bias),
         None if preferred_element_type is None else dtype_name(preferred_element_type))
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     lhs, rhs, bias = same_varying_axes((lhs, rhs, bias), (group_sizes, group_offset))
     return primitives.matmul_p.bind(lhs, rhs, group_sizes, group_offset,
                                     primitives.placeholder(lhs.dtype) if bias is None else bias,
-                                    transpose_rhs=bool(transpose_rhs), out_dtype=np.dtype(out_dtype),
+                                    transpose_rhs=transpose_rhs, out_dtype=np.dtype(out_dtype),
                                     has_bias=bias is not None)
 
 

@@ -18,7 +18,8 @@ def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_o
     """Validates grouped_mm's arguments; returns (group_sizes, group_offset, out_dtype)."""
     num_groups, _, out = contract.matmul(
         fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(weight, NAMES["rhs"], fn),
-        bool(transpose_weight), None if bias is None else shape_and_dtype(bias, "bias", fn),
+        contract.static_flag(transpose_weight, "transpose_weight", fn),
+        None if bias is None else shape_and_dtype(bias, "bias", fn),
         None if out_dtype is None else dtype_name(out_dtype))
     for t, name in ((weight, NAMES["rhs"]), (bias, "bias")):
         if t is not None:
@@ -55,7 +56,7 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor | None = None,
         return offs_convention.ragged_contraction(input, weight, offs, bias=bias, transpose_weight=transpose_weight,
                                                   group_offset=group_offset, out_dtype=out_dtype, fn="grouped_mm")
     sizes = offs if ends else group_sizes
-    transpose = bool(transpose_weight)
+    transpose = contract.static_flag(transpose_weight, "transpose_weight", "grouped_mm")
     out = eager.grouped_mm(input, weight, sizes, bias, group_offset, transpose, out_dtype, ends, _checked)
     if out is not None:
         return out

@@ -45,8 +45,8 @@ def ragged_contraction(input: Tensor, weight: Tensor, offs, *, bias, transpose_w
     """The 2d x 2d form: ``[G, M, N]`` with ``out[g] = input[:, K_g] @ weight[K_g, :]``."""
     out = contract.ragged_contraction(
         fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(weight, NAMES["rhs"], fn),
-        None if out_dtype is None else dtype_name(out_dtype), bias=bias is not None, transpose=bool(transpose_weight),
-        has_offset=group_offset is not None)
+        None if out_dtype is None else dtype_name(out_dtype), bias=bias is not None,
+        transpose=contract.static_flag(transpose_weight, "transpose_weight", fn), has_offset=group_offset is not None)
     same_device(weight, NAMES["rhs"], input.device, fn)
     ends = checked_ends(offs, None, False, input.device, fn)
     return gemm_ops.grouped_mm_wgrad_op(input.t().contiguous(), weight.contiguous(), ends, ends.shape[0], None,

@@ -12,12 +12,14 @@ layers to the same bad-input table).
 
 import numbers
 
+import numpy as np
+
 # The core's operand dtypes, and for each the output dtypes allowed besides itself.
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 WIDER_OUTPUTS = {"bfloat16": ("float32",), "float16": ("float32",)}
 # The integer dtypes the core reads group sizes and offsets in.
 INDEX_DTYPES = ("int32", "int64")
-_INT64_MAX = 2**63 - 1
+INT64_MAX = 2**63 - 1
 # The core counts experts, groups and rows (row_map, group_sizes, expert_indices) in int32.
 INT32_MAX = 2**31 - 1
 
@@ -79,6 +81,14 @@ def accumulate_dtype(in_dtype):
 def is_static_int(value):
     """Python and NumPy integers; bool (and NumPy's bool_) is not one here."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def static_flag(value, name, fn):
+    """A Python or NumPy bool, as a bool. Anything else (a string such as "False", a number)
+    is refused, named: truthiness would silently pick the other branch."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} must be a bool, got {value!r}")
+    return bool(value)
 
 
 def static_count(value, name, fn, limit=None, why=""):
@@ -161,6 +171,18 @@ def static_group_offset(value, num_local, num_total, fn):
     if not is_static_int(value):
         raise TypeError(f"{fn}: group_offset must be an integer, got {value!r}")
     return max(-num_local, min(int(value), num_total))
+
+
+def static_window_offset(value, num_local, largest, fn, why=""):
+    """A Python or NumPy integer group_offset of a window of expert ids, clamped below at
+    -num_local (a window below that holds no id). Above, it is kept: an id may be as large
+    as `largest`, and an offset past that is refused (`why` says where the limit comes
+    from) rather than moved onto an id."""
+    if not is_static_int(value):
+        raise TypeError(f"{fn}: group_offset must be an integer, got {value!r}")
+    if value > largest:
+        raise ValueError(f"{fn}: group_offset = {value} exceeds {largest}{why}")
+    return max(-num_local, int(value))
 
 
 def static_group_sizes(values, num_rows, fn):
@@ -347,8 +369,7 @@ def softmax_topk(fn, logits, k, renormalize):
     k = static_count(k, "k", fn)
     if k > shape[1]:
         raise ValueError(f"{fn}: k = {k} exceeds the {shape[1]} experts (logits' last dimension)")
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"{fn}: renormalize must be a bool, got {renormalize!r}")
+    static_flag(renormalize, "renormalize", fn)
     return k, accumulate_dtype(dtype)
 
 

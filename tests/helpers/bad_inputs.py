@@ -54,6 +54,8 @@ BAD_INPUTS = [
     BadInput("no_contraction", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, transpose=True), ValueError,
              "does not contract .*{transpose}=True",
              core="rhs dimension 2 is 5, expected 4"),
+    BadInput("transpose_not_bool", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes, transpose="False"), TypeError,
+             "{transpose} must be a bool, got 'False'"),
     BadInput("group_count", lambda f, a: f.matmul(a.lhs, a.rhs, a.sizes[:2]), ValueError,
              "group_sizes has 2 entries but there are 3 groups",
              core="group_sizes has 2 entries but there are 3 groups"),
