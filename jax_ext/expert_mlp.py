@@ -15,16 +15,29 @@ from groupgemm.jax_ext.primitives import placeholder
 
 def _group_offset(group_offset, num_local, fn):
     """group_offset as the core's scalar operand: 0 when absent, a one-element integer array
-    (which may be traced), or a Python or NumPy integer, clamped to [-E, 2^31 - 1] (a window
-    below -E holds no expert id, one past int32 none an int32 id names)."""
+    (which may be traced), or a Python or NumPy integer (contract.static_window_offset; past
+    int32 only with jax_enable_x64, as the ids it can name)."""
     if group_offset is None:
         return jnp.zeros((), jnp.int32)
     if not isinstance(group_offset, (jax.Array, np.ndarray)):
-        group_offset = jnp.asarray(contract.static_group_offset(group_offset, num_local, contract.INT32_MAX, fn),
-                                   jnp.int32)
+        largest, why = (contract.INT64_MAX, "") if jax.config.jax_enable_x64 else \
+            (contract.INT32_MAX, ", the largest id JAX without jax_enable_x64 holds; enable x64")
+        group_offset = contract.static_window_offset(group_offset, num_local, largest, fn, why)
+        group_offset = np.asarray(group_offset, np.int32 if group_offset <= contract.INT32_MAX else np.int64)
     group_offset = index_input(group_offset, "group_offset", fn)
     contract.check_group_offset_array(group_offset.shape, dtype_name(group_offset.dtype), fn)
     return index_array(group_offset.reshape(()))
+
+
+def _routing(expert_indices, group_offset, num_local, fn):
+    """expert_indices and group_offset as the core's operands. JAX without jax_enable_x64
+    holds uint32 ids past int32 in no signed type (index_array would saturate them onto one
+    id), so those ids are windowed here, exactly (window_ids), and the core gets local ids
+    with offset 0."""
+    offset = _group_offset(group_offset, num_local, fn)
+    if expert_indices.dtype == jnp.uint32 and not jax.config.jax_enable_x64:
+        return window_ids(expert_indices, offset, num_local), jnp.zeros((), jnp.int32)
+    return index_array(expert_indices), offset
 
 
 def expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu", b_in=None, b_out=None,
@@ -52,20 +65,21 @@ def expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu
         raise NotImplementedError(f"{fn}: fp8 is not fused into the expert MLP yet; run permute, "
                                   "grouped_mlp(fp8=...) and unpermute")
     kind = contract.activation_kind(activation, fn)
+    transpose_rhs = contract.static_flag(transpose_rhs, "transpose_rhs", fn)
     tokens, w_in, w_out = map(jnp.asarray, (tokens, w_in, w_out))
     expert_indices = index_input(expert_indices, "expert_indices", fn)
     probs, b_in, b_out = (None if x is None else jnp.asarray(x) for x in (probs, b_in, b_out))
     described = lambda x: None if x is None else shape_and_dtype(x)  # noqa: E731
     contract.expert_mlp(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), described(probs),
                         shape_and_dtype(w_in), shape_and_dtype(w_out), described(b_in), described(b_out), activation,
-                        bool(transpose_rhs))
-    expert_indices, group_offset = index_array(expert_indices), _group_offset(group_offset, w_in.shape[0], fn)
+                        transpose_rhs)
+    expert_indices, group_offset = _routing(expert_indices, group_offset, w_in.shape[0], fn)
     tokens, w_in, w_out, probs, b_in, b_out = same_varying_axes((tokens, w_in, w_out, probs, b_in, b_out),
                                                                 (expert_indices, group_offset))
     none = placeholder(tokens.dtype)
     out, _ = expert_mlp_p.bind(tokens, expert_indices, w_in, w_out, group_offset,
                                *(none if x is None else x for x in (probs, b_in, b_out)), kind=kind,
-                               transpose_rhs=bool(transpose_rhs), has_probs=probs is not None,
+                               transpose_rhs=transpose_rhs, has_probs=probs is not None,
                                has_b_in=b_in is not None, has_b_out=b_out is not None, want_h=False)
     return out
 
@@ -75,8 +89,8 @@ def composed_expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activatio
     """expert_mlp as the composition computes it (permute, grouped_mlp, unpermute), the same
     arguments and meaning: what the layers run with ``fused=False``, and under FP8."""
     w_in = jnp.asarray(w_in)
-    local = window_ids(index_array(index_input(expert_indices, "expert_indices", "expert_mlp")),
-                       _group_offset(group_offset, w_in.shape[0], "expert_mlp"), w_in.shape[0])
+    local = window_ids(*_routing(index_input(expert_indices, "expert_indices", "expert_mlp"), group_offset,
+                                 w_in.shape[0], "expert_mlp"), w_in.shape[0])
     rows, group_sizes, row_map = permute(tokens, local, w_in.shape[0])
     y = grouped_mlp(rows, w_in, w_out, group_sizes, activation=activation, b_in=b_in, b_out=b_out,
                     transpose_rhs=transpose_rhs, fp8=fp8)

@@ -112,6 +112,12 @@ def _smooth_jvp(formula, primals, tangents, smooth, batched, params):
 def window_ids(expert_indices, group_offset, num_experts):
     """Each slot's local expert, or -1 when it is dropped (groupgemm/expert_mlp.h's
     window_bucket: a negative id, or one outside [group_offset, group_offset + E))."""
+    if expert_indices.dtype == jnp.uint32 and group_offset.dtype == jnp.int32:  # no common signed type
+        offset = group_offset.astype(jnp.uint32)  # a negative one wraps to 2^32 + group_offset
+        local = expert_indices - offset  # wraps too; the window's ids get id - group_offset
+        inside = jnp.where(group_offset >= 0, (expert_indices >= offset) & (local < num_experts),
+                           expert_indices < jnp.maximum(group_offset + num_experts, 0).astype(jnp.uint32))
+        return jnp.where(inside, local.astype(jnp.int32), -1)
     common = jnp.promote_types(expert_indices.dtype, group_offset.dtype)
     ids, offset = expert_indices.astype(common), group_offset.astype(common)
     unsigned = jnp.uint64 if common == jnp.int64 else jnp.uint32

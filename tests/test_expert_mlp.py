@@ -192,6 +192,26 @@ def test_outputs_advised_huge_pages_match_the_reference(case):
     assert_matches_the_reference(case, inputs(case), "float32")
 
 
+# Ids and windows past int32, each routed by its value: int64 ids with a Python-int offset
+# past int32 (JAX: with x64, on for float64); uint32 ids past int32, which JAX without x64
+# (float32) holds in no signed type, with a window straddling int32's maximum, and with one
+# below 0 (where 2^32 - 1 is not -1).
+WIDE_IDS = [("int64", 2**32 + 3, "float64"), ("uint32", 2**31 - 1, "float32"), ("uint32", -1, "float32")]
+
+
+@pytest.mark.parametrize("ids_dtype, offset, dtype", WIDE_IDS, ids=[f"{i}-{o}" for i, o, _ in WIDE_IDS])
+def test_ids_and_windows_past_int32_route_by_their_values(ids_dtype, offset, dtype):
+    steps = np.array([[-1, 0], [1, 2], [0, 1], [2, -1], [1, 1], [0, 3]])
+    x = inputs(MlpCase("wide_ids", tuple(map(tuple, steps)), 2, "gelu", True))
+    x["indices"] = ((offset + steps) % 2**32 if ids_dtype == "uint32" else offset + steps).astype(ids_dtype)
+    case = MlpCase("wide_ids", tuple(map(tuple, x["indices"].tolist())), 2, "gelu", True, offset=offset)
+    assert 0 < (eref.window_ids(x["indices"], offset, case.experts) >= 0).sum() < steps.size  # kept and dropped
+    assert_matches_the_reference(case, x, dtype)
+    (jax_out, jax_grads), (torch_out, torch_grads) = jax_run(case, x, dtype), torch_run(case, x, dtype)
+    for name, a, b in zip(("out", *GRADS), (jax_out, *jax_grads), (torch_out, *torch_grads)):
+        assert_same_bits(a, b, name)
+
+
 @pytest.mark.parametrize("case, dtype", PARITY_RUNS, ids=ids(PARITY_RUNS))
 def test_jax_and_torch_expert_mlp_are_bitwise_identical(case, dtype):
     x = inputs(case, seed=1)
@@ -378,6 +398,12 @@ def test_bad_arguments_are_refused_naming_them(framework):
         fn(tokens, array(x["indices"].astype(np.float32)), None, w_in, w_out)
     with pytest.raises(NotImplementedError, match="fp8"):
         fn(tokens, indices, None, w_in, w_out, fp8="rowwise")
+    flag = {"jax": "transpose_rhs", "torch": "transpose_weight"}[framework]
+    with pytest.raises(TypeError, match=f"expert_mlp: {flag} must be a bool, got 'False'"):  # truthy: True
+        fn(tokens, indices, None, w_in, w_out, **{flag: "False"})
+    largest = {"jax": 2**31 - 1, "torch": 2**63 - 1}[framework]  # the largest id (JAX without x64: int32)
+    with pytest.raises(ValueError, match=f"expert_mlp: group_offset = {largest + 1} exceeds {largest}"):
+        fn(tokens, indices, None, w_in, w_out, group_offset=largest + 1)
 
 
 def test_expert_mlp_runs_each_devices_tokens_through_its_experts_on_a_data_by_expert_mesh():

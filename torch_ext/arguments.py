@@ -7,7 +7,6 @@ from groupgemm import _contract as contract
 
 Tensor = torch.Tensor
 NAMES = contract.TORCH_NAMES
-_INT64_MAX = torch.iinfo(torch.int64).max
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -39,7 +38,7 @@ def index_tensor(t: Tensor) -> Tensor:
     target, saturate = conversion
     if saturate and t.dtype == torch.uint64:  # torch has no uint64 comparison: read the bits
         as_int64 = t.contiguous().view(torch.int64)
-        return torch.where(as_int64 < 0, _INT64_MAX, as_int64)
+        return torch.where(as_int64 < 0, contract.INT64_MAX, as_int64)
     return t.to(getattr(torch, target)).contiguous()
 
 

@@ -14,11 +14,11 @@ Tensor = torch.Tensor
 
 def _group_offset(group_offset, num_local: int, device, fn: str) -> Tensor | None:
     """group_offset as the core's scalar operand: None (0), a one-element integer tensor, or
-    a Python or NumPy integer clamped to [-E, 2^31 - 1] (no window outside holds an id)."""
+    a Python or NumPy integer (contract.static_window_offset)."""
     if group_offset is None:
         return None
     if not isinstance(group_offset, Tensor):
-        group_offset = torch.tensor(contract.static_group_offset(group_offset, num_local, contract.INT32_MAX, fn),
+        group_offset = torch.tensor(contract.static_window_offset(group_offset, num_local, contract.INT64_MAX, fn),
                                     device=device)
     shape, dtype = shape_and_dtype(group_offset, "group_offset", fn)
     contract.check_group_offset_array(shape, dtype, fn)
@@ -51,10 +51,11 @@ def expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | None, w_i
     tokens, w_in, w_out, b_in, b_out = autocast.operands(tokens, w_in, w_out, b_in, b_out)
     probs = autocast.routing_weights(probs, tokens)
     kind = contract.activation_kind(activation, fn)
+    transpose_weight = contract.static_flag(transpose_weight, "transpose_weight", fn)
     described = lambda t, name: None if t is None else shape_and_dtype(t, name, fn)  # noqa: E731
     contract.expert_mlp(fn, described(tokens, "tokens"), described(expert_indices, "expert_indices"),
                         described(probs, "probs"), described(w_in, "w_in"), described(w_out, "w_out"),
-                        described(b_in, "b_in"), described(b_out, "b_out"), activation, bool(transpose_weight))
+                        described(b_in, "b_in"), described(b_out, "b_out"), activation, transpose_weight)
     for t, name in ((expert_indices, "expert_indices"), (probs, "probs"), (w_in, "w_in"), (w_out, "w_out"),
                     (b_in, "b_in"), (b_out, "b_out")):
         if t is not None:
@@ -64,7 +65,7 @@ def expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | None, w_i
     tokens, w_in, w_out, probs, b_in, b_out = floats
     want_h = _derivative_may_be_asked(floats)
     out, _ = expert_mlp_ops.expert_mlp_op(tokens, index_tensor(expert_indices), w_in, w_out, probs, b_in, b_out, offset,
-                                          kind, bool(transpose_weight), want_h)
+                                          kind, transpose_weight, want_h)
     return out
 
 
