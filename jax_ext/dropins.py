@@ -24,7 +24,7 @@ def _shape_errors_as_type_errors():
         raise TypeError(str(e)) from e
 
 
-def _check_precision(precision):
+def check_precision(precision):
     """``precision`` as jax.lax checks it (its ValueError for another value); the core does not
     use it."""
     if precision is not None:
@@ -77,7 +77,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     ``precision`` is checked as jax.lax checks it, and not used: the core accumulates in
     float32 (float64 for float64 inputs).
     """
-    _check_precision(precision)
+    check_precision(precision)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     preferred_element_type = _output_dtype(jax.lax.ragged_dot, lhs, rhs, group_sizes, preferred_element_type)
     lhs, rhs = _common_dtype(lhs, rhs)
@@ -129,7 +129,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     Other dimension numbers (batch dimensions beside a ragged one) raise
     ``NotImplementedError`` naming the mode.
     """
-    _check_precision(precision)
+    check_precision(precision)
     dims = ragged_dot_dimension_numbers
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     _check_dimension_numbers(dims, lhs.ndim, rhs.ndim)

@@ -43,13 +43,18 @@ def _operand_dtype(x, name):
 def _check_precision(precision, dtype):
     """None, a jax.lax.Precision (or its name, or a pair of them): the core computes in the
     operands' dtype with float32 accumulation whatever is asked, which meets every one of
-    them; a DotAlgorithmPreset only where it names that arithmetic."""
-    for p in precision if isinstance(precision, (tuple, list)) else (precision,):
-        if p is None or isinstance(p, (jax.lax.Precision, str)):
+    them; a DotAlgorithmPreset (or its name) only where it names that arithmetic. A value
+    jax.lax refuses gets jax.lax's error."""
+    dropins.check_precision(precision)
+    pair = isinstance(precision, (tuple, list)) and not isinstance(precision, jax.lax.DotAlgorithm)
+    for p in precision if pair else (precision,):
+        if isinstance(p, str):  # a Precision's name, or else (jax.lax took it) a preset's
+            p = jax.lax.DotAlgorithmPreset[p] if p in jax.lax.DotAlgorithmPreset.__members__ else None
+        if p is None or isinstance(p, jax.lax.Precision):
             continue
         if isinstance(p, jax.lax.DotAlgorithmPreset) and p.name in ("DEFAULT", EXACT_PRESETS[dtype]):
             continue
-        raise _unsupported("precision", f"{p!r} is not supported for {dtype} operands (use None, a "
+        raise _unsupported("precision", f"{precision!r} is not supported for {dtype} operands (use None, a "
                                         f"jax.lax.Precision, or DotAlgorithmPreset.{EXACT_PRESETS[dtype]})")
 
 

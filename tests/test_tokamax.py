@@ -106,14 +106,23 @@ def test_activation_output_dtype_and_precision_arguments_are_taken(worker):
         np.testing.assert_allclose(arrays[key], out, rtol=1e-5, atol=1e-5, err_msg=key)
 
 
-@pytest.mark.parametrize("argument", ["lhs", "rhs", "precision", "ragged_dot_dimension_numbers", "return_residuals"])
+@pytest.mark.parametrize("argument", ["lhs", "rhs", "precision", "precision:name", "precision:algorithm",
+                                      "ragged_dot_dimension_numbers", "return_residuals"])
 def test_what_groupgemm_does_not_compute_raises_not_implemented_naming_it_and_tokamax_falls_through(worker,
                                                                                                    argument):
     report = worker[1]
     kind, message = report["errors"][argument]
-    assert kind == "NotImplementedError" and message.startswith(f"tokamax_implementation: {argument} "), message
+    name = argument.split(":")[0]
+    assert kind == "NotImplementedError" and message.startswith(f"tokamax_implementation: {name} "), message
+    if argument == "precision:algorithm":  # the value as given, not one of its fields
+        assert message.startswith("tokamax_implementation: precision DotAlgorithm("), message
     if argument in report["fell_through"]:
         assert report["fell_through"][argument]  # [groupgemm, "xla"] gave xla's result
+
+
+def test_a_precision_jax_does_not_know_gets_jaxs_error(worker):
+    kind, message = worker[1]["errors"]["precision:invalid"]
+    assert kind == "ValueError" and "Precision argument must be one of" in message, message
 
 
 def test_the_guides_tokamax_example_runs(worker):
