@@ -16,7 +16,8 @@ def sort_by_expert(expert, num_experts):
     if type(expert).__module__.startswith("torch"):
         import torch
 
-        ids = torch.where((expert >= 0) & (expert < num_experts), expert, num_experts)
+        ids = expert.long()  # index_add's index type, wide enough for num_experts
+        ids = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts)
         order = torch.sort(ids, stable=True).indices
         counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=expert.device)
         return order, counts.index_add(0, ids, torch.ones_like(ids))[:num_experts]

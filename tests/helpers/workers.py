@@ -25,6 +25,8 @@ def _text(output):
 def run_worker(script, *args, timeout=240, env=None):
     """``python script *args``; raises AssertionError if it fails or runs past ``timeout`` s."""
     name = os.path.basename(script)
+    # A rank that aborts (a C++ std::terminate, a segfault) prints every thread's Python stack.
+    env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
     try:
         result = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True,
                                 timeout=timeout, env=env)
