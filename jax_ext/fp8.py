@@ -28,7 +28,7 @@ def quantize_fp8(x, recipe, *, dtype=jnp.float8_e4m3fn, power_of_two=False):
     fn = "quantize_fp8"
     x = jnp.asarray(x)
     _, fp8_type, scaling = contract.quantize_fp8(fn, shape_and_dtype(x), recipe, dtype_name(dtype))
-    params = dict(out_type=fp8_type, power_of_two=bool(power_of_two))
+    params = dict(out_type=fp8_type, power_of_two=contract.static_flag(power_of_two, "power_of_two", fn))
     if x.ndim == 3 and recipe == "blockwise":
         return tuple(prims.quantize_blocks_p.bind(x, **params))
     return tuple(prims.quantize_rows_p.bind(x, scaling=scaling, row_dims=x.ndim - 1, **params))
@@ -52,7 +52,8 @@ def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offse
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, x.shape[0], fn)
     (x,) = same_varying_axes((x,), (group_sizes, group_offset))
     return tuple(prims.quantize_grouped_p.bind(x, group_sizes, group_offset, num_groups=num_groups, out_type=fp8_type,
-                                               scaling=scaling, power_of_two=bool(power_of_two)))
+                                               scaling=scaling,
+                                               power_of_two=contract.static_flag(power_of_two, "power_of_two", fn)))
 
 
 def _local_groups(group_sizes, group_offset, num_groups, fn):
@@ -124,10 +125,8 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
         out = contract.fp8_output_dtype(_requested(preferred_element_type), fn, NAMES["out_dtype"])
     else:
         accumulate_into = jnp.asarray(accumulate_into)
-        out = contract.fp8_accumulator(fn, accumulate_into.shape, dtype_name(accumulate_into.dtype), shape)
-        if preferred_element_type is not None and _requested(preferred_element_type) != out:
-            raise TypeError(f"{fn}: preferred_element_type {_requested(preferred_element_type)} conflicts with "
-                            "accumulate_into, which is float32")
+        out = contract.fp8_accumulator(fn, accumulate_into.shape, dtype_name(accumulate_into.dtype), shape,
+                                       _requested(preferred_element_type), NAMES["out_dtype"])
     lhs, rhs, lhs_scale, rhs_scale, accumulate_into = same_varying_axes(
         (lhs, rhs, lhs_scale, rhs_scale, accumulate_into), (group_sizes, group_offset))
     return prims.scaled_wgrad_p.bind(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,

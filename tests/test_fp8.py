@@ -264,3 +264,34 @@ def test_the_core_refuses_what_the_frontends_refuse(change, error, match):
                                     torch.tensor([2, 2, 2][:change.get("sizes", 3)], dtype=torch.int32), out=out,
                                     scaling=scaling, lhs_type=_core.Fp8Type.e4m3,
                                     rhs_type=getattr(_core.Fp8Type, change.get("rhs_type", "e4m3")))
+
+
+def test_the_token_block_bound_is_the_cores_rule():
+    from groupgemm import _contract as contract
+    from groupgemm import _core
+
+    for m in (-1, 0, 1, 127, 128, 129, 300, 4096):
+        for g in (-1, 0, 1, 2, 3, 7, 64):
+            assert contract.fp8_token_block_bound(m, g) == _core.fp8_token_block_bound(m, g), (m, g)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_torch_fp8_weight_gradient_functions_compile_with_fullgraph_and_give_the_eager_bits(recipe):
+    torch = pytest.importorskip("torch")
+    import groupgemm.torch as gt
+
+    scaling = {"rowwise": "RowWise", "blockwise": "BlockWise1x128"}[recipe]
+
+    def weight_gradient(x, dy, sizes):
+        qx, sx = gt.quantize_fp8_grouped(x, sizes, recipe)
+        qy, sy = gt.quantize_fp8_grouped(dy, sizes, recipe)
+        flat = (lambda s: s.reshape(-1)) if recipe == "rowwise" else (lambda s: s)
+        return gt.scaled_grouped_mm(qx, qy.t(), flat(sx), scaling, flat(sy), scaling, group_sizes=sizes,
+                                    output_dtype=torch.float32)
+
+    compiled = torch.compile(weight_gradient, fullgraph=True)
+    generator = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(300, 128, generator=generator), torch.randn(300, 256, generator=generator)
+    for sizes in ([140, 0, 160], [0, 0, 0]):
+        sizes = torch.tensor(sizes)
+        assert torch.equal(compiled(x, dy, sizes).view(torch.int32), weight_gradient(x, dy, sizes).view(torch.int32))

@@ -41,6 +41,7 @@ def quantize_fp8(x: Tensor, recipe: str, *, dtype: torch.dtype = torch.float8_e4
     """
     fn = "quantize_fp8"
     _, fp8_type, scaling = contract.quantize_fp8(fn, shape_and_dtype(x, "x", fn), recipe, dtype_name(dtype))
+    power_of_two = contract.static_flag(power_of_two, "power_of_two", fn)
     x = x.contiguous()
     if x.dim() == 2:
         return fp8_ops.fp8_quantize_rows_op(x, fp8_type, scaling, power_of_two)
@@ -70,7 +71,7 @@ def quantize_fp8_grouped(x: Tensor, group_sizes: Tensor, recipe: str, *, num_gro
                                                            num_groups)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, x.device, fn)
     return fp8_ops.fp8_quantize_grouped_op(x.contiguous(), group_sizes, int(num_groups), fp8_type, scaling,
-                                           power_of_two, group_offset)
+                                           contract.static_flag(power_of_two, "power_of_two", fn), group_offset)
 
 
 def _k_major(t: Tensor, name: str, layout: str, fn: str) -> Tensor:
@@ -90,7 +91,7 @@ def _row_major(t: Tensor, name: str, fn: str) -> Tensor:
 
 def scaled_grouped_mm(mat_a: Tensor, mat_b: Tensor, scale_a, scale_recipe_a, scale_b, scale_recipe_b,
                       swizzle_a=None, swizzle_b=None, bias: Tensor | None = None, offs: Tensor | None = None,
-                      output_dtype: torch.dtype | None = torch.bfloat16, contraction_dim=(),
+                      output_dtype: torch.dtype | None = None, contraction_dim=(),
                       use_fast_accum: bool = False, *, group_sizes: Tensor | None = None, group_offset=None,
                       num_groups: int | None = None, accumulate_into: Tensor | None = None) -> Tensor:
     """torch.nn.functional.scaled_grouped_mm for float8 operands with float32 scales, on any
@@ -113,7 +114,8 @@ def scaled_grouped_mm(mat_a: Tensor, mat_b: Tensor, scale_a, scale_recipe_a, sca
       token (``quantize_fp8_grouped`` makes them).
 
     ``mat_a`` is float8_e4m3fn, or float8_e5m2 (a gradient); ``mat_b`` float8_e4m3fn.
-    ``output_dtype`` bfloat16 (default) or float32. Partial sums are rescaled and added in
+    ``output_dtype`` bfloat16 (None, the default, as torch's bfloat16 default) or float32;
+    with ``accumulate_into`` float32 or None (the buffer's dtype). Partial sums are rescaled and added in
     float32 every 128 of the contraction whatever ``use_fast_accum`` says. Not
     differentiable (see GroupedLinear(fp8=...)).
     """
@@ -181,7 +183,9 @@ def _weight_gradient_form(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, bi
         return fp8_ops.scaled_grouped_mm_wgrad_op(mat_a, rhs, scale_a, scale_b, group_sizes, num_groups, scaling,
                                                   getattr(torch, out), group_offset, ends)
     acc_shape, acc_dtype = shape_and_dtype(accumulate_into, "accumulate_into", fn)
-    contract.fp8_accumulator(fn, acc_shape, acc_dtype, shape, contiguous=accumulate_into.is_contiguous(),
+    requested = None if output_dtype is None else dtype_name(output_dtype)
+    contract.fp8_accumulator(fn, acc_shape, acc_dtype, shape, requested, NAMES["out_dtype"],
+                             contiguous=accumulate_into.is_contiguous(),
                              requires_grad=accumulate_into.requires_grad)
     same_device(accumulate_into, "accumulate_into", mat_a.device, fn)
     fp8_ops.scaled_grouped_mm_wgrad_accumulate_op(mat_a, rhs, scale_a, scale_b, group_sizes, scaling, accumulate_into,

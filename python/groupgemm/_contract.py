@@ -517,11 +517,12 @@ def fp8_output_dtype(requested, fn, name):
 
 def fp8_token_block_bound(m, num_groups):
     """Scale rows of the blockwise weight gradient: each group's tokens in blocks of 128,
-    restarting at the group's first token, need at most floor((M + 127 G) / 128) (the
-    core's rule, groupgemm/fp8_blocks.h)."""
-    from groupgemm import _core
-
-    return _core.fp8_token_block_bound(m, num_groups)
+    restarting at the group's first token, need at most floor((M + 127 G) / 128). The core's
+    rule (groupgemm/fp8_blocks.h, token_block_bound; a test holds the two equal), in Python
+    so that torch.compile traces it with symbolic sizes."""
+    if m <= 0 or num_groups <= 0:
+        return 0
+    return (m + (FP8_BLOCK - 1) * num_groups) // FP8_BLOCK
 
 
 def _fp8_scale(shape, dtype, want, name, recipe, fn):
@@ -592,9 +593,10 @@ def scaled_wgrad(fn, names, lhs, rhs, lhs_scale, rhs_scale, recipe, num_groups):
     return g, (g, k, n), lhs_type, rhs_type, scaling
 
 
-def fp8_accumulator(fn, shape, dtype, want_shape, **kwargs):
-    """An accumulate_into buffer of a weight-gradient form: float32, updated in place."""
-    return accumulator(fn, shape, dtype, want_shape, "float32", None, "output dtype", **kwargs)
+def fp8_accumulator(fn, shape, dtype, want_shape, requested_out_dtype, out_dtype_name, **kwargs):
+    """An accumulate_into buffer of a weight-gradient form: float32, updated in place; an
+    output dtype asked for besides (``out_dtype_name``, None when not) must be float32 too."""
+    return accumulator(fn, shape, dtype, want_shape, "float32", requested_out_dtype, out_dtype_name, **kwargs)
 
 
 def quantize_fp8(fn, x, recipe, dtype):

@@ -99,6 +99,14 @@ FP8_BAD_INPUTS = [
              "fp8='blockwise' needs float32 or bfloat16 weights and inputs, got float16"),
     BadInput("layer_recipe", lambda f, a: _layer(f, a, 128, 128, recipe="tensorwise"), ValueError,
              "fp8 must be 'rowwise' or 'blockwise', got 'tensorwise'"),
+    BadInput("accumulate_with_output_dtype",
+             lambda f, a: _wgrad(f, a, accumulate_into=a.f32((3, 8, 5)), out_dtype="bfloat16"), TypeError,
+             "{out_dtype} bfloat16 conflicts with accumulate_into, which is float32"),
+    BadInput("power_of_two_not_bool", lambda f, a: f.quantize_fp8(a.x, "rowwise", power_of_two="False"), TypeError,
+             "quantize_fp8: power_of_two must be a bool, got 'False'"),  # truthy: power-of-two scales
+    BadInput("grouped_power_of_two_not_bool",
+             lambda f, a: f.quantize_fp8_grouped(a.x, a.sizes, "rowwise", power_of_two="False"), TypeError,
+             "quantize_fp8_grouped: power_of_two must be a bool, got 'False'"),
 ]
 
 # What only one frontend can be handed or say: torch's scaled_grouped_mm has storage
@@ -130,9 +138,4 @@ TORCH_ONLY = [
                                                                        group_offset=1),
              TypeError, "num_groups is required with group_offset", frontends=("torch",)),
 ]
-JAX_ONLY = [
-    BadInput("accumulate_with_output_dtype",
-             lambda f, a: _wgrad(f, a, accumulate_into=a.f32((3, 8, 5)), out_dtype="bfloat16"), TypeError,
-             "preferred_element_type bfloat16 conflicts with accumulate_into", frontends=("jax",)),
-]
-FP8_BAD_INPUTS += TORCH_ONLY + JAX_ONLY
+FP8_BAD_INPUTS += TORCH_ONLY

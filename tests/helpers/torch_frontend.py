@@ -193,7 +193,7 @@ def scaled_wgrad(lhs, rhs, sizes, lhs_scale, rhs_scale, recipe, *, num_groups=No
     """lhs [K, M], rhs [N, M]: torch's mat_b [M, N] is rhs's transposed view."""
     recipe_a, recipe_b = _scalings("2d-2d", recipe)
     return gt.scaled_grouped_mm(lhs, rhs.transpose(-2, -1), lhs_scale, recipe_a, rhs_scale, recipe_b,
-                                output_dtype=_torch_dtype(out_dtype or "bfloat16"), group_sizes=sizes,
+                                output_dtype=None if out_dtype is None else _torch_dtype(out_dtype), group_sizes=sizes,
                                 group_offset=offset, num_groups=num_groups, accumulate_into=accumulate_into)
 
 
