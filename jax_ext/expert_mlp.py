@@ -107,6 +107,6 @@ def fused_by_default():
 def runs_fused(fused, fp8, fn):
     """Whether a layer given ``fused`` (None, True or False) runs the fused op: as told, or
     when not told where it is the default and never under ``fp8``, which it does not do."""
-    if contract.check_fused(fused, fn) is not None:
+    if contract.check_fused(fused, fp8, fn) is not None:
         return fused
     return fp8 is None and fused_by_default()

@@ -137,7 +137,7 @@ class GroupedMLP(nnx.Module):
                               ffn_hidden_size=ffn_hidden_size)
         contract.activation_kind(activation, fn)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
-        self.activation, self.fp8, self.fused = activation, fp8, contract.check_fused(fused, fn)
+        self.activation, self.fp8, self.fused = activation, fp8, contract.check_fused(fused, fp8, fn)
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "dtype": dtype, "fp8": fp8, "expert_axis": expert_axis, "mesh": mesh, "rngs": rngs}
         self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)

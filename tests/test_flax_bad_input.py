@@ -66,6 +66,9 @@ BAD = {
     "fused": (
         lambda: gf.MoE(4, 8, 6, 2, fused="yes", rngs=nnx.Rngs(0)),
         TypeError, "GroupedMLP: fused must be None, True or False, got 'yes'"),
+    "fused with fp8": (
+        lambda: gf.MoE(4, 8, 128, 2, fp8="rowwise", fused=True, rngs=nnx.Rngs(0)),
+        ValueError, "GroupedMLP: fused=True asks for the fused expert MLP, which does not run fp8='rowwise'"),
     "routed tokens of another width": (
         lambda: gf.GroupedMLP(4, 8, 6, rngs=nnx.Rngs(0)).forward_routed(jnp.ones((3, 9)), jnp.zeros((3, 2), jnp.int32)),
         ValueError, r"expert_mlp: w_in \(4, 12, 8\) takes inputs of width 8, but tokens has width 9"),

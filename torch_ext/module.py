@@ -123,7 +123,7 @@ class GroupedMLP(nn.Module):
                               hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         contract.activation_kind(activation, fn)
         self.activation = activation
-        self.fused = contract.check_fused(fused, fn)
+        self.fused = contract.check_fused(fused, fp8, fn)
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "device": device, "dtype": dtype,
                   "accumulate_into_main_grad": accumulate_into_main_grad, "fp8": fp8}

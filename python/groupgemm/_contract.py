@@ -373,11 +373,14 @@ def softmax_topk(fn, logits, k, renormalize):
     return k, accumulate_dtype(dtype)
 
 
-def check_fused(fused, fn):
+def check_fused(fused, fp8, fn):
     """A layer's ``fused``: None (the fused expert MLP where it is measured faster), True or
-    False; returns it."""
+    False; returns it. True with ``fp8`` is refused: the fused op has no FP8 recipe."""
     if fused is not None and not isinstance(fused, bool):
         raise TypeError(f"{fn}: fused must be None, True or False, got {fused!r}")
+    if fused and fp8 is not None:
+        raise ValueError(f"{fn}: fused=True asks for the fused expert MLP, which does not run fp8={fp8!r}; pass "
+                         "fused=None or False (the composition runs fp8)")
     return fused
 
 
