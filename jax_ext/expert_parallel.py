@@ -23,6 +23,7 @@ from groupgemm import _dispatch_plan as rules
 from groupgemm.jax_ext.arguments import dtype_name, index_input, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
 from groupgemm.jax_ext.expert_mlp import expert_mlp, runs_fused
+from groupgemm.jax_ext.ffi_calls import mark_varying
 from groupgemm.jax_ext.functional import grouped_matmul
 
 
@@ -82,6 +83,9 @@ def _exchange_chunks(rows, starts, sizes, received, *, chunks_of, axis_name, cap
         here = jnp.full((ep,), jax.lax.axis_index(axis_name) * capacity, jnp.int32)
         return jax.lax.ragged_all_to_all(rows, buffer, starts, sizes, here, received, axis_name=axis_name)
 
+    # Rows the same on every device (tokens replicated over the axis) are typed as varying
+    # first: each device sends its own copy, and both branches then give a varying result.
+    rows = mark_varying(rows, (axis_name,))
     return jax.lax.platform_dependent(rows, starts, sizes, received, cpu=padded, default=ragged)
 
 

@@ -49,6 +49,8 @@ def mark_varying(value, axes):
     be computed as if they were replicated, and cotangents would not match their
     primals' types.
     """
+    if not _TYPES_VARYING_AXES:
+        return value
     missing = tuple(a for a in axes if a not in varying_axes(value))
     return jax.lax.pcast(value, missing, to="varying") if missing else value
 

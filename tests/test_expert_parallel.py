@@ -163,6 +163,25 @@ def test_jax_layer_runs_with_no_tokens_anywhere():
                                                                             jax.tree.leaves(jax_params())))
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
+def test_jax_layer_with_tokens_replicated_over_the_devices_gives_each_device_the_batchs_output(fused):
+    # Every device holds the whole batch (in_specs P()) and sends its own copy; each
+    # device's output (out_specs P("ep"): the copies side by side) is the batch's.
+    mesh = Mesh(np.array(jax.devices("cpu")[:DEVICES]), ("ep",))
+
+    def local(params, x, allowed):
+        return gj.moe_layer(params, x, num_experts=DEVICES * cases.LOCAL_EXPERTS, top_k=cases.TOP_K, axis_name="ep",
+                            capacity=x.shape[0] * cases.TOP_K, transpose_rhs=True, allowed=allowed, fused=fused)[0]
+
+    specs = ({"router": P(), "w_in": P("ep"), "w_out": P("ep")}, P(), P())
+    layer = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P("ep")))
+    x, dy, allowed = cases.batch(0, DEVICES)
+    out = np.asarray(layer(jax_params(), jnp.asarray(x), jnp.asarray(allowed)), np.float64)
+    want = cases.single_process(cases.init_params(DEVICES), x, dy, allowed, "float64")["out"]
+    for copy in np.split(out, DEVICES):
+        np.testing.assert_allclose(copy, want, rtol=1e-4, atol=1e-5)
+
+
 def test_jax_layer_exchanges_rows_with_ragged_all_to_all_where_the_platform_has_it():
     # Lowered for a GPU (no GPU needed to lower), each exchange of rows, forward and
     # backward, is one ragged_all_to_all, and the only all_to_alls left move int32 counts
