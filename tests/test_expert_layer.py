@@ -100,6 +100,15 @@ def test_a_nan_logit_counts_as_a_masked_expert_in_both_softmax_modes(frontend):
             np.testing.assert_allclose(probs[0].sum(), 1.0, rtol=1e-6)
 
 
+def test_a_plus_inf_logit_gives_its_token_nan_probabilities_as_a_softmax_does(frontend):
+    logits = np.array([[np.inf, 1.0, 2.0, 0.0], [0.5, 1.0, 2.0, 0.0]])
+    for renormalize in (True, False):
+        probs, indices, _ = (frontend.to_float64(a) for a in frontend.softmax_topk_and_grad(
+            logits, 2, renormalize, np.ones((2, 2)), "float32"))
+        assert np.isnan(probs[0]).all() and indices[0].tolist() == [0, 2]
+        assert np.isfinite(probs[1]).all()  # the other tokens keep their values
+
+
 @pytest.mark.parametrize("renormalize", [True, False], ids=["renormalized", "full_softmax"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_topk_tangent_matches_reference_with_exact_zeros(frontend, dtype, renormalize):

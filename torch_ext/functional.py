@@ -42,7 +42,9 @@ def grouped_mm(input: Tensor, weight: Tensor, group_sizes: Tensor | None = None,
     transforms too); empty groups get exact-zero gradients.
 
     ``offs`` instead of ``group_sizes`` takes torch._grouped_mm's convention: cumulative
-    group ends (int32, 1-D, on input's device), group g owning rows ``[offs[g-1], offs[g])``.
+    group ends (int32, 1-D, on input's device), group g owning rows ``[offs[g-1], offs[g])``
+    (non-decreasing offs, the only ones torch defines; any offs is read as the group sizes
+    ``max(offs[g] - offs[g-1], 0)``, laid end to end, offs.py).
     With a 2-D ``weight [K, N]`` the groups split the contraction instead:
     ``out[g] = input[:, K_g] @ weight[K_g, :]``, ``[G, M, N]`` (offs.py).
 

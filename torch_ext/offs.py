@@ -1,7 +1,7 @@
 """torch._grouped_mm's ``offs=`` convention, for grouped_mm (torchtitan calls
 ``torch._grouped_mm(A, B, offs=offs)``): ``offs`` holds the cumulative ends of the groups
 along the ragged dimension, group g owning ``[offs[g-1], offs[g])`` (with ``offs[-1]`` read
-as 0 for g = 0).
+as 0 for g = 0) where offs does not decrease, the only offs torch._grouped_mm defines.
 
 - 2d x 3d, ``A [M, K] @ B [G, K, N] -> [M, N]``: the rows are ragged, a grouped_mm with
   group sizes ``diff(offs)``; rows past ``offs[-1]`` are exact zeros.
@@ -11,8 +11,11 @@ as 0 for g = 0).
   exact zeros.
 
 The core reads offs itself, as cumulative ends (size g = offs[g] - offs[g-1]), on its
-device, with no host read and no extra op. A decreasing offs gives negative differences,
-which count as 0 like any negative group size.
+device, with no host read and no extra op. Any offs is read that way: a decrease (or a
+negative first end) gives a negative size, which counts as 0 like any negative group size,
+and the groups' rows are then laid end to end from those sizes. So with a decreasing offs
+a group starts where the one before it ended, not at ``offs[g-1]``, and the rows past
+``offs[-1]`` may belong to a group.
 """
 
 import torch
