@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
-from groupgemm.jax_ext.arguments import index_array, index_input, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import index_array, index_input, index_operands, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert_primitives import activation_p, permute_p, router_p, unpermute_p
 from groupgemm.jax_ext.functional import grouped_matmul
 from groupgemm.jax_ext.primitives import placeholder
@@ -93,10 +93,14 @@ def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, 
     """
     fn = "grouped_mlp"
     x, w_in, w_out = jnp.asarray(x), jnp.asarray(w_in), jnp.asarray(w_out)
+    b_in, b_out = (None if b is None else jnp.asarray(b) for b in (b_in, b_out))
     contract.activation_kind(activation, fn)
     contract.check_rank(x.shape, 2, "x", "[M, H]", fn)
+    described = lambda b: None if b is None else shape_and_dtype(b)  # noqa: E731
     contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation,
-                         contract.static_flag(transpose_rhs, "transpose_rhs", fn))
+                         contract.static_flag(transpose_rhs, "transpose_rhs", fn), "x", described(b_in),
+                         described(b_out))
+    group_sizes, group_offset = index_operands(group_sizes, group_offset, w_in.shape[0], x.shape[0], fn)
     if fp8 is None:
         layer = grouped_matmul
     else:

@@ -102,6 +102,7 @@ class GroupedLinear(nnx.Module):
         x = jnp.asarray(x)
         contract.layer_width(x.shape, self.in_features, "in_features", "GroupedLinear")
         weight, bias = self.weight_and_bias()
+        contract.layer_dtype(dtype_name(x.dtype), dtype_name(weight.dtype), "GroupedLinear")
         if self.fp8 is None:
             return grouped_matmul(x, weight, group_sizes, bias=bias, transpose_rhs=True)
         return fp8_recipe.checked_fp8_grouped_matmul(x, weight, group_sizes, bias=bias,
@@ -144,7 +145,10 @@ class GroupedMLP(nnx.Module):
         self.fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size, **common)
 
     def __call__(self, x, group_sizes):
+        x = jnp.asarray(x)
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
+        contract.layer_width(x.shape, self.fc1.in_features, "hidden_size", "GroupedMLP")
+        contract.layer_dtype(dtype_name(x.dtype), dtype_name(w_in.dtype), "GroupedMLP")
         return grouped_mlp(x, w_in, w_out, group_sizes, activation=self.activation, b_in=b_in, b_out=b_out,
                            transpose_rhs=True, fp8=self.fp8)
 

@@ -26,11 +26,12 @@ def _router(hidden_size, num_experts, dtype, mesh, rngs):
     return nnx.Param(init(rngs.params(), (hidden_size, num_experts), dtype))
 
 
-def _checked_input(x, allowed, hidden_size, experts_shape, fn):
+def _checked_input(x, allowed, layer, experts_shape, fn):
     """allowed as an array, after x and allowed are checked against the layer."""
     allowed = None if allowed is None else jnp.asarray(allowed)
-    contract.layer_input(shape_and_dtype(x), hidden_size, None if allowed is None else shape_and_dtype(allowed),
-                         experts_shape, fn)
+    contract.layer_input(shape_and_dtype(x), layer.experts.fc1.in_features,
+                         None if allowed is None else shape_and_dtype(allowed), experts_shape, fn,
+                         dtype_name(layer.router[...].dtype))
     return allowed
 
 
@@ -108,7 +109,7 @@ class MoE(nnx.Module):
         x = jnp.asarray(x)
         if x.ndim not in (2, 3):
             raise ValueError(f"{fn}: x must be 2-D [T, H] or 3-D [B, T, H] (B routing groups), got shape {x.shape}")
-        allowed = _checked_input(x, allowed, self.experts.fc1.in_features, x.shape[:-1] + (self.num_experts,), fn)
+        allowed = _checked_input(x, allowed, self, x.shape[:-1] + (self.num_experts,), fn)
         router = checked_value(self.router, (self.experts.fc1.in_features, self.num_experts), "router", fn)
 
         def route(tokens, allowed):
@@ -179,7 +180,7 @@ class ExpertParallelMoE(nnx.Module):
             raise ValueError(f"{fn}: no mesh: pass mesh= or call the layer under jax.set_mesh(mesh)")
         x = jnp.asarray(x)
         contract.check_rank(x.shape, 2, "x", "[T, H]", fn)
-        allowed = _checked_input(x, allowed, self.experts.fc1.in_features, (x.shape[0], self.num_experts), fn)
+        allowed = _checked_input(x, allowed, self, (x.shape[0], self.num_experts), fn)
         token_axes = self._token_axes(mesh)
         blocks = math.prod(mesh.shape[a] for a in token_axes)
         if x.shape[0] % blocks:

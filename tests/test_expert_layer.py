@@ -374,6 +374,24 @@ def test_bad_expert_layer_input_raises_naming_the_argument(frontend, call, error
             call(frontend, base_arguments(frontend))
 
 
+@pytest.mark.parametrize("change, error, match", [
+    (dict(b_out=((2, 4), "float32")), ValueError, r"grouped_mlp: b_out must have shape \(2, 2\), got \(2, 4\)"),
+    (dict(b_in=((2, 4), "bfloat16")), TypeError, "grouped_mlp: b_in dtype bfloat16 differs from x dtype float32"),
+    (dict(w_out=((2, 2, 2), "bfloat16")), TypeError, "grouped_mlp: w_out dtype bfloat16 differs from x dtype float32"),
+    (dict(group_sizes=((2,), "float32")), TypeError, "grouped_mlp: group_sizes must be an integer array"),
+])
+def test_jax_grouped_mlp_names_its_own_arguments(change, error, match):
+    import jax.numpy as jnp
+
+    import groupgemm.jax as gj
+
+    arguments = {"x": ((2, 2), "float32"), "w_in": ((2, 2, 4), "float32"), "w_out": ((2, 2, 2), "float32"),
+                 "group_sizes": ((2,), "int32"), **change}
+    arrays = {name: jnp.ones(shape, dtype) for name, (shape, dtype) in arguments.items()}
+    with pytest.raises(error, match=match):
+        gj.grouped_mlp(arrays.pop("x"), arrays.pop("w_in"), arrays.pop("w_out"), arrays.pop("group_sizes"), **arrays)
+
+
 @pytest.mark.parametrize("layout", ["to_sparse", "to_mkldnn"])
 def test_torch_expert_layer_refuses_tensors_that_are_not_dense_naming_them(layout):
     import torch

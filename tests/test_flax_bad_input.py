@@ -96,6 +96,18 @@ BAD = {
     "grouped rows of another width": (
         lambda: gf.GroupedLinear(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 7)), [2, 0, 3]),
         ValueError, r"GroupedLinear: x has width 7 \(shape \(6, 7\)\), but the layer's in_features is 8"),
+    "grouped rows of another dtype": (
+        lambda: gf.GroupedLinear(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 8), jnp.bfloat16), [2, 0, 3]),
+        TypeError, r"GroupedLinear: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
+    "MLP rows of another dtype": (
+        lambda: gf.GroupedMLP(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 8), jnp.bfloat16), [2, 0, 3]),
+        TypeError, r"GroupedMLP: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
+    "MLP rows of another width": (
+        lambda: gf.GroupedMLP(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 9)), [2, 0, 3]),
+        ValueError, r"GroupedMLP: x has width 9 \(shape \(6, 9\)\), but the layer's hidden_size is 8"),
+    "x of another dtype": (
+        lambda: gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 8), jnp.bfloat16)),
+        TypeError, r"MoE: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
     "x of another width": (
         lambda: gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 9))),
         ValueError, r"MoE: x has width 9 \(shape \(3, 9\)\), but the layer's hidden_size is 8"),

@@ -384,6 +384,9 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
      "GroupedLinear: dtype must be float32, bfloat16, float16 or float64, got int32"),
     (lambda: GroupedLinear(3, 8, 4)(torch.randn(6, 7), [2, 0, 3]), ValueError,
      r"GroupedLinear: x has width 7 \(shape \(6, 7\)\), but the layer's in_features is 8"),
+    # Outside autocast, which casts both (test_torch_autocast.py):
+    (lambda: GroupedMLP(3, 8, 4)(torch.randn(6, 8, dtype=torch.bfloat16), [2, 0, 3]), TypeError,
+     r"GroupedLinear: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
 ])
 def test_modules_refuse_a_bad_configuration_naming_the_argument(make, error, message):
     with pytest.raises(error, match=message):

@@ -30,6 +30,11 @@ def _region_dtype(t) -> torch.dtype | None:
     return torch.get_autocast_dtype(kind)
 
 
+def casts(t) -> bool:
+    """Whether an autocast region casts the GEMMs of tensor ``t``'s device type."""
+    return _region_dtype(t) is not None
+
+
 def operands(*tensors) -> tuple:
     """A GEMM's operands (None where absent) as autocast runs them, the region read from
     the first one's device type."""

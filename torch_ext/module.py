@@ -71,8 +71,10 @@ class GroupedLinear(nn.Module):
     def _grouped_product(self, x, group_sizes, bias):
         """``x @ weight[g].T (+ bias[g])`` per group, the weight gradient going where the
         layer's mode sends it (bias is self.bias, or None to leave it out)."""
-        contract.layer_width(shape_and_dtype(x, "x", "GroupedLinear")[0], self.in_features, "in_features",
-                             "GroupedLinear")
+        shape, x_dtype = shape_and_dtype(x, "x", "GroupedLinear")
+        contract.layer_width(shape, self.in_features, "in_features", "GroupedLinear")
+        if not autocast.casts(x):  # in a region both operands are cast to its dtype
+            contract.layer_dtype(x_dtype, dtype_name(self.weight.dtype), "GroupedLinear")
         if isinstance(group_sizes, (list, tuple)):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)

@@ -310,10 +310,12 @@ def unpermute(fn, permuted, row_map, probs=None):
     return map_shape[0], permuted_shape[1]
 
 
-def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x"):
-    """Checks the shapes of ``fc2(act(fc1(x)))``: w_in [E, H, F_in] and w_out [E, F, H]
-    (transposed: [E, F_in, H] and [E, H, F]); returns F."""
-    (x_shape, _), (in_shape, _), (out_shape, _) = x, w_in, w_out
+def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x", b_in=None, b_out=None):
+    """Checks ``fc2(act(fc1(x)))``: w_in [E, H, F_in] and w_out [E, F, H] (transposed:
+    [E, F_in, H] and [E, H, F]), b_in [E, F_in] and b_out [E, H] (or None), all in x's
+    float dtype; returns F."""
+    (x_shape, dtype), (in_shape, _), (out_shape, _) = x, w_in, w_out
+    check_float(dtype, x_name, fn)
     check_rank(in_shape, 3, "w_in", "[E, F_in, H]" if transpose else "[E, H, F_in]", fn)
     check_rank(out_shape, 3, "w_out", "[E, H, F]" if transpose else "[E, F, H]", fn)
     f_in, h = (in_shape[1], in_shape[2]) if transpose else (in_shape[2], in_shape[1])
@@ -323,6 +325,14 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x"):
     f = activation_width(activation, f_in, fn, "w_in output")
     want = (in_shape[0], x_shape[-1], f) if transpose else (in_shape[0], f, x_shape[-1])
     check_shape(out_shape, want, "w_out", fn)
+    for (_, weight_dtype), name in ((w_in, "w_in"), (w_out, "w_out")):
+        check_float(weight_dtype, name, fn)
+        check_same_dtype(weight_dtype, dtype, name, x_name, fn)
+    for bias, name, width in ((b_in, "b_in", f_in), (b_out, "b_out", x_shape[-1])):
+        if bias is not None:
+            check_float(bias[1], name, fn)
+            check_shape(bias[0], (in_shape[0], width), name, fn)
+            check_same_dtype(bias[1], dtype, name, x_name, fn)
     return f
 
 
@@ -343,18 +353,10 @@ def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, acti
         if probs[1] not in (dtype, "float32"):
             allowed = "float32" if dtype == "float32" else f"{dtype} (tokens' dtype) or float32"
             raise TypeError(f"{fn}: probs must be {allowed}, got {probs[1]}")
-    grouped_mlp(fn, tokens, w_in, w_out, activation, transpose, "tokens")
-    for (_, weight_dtype), name in ((w_in, "w_in"), (w_out, "w_out")):
-        check_float(weight_dtype, name, fn)
-        check_same_dtype(weight_dtype, dtype, name, "tokens", fn)
     num_experts, f_in = w_in[0][0], w_in[0][1 if transpose else 2]
     if num_experts > INT32_MAX - 1:
         raise ValueError(f"{fn}: w_in holds {num_experts} experts; expert ids are int32 (at most {INT32_MAX - 1})")
-    for bias, name, width in ((b_in, "b_in", f_in), (b_out, "b_out", tokens_shape[1])):
-        if bias is not None:
-            check_float(bias[1], name, fn)
-            check_shape(bias[0], (num_experts, width), name, fn)
-            check_same_dtype(bias[1], dtype, name, "tokens", fn)
+    grouped_mlp(fn, tokens, w_in, w_out, activation, transpose, "tokens", b_in, b_out)
     return tokens_shape[0], indices_shape[1], tokens_shape[1], f_in, num_experts
 
 
@@ -399,13 +401,23 @@ def layer_width(shape, width, width_name, fn):
                          f"{width}")
 
 
-def layer_input(x, hidden_size, allowed, experts_shape, fn):
-    """An MoE layer's call: ``x`` (shape, dtype) of width hidden_size, and ``allowed``
-    (shape, dtype, or None) booleans that broadcast to ``experts_shape`` (x's tokens by the
-    experts)."""
-    shape, dtype = x
-    check_float(dtype, "x", fn)
+def layer_dtype(x_dtype, dtype, fn):
+    """A layer's input ``x`` has the dtype of the layer's parameters (``dtype``): the GEMMs
+    take one dtype, and the layer does not cast silently."""
+    if x_dtype != dtype:
+        raise TypeError(f"{fn}: x has dtype {x_dtype}, but the layer's dtype (its parameters') is {dtype}; cast x or "
+                        f"make the layer in {x_dtype}")
+
+
+def layer_input(x, hidden_size, allowed, experts_shape, fn, dtype=None):
+    """An MoE layer's call: ``x`` (shape, dtype) of width hidden_size (and, given the layer's
+    ``dtype``, of that dtype), and ``allowed`` (shape, dtype, or None) booleans that
+    broadcast to ``experts_shape`` (x's tokens by the experts)."""
+    shape, x_dtype = x
+    check_float(x_dtype, "x", fn)
     layer_width(shape, hidden_size, "hidden_size", fn)
+    if dtype is not None:
+        layer_dtype(x_dtype, dtype, fn)
     if allowed is None:
         return
     allowed_shape, allowed_dtype = allowed
