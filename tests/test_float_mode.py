@@ -108,3 +108,41 @@ def test_the_bits_are_the_unflushed_ones(tmp_path):
         q, scale = f64(f"quantize_fp8 {recipe}"), f64(f"quantize_fp8 {recipe}", 1)
         assert (scale == 2.0**-126).all() and np.count_nonzero(q) > 0.9 * q.size, (recipe, scale)
     assert subnormal(f64("unpermute")).any() and subnormal(f64("grouped_mlp")).any()
+
+
+# The fused expert MLP's backward with one expert run alone (skewed routing) whose first
+# parallel work is a GEMM kept to one thread (bfloat16 weight gradients): its workers still
+# get the core's mode. The caller flushes subnormals and starts torch's workers in that mode;
+# the weighted dout values (1e-9 * 1e-30) are subnormal.
+ALONE_SCRIPT = textwrap.dedent("""
+    import hashlib, sys
+    import numpy as np, torch
+    import groupgemm.torch as gt
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(sys.argv[1] == "flush")
+    torch.ones(1 << 20).sum()  # torch's OpenMP workers start, in the caller's mode
+    counts = [400] + [20] * 10
+    rng = np.random.default_rng(0)
+    bf16 = lambda a: torch.from_numpy(a.astype(np.float32)).bfloat16()
+    indices = torch.from_numpy(np.repeat(np.arange(len(counts)), counts).astype(np.int32)[:, None])
+    x, w_in = bf16(rng.standard_normal((sum(counts), 8))), bf16(rng.standard_normal((len(counts), 8, 16)))
+    w_out = bf16(rng.standard_normal((len(counts), 8, 8))).requires_grad_()
+    b_out = torch.zeros(len(counts), 8, dtype=torch.bfloat16, requires_grad=True)
+    dy = bf16(rng.standard_normal((sum(counts), 8)) * 1e-30)
+    for _ in range(3):
+        w_out.grad = b_out.grad = None
+        gt.expert_mlp(x, indices, torch.full((sum(counts), 1), 1e-9), w_in, w_out, b_out=b_out).backward(dy)
+        bits = b_out.grad.view(torch.int16)  # compared as bits: a flushing caller's != 0 reads subnormals as 0
+        print(hashlib.sha1(bits.numpy().tobytes()).hexdigest(), int((bits != 0).any(1).sum()))
+""")
+
+
+def test_an_expert_run_alone_gives_every_worker_the_cores_mode():
+    def hashes(mode):
+        done = subprocess.run([sys.executable, "-c", ALONE_SCRIPT, mode], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.split()
+
+    plain = hashes("plain")
+    assert plain[1] == "11"  # every expert's bias gradient holds subnormal sums, not zeros
+    assert hashes("flush") == plain

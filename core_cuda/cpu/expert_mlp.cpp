@@ -28,6 +28,7 @@
 
 #include "backends.h"
 #include "convert.h"
+#include "float_mode.h"
 #include "gemm.h"
 #include "groupgemm/activation.h"
 #include "groupgemm/expert_mlp.h"
@@ -126,6 +127,10 @@ class GemmOperand {
 // could change the order of its sums (gemm_threading).
 Status run_gemm(const GemmCall& c) {
   if (omp_in_parallel() || gemm_threading(c) != Threading::one) return gemm(c);
+  // The workers get the core's float mode now, while the team is whole: set up inside the
+  // one-thread GEMM below, it would reach no worker, and the later parallel work would
+  // find it done (float_mode.h).
+  before_parallel_work();
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
   const Status s = gemm(c);
