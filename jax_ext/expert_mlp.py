@@ -88,9 +88,13 @@ def composed_expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activatio
                         group_offset=None, transpose_rhs=False, fp8=None):
     """expert_mlp as the composition computes it (permute, grouped_mlp, unpermute), the same
     arguments and meaning: what the layers run with ``fused=False``, and under FP8."""
-    w_in = jnp.asarray(w_in)
-    local = window_ids(*_routing(index_input(expert_indices, "expert_indices", "expert_mlp"), group_offset,
-                                 w_in.shape[0], "expert_mlp"), w_in.shape[0])
+    fn = "expert_mlp"
+    tokens, w_in = jnp.asarray(tokens), jnp.asarray(w_in)
+    expert_indices = index_input(expert_indices, "expert_indices", fn)
+    probs = None if probs is None else jnp.asarray(probs)
+    contract.routed_tokens(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices),
+                           None if probs is None else shape_and_dtype(probs))
+    local = window_ids(*_routing(expert_indices, group_offset, w_in.shape[0], fn), w_in.shape[0])
     rows, group_sizes, row_map = permute(tokens, local, w_in.shape[0])
     y = grouped_mlp(rows, w_in, w_out, group_sizes, activation=activation, b_in=b_in, b_out=b_out,
                     transpose_rhs=transpose_rhs, fp8=fp8)

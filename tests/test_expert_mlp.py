@@ -406,6 +406,27 @@ def test_bad_arguments_are_refused_naming_them(framework):
         fn(tokens, indices, None, w_in, w_out, group_offset=largest + 1)
 
 
+@pytest.mark.parametrize("framework", RUNS)
+def test_the_composition_refuses_what_the_fused_op_refuses(framework):
+    # fused=False, FP8 and main_grad layers run the composition: float ids were truncated
+    # there (-0.5 routed to expert 0).
+    x = inputs(BY_NAME["top2_swiglu"])
+    tokens, indices = x["tokens"].astype(np.float32), x["indices"]
+    if framework == "jax":
+        w_in, w_out = (jnp.asarray(x[n].transpose(0, 2, 1), jnp.float32) for n in ("w_in", "w_out"))
+        composed = lambda t, i, p: composed_expert_mlp(t, i, p, w_in, w_out)  # noqa: E731
+        array = jnp.asarray
+    else:
+        composed = gt.GroupedMLP(3, 6, 4, fused=False).forward_routed
+        array = torch.tensor
+    with pytest.raises(TypeError, match="expert_mlp: expert_indices must be an integer array, got float32"):
+        composed(array(tokens), array(indices.astype(np.float32) - 0.5), None)
+    with pytest.raises(ValueError, match="expert_mlp: expert_indices has 4 rows but tokens has 5"):
+        composed(array(tokens), array(indices[:4]), None)
+    with pytest.raises(ValueError, match=r"expert_mlp: probs must have shape \(5, 2\)"):
+        composed(array(tokens), array(indices), array(np.ones((5, 3), np.float32)))
+
+
 def test_expert_mlp_runs_each_devices_tokens_through_its_experts_on_a_data_by_expert_mesh():
     # Tokens (and their routing) over data, experts over expert: each device's forward and
     # backward see its T / 2 tokens and E / 2 experts (group_offset shifted to its window);

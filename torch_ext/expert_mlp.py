@@ -74,10 +74,14 @@ def composed_expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | 
     """expert_mlp as the composition computes it with a GroupedMLP ``experts`` (permute,
     the experts on the rows, unpermute): the layers' path with ``fused=False``, under FP8
     and with main_grad accumulation."""
+    fn = "expert_mlp"
     num_local = experts.fc1.num_experts
     if experts.fc1.fp8 is None:  # 16-bit layers run in autocast's dtype: permute the rows cast, as expert_mlp does
         (tokens,) = autocast.operands(tokens)
-    offset = _group_offset(group_offset, num_local, tokens.device, "expert_mlp")
+    contract.routed_tokens(fn, shape_and_dtype(tokens, "tokens", fn),
+                           shape_and_dtype(expert_indices, "expert_indices", fn),
+                           None if probs is None else shape_and_dtype(probs, "probs", fn))
+    offset = _group_offset(group_offset, num_local, tokens.device, fn)
     local = expert_mlp_ops.window_ids(index_tensor(expert_indices), offset, num_local)
     rows, group_sizes, row_map = expert.permute(tokens, local, num_local)
     out = experts(rows, group_sizes)

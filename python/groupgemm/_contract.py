@@ -336,10 +336,9 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x", b_in=None
     return f
 
 
-def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, activation, transpose):
-    """Checks the fused expert MLP's arguments: tokens [T, H], expert_indices [T, k]
-    (integers), probs [T, k] (tokens' dtype or float32) or None, the weights as grouped_mlp's
-    (tokens' dtype) and b_in [E, F_in], b_out [E, H] or None; returns (T, k, H, F_in, E)."""
+def routed_tokens(fn, tokens, expert_indices, probs):
+    """Checks an expert layer's routed input, fused or composed: tokens [T, H] (float),
+    expert_indices [T, k] (integers) and probs [T, k] (tokens' dtype or float32) or None."""
     (tokens_shape, dtype), (indices_shape, indices_dtype) = tokens, expert_indices
     check_float(dtype, "tokens", fn)
     check_rank(tokens_shape, 2, "tokens", "[T, H]", fn)
@@ -353,6 +352,13 @@ def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, acti
         if probs[1] not in (dtype, "float32"):
             allowed = "float32" if dtype == "float32" else f"{dtype} (tokens' dtype) or float32"
             raise TypeError(f"{fn}: probs must be {allowed}, got {probs[1]}")
+
+
+def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, activation, transpose):
+    """Checks the fused expert MLP's arguments: routed_tokens', the weights as grouped_mlp's
+    (tokens' dtype) and b_in [E, F_in], b_out [E, H] or None; returns (T, k, H, F_in, E)."""
+    routed_tokens(fn, tokens, expert_indices, probs)
+    (tokens_shape, _), (indices_shape, _) = tokens, expert_indices
     num_experts, f_in = w_in[0][0], w_in[0][1 if transpose else 2]
     if num_experts > INT32_MAX - 1:
         raise ValueError(f"{fn}: w_in holds {num_experts} experts; expert ids are int32 (at most {INT32_MAX - 1})")
