@@ -58,8 +58,17 @@ def mark_varying(value, axes):
 def workspace(nbytes, *args):
     """The CUDA backend's scratch for one call, ``nbytes(Device.cuda, *args)`` bytes, as an extra
     XLA output: a command buffer cannot allocate. The CPU backend ignores it (and CPU-only
-    builds make it empty)."""
-    return jax.ShapeDtypeStruct((nbytes(_core.Device.cuda, *args) if _core.cuda_compiled() else 0,), jnp.uint8)
+    builds make it empty). Its size is the core's arithmetic on static sizes, so a symbolic
+    one (jax.export's shape polymorphism) is refused, named, where CUDA is built."""
+    if not _core.cuda_compiled():
+        return jax.ShapeDtypeStruct((0,), jnp.uint8)
+    symbolic = [a for a in args if jax.export.is_symbolic_dim(a)]
+    if symbolic:
+        op = nbytes.__name__.removesuffix("workspace_bytes").rstrip("_") or "grouped_matmul"
+        raise ValueError(f"{op}: a symbolic size ({', '.join(map(str, symbolic))}) sizes this call's CUDA workspace, "
+                         "which the core computes from static sizes; export it with static shapes (a symbolic "
+                         "number of rows works for grouped_matmul)")
+    return jax.ShapeDtypeStruct((nbytes(_core.Device.cuda, *args),), jnp.uint8)
 
 
 def placeholder(dtype):

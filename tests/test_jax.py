@@ -268,3 +268,26 @@ def test_export_with_disabled_checks_round_trips_the_bfloat16_and_fp8_calls_bitw
     assert_same_bits(np.asarray(restored.call(x, w, sizes)), np.asarray(jax.jit(layer)(x, w, sizes)), "exported")
     with pytest.raises(ValueError, match="custom calls"):
         export.export(jax.jit(layer))(x, w, sizes)
+
+
+@pytest.mark.parametrize("op", ["permute", "expert_mlp"])
+def test_export_with_a_symbolic_number_of_tokens_of_a_routing_op_is_refused_naming_it(op):
+    # The core sizes these calls' CUDA workspace from T * k: with CUDA built, a symbolic T is
+    # named (it once failed inside the shape checks, then inside the core's binding); a
+    # CPU-only build has no workspace and exports the call.
+    from jax import export
+
+    from groupgemm import _core
+
+    t = export.symbolic_shape("T")[0]
+    calls = {"permute": (lambda x, i: gj.permute(x, i, 4)[0], ((t, 16), (t, 2))),
+             "expert_mlp": (lambda x, i, w_in, w_out: gj.expert_mlp(x, i, None, w_in, w_out),
+                            ((t, 16), (t, 2), (4, 16, 48), (4, 24, 16)))}
+    fn, shapes = calls[op]
+    args = [jax.ShapeDtypeStruct(s, jnp.int32 if i == 1 else jnp.float32) for i, s in enumerate(shapes)]
+    run = lambda: export.export(jax.jit(fn), disabled_checks=gj.export_disabled_checks())(*args)  # noqa: E731
+    if not _core.cuda_compiled():
+        run()
+        return
+    with pytest.raises(ValueError, match=rf"{op}: a symbolic size \(2\*T\) sizes this call's CUDA workspace"):
+        run()

@@ -107,8 +107,10 @@ def check_num_experts(value, fn):
 
 
 def check_slots(num_tokens, top_k, name, fn):
-    """T * k slots: row_map holds their rows as int32."""
-    if num_tokens * top_k > INT32_MAX:
+    """T * k slots: row_map holds their rows as int32. A symbolic T (jax.export's shape
+    polymorphism, torch's dynamic shapes) is checked by the core when the call runs."""
+    slots = num_tokens * top_k
+    if is_static_int(slots) and slots > INT32_MAX:
         raise ValueError(f"{fn}: {name} has T * k = {num_tokens} * {top_k} slots, more than row_map's int32 rows "
                          f"hold ({INT32_MAX})")
 
