@@ -242,3 +242,15 @@ def test_main_grad_mode_accepts_a_non_contiguous_weight():
     want = torch.cat([x[:2] @ layer.weight[0].T, x[2:] @ layer.weight[1].T])
     torch.testing.assert_close(y, want)
     torch.testing.assert_close(layer.weight.main_grad[0], torch.ones(6, 2) @ x[:2].detach())  # dy^T @ x
+
+
+def test_torch_export_captures_the_plain_forward():
+    # An exported program has no parameters carrying main_grad: it captures the forward,
+    # whose values are the plain layer's (the check once said main_grad was not set).
+    torch.manual_seed(0)
+    layer = GroupedLinear(3, 8, 5, accumulate_into_main_grad=True)
+    layer.weight.main_grad = torch.zeros(3, 5, 8)
+    x, sizes = torch.randn(7, 8), torch.tensor([3, 0, 4])
+    program = torch.export.export(layer, (x, sizes))
+    assert torch.equal(program.module()(x, sizes), layer(x, sizes).detach())
+    assert not layer.weight.main_grad.any()

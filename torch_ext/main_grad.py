@@ -71,9 +71,13 @@ def attach(weight: Tensor) -> None:
 
 
 def needs_main_grad(weight: Tensor) -> bool:
-    """Whether this call's weight gradient goes to main_grad: a backward may come. Forward-mode
+    """Whether this call's weight gradient goes to main_grad: a backward may come, and the
+    call is not being exported (torch.export captures the forward, whose values are the
+    plain layer's; an exported program has no parameters carrying main_grad). Forward-mode
     AD and torch.func transforms are refused (this mode has side effects by design; the plain
     layer supports them)."""
+    if torch.compiler.is_exporting():
+        return False
     if not torch.compiler.is_compiling() and (
             torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0):
         raise RuntimeError(f"{FN} supports reverse mode only; forward-mode AD and torch.func transforms "
