@@ -121,8 +121,8 @@ class MoE(nnx.Module):
 
         if x.ndim == 2:
             return route(x, allowed)
-        if allowed is not None:
-            allowed = jnp.broadcast_to(allowed, x.shape[:-1] + (self.num_experts,))
+        if allowed is not None:  # split over the data axis as x is: vmap maps both alike
+            allowed = _on_data_axis(jnp.broadcast_to(allowed, x.shape[:-1] + (self.num_experts,)), self.data_axis)
         return jax.vmap(route)(_on_data_axis(x, self.data_axis), allowed)
 
 

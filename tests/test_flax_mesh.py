@@ -169,6 +169,10 @@ def test_moe_on_an_explicit_mesh_or_inside_shard_map_keeps_the_one_device_bits(g
     with jax.set_mesh(explicit_mesh((2, 2), ("data", "expert"))):
         out = nnx.jit(lambda m, x: m(x))(gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0)), x)
     assert np.array_equal(np.asarray(out), np.asarray(want))
+    allowed = np.array([True, True, False, True])  # split over the data axis with x
+    with jax.set_mesh(explicit_mesh((2, 2), ("data", "expert"))):
+        out = nnx.jit(lambda m, x, a: m(x, a))(gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0)), x, allowed)
+    assert np.array_equal(np.asarray(out), np.asarray(gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(x, allowed)))
     if groups % 2:
         return
     graph, state = nnx.split(gf.MoE(4, 8, 6, 2, expert_axis=None, rngs=nnx.Rngs(0)))
