@@ -160,9 +160,10 @@ def dropless_capacity(num_tokens, top_k):
     return rules.dropless_capacity(num_tokens, top_k)
 
 
-def _check_layer_params(x, router, w_in, num_experts, e_local, axis_name, fn):
+def _check_layer_params(x, router, w_in, w_out, num_experts, e_local, axis_name, activation, transpose_rhs, fn):
     """moe_layer's ``x [T, H]``, ``params["router"] [H, E]`` of x's dtype, and ``params["w_in"]``
-    holding this device's E / devices experts (the rest of the weights are checked against it)."""
+    holding this device's E / devices experts, the experts' weights fitting x (grouped_mlp's
+    rule, in moe_layer's terms)."""
     contract.check_rank(x.shape, 2, "x", "[T, H]", fn)
     contract.check_rank(router.shape, 2, "params['router']", "[H, E]", fn)
     if router.shape[1] != num_experts:
@@ -173,6 +174,9 @@ def _check_layer_params(x, router, w_in, num_experts, e_local, axis_name, fn):
     if w_in.shape[0] != e_local:
         raise ValueError(f"{fn}: params['w_in'] holds {w_in.shape[0]} experts (shape {w_in.shape}), but each device "
                          f"of axis {axis_name!r} holds num_experts / devices = {e_local}")
+    contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation,
+                         contract.static_flag(transpose_rhs, "transpose_rhs", fn),
+                         weight_names=("params['w_in']", "params['w_out']"))
 
 
 def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation="swiglu", transpose_rhs=False,
@@ -202,7 +206,8 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     renormalize = contract.layer_renormalize(renormalize, top_k, fn)
     x, router = jnp.asarray(x), jnp.asarray(params["router"])
     allowed = None if allowed is None else jnp.asarray(allowed)
-    _check_layer_params(x, router, jnp.asarray(params["w_in"]), num_experts, e_local, axis_name, fn)
+    _check_layer_params(x, router, jnp.asarray(params["w_in"]), jnp.asarray(params["w_out"]), num_experts, e_local,
+                        axis_name, activation, transpose_rhs, fn)
     contract.layer_input(shape_and_dtype(x), router.shape[0], None if allowed is None else shape_and_dtype(allowed),
                          (x.shape[0], num_experts), fn)
     logits = grouped_matmul(x, router[None], jnp.full((1,), x.shape[0], jnp.int32))

@@ -135,6 +135,13 @@ BAD_LAYER_PARAMS = {  # name: (replaced params' (shape, spec), moe_layer's other
         r"params\['w_in'\] holds 8 experts .*, but each device of axis 'ep' holds num_experts / devices = 2"),
     "a router of another dtype": ({"router": ((H, E), P(), jnp.bfloat16)}, {}, TypeError,
                                   r"params\['router'\] dtype bfloat16 differs from x dtype float32"),
+    "an expert output of another width": ({"w_out": ((E, H, H // 2), P("ep"))}, {}, ValueError,
+                                          r"params\['w_out'\] must have shape \(2, 4, 4\), got \(2, 4, 2\)"),
+    "experts of another dtype": ({"w_in": ((E, H, 2 * H), P("ep"), jnp.bfloat16)}, {}, TypeError,
+                                 r"params\['w_in'\] dtype bfloat16 differs from x dtype float32"),
+    "the torch layout without transpose_rhs": ({"w_in": ((E, 2 * H, H), P("ep"))}, {}, ValueError,
+                                               r"params\['w_in'\] \(2, 8, 4\) takes inputs of width 8, but x has "
+                                               r"width 4"),
     "top_k above num_experts": ({}, {"top_k": E + 1}, ValueError, "top_k = 9 exceeds 8"),
     "allowed of floats": ({}, {"allowed": jnp.ones(E)}, TypeError, "allowed must hold booleans"),
 }

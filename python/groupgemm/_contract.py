@@ -312,22 +312,24 @@ def unpermute(fn, permuted, row_map, probs=None):
     return map_shape[0], permuted_shape[1]
 
 
-def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x", b_in=None, b_out=None):
+def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x", b_in=None, b_out=None,
+                weight_names=("w_in", "w_out")):
     """Checks ``fc2(act(fc1(x)))``: w_in [E, H, F_in] and w_out [E, F, H] (transposed:
-    [E, F_in, H] and [E, H, F]), b_in [E, F_in] and b_out [E, H] (or None), all in x's
-    float dtype; returns F."""
+    [E, F_in, H] and [E, H, F]; named as the caller names them), b_in [E, F_in] and b_out
+    [E, H] (or None), all in x's float dtype; returns F."""
     (x_shape, dtype), (in_shape, _), (out_shape, _) = x, w_in, w_out
+    in_name, out_name = weight_names
     check_float(dtype, x_name, fn)
-    check_rank(in_shape, 3, "w_in", "[E, F_in, H]" if transpose else "[E, H, F_in]", fn)
-    check_rank(out_shape, 3, "w_out", "[E, H, F]" if transpose else "[E, F, H]", fn)
+    check_rank(in_shape, 3, in_name, "[E, F_in, H]" if transpose else "[E, H, F_in]", fn)
+    check_rank(out_shape, 3, out_name, "[E, H, F]" if transpose else "[E, F, H]", fn)
     f_in, h = (in_shape[1], in_shape[2]) if transpose else (in_shape[2], in_shape[1])
     if h != x_shape[-1]:
-        raise ValueError(f"{fn}: w_in {tuple(in_shape)} takes inputs of width {h}, but {x_name} has width "
+        raise ValueError(f"{fn}: {in_name} {tuple(in_shape)} takes inputs of width {h}, but {x_name} has width "
                          f"{x_shape[-1]} (shape {tuple(x_shape)})")
-    f = activation_width(activation, f_in, fn, "w_in output")
+    f = activation_width(activation, f_in, fn, f"{in_name} output")
     want = (in_shape[0], x_shape[-1], f) if transpose else (in_shape[0], f, x_shape[-1])
-    check_shape(out_shape, want, "w_out", fn)
-    for (_, weight_dtype), name in ((w_in, "w_in"), (w_out, "w_out")):
+    check_shape(out_shape, want, out_name, fn)
+    for (_, weight_dtype), name in ((w_in, in_name), (w_out, out_name)):
         check_float(weight_dtype, name, fn)
         check_same_dtype(weight_dtype, dtype, name, x_name, fn)
     for bias, name, width in ((b_in, "b_in", f_in), (b_out, "b_out", x_shape[-1])):
