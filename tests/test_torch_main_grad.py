@@ -254,3 +254,16 @@ def test_torch_export_captures_the_plain_forward():
     program = torch.export.export(layer, (x, sizes))
     assert torch.equal(program.module()(x, sizes), layer(x, sizes).detach())
     assert not layer.weight.main_grad.any()
+
+
+def test_a_backward_asking_only_for_the_inputs_gradient_still_adds_into_main_grad_as_documented():
+    # The addition is part of the layer's backward (TransformerEngine's fused accumulation
+    # behaves so too); the class docstring says to run such passes with the plain layer.
+    torch.manual_seed(0)
+    layer, plain = GroupedLinear(3, 8, 5, accumulate_into_main_grad=True), GroupedLinear(3, 8, 5)
+    plain.load_state_dict(layer.state_dict())
+    layer.weight.main_grad = torch.zeros(3, 5, 8)
+    x, sizes = torch.randn(7, 8, requires_grad=True), torch.tensor([3, 0, 4])
+    torch.autograd.grad(layer(x, sizes).square().sum(), x)
+    plain(x, sizes).square().sum().backward()
+    torch.testing.assert_close(layer.weight.main_grad, plain.weight.grad)

@@ -23,7 +23,12 @@ class GroupedLinear(nn.Module):
     With ``accumulate_into_main_grad=True`` the weight gradient is added into the float32
     ``weight.main_grad`` instead (Megatron-core's contract, main_grad.py): ``.grad`` gets a
     cached dummy and ``weight.grad_added_to_main_grad`` is set when the weight carries that
-    attribute, and stays None otherwise.
+    attribute, and stays None otherwise. As in TransformerEngine's fused accumulation, the
+    addition is part of the layer's backward: a backward through the layer adds into
+    main_grad even when it asks only for other gradients (``torch.autograd.grad(loss, x)``);
+    run such passes with the plain layer. Module conversion or loading with
+    ``torch.__future__.set_swap_module_params_on_conversion(True)`` is refused in this mode
+    (torch does not swap a tensor another object holds weakly).
 
     ``fp8="rowwise"`` or ``"blockwise"`` runs the forward, input-gradient and weight-gradient
     GEMMs in float8 (e4m3) from the float32 or bfloat16 weights and inputs (the recipe of
