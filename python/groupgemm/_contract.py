@@ -307,8 +307,7 @@ def unpermute(fn, permuted, row_map, probs=None):
     if probs is not None:
         probs_shape, probs_dtype = probs
         check_shape(probs_shape, map_shape, "probs", fn)
-        if probs_dtype not in (permuted_dtype, "float32"):
-            raise TypeError(f"{fn}: probs must be {permuted_dtype} (permuted's dtype) or float32, got {probs_dtype}")
+        check_probs_dtype(probs_dtype, permuted_dtype, "permuted", fn)
     return map_shape[0], permuted_shape[1]
 
 
@@ -340,6 +339,13 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x", b_in=None
     return f
 
 
+def check_probs_dtype(probs_dtype, dtype, name, fn):
+    """Routing weights are in the dtype of the rows they weight (``name``'s) or float32."""
+    if probs_dtype not in (dtype, "float32"):
+        allowed = "float32" if dtype == "float32" else f"{dtype} ({name}'s dtype) or float32"
+        raise TypeError(f"{fn}: probs must be {allowed}, got {probs_dtype}")
+
+
 def routed_tokens(fn, tokens, expert_indices, probs):
     """Checks an expert layer's routed input, fused or composed: tokens [T, H] (float),
     expert_indices [T, k] (integers) and probs [T, k] (tokens' dtype or float32) or None."""
@@ -353,9 +359,7 @@ def routed_tokens(fn, tokens, expert_indices, probs):
     check_slots(*indices_shape, "expert_indices", fn)
     if probs is not None:
         check_shape(probs[0], indices_shape, "probs", fn)
-        if probs[1] not in (dtype, "float32"):
-            allowed = "float32" if dtype == "float32" else f"{dtype} (tokens' dtype) or float32"
-            raise TypeError(f"{fn}: probs must be {allowed}, got {probs[1]}")
+        check_probs_dtype(probs[1], dtype, "tokens", fn)
 
 
 def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, activation, transpose):
