@@ -232,6 +232,11 @@ def test_torch_layer_refuses_bad_arguments_naming_them(tmp_path):
             layer(torch.ones(3, 9))
         with pytest.raises(TypeError, match="ExpertParallelMoE: allowed must hold booleans"):
             layer(torch.ones(3, 8), torch.ones(4))
+        with pytest.raises(TypeError, match="ExpertParallelMoE: x has dtype float64, but the layer's dtype"):
+            layer(torch.ones(3, 8, dtype=torch.float64))  # outside autocast, which casts both
+        for tokens, name in ((-1, "num_tokens"), (3.5, "num_tokens")):
+            with pytest.raises(ValueError, match=f"dropless_capacity: {name} must be a non-negative int"):
+                gt.dropless_capacity(tokens, 2)
         with pytest.raises(ValueError, match=r"ExpertParallelMoE: allowed has shape \(5,\), which does not "
                                              r"broadcast to \(3, 4\)"):
             layer(torch.ones(3, 8), torch.ones(5, dtype=torch.bool))

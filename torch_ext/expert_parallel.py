@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
-from groupgemm.torch_ext import expert
+from groupgemm.torch_ext import autocast, expert
 from groupgemm.torch_ext.arguments import dtype_name, shape_and_dtype
 from groupgemm.torch_ext.functional import grouped_mm
 from groupgemm.torch_ext.module import GroupedMLP
@@ -304,7 +304,8 @@ class ExpertParallelMoE(nn.Module):
         contract.check_rank(tokens[0], 2, "x", "[T, H]", fn)
         contract.layer_input(tokens, self.router.shape[0],
                              None if allowed is None else shape_and_dtype(allowed, "allowed", fn),
-                             (x.shape[0], self.num_experts), fn)
+                             (x.shape[0], self.num_experts), fn,
+                             None if autocast.casts(x) else dtype_name(self.router.dtype))
         every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
         logits = grouped_mm(x, self.router[None], every_token)
         if allowed is not None:

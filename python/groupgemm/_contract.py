@@ -339,11 +339,12 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x", b_in=None
     return f
 
 
-def check_probs_dtype(probs_dtype, dtype, name, fn):
-    """Routing weights are in the dtype of the rows they weight (``name``'s) or float32."""
+def check_probs_dtype(probs_dtype, dtype, rows_name, fn, name="probs"):
+    """Routing weights (``name``) are in the dtype of the rows they weight (``rows_name``'s)
+    or float32."""
     if probs_dtype not in (dtype, "float32"):
-        allowed = "float32" if dtype == "float32" else f"{dtype} ({name}'s dtype) or float32"
-        raise TypeError(f"{fn}: probs must be {allowed}, got {probs_dtype}")
+        allowed = "float32" if dtype == "float32" else f"{dtype} ({rows_name}'s dtype) or float32"
+        raise TypeError(f"{fn}: {name} must be {allowed}, got {probs_dtype}")
 
 
 def routed_tokens(fn, tokens, expert_indices, probs):

@@ -53,8 +53,8 @@ def check_slot_values(values, expert_indices_shape, name, fn, value_dtype=None):
     shape, dtype = values
     contract.check_float(dtype, name, fn)
     contract.check_shape(shape, expert_indices_shape, name, fn)
-    if value_dtype is not None and dtype not in (value_dtype, "float32"):
-        raise TypeError(f"{fn}: {name} must be {value_dtype} (expert_output's dtype) or float32, got {dtype}")
+    if value_dtype is not None:
+        contract.check_probs_dtype(dtype, value_dtype, "expert_output", fn, name)
 
 
 def check_expert_output(expert_output, rows, fn):
@@ -83,7 +83,8 @@ def disagreement(values_by_rank, names, fn):
 
 def dropless_capacity(num_tokens, top_k):
     """The capacity that drops nothing whatever the routing: every slot of a rank to one peer."""
-    return max(1, num_tokens * top_k)
+    fn = "dropless_capacity"
+    return max(1, contract.static_count(num_tokens, "num_tokens", fn) * contract.static_count(top_k, "top_k", fn))
 
 
 def _exclusive(ops, x, axis):

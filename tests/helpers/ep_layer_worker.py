@@ -68,6 +68,7 @@ def run(rank, world, out_dir, mode):
                 assert torch.equal(results[name], value), (step, name)
         saved.update({f"{step}/{k}": v.numpy() for k, v in results.items()})
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **saved)
+    dist.barrier()  # no rank tears the group down while a peer is still in its last exchange
     dist.destroy_process_group()
 
 

@@ -102,6 +102,7 @@ def run(rank, world, out_dir):
                 p -= LR * p.grad
     torch.save({"router": router.detach(), "w1": experts.up.weight.detach(), "w2": experts.down.weight.detach()},
                f"{out_dir}/params{rank}.pt")
+    dist.barrier()  # no rank tears the group down while a peer is still in its last exchange
     dist.destroy_process_group()
 
 

@@ -107,6 +107,7 @@ def run(rank, out_dir):
                             ("dx", x.grad), ("dprobs", probs.grad), ("dweights", weights.grad)):
                 saved[f"{name}/{step}/{what}"] = t.detach().numpy()
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **saved)
+    dist.barrier()  # no rank tears the group down while a peer is still in its last exchange
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
 

@@ -64,6 +64,7 @@ def run(rank, out_dir):
             for what, t in (("out", out), ("dx", x.grad), ("dscores", scores.grad), ("dweights", weights.grad)):
                 saved[f"{name}/{step}/{what}"] = t.detach().numpy()
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **saved)
+    dist.barrier()  # no rank tears the group down while a peer is still in its last exchange
     dist.destroy_process_group()
 
 
