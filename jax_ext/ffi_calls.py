@@ -5,6 +5,9 @@ grouped GEMMs differentiable primitives of them.
 Arguments arrive checked (functional.py); the core re-checks what it can see.
 """
 
+import enum
+import numbers
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,7 +65,7 @@ def workspace(nbytes, *args):
     one (jax.export's shape polymorphism) is refused, named, where CUDA is built."""
     if not _core.cuda_compiled():
         return jax.ShapeDtypeStruct((0,), jnp.uint8)
-    symbolic = [a for a in args if jax.export.is_symbolic_dim(a)]
+    symbolic = [a for a in args if not isinstance(a, (numbers.Integral, enum.Enum))]  # jax.export's dims
     if symbolic:
         op = nbytes.__name__.removesuffix("workspace_bytes").rstrip("_") or "grouped_matmul"
         raise ValueError(f"{op}: a symbolic size ({', '.join(map(str, symbolic))}) sizes this call's CUDA workspace, "

@@ -76,7 +76,7 @@ def needs_main_grad(weight: Tensor) -> bool:
     plain layer's; an exported program has no parameters carrying main_grad). Forward-mode
     AD and torch.func transforms are refused (this mode has side effects by design; the plain
     layer supports them)."""
-    if torch.compiler.is_exporting():
+    if getattr(torch.compiler, "is_exporting", bool)():  # where torch has it (not 2.6): export checks main_grad
         return False
     if not torch.compiler.is_compiling() and (
             torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0):
