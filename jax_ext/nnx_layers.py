@@ -147,10 +147,15 @@ class GroupedMLP(nnx.Module):
     def __call__(self, x, group_sizes):
         x = jnp.asarray(x)
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
-        contract.layer_width(x.shape, self.fc1.in_features, "hidden_size", "GroupedMLP")
-        contract.layer_dtype(dtype_name(x.dtype), dtype_name(w_in.dtype), "GroupedMLP")
+        self._check_input(x, w_in, "x")
         return grouped_mlp(x, w_in, w_out, group_sizes, activation=self.activation, b_in=b_in, b_out=b_out,
                            transpose_rhs=True, fp8=self.fp8)
+
+    def _check_input(self, x, w_in, name):
+        """The MLP's input in its own terms (hidden_size, the layer's dtype), before the ops
+        would name theirs."""
+        contract.layer_width(x.shape, self.fc1.in_features, "hidden_size", "GroupedMLP", name)
+        contract.layer_dtype(dtype_name(x.dtype), dtype_name(w_in.dtype), "GroupedMLP", name)
 
     def forward_routed(self, tokens, expert_indices, probs=None, *, group_offset=None):
         """``out [T, H]``: each token's ``sum over j of probs[t, j] * mlp_e(tokens[t])``,
@@ -158,6 +163,8 @@ class GroupedMLP(nnx.Module):
         any other id adds nothing; ``probs=None``: weight 1), summed in slot order in
         float32. The same values either way ``fused`` chooses (see the class)."""
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
+        tokens = jnp.asarray(tokens)
+        self._check_input(tokens, w_in, "tokens")
         return (expert_mlp if runs_fused(self.fused, self.fp8, "GroupedMLP") else composed_expert_mlp)(
             tokens, expert_indices, probs, w_in, w_out, activation=self.activation, b_in=b_in, b_out=b_out,
             group_offset=group_offset, transpose_rhs=True, fp8=self.fp8)

@@ -69,9 +69,6 @@ BAD = {
     "fused with fp8": (
         lambda: gf.MoE(4, 8, 128, 2, fp8="rowwise", fused=True, rngs=nnx.Rngs(0)),
         ValueError, "GroupedMLP: fused=True asks for the fused expert MLP, which does not run fp8='rowwise'"),
-    "routed tokens of another width": (
-        lambda: gf.GroupedMLP(4, 8, 6, rngs=nnx.Rngs(0)).forward_routed(jnp.ones((3, 9)), jnp.zeros((3, 2), jnp.int32)),
-        ValueError, r"expert_mlp: w_in \(4, 12, 8\) takes inputs of width 8, but tokens has width 9"),
     "negative width": (
         lambda: gf.GroupedLinear(4, -1, 6, rngs=nnx.Rngs(0)),
         ValueError, "GroupedLinear: in_features must be a non-negative int, got -1"),
@@ -105,6 +102,16 @@ BAD = {
     "MLP rows of another width": (
         lambda: gf.GroupedMLP(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 9)), [2, 0, 3]),
         ValueError, r"GroupedMLP: x has width 9 \(shape \(6, 9\)\), but the layer's hidden_size is 8"),
+    **{f"routed tokens of another width (fused={fused})": (
+        lambda fused=fused: gf.GroupedMLP(3, 8, 4, fused=fused, rngs=nnx.Rngs(0)).forward_routed(
+            jnp.ones((6, 9)), jnp.zeros((6, 2), jnp.int32)),
+        ValueError, r"GroupedMLP: tokens has width 9 \(shape \(6, 9\)\), but the layer's hidden_size is 8")
+       for fused in (False, True)},
+    **{f"routed tokens of another dtype (fused={fused})": (
+        lambda fused=fused: gf.GroupedMLP(3, 8, 4, fused=fused, rngs=nnx.Rngs(0)).forward_routed(
+            jnp.ones((6, 8), jnp.bfloat16), jnp.zeros((6, 2), jnp.int32)),
+        TypeError, r"GroupedMLP: tokens has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32")
+       for fused in (False, True)},
     "x of another dtype": (
         lambda: gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 8), jnp.bfloat16)),
         TypeError, r"MoE: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),

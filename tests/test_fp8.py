@@ -39,6 +39,8 @@ def test_quantize_fp8_matches_the_reference_bit_for_bit(frontend, recipe, fp8_dt
     x = inputs(case("skewed"), in_dtype)
     x["x"][3, 5:40] = 0  # exact zeros stay zeros
     x["x"][4] = 0  # an all-zero row: scale 1
+    x["x"][5, 7] = np.inf  # an infinite scale: the infinity quantizes to NaN, the rest of the block to 0
+    x["x"][6, 9] = -np.nan  # a NaN scale: the whole block NaN (negative, as torch's cast to bfloat16 makes any NaN)
     x["w"][0, :, 200:] *= 2.0**-12  # tiny values next to large ones: float8 subnormals and below
     for operand in (round_to(x["x"], in_dtype), round_to(x["w"], in_dtype)):
         q, scale = frontend.quantize_fp8(frontend.array(operand, in_dtype), recipe, dtype=fp8_dtype,

@@ -386,7 +386,18 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
      r"GroupedLinear: x has width 7 \(shape \(6, 7\)\), but the layer's in_features is 8"),
     # Outside autocast, which casts both (test_torch_autocast.py):
     (lambda: GroupedMLP(3, 8, 4)(torch.randn(6, 8, dtype=torch.bfloat16), [2, 0, 3]), TypeError,
-     r"GroupedLinear: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
+     r"GroupedMLP: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
+    (lambda: GroupedMLP(3, 8, 4)(torch.randn(6, 7), [2, 0, 3]), ValueError,
+     r"GroupedMLP: x has width 7 \(shape \(6, 7\)\), but the layer's hidden_size is 8"),
+    # Routed tokens in the layer's terms, not the permuted rows' or the fused op's:
+    *[(lambda fused=fused: GroupedMLP(3, 8, 4, fused=fused).forward_routed(
+        torch.randn(6, 7), torch.zeros(6, 2, dtype=torch.int32)),
+       ValueError, r"GroupedMLP: tokens has width 7 \(shape \(6, 7\)\), but the layer's hidden_size is 8")
+      for fused in (False, True)],
+    *[(lambda fused=fused: GroupedMLP(3, 8, 4, fused=fused).forward_routed(
+        torch.randn(6, 8, dtype=torch.float64), torch.zeros(6, 2, dtype=torch.int32)),
+       TypeError, r"GroupedMLP: tokens has dtype float64, but the layer's dtype \(its parameters'\) is float32")
+      for fused in (False, True)],
 ])
 def test_modules_refuse_a_bad_configuration_naming_the_argument(make, error, message):
     with pytest.raises(error, match=message):

@@ -138,6 +138,7 @@ class GroupedMLP(nn.Module):
         self.fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size, **common)
 
     def forward(self, x, group_sizes):
+        self._check_input(x, "x")
         return self.fc2(expert.activate(self.fc1(x, group_sizes), self.activation), group_sizes)
 
     def forward_routed(self, tokens, expert_indices, probs=None, *, group_offset=None):
@@ -145,11 +146,20 @@ class GroupedMLP(nn.Module):
         ``e = expert_indices[t, j] - group_offset`` among this module's experts (a slot with
         any other id adds nothing; ``probs=None``: weight 1), summed in slot order in
         float32. The same values either way ``fused`` chooses (see the class)."""
+        self._check_input(tokens, "tokens")
         if self._runs_fused(tokens.device):
             return expert_mlp.expert_mlp(tokens, expert_indices, probs, self.fc1.weight, self.fc2.weight,
                                          activation=self.activation, b_in=self.fc1.bias, b_out=self.fc2.bias,
                                          group_offset=group_offset, transpose_weight=True, fp8=self.fc1.fp8)
         return expert_mlp.composed_expert_mlp(tokens, expert_indices, probs, self, group_offset=group_offset)
+
+    def _check_input(self, x, name):
+        """The MLP's input in its own terms (hidden_size, the layer's dtype), before fc1 or the
+        fused op would name theirs (fc1's in_features, permuted rows)."""
+        shape, x_dtype = shape_and_dtype(x, name, "GroupedMLP")
+        contract.layer_width(shape, self.fc1.in_features, "hidden_size", "GroupedMLP", name)
+        if not autocast.casts(x):  # in a region both operands are cast to its dtype
+            contract.layer_dtype(x_dtype, dtype_name(self.fc1.weight.dtype), "GroupedMLP", name)
 
     def _runs_fused(self, device):
         if self.fused and self.fc1.accumulate_into_main_grad:

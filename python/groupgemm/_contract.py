@@ -409,19 +409,19 @@ def layer_config(fn, dtype, **sizes):
     check_float(dtype, "dtype", fn)
 
 
-def layer_width(shape, width, width_name, fn):
-    """A layer's input ``x`` (its shape) is as wide as the layer's ``width_name``."""
+def layer_width(shape, width, width_name, fn, name="x"):
+    """A layer's input ``name`` (its shape) is as wide as the layer's ``width_name``."""
     if shape[-1] != width:
-        raise ValueError(f"{fn}: x has width {shape[-1]} (shape {tuple(shape)}), but the layer's {width_name} is "
-                         f"{width}")
+        raise ValueError(f"{fn}: {name} has width {shape[-1]} (shape {tuple(shape)}), but the layer's {width_name} "
+                         f"is {width}")
 
 
-def layer_dtype(x_dtype, dtype, fn):
-    """A layer's input ``x`` has the dtype of the layer's parameters (``dtype``): the GEMMs
-    take one dtype, and the layer does not cast silently."""
+def layer_dtype(x_dtype, dtype, fn, name="x"):
+    """A layer's input ``name`` has the dtype of the layer's parameters (``dtype``): the
+    GEMMs take one dtype, and the layer does not cast silently."""
     if x_dtype != dtype:
-        raise TypeError(f"{fn}: x has dtype {x_dtype}, but the layer's dtype (its parameters') is {dtype}; cast x or "
-                        f"make the layer in {x_dtype}")
+        raise TypeError(f"{fn}: {name} has dtype {x_dtype}, but the layer's dtype (its parameters') is {dtype}; "
+                        f"cast {name} or make the layer in {x_dtype}")
 
 
 def layer_input(x, hidden_size, allowed, experts_shape, fn, dtype=None):

@@ -53,15 +53,21 @@ def scale_of(amax, dtype, power_of_two=False):
     amax = np.asarray(amax, np.float32)
     s = np.maximum(amax / np.float32(FORMATS[dtype][1]), np.float32(2.0**-126))
     if power_of_two:
-        mantissa, exponent = np.frexp(s)
-        s = np.where(mantissa == 0.5, s, np.ldexp(np.float32(1), exponent)).astype(np.float32)
+        mantissa, exponent = np.frexp(s)  # an infinite or NaN scale stays what it is
+        s = np.where((mantissa == 0.5) | ~np.isfinite(s), s, np.ldexp(np.float32(1), exponent)).astype(np.float32)
     return np.where(amax == 0, np.float32(1), s).astype(np.float32)
 
 
 def cast(values, dtype):
-    """float32 values to float8, nearest even, saturated to +-max_finite."""
+    """float32 values to float8, nearest even, saturated to +-max_finite; a NaN keeps its
+    sign and has every mantissa bit set, as torch's cast writes it (ml_dtypes' float8_e5m2
+    NaN clears the last one)."""
     fp8, top = FORMATS[dtype]
-    return np.clip(np.asarray(values, np.float32), -top, top).astype(fp8)
+    values = np.asarray(values, np.float32)
+    q = np.clip(values, -top, top).astype(fp8)
+    bits = q.view(np.uint8)
+    bits[np.isnan(values)] |= 0x7F
+    return q
 
 
 def _quantize_along(x, width, dtype, power_of_two):
@@ -74,7 +80,8 @@ def _quantize_along(x, width, dtype, power_of_two):
     for b in range(nb):
         cols = slice(b * width, min(c, (b + 1) * width))
         scale[:, b] = scale_of(np.abs(x[:, cols]).max(axis=1, initial=0), dtype, power_of_two)
-        q[:, cols] = cast(x[:, cols] / scale[:, b:b + 1], dtype)
+        with np.errstate(invalid="ignore"):  # inf / inf: NaN, as the core's
+            q[:, cols] = cast(x[:, cols] / scale[:, b:b + 1], dtype)
     return q, scale
 
 
@@ -95,7 +102,8 @@ def quantize(x, recipe, dtype="float8_e4m3fn", power_of_two=False):
         for cb in range(blocks(k)):
             tile = (slice(None), slice(rb * BLOCK, (rb + 1) * BLOCK), slice(cb * BLOCK, (cb + 1) * BLOCK))
             scale[:, rb, cb] = scale_of(np.abs(x[tile]).max(axis=(1, 2), initial=0), dtype, power_of_two)
-            q[tile] = cast(x[tile] / scale[:, rb, cb][:, None, None], dtype)
+            with np.errstate(invalid="ignore"):
+                q[tile] = cast(x[tile] / scale[:, rb, cb][:, None, None], dtype)
     return q, scale
 
 
