@@ -33,17 +33,22 @@ def index_input(x, name, fn):
     return jnp.asarray(x)
 
 
-def index_array(x):
-    """An integer operand as the int32/int64 array the core reads, its value kept."""
+def index_array(x, ids=False):
+    """An integer operand as the int32/int64 array the core reads, its value kept; ``ids``:
+    expert ids, those past the target's maximum dropped (-1) rather than saturated
+    (contract.index_conversion)."""
     conversion = contract.index_conversion(dtype_name(x.dtype))
     if conversion is None:
         return x
     target, saturate = conversion
     if target == "int64" and not jax.config.jax_enable_x64:
         target = "int32"  # without int64, saturate at int32's maximum instead
-    if saturate:
-        x = jnp.minimum(x, np.iinfo(target).max)
-    return x.astype(target)
+    if not saturate:
+        return x.astype(target)
+    top = np.iinfo(target).max
+    past = x > top
+    x = jnp.minimum(x, top).astype(target)
+    return jnp.where(past, -1, x) if ids else x
 
 
 def index_operands(group_sizes, group_offset, num_groups, num_rows, fn):

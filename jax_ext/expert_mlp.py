@@ -37,7 +37,7 @@ def _routing(expert_indices, group_offset, num_local, fn):
     offset = _group_offset(group_offset, num_local, fn)
     if expert_indices.dtype == jnp.uint32 and not jax.config.jax_enable_x64:
         return window_ids(expert_indices, offset, num_local), jnp.zeros((), jnp.int32)
-    return index_array(expert_indices), offset
+    return index_array(expert_indices, ids=True), offset
 
 
 def expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu", b_in=None, b_out=None,

@@ -134,7 +134,7 @@ def reference(case, x, dtype):
 
 
 def idle_experts(case):
-    local = eref.window_ids(np.asarray(case.indices).reshape(case.shape), case.offset or 0, case.experts)
+    local = eref.window_ids(np.array(case.indices, object).reshape(case.shape), case.offset or 0, case.experts)
     return [e for e in range(case.experts) if not (local == e).any()]
 
 
@@ -195,15 +195,18 @@ def test_outputs_advised_huge_pages_match_the_reference(case):
 # Ids and windows past int32, each routed by its value: int64 ids with a Python-int offset
 # past int32 (JAX: with x64, on for float64); uint32 ids past int32, which JAX without x64
 # (float32) holds in no signed type, with a window straddling int32's maximum, and with one
-# below 0 (where 2^32 - 1 is not -1).
-WIDE_IDS = [("int64", 2**32 + 3, "float64"), ("uint32", 2**31 - 1, "float32"), ("uint32", -1, "float32")]
+# below 0 (where 2^32 - 1 is not -1); uint64 ids past int64 with a window ending at int64's
+# maximum (they were saturated onto it: routed to its expert).
+WIDE_IDS = [("int64", 2**32 + 3, "float64"), ("uint32", 2**31 - 1, "float32"), ("uint32", -1, "float32"),
+            ("uint64", 2**63 - 2, "float64")]
 
 
 @pytest.mark.parametrize("ids_dtype, offset, dtype", WIDE_IDS, ids=[f"{i}-{o}" for i, o, _ in WIDE_IDS])
 def test_ids_and_windows_past_int32_route_by_their_values(ids_dtype, offset, dtype):
     steps = np.array([[-1, 0], [1, 2], [0, 1], [2, -1], [1, 1], [0, 3]])
     x = inputs(MlpCase("wide_ids", tuple(map(tuple, steps)), 2, "gelu", True))
-    x["indices"] = ((offset + steps) % 2**32 if ids_dtype == "uint32" else offset + steps).astype(ids_dtype)
+    bits = np.iinfo(ids_dtype).bits
+    x["indices"] = np.array((offset + steps.astype(object)) % 2**bits).astype(ids_dtype)
     case = MlpCase("wide_ids", tuple(map(tuple, x["indices"].tolist())), 2, "gelu", True, offset=offset)
     assert 0 < (eref.window_ids(x["indices"], offset, case.experts) >= 0).sum() < steps.size  # kept and dropped
     assert_matches_the_reference(case, x, dtype)
@@ -404,6 +407,10 @@ def test_bad_arguments_are_refused_naming_them(framework):
     largest = {"jax": 2**31 - 1, "torch": 2**63 - 1}[framework]  # the largest id (JAX without x64: int32)
     with pytest.raises(ValueError, match=f"expert_mlp: group_offset = {largest + 1} exceeds {largest}"):
         fn(tokens, indices, None, w_in, w_out, group_offset=largest + 1)
+    if framework == "torch":  # a window past int64's maximum (JAX: with x64)
+        with pytest.raises(ValueError, match=f"expert_mlp: the window of group_offset = {largest - 1} and 3 experts "
+                                             f"holds ids past {largest}, which no int64 holds"):
+            fn(tokens, indices, None, w_in, w_out, group_offset=largest - 1)
 
 
 @pytest.mark.parametrize("framework", RUNS)

@@ -30,15 +30,17 @@ def same_device(t, name, device, fn):
     contract.check_device(str(t.device), str(device), name, fn)
 
 
-def index_tensor(t: Tensor) -> Tensor:
-    """An integer operand as the int32/int64 tensor the core reads, its value kept."""
+def index_tensor(t: Tensor, ids: bool = False) -> Tensor:
+    """An integer operand as the int32/int64 tensor the core reads, its value kept; ``ids``:
+    expert ids, those past int64's maximum dropped (-1) rather than saturated
+    (contract.index_conversion)."""
     conversion = contract.index_conversion(dtype_name(t.dtype))
     if conversion is None:
         return t.contiguous()
     target, saturate = conversion
     if saturate and t.dtype == torch.uint64:  # torch has no uint64 comparison: read the bits
         as_int64 = t.contiguous().view(torch.int64)
-        return torch.where(as_int64 < 0, contract.INT64_MAX, as_int64)
+        return torch.where(as_int64 < 0, -1 if ids else contract.INT64_MAX, as_int64)
     return t.to(getattr(torch, target)).contiguous()
 
 

@@ -64,7 +64,8 @@ def expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | None, w_i
     floats = [None if t is None else t.contiguous() for t in (tokens, w_in, w_out, probs, b_in, b_out)]
     tokens, w_in, w_out, probs, b_in, b_out = floats
     want_h = _derivative_may_be_asked(floats)
-    out, _ = expert_mlp_ops.expert_mlp_op(tokens, index_tensor(expert_indices), w_in, w_out, probs, b_in, b_out, offset,
+    ids = index_tensor(expert_indices, ids=True)
+    out, _ = expert_mlp_ops.expert_mlp_op(tokens, ids, w_in, w_out, probs, b_in, b_out, offset,
                                           kind, transpose_weight, want_h)
     return out
 
@@ -82,7 +83,7 @@ def composed_expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | 
                            shape_and_dtype(expert_indices, "expert_indices", fn),
                            None if probs is None else shape_and_dtype(probs, "probs", fn))
     offset = _group_offset(group_offset, num_local, tokens.device, fn)
-    local = expert_mlp_ops.window_ids(index_tensor(expert_indices), offset, num_local)
+    local = expert_mlp_ops.window_ids(index_tensor(expert_indices, ids=True), offset, num_local)
     rows, group_sizes, row_map = expert.permute(tokens, local, num_local)
     out = experts(rows, group_sizes)
     return expert.unpermute(out, row_map, autocast.routing_weights(probs, out))

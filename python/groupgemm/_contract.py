@@ -132,7 +132,10 @@ def index_conversion(dtype):
     int64, saturates at int32's maximum: a size that large already covers every row).
     uint64 saturates at int64's maximum. Saturating is exact because sizes are clipped
     to the row count and offsets past the last group select nothing, so values are
-    never wrapped into negative ones."""
+    never wrapped into negative ones. Expert ids are the exception (``ids`` in the
+    frontends' conversions): a window of experts may hold int64's maximum, so an id past
+    it would land on that expert; such an id becomes -1, a dropped slot, instead (exact
+    for every window within int64, the only ones a static group_offset may name)."""
     if dtype in INDEX_DTYPES:
         return None
     if dtype in ("uint32", "uint64"):
@@ -184,6 +187,9 @@ def static_window_offset(value, num_local, largest, fn, why=""):
         raise TypeError(f"{fn}: group_offset must be an integer, got {value!r}")
     if value > largest:
         raise ValueError(f"{fn}: group_offset = {value} exceeds {largest}{why}")
+    if largest == INT64_MAX and value + num_local - 1 > largest:  # ids past it are dropped (index_conversion)
+        raise ValueError(f"{fn}: the window of group_offset = {value} and {num_local} experts holds ids past "
+                         f"{largest}, which no int64 holds")
     return max(-num_local, int(value))
 
 

@@ -169,9 +169,9 @@ def softmax_topk_tangent(logits, indices, tlogits, renormalize):
 def window_ids(expert_indices, group_offset, num_experts):
     """Each slot's local expert for experts [group_offset, group_offset + E), -1 when dropped
     (a negative id, or one outside the window)."""
-    ids = np.asarray(expert_indices, np.int64)
-    local = ids - group_offset
-    return np.where((ids >= 0) & (local >= 0) & (local < num_experts), local, -1)
+    ids = np.asarray(expert_indices).astype(object)  # Python ints: exact for any id and offset
+    local = ids - int(group_offset)
+    return np.where((ids >= 0) & (local >= 0) & (local < num_experts), local, -1).astype(np.int64)
 
 
 def expert_mlp_and_grads(tokens, expert_indices, probs, w_in, w_out, b_in, b_out, dout, name, group_offset=0,
