@@ -23,6 +23,7 @@ bias, a tangent) is a flagged size-0 placeholder; a call leaves it out.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -276,7 +277,8 @@ def _forward_jvp(primals, tangents, *, batched, want_h, **params):
         h_tangents = tuple(tangents[i] for i in (0, 1, 2, 4, 6))
         t_h = _smooth_jvp(formula, h_primals, h_tangents, (0, 2, 4), tuple(batched[i] for i in (0, 1, 2, 4, 6)), {})
     else:  # the result the call declared: a size-0 placeholder (typed as the forward's results are)
-        h = h.reshape(h.shape[:int(any(batched))] + (-1,))[..., :0]
+        lead = int(any(batched))  # (-1 cannot size the rest of an empty batch)
+        h = h.reshape(h.shape[:lead] + (math.prod(h.shape[lead:]),))[..., :0]
     return [out, h], [sum_terms([t_out], aval_of(out)), sum_terms([t_h], aval_of(h))]
 
 

@@ -352,6 +352,21 @@ def test_vmap_of_expert_mlp_and_its_gradient_equals_each_entry_bitwise():
         assert_same_bits(dw_in[i], want_dw_in, "dw_in")
 
 
+def test_vmap_over_an_empty_batch_differentiates_to_zeros():
+    # A batch of 0 routing problems: its gradients and tangents are empty or exact zeros
+    # (reshaping the empty batch with -1 divided by zero).
+    w_in, w_out = jnp.ones((2, 3, 4)), jnp.ones((2, 2, 3))
+    x, e, p = jnp.ones((0, 5, 3)), jnp.zeros((0, 5, 1), jnp.int32), jnp.ones((0, 5, 1))
+
+    def loss(w_in, x, p):
+        return jax.vmap(lambda x, e, p: gj.expert_mlp(x, e, p, w_in, w_out))(x, e, p).sum()
+
+    dw_in, dx, dp = jax.grad(loss, argnums=(0, 1, 2))(w_in, x, p)
+    assert dw_in.shape == w_in.shape and (dw_in == 0).all() and dx.shape == x.shape and dp.shape == p.shape
+    _, tangent = jax.jvp(lambda w: jax.vmap(lambda x, e: gj.expert_mlp(x, e, None, w, w_out))(x, e), (w_in,), (w_in,))
+    assert tangent.shape == x.shape
+
+
 def test_forward_mode_matches_reverse_mode_in_both_frameworks():
     case = BY_NAME["gelu_bias_transposed"]
     x = layout(inputs(case), case)
