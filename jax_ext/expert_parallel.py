@@ -69,7 +69,7 @@ def _exchange(x, axis_name):
     return jax.lax.all_to_all(x, axis_name, 0, 0, tiled=True)
 
 
-def _exchange_chunks(rows, starts, sizes, received, *, chunks_of, axis_name, capacity):
+def _exchange_chunks(rows, starts, sizes, received, *, chunks_of, axis_name, capacity, fn):
     """``[ep * capacity, H]``: chunk s holds the ``received[s]`` rows device s sent this one,
     then zeros. This device sends peer r the ``sizes[r]`` rows of ``rows`` from
     ``starts[r]``; ``chunks_of(rows)`` is the same as ``[ep * capacity, H]`` padded chunks,
@@ -86,7 +86,12 @@ def _exchange_chunks(rows, starts, sizes, received, *, chunks_of, axis_name, cap
     # Rows the same on every device (tokens replicated over the axis) are typed as varying
     # first: each device sends its own copy, and both branches then give a varying result.
     rows = mark_varying(rows, (axis_name,))
-    return jax.lax.platform_dependent(rows, starts, sizes, received, cpu=padded, default=ragged)
+    try:
+        return jax.lax.platform_dependent(rows, starts, sizes, received, cpu=padded, default=ragged)
+    except AssertionError as e:  # every branch is traced, and ragged_all_to_all's batching rule asserts
+        raise NotImplementedError(
+            f"{fn}: jax.vmap inside shard_map is not supported: the GPU exchange, ragged_all_to_all, has no "
+            "batching rule in JAX; vmap outside the shard_map, or fold the batch into the tokens") from e
 
 
 def dispatch(tokens, expert_indices, num_experts, *, axis_name, capacity):
@@ -125,7 +130,7 @@ def _send(tokens, expert_indices, num_experts, axis_name, capacity, fn):
     bound_for = group_sizes.reshape(ep, e_local).sum(1)  # each peer's run of the permuted rows
     chunks = _exchange_chunks(permuted, _Ops.cumsum(bound_for, 0) - bound_for, rows_to, rows_from,
                               chunks_of=lambda rows: unpermute(rows, send_rows), axis_name=axis_name,
-                              capacity=capacity)
+                              capacity=capacity, fn=fn)
     return_rows = rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0])
     return chunks, rules.receive_plan(_Ops, received, capacity), DispatchPlan(row_map, None, return_rows, dropped,
                                                                               rows_to, rows_from, axis_name)
@@ -142,16 +147,16 @@ def combine(expert_output, plan, probs=None):
     if probs is not None:
         probs = jnp.asarray(probs)
         rules.check_slot_values(shape_and_dtype(probs), plan.row_map.shape, "probs", fn, output[1])
-    return _send_back(unpermute(expert_output, plan.received_rows), plan, probs)
+    return _send_back(unpermute(expert_output, plan.received_rows), plan, probs, fn)
 
 
-def _send_back(results, plan, probs):
+def _send_back(results, plan, probs, fn):
     """combine's exchange, from the results in the chunks' order (chunk s: the rows device s
     sent, then zeros)."""
     ep = plan.sent.shape[0]
     capacity = results.shape[0] // ep
     back = _exchange_chunks(results, jnp.arange(ep, dtype=jnp.int32) * capacity, plan.received, plan.sent,
-                            chunks_of=lambda rows: rows, axis_name=plan.axis_name, capacity=capacity)
+                            chunks_of=lambda rows: rows, axis_name=plan.axis_name, capacity=capacity, fn=fn)
     return unpermute(unpermute(back, plan.return_rows), plan.row_map, probs)
 
 
@@ -218,7 +223,7 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
         chunks, receive_experts, plan = _send(x, experts, num_experts, axis_name, capacity, fn)
         results = expert_mlp(chunks, receive_experts, None, params["w_in"], params["w_out"], activation=activation,
                              transpose_rhs=transpose_rhs, fp8=fp8)
-        return _send_back(results, plan, probs), plan.dropped
+        return _send_back(results, plan, probs, fn), plan.dropped
     expert_input, group_sizes, plan = dispatch(x, experts, num_experts, axis_name=axis_name, capacity=capacity)
     y = grouped_mlp(expert_input, params["w_in"], params["w_out"], group_sizes, activation=activation,
                     transpose_rhs=transpose_rhs, fp8=fp8)

@@ -182,6 +182,24 @@ def test_jax_layer_with_tokens_replicated_over_the_devices_gives_each_device_the
         np.testing.assert_allclose(copy, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
+def test_jax_layer_vmapped_inside_shard_map_is_refused_naming_the_op(fused):
+    # Every platform's exchange is traced, and ragged_all_to_all's batching rule asserts
+    # (a bare AssertionError before).
+    mesh = Mesh(np.array(jax.devices("cpu")[:DEVICES]), ("ep",))
+    op = "moe_layer" if fused else "dispatch"  # the composition is dispatch, grouped_mlp, combine
+
+    def local(params, x):
+        return jax.vmap(lambda x: gj.moe_layer(params, x, num_experts=DEVICES * cases.LOCAL_EXPERTS, top_k=cases.TOP_K,
+                                               axis_name="ep", capacity=8, transpose_rhs=True, fused=fused)[0])(x)
+
+    layer = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=({"router": P(), "w_in": P("ep"), "w_out": P("ep")},
+                                                              P(None, "ep")), out_specs=P(None, "ep")))
+    x, _, _ = cases.batch(0, DEVICES)
+    with pytest.raises(NotImplementedError, match=f"{op}: jax.vmap inside shard_map is not supported"):
+        layer(jax_params(), jnp.stack([jnp.asarray(x)] * 2))
+
+
 def test_jax_layer_exchanges_rows_with_ragged_all_to_all_where_the_platform_has_it():
     # Lowered for a GPU (no GPU needed to lower), each exchange of rows, forward and
     # backward, is one ragged_all_to_all, and the only all_to_alls left move int32 counts
