@@ -87,7 +87,7 @@ def ref_unpermute_backward(dout, permuted, row_map, probs=None):
     return dpermuted, dprobs
 
 
-_erf = np.vectorize(math.erf)
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
 def sigmoid(x):
@@ -95,7 +95,7 @@ def sigmoid(x):
 
 
 def normal_cdf(x):
-    return 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+    return 0.5 * _erfc(-x / math.sqrt(2.0))  # no cancellation in the negative tail
 
 
 def ref_activation(kind, h):
@@ -307,6 +307,22 @@ def test_activation_backward_is_the_exact_derivative(kind, dtype, features):
     dh = dirty(h.shape, dtype)
     core.activation_backward(tensor(dout, dtype), tensor(h, dtype), dh, getattr(core.Activation, kind))
     assert_close(as_np(dh), ref_activation_backward(kind, dout, h), dtype, kind)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gelu_keeps_its_relative_accuracy_in_the_negative_tail(dtype):
+    # 0.5 x (1 + erf(x / sqrt 2)) cancels below about -5 (0 at -6 in float32, where gelu is
+    # -5.9e-9); the value and its derivative hold their relative accuracy down to where they
+    # leave the normal range (gelu(-12) is -2.1e-32 in float32).
+    h = round_to(np.array([[-4.0, -5.0, -5.5, -6.0, -8.0, -10.0, -11.0, -12.0]]), dtype)
+    if dtype == "float64":
+        h = np.concatenate([h, [[-16.0, -20.0, -24.0, -30.0, -35.0, -37.0, -4.5, -7.0]]])
+    out, dh = dirty(h.shape, dtype), dirty(h.shape, dtype)
+    core.activation(tensor(h, dtype), out, core.Activation.gelu)
+    core.activation_backward(tensor(np.ones_like(h), dtype), tensor(h, dtype), dh, core.Activation.gelu)
+    rtol = {"float32": 1e-5, "float64": 1e-12}[dtype]
+    np.testing.assert_allclose(as_np(out), ref_activation("gelu", h), rtol=rtol, atol=0)
+    np.testing.assert_allclose(as_np(dh), ref_activation_backward("gelu", np.ones_like(h), h), rtol=rtol, atol=0)
 
 
 def test_activation_kind_may_be_given_as_its_int_value():

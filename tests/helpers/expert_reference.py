@@ -6,7 +6,11 @@ import math
 import numpy as np
 import reference as ref
 
-_ERF = np.vectorize(math.erf, otypes=[np.float64])
+_ERFC = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _normal_cdf(x):
+    return 0.5 * _ERFC(-x / math.sqrt(2.0))  # no cancellation in the negative tail
 
 
 def _bucket(expert_indices, num_experts):
@@ -75,7 +79,7 @@ def activation(h, name):
         gate, up = np.split(h, 2, axis=1)
         return gate * _sigmoid(gate) * up
     if name == "gelu":
-        return 0.5 * h * (1.0 + _ERF(h / math.sqrt(2.0)))
+        return h * _normal_cdf(h)
     if name == "relu":
         return np.maximum(h, 0.0)
     return h * _sigmoid(h)  # silu
@@ -92,7 +96,7 @@ def activation_grad(dout, h, name):
         gate, up = np.split(h, 2, axis=1)
         return np.concatenate([dout * up * _silu_grad(gate), dout * gate * _sigmoid(gate)], axis=1)
     if name == "gelu":
-        return dout * (0.5 * (1.0 + _ERF(h / math.sqrt(2.0))) + h * np.exp(-0.5 * h * h) / math.sqrt(2 * math.pi))
+        return dout * (_normal_cdf(h) + h * np.exp(-0.5 * h * h) / math.sqrt(2 * math.pi))
     if name == "relu":
         return dout * (h > 0)
     return dout * _silu_grad(h)
