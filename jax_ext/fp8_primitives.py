@@ -21,8 +21,8 @@ from groupgemm.jax_ext.primitives import define
 def _not_differentiable(name):
     def refuse(*_, **__):
         raise NotImplementedError(f"{name} is not differentiable: its float8 operands are quantized values. "
-                                  "Differentiate through grouped_mlp(fp8=...), whose gradient runs the FP8 GEMMs "
-                                  "of the gradients")
+                                  "grouped_mlp(fp8=...) has a first derivative in reverse mode (its gradient runs "
+                                  "the FP8 GEMMs of the gradients), and no derivative of that gradient")
 
     return refuse
 

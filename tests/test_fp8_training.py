@@ -102,6 +102,19 @@ def test_jax_fp8_mlp_under_jit_compiles_once_for_any_routing():
     assert len(traces) == 1
 
 
+def test_jax_fp8_mlp_refuses_a_derivative_of_its_gradient_saying_what_it_has():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import groupgemm.jax as gj
+
+    x = jnp.ones((4, 128), jnp.bfloat16)
+    w_in, w_out = jnp.full((2, 128, 256), 0.01, jnp.bfloat16), jnp.full((2, 128, 128), 0.01, jnp.bfloat16)
+    loss = lambda x: gj.grouped_mlp(x, w_in, w_out, jnp.array([2, 2]), fp8="rowwise").astype(jnp.float32).sum()  # noqa: E731
+    with pytest.raises(NotImplementedError, match=r"grouped_mlp\(fp8=...\) has a first derivative in reverse mode"):
+        jax.grad(lambda x: jax.grad(loss)(x).astype(jnp.float32).sum())(x)
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("name", ["window_middle", "window_past_end", "window_outside"])
 def test_jax_fp8_layer_of_an_expert_window_matches_the_recipe_reference(name, recipe):
