@@ -58,6 +58,14 @@ def mark_varying(value, axes):
     return jax.lax.pcast(value, missing, to="varying") if missing else value
 
 
+# The public ops whose calls a workspace size serves, for the refusal of a symbolic one
+# (the calls are made while lowering, where the op the caller named is gone).
+_WORKSPACE_OPS = {"workspace_bytes": "grouped_matmul", "permute_workspace_bytes": "permute",
+                  "unpermute_backward_workspace_bytes": "unpermute (its gradient)",
+                  "expert_mlp_workspace_bytes": "expert_mlp",
+                  "fp8_workspace_bytes": "quantize_fp8_grouped / scaled_grouped_matmul / grouped_mlp(fp8=...)"}
+
+
 def workspace(nbytes, *args):
     """The CUDA backend's scratch for one call, ``nbytes(Device.cuda, *args)`` bytes, as an extra
     XLA output: a command buffer cannot allocate. The CPU backend ignores it (and CPU-only
@@ -67,7 +75,7 @@ def workspace(nbytes, *args):
         return jax.ShapeDtypeStruct((0,), jnp.uint8)
     symbolic = [a for a in args if not isinstance(a, (numbers.Integral, enum.Enum))]  # jax.export's dims
     if symbolic:
-        op = nbytes.__name__.removesuffix("workspace_bytes").rstrip("_") or "grouped_matmul"
+        op = _WORKSPACE_OPS[nbytes.__name__]
         raise ValueError(f"{op}: a symbolic size ({', '.join(map(str, symbolic))}) sizes this call's CUDA workspace, "
                          "which the core computes from static sizes; export it with static shapes (a symbolic "
                          "number of rows works for grouped_matmul)")

@@ -2,6 +2,8 @@
 with traced sizes, vmap, shard_map, Python lists of sizes. No torch here; the shared
 bodies are in test_frontends.py."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import jax.test_util
@@ -270,7 +272,10 @@ def test_export_with_disabled_checks_round_trips_the_bfloat16_and_fp8_calls_bitw
         export.export(jax.jit(layer))(x, w, sizes)
 
 
-@pytest.mark.parametrize("op", ["permute", "expert_mlp"])
+FP8_OPS = "quantize_fp8_grouped / scaled_grouped_matmul / grouped_mlp(fp8=...)"
+
+
+@pytest.mark.parametrize("op", ["permute", "expert_mlp", "unpermute (its gradient)", FP8_OPS])
 def test_export_with_a_symbolic_number_of_tokens_of_a_routing_op_is_refused_naming_it(op):
     # The core sizes these calls' CUDA workspace from T * k: with CUDA built, a symbolic T is
     # named (it once failed inside the shape checks, then inside the core's binding); a
@@ -280,14 +285,16 @@ def test_export_with_a_symbolic_number_of_tokens_of_a_routing_op_is_refused_nami
     from groupgemm import _core
 
     t = export.symbolic_shape("T")[0]
-    calls = {"permute": (lambda x, i: gj.permute(x, i, 4)[0], ((t, 16), (t, 2))),
+    calls = {"permute": (lambda x, i: gj.permute(x, i, 4)[0], ((t, 16), (t, 2)), 2 * t),
              "expert_mlp": (lambda x, i, w_in, w_out: gj.expert_mlp(x, i, None, w_in, w_out),
-                            ((t, 16), (t, 2), (4, 16, 48), (4, 24, 16)))}
-    fn, shapes = calls[op]
+                            ((t, 16), (t, 2), (4, 16, 48), (4, 24, 16)), 2 * t),
+             "unpermute (its gradient)": (jax.grad(lambda p, i: gj.unpermute(p, i).sum()), ((t, 16), (t, 1)), t),
+             FP8_OPS: (lambda x, i: gj.quantize_fp8_grouped(x, i, "rowwise")[0], ((t, 16), (3,)), t)}
+    fn, shapes, size = calls[op]
     args = [jax.ShapeDtypeStruct(s, jnp.int32 if i == 1 else jnp.float32) for i, s in enumerate(shapes)]
     run = lambda: export.export(jax.jit(fn), disabled_checks=gj.export_disabled_checks())(*args)  # noqa: E731
     if not _core.cuda_compiled():
         run()
         return
-    with pytest.raises(ValueError, match=rf"{op}: a symbolic size \(2\*T\) sizes this call's CUDA workspace"):
+    with pytest.raises(ValueError, match=re.escape(f"{op}: a symbolic size ({size}) sizes this call's CUDA workspace")):
         run()
