@@ -28,6 +28,9 @@ def softmax_topk(logits, k, *, renormalize=True):
     """
     fn = "softmax_topk"
     logits = jnp.asarray(logits)
+    if logits.ndim == 2 and not contract.is_static_int(logits.shape[1]):  # jax.export's symbolic dimension
+        raise ValueError(f"{fn}: logits has a symbolic number of experts ({logits.shape[1]}), which the top-k "
+                         "needs known; export it with a static one")
     k, probs_dtype = contract.softmax_topk(fn, shape_and_dtype(logits), k, renormalize)
     return tuple(router_p.bind(logits, k=k, renormalize=renormalize, probs_dtype=jnp.dtype(probs_dtype)))
 

@@ -272,6 +272,15 @@ def test_export_with_disabled_checks_round_trips_the_bfloat16_and_fp8_calls_bitw
         export.export(jax.jit(layer))(x, w, sizes)
 
 
+def test_export_with_a_symbolic_number_of_experts_of_the_router_is_refused_naming_it():
+    # It failed inside the argument checks with jax's InconclusiveDimensionOperation.
+    from jax import export
+
+    e = export.symbolic_shape("E")[0]
+    with pytest.raises(ValueError, match=r"softmax_topk: logits has a symbolic number of experts \(E\)"):
+        export.export(jax.jit(lambda logits: gj.softmax_topk(logits, 2)))(jax.ShapeDtypeStruct((4, e), jnp.float32))
+
+
 FP8_OPS = "quantize_fp8_grouped / scaled_grouped_matmul / grouped_mlp(fp8=...)"
 
 
