@@ -3,6 +3,10 @@
 torch tensors serve only as DLPack containers here (NumPy has no bfloat16 export).
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import reference as ref
@@ -190,15 +194,18 @@ def test_same_call_gives_same_bits(dtype):
 
 @pytest.mark.parametrize("sizes, k, n", [([40, 0, 75, 33, 64, 1, 90, 57], 128, 96),
                                          ([171, 0, 107, 71, 58, 2, 0, 2], 128, 96),
-                                         ([30000, 200, 5], 64, 32), ([400], 32, 64)],
-                         ids=["small_groups", "skewed", "long_contraction", "one_short_group"])
+                                         ([30000, 200, 5], 64, 32), ([400], 32, 64), ([4096], 1024, 64),
+                                         ([8192], 512, 8), ([2048, 0], 32, 32)],
+                         ids=["small_groups", "skewed", "long_contraction", "one_short_group", "one_long_group",
+                              "router", "one_of_two_groups"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype, sizes, k, n):
     # With several threads, small groups run concurrently, one thread each, and (skewed
     # routing, one group) the largest alone on all threads first: the bits must be those
     # of a single-threaded run, whichever threads ran which group. A weight gradient with a
     # small output and a long contraction is where a kernel could split the sums across
-    # threads (oneDNN's all-run-time bfloat16 kernel does: it runs on one thread).
+    # threads (both of oneDNN's bfloat16 weight-gradient kernels do: they run on one thread;
+    # the last three cases differed, brgemm's contraction split while the group ran alone).
     rng = np.random.default_rng(4)
     sizes = torch.tensor(sizes, dtype=torch.int32)
     m = int(sizes.sum())
@@ -220,6 +227,39 @@ def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype
         torch.set_num_threads(threads)
     for out, w in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(w, results[0][1])
+
+
+# A process's weight gradients, hashed: bfloat16 ones of long contractions (one group alone,
+# or one of two with the other empty), in bfloat16 and accumulated into float32.
+THREADS_SCRIPT = """
+import hashlib, sys, numpy as np, torch
+import groupgemm._core as core
+rng, digest = np.random.default_rng(0), hashlib.sha256()
+for sizes, k, n in (([4096], 1024, 64), ([8192], 512, 8), ([2048, 0], 32, 32)):
+    m = sum(sizes)
+    lhs = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).bfloat16()
+    dout = torch.from_numpy(rng.standard_normal((m, n)).astype(np.float32)).bfloat16()
+    for out in (torch.empty(len(sizes), k, n, dtype=torch.bfloat16), torch.zeros(len(sizes), k, n)):
+        accumulate = out.dtype == torch.float32
+        core.grouped_matmul_wgrad(lhs, dout, torch.tensor(sizes, dtype=torch.int32), out=out, accumulate=accumulate,
+                                  accumulate_into=out if accumulate else None)
+        digest.update(out.view(torch.uint8).numpy().tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_weight_gradients_have_the_same_bits_in_processes_of_any_thread_count():
+    # oneDNN fixes a primitive's threading when it creates it, so only fresh processes show
+    # it: its bfloat16 brgemm split these contractions across two threads (in-process thread
+    # changes reuse the first primitive). They run on one thread.
+    def digest(threads):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, timeout=300,
+                              env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert digest(1) == digest(2) == digest(3)
 
 
 def test_errors_name_the_argument():

@@ -77,9 +77,9 @@ Threading gemm_threading(const GemmCall& call);
 // The float32 / bfloat16 path of gemm (gemm_onednn.cpp).
 Status gemm_onednn(const GemmCall& call);
 
-// Whether oneDNN's kernel for the call may split its contraction across threads (the
-// all-run-time bfloat16 kernel on a weight gradient does), so that the bits would depend
-// on the thread count. Its other kernels keep one thread's bits on all.
+// Whether oneDNN's kernel for the call may split its contraction across threads (both
+// bfloat16 weight-gradient kernels do), so that the bits would depend on the thread count.
+// Its other kernels keep one thread's bits on all.
 bool onednn_may_split_contraction(const GemmCall& call);
 
 // gemm_onednn keeps the oneDNN primitives it created, the least recently used evicted

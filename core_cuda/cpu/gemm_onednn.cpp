@@ -16,9 +16,11 @@
 //    kMaxChunk / kContractionStep lengths per layer. Without AMX (AVX-512 bf16) brgemm
 //    only matches the all-run-time GEMM kernel, and padding costs (3x the work at 16
 //    rows; a copy of the group), so groups under kMinChunkedRows rows run all-run-time
-//    there. That kernel may split a contraction across threads (measured on a long one
-//    with a small output), which changes the order of its sums: such a GEMM runs on one
-//    thread (gemm_threading).
+//    there. Both kernels may split a contraction across threads, which changes the order
+//    of its sums: the all-run-time one on a long contraction with a small output, brgemm
+//    too (measured: 4096 rows into a 1024 x 64 gradient, a router's 8192 rows into
+//    512 x 8, two experts' 32 x 32 of 2048 rows each, alone). So every bfloat16 weight
+//    gradient runs on one thread (gemm_threading), side by side with others.
 //    On AMX CPUs, a forward / dgrad call of kMinPackedRows rows or more first packs its B
 //    into the kernel's own layout (pack_b, gemm.h), with a second primitive per (K, N)
 //    that reads B that way; a caller with several calls on one B packs it once for all.
@@ -325,9 +327,7 @@ Status gemm_onednn(const GemmCall& c) {
   return execute(c);
 }
 
-bool onednn_may_split_contraction(const GemmCall& c) {
-  return c.in_dtype == DType::bf16 && c.a_transposed && !fixed_contraction(c);
-}
+bool onednn_may_split_contraction(const GemmCall& c) { return c.in_dtype == DType::bf16 && c.a_transposed; }
 
 size_t onednn_cached_primitives() { return primitive_cache().size(); }
 
