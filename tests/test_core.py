@@ -230,17 +230,19 @@ def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype
 
 
 # A process's weight gradients, hashed: bfloat16 ones of long contractions (one group alone,
-# or one of two with the other empty), in bfloat16 and accumulated into float32.
+# or one of two with the other empty), in bfloat16 and accumulated into float32; float64.
 THREADS_SCRIPT = """
 import hashlib, sys, numpy as np, torch
 import groupgemm._core as core
 rng, digest = np.random.default_rng(0), hashlib.sha256()
-for sizes, k, n in (([4096], 1024, 64), ([8192], 512, 8), ([2048, 0], 32, 32)):
+for sizes, k, n, dtype in (([4096], 1024, 64, torch.bfloat16), ([8192], 512, 8, torch.bfloat16),
+                           ([2048, 0], 32, 32, torch.bfloat16), ([600], 256, 192, torch.float64)):
     m = sum(sizes)
-    lhs = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).bfloat16()
-    dout = torch.from_numpy(rng.standard_normal((m, n)).astype(np.float32)).bfloat16()
-    for out in (torch.empty(len(sizes), k, n, dtype=torch.bfloat16), torch.zeros(len(sizes), k, n)):
-        accumulate = out.dtype == torch.float32
+    lhs = torch.from_numpy(rng.standard_normal((m, k))).to(dtype)
+    dout = torch.from_numpy(rng.standard_normal((m, n))).to(dtype)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    for out, accumulate in ((torch.empty(len(sizes), k, n, dtype=dtype), False),
+                            (torch.zeros(len(sizes), k, n, dtype=wide), True)):
         core.grouped_matmul_wgrad(lhs, dout, torch.tensor(sizes, dtype=torch.int32), out=out, accumulate=accumulate,
                                   accumulate_into=out if accumulate else None)
         digest.update(out.view(torch.uint8).numpy().tobytes())
@@ -251,7 +253,7 @@ print(digest.hexdigest())
 def test_weight_gradients_have_the_same_bits_in_processes_of_any_thread_count():
     # oneDNN fixes a primitive's threading when it creates it, so only fresh processes show
     # it: its bfloat16 brgemm split these contractions across two threads (in-process thread
-    # changes reuse the first primitive). They run on one thread.
+    # changes reuse the first primitive), as OpenBLAS did float64's. They run on one thread.
     def digest(threads):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, timeout=300,

@@ -146,3 +146,31 @@ def test_an_expert_run_alone_gives_every_worker_the_cores_mode():
     plain = hashes("plain")
     assert plain[1] == "11"  # every expert's bias gradient holds subnormal sums, not zeros
     assert hashes("flush") == plain
+
+
+# float64 subnormal products (OpenBLAS), in a process that flushed while groupgemm loaded:
+# OpenBLAS started its own threads then, in that mode, and the core's float-mode scope never
+# reached them (half the products came out 0). The core runs it on the calling thread.
+FLUSHED_IMPORT_SCRIPT = textwrap.dedent("""
+    import hashlib, sys, numpy as np, torch
+    torch.set_flush_denormal(sys.argv[1] == "flush")
+    import groupgemm.torch as gt
+    torch.set_flush_denormal(False)
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.standard_normal((1024, 256)) * 1e-160)
+    w = torch.from_numpy(rng.standard_normal((2, 256, 256)) * 1e-160)
+    y = gt.grouped_mm(x, w, torch.tensor([512, 512])).numpy()  # about 1e-320: float64 subnormals
+    print(hashlib.sha1(y.tobytes()).hexdigest(), int((y != 0).sum()))
+""")
+
+
+def test_float64_keeps_subnormals_when_the_process_flushed_as_groupgemm_loaded():
+    def hashes(mode):
+        done = subprocess.run([sys.executable, "-c", FLUSHED_IMPORT_SCRIPT, mode], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.split()
+
+    plain = hashes("plain")
+    assert int(plain[1]) > 0.99 * 1024 * 256
+    assert hashes("flush") == plain

@@ -355,8 +355,8 @@ Status side_by_side(int64_t count, int threads, Fn fn) {
   return Status::Ok();
 }
 
-// The team the call's experts share: float64 (OpenBLAS, which threads itself, a test
-// dtype) runs them one after another.
+// The team the call's experts share: float64 (OpenBLAS, a test dtype) runs them one after
+// another, as the grouped path runs its GEMMs (gemm_threading).
 int call_threads(DType dtype) { return omp_in_parallel() || dtype == DType::f64 ? 1 : omp_get_max_threads(); }
 
 // fn(e, scratch) for every expert, each expert's blocks in order on one thread or, for the

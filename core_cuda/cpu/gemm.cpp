@@ -6,19 +6,28 @@
 
 #include "run_time_libraries.h"
 
-// OpenBLAS through run_time_libraries.h: its one function the core calls.
+// OpenBLAS through run_time_libraries.h: the functions the core calls.
 #define scipy_cblas_dgemm GG_RUN_TIME_FUNCTION(kOpenblasLibrary, scipy_cblas_dgemm)
+#define scipy_openblas_set_num_threads GG_RUN_TIME_FUNCTION(kOpenblasLibrary, scipy_openblas_set_num_threads)
 
 namespace groupgemm {
 namespace cpu {
 namespace {
 
 // float64 (CPU-only, for numerical checks) through OpenBLAS; its 32-bit interface
-// bounds every dimension.
+// bounds every dimension. On the calling thread: OpenBLAS's own threads split a weight
+// gradient's contraction (so its bits depended on their number), and they keep the float
+// mode they started in, not the core's (float_mode.h). The core's copy of OpenBLAS is its
+// own (loaded privately, groupgemm/_libs.py), so this touches no one else's.
 Status gemm_openblas_f64(const GemmCall& c) {
   constexpr int64_t kMax = std::numeric_limits<blasint>::max();
   if (c.m > kMax || c.n > kMax || c.k > kMax)
     return Status::Invalid("float64 GEMM dimensions must fit in 32 bits");
+  static const bool one_thread = [] {
+    scipy_openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)one_thread;
   auto* out = static_cast<double*>(c.c);
   double beta = c.accumulate ? 1.0 : 0.0;
   if (c.bias) {  // C = bias + A @ B: seed C with the bias row

@@ -68,7 +68,7 @@ Status gemm(const GemmCall& call);
 
 // How gemm(call) may be threaded and keep the bits it has on one thread.
 enum class Threading {
-  own,  // the library threads it itself (float64, OpenBLAS): it runs alone
+  own,  // float64 (OpenBLAS, a test dtype): one GEMM after another, on the calling thread
   any,  // side by side with others on one thread each, or alone on all threads
   one,  // one thread only, side by side with others
 };
