@@ -174,3 +174,23 @@ def test_float64_keeps_subnormals_when_the_process_flushed_as_groupgemm_loaded()
     plain = hashes("plain")
     assert int(plain[1]) > 0.99 * 1024 * 256
     assert hashes("flush") == plain
+
+
+# A flushing process whose first parallel work is a groupgemm call: OpenMP's workers start
+# inside the call. They took the core's mode and kept it, so torch's later flushing work
+# kept subnormals on the workers' share (half of y * y below).
+WORKERS_START_SCRIPT = textwrap.dedent("""
+    import torch
+    import groupgemm.torch as gt
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(True)
+    gt.grouped_mm(torch.randn(4000, 64), torch.randn(4, 64, 64), torch.tensor([1000, 1000, 1000, 1000]))
+    y = torch.full((2048, 2048), 1e-20)
+    print(int(((y * y) != 0).sum()))
+""")
+
+
+def test_workers_a_call_starts_keep_the_callers_mode_after_it():
+    done = subprocess.run([sys.executable, "-c", WORKERS_START_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["0"]  # every product flushed, as the caller asked

@@ -67,6 +67,11 @@ void before_parallel_work() {
   scope->workers_set = true;
   // Entries a smaller team leaves unset name no thread: the restore passes them by.
   scope->workers.assign(static_cast<size_t>(omp_get_max_threads()), {std::thread::id(), 0});
+  // Workers this region starts copy the calling thread's mode: the caller's, so that they
+  // find it and are put back to it, as if the caller's own first parallel work had started
+  // them (they kept the core's, and the caller's later flushing work did not flush on them).
+  // set_worker gives the calling thread, the team's first, the core's mode back.
+  write_mode(scope->caller_mode());
   cpu::parallel_region(set_worker, &scope->workers);
 }
 }  // namespace cpu

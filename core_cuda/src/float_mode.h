@@ -29,6 +29,8 @@ class CpuFloatModeScope {
   };
   bool workers_set = false;
   std::vector<Worker> workers;
+  // The calling thread's mode as the scope found it.
+  unsigned caller_mode() const { return saved_; }
 
  private:
   bool outer_;
