@@ -46,9 +46,8 @@ def index_array(x, ids=False):
     if not saturate:
         return x.astype(target)
     top = np.iinfo(target).max
-    past = x > top
-    x = jnp.minimum(x, top).astype(target)
-    return jnp.where(past, -1, x) if ids else x
+    saturated = jnp.minimum(x, top).astype(target)
+    return jnp.where(x > top, -1, saturated) if ids else saturated
 
 
 def index_operands(group_sizes, group_offset, num_groups, num_rows, fn):

@@ -100,9 +100,9 @@ class GroupedLinear(nnx.Module):
 
     def __call__(self, x, group_sizes):
         x = jnp.asarray(x)
-        contract.layer_width(x.shape, self.in_features, "in_features", "GroupedLinear")
         weight, bias = self.weight_and_bias()
-        contract.layer_dtype(dtype_name(x.dtype), dtype_name(weight.dtype), "GroupedLinear")
+        contract.layer_x(x.shape, dtype_name(x.dtype), self.in_features, "in_features", dtype_name(weight.dtype),
+                         "GroupedLinear")
         if self.fp8 is None:
             return grouped_matmul(x, weight, group_sizes, bias=bias, transpose_rhs=True)
         return fp8_recipe.checked_fp8_grouped_matmul(x, weight, group_sizes, bias=bias,
@@ -154,8 +154,8 @@ class GroupedMLP(nnx.Module):
     def _check_input(self, x, w_in, name):
         """The MLP's input in its own terms (hidden_size, the layer's dtype), before the ops
         would name theirs."""
-        contract.layer_width(x.shape, self.fc1.in_features, "hidden_size", "GroupedMLP", name)
-        contract.layer_dtype(dtype_name(x.dtype), dtype_name(w_in.dtype), "GroupedMLP", name)
+        contract.layer_x(x.shape, dtype_name(x.dtype), self.fc1.in_features, "hidden_size", dtype_name(w_in.dtype),
+                         "GroupedMLP", name)
 
     def forward_routed(self, tokens, expert_indices, probs=None, *, group_offset=None):
         """``out [T, H]``: each token's ``sum over j of probs[t, j] * mlp_e(tokens[t])``,

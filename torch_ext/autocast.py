@@ -15,6 +15,8 @@ through as it is: the same tensors, the same bits.
 
 import torch
 
+from groupgemm.torch_ext.arguments import dtype_name
+
 Tensor = torch.Tensor
 _CAST = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts: floating, not float64
 
@@ -33,6 +35,12 @@ def _region_dtype(t) -> torch.dtype | None:
 def casts(t) -> bool:
     """Whether an autocast region casts the GEMMs of tensor ``t``'s device type."""
     return _region_dtype(t) is not None
+
+
+def layer_dtype(x, parameter) -> str | None:
+    """The dtype a layer's input ``x`` must have: its ``parameter``'s, or None (any) in a
+    region, which casts both."""
+    return None if casts(x) else dtype_name(parameter.dtype)
 
 
 def operands(*tensors) -> tuple:

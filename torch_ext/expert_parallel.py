@@ -305,7 +305,7 @@ class ExpertParallelMoE(nn.Module):
         contract.layer_input(tokens, self.router.shape[0],
                              None if allowed is None else shape_and_dtype(allowed, "allowed", fn),
                              (x.shape[0], self.num_experts), fn,
-                             None if autocast.casts(x) else dtype_name(self.router.dtype))
+                             autocast.layer_dtype(x, self.router))
         every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
         logits = grouped_mm(x, self.router[None], every_token)
         if allowed is not None:

@@ -415,17 +415,14 @@ def layer_config(fn, dtype, **sizes):
     check_float(dtype, "dtype", fn)
 
 
-def layer_width(shape, width, width_name, fn, name="x"):
-    """A layer's input ``name`` (its shape) is as wide as the layer's ``width_name``."""
+def layer_x(shape, x_dtype, width, width_name, dtype, fn, name="x"):
+    """A layer's input ``name`` (shape, dtype) is as wide as the layer's ``width_name`` and,
+    given the layer's ``dtype`` (its parameters'; None where autocast casts both), of that
+    dtype: the GEMMs take one dtype, and the layer does not cast silently."""
     if shape[-1] != width:
         raise ValueError(f"{fn}: {name} has width {shape[-1]} (shape {tuple(shape)}), but the layer's {width_name} "
                          f"is {width}")
-
-
-def layer_dtype(x_dtype, dtype, fn, name="x"):
-    """A layer's input ``name`` has the dtype of the layer's parameters (``dtype``): the
-    GEMMs take one dtype, and the layer does not cast silently."""
-    if x_dtype != dtype:
+    if dtype is not None and x_dtype != dtype:
         raise TypeError(f"{fn}: {name} has dtype {x_dtype}, but the layer's dtype (its parameters') is {dtype}; "
                         f"cast {name} or make the layer in {x_dtype}")
 
@@ -436,9 +433,7 @@ def layer_input(x, hidden_size, allowed, experts_shape, fn, dtype=None):
     broadcast to ``experts_shape`` (x's tokens by the experts)."""
     shape, x_dtype = x
     check_float(x_dtype, "x", fn)
-    layer_width(shape, hidden_size, "hidden_size", fn)
-    if dtype is not None:
-        layer_dtype(x_dtype, dtype, fn)
+    layer_x(shape, x_dtype, hidden_size, "hidden_size", dtype, fn)
     if allowed is None:
         return
     allowed_shape, allowed_dtype = allowed
