@@ -4,8 +4,6 @@ torch tensors serve only as DLPack containers here (NumPy has no bfloat16 export
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import torch_frontend
 from bad_inputs import BAD_INPUTS, base_arguments
 from cases import CASE_IDS, CASES, DTYPES, inputs, round_to
 from cases import case as named_case
+from workers import run_code
 
 import groupgemm._core as core
 
@@ -255,11 +254,7 @@ def test_weight_gradients_have_the_same_bits_in_processes_of_any_thread_count():
     # it: its bfloat16 brgemm split these contractions across two threads (in-process thread
     # changes reuse the first primitive), as OpenBLAS did float64's. They run on one thread.
     def digest(threads):
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, timeout=300,
-                              env=env)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
+        return run_code(THREADS_SCRIPT, timeout=300, env=dict(os.environ, OMP_NUM_THREADS=str(threads))).stdout.strip()
 
     assert digest(1) == digest(2) == digest(3)
 

@@ -6,12 +6,11 @@ first use within one process, and those bits must be the unflushed ones."""
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from workers import run_code
 
 pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -75,9 +74,7 @@ def run(order, tmp_path):
     path.write_text(json.dumps({k: (np.asarray(v, dtype=d).tolist(), d) for k, (v, d) in case().items()}))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     helpers = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers")
-    done = subprocess.run([sys.executable, "-c", SCRIPT, order, str(path), helpers], capture_output=True, text=True,
-                          env=env, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_code(SCRIPT, order, path, helpers, env=env, timeout=300)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -139,9 +136,7 @@ ALONE_SCRIPT = textwrap.dedent("""
 
 def test_an_expert_run_alone_gives_every_worker_the_cores_mode():
     def hashes(mode):
-        done = subprocess.run([sys.executable, "-c", ALONE_SCRIPT, mode], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout.split()
+        return run_code(ALONE_SCRIPT, mode, timeout=300).stdout.split()
 
     plain = hashes("plain")
     assert plain[1] == "11"  # every expert's bias gradient holds subnormal sums, not zeros
@@ -166,10 +161,7 @@ FLUSHED_IMPORT_SCRIPT = textwrap.dedent("""
 
 def test_float64_keeps_subnormals_when_the_process_flushed_as_groupgemm_loaded():
     def hashes(mode):
-        done = subprocess.run([sys.executable, "-c", FLUSHED_IMPORT_SCRIPT, mode], capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout.split()
+        return run_code(FLUSHED_IMPORT_SCRIPT, mode, timeout=300).stdout.split()
 
     plain = hashes("plain")
     assert int(plain[1]) > 0.99 * 1024 * 256
@@ -191,6 +183,5 @@ WORKERS_START_SCRIPT = textwrap.dedent("""
 
 
 def test_workers_a_call_starts_keep_the_callers_mode_after_it():
-    done = subprocess.run([sys.executable, "-c", WORKERS_START_SCRIPT], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.split() == ["0"]  # every product flushed, as the caller asked
+    # every product flushed, as the caller asked
+    assert run_code(WORKERS_START_SCRIPT, timeout=300).stdout.split() == ["0"]

@@ -24,12 +24,19 @@ def _text(output):
 
 def run_worker(script, *args, timeout=240, env=None):
     """``python script *args``; raises AssertionError if it fails or runs past ``timeout`` s."""
-    name = os.path.basename(script)
+    return _run([script, *map(str, args)], os.path.basename(script), timeout, env)
+
+
+def run_code(code, *args, timeout=240, env=None):
+    """``python -c code *args``, as run_worker runs a script."""
+    return _run(["-c", code, *map(str, args)], "python -c", timeout, env)
+
+
+def _run(argv, name, timeout, env):
     # A rank that aborts (a C++ std::terminate, a segfault) prints every thread's Python stack.
     env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
     try:
-        result = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True,
-                                timeout=timeout, env=env)
+        result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         out, err = _text(e.stdout), _text(e.stderr)
         raise AssertionError(f"{name} ran past {timeout} s: {_last_line(err, out)}\n"
