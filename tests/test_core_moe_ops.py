@@ -6,8 +6,8 @@ export); bad input raising an exception that names the argument; a CUDA call wit
 device failing clearly.
 """
 
-import math
 
+import expert_reference as eref
 import numpy as np
 import pytest
 import torch
@@ -85,43 +85,6 @@ def ref_unpermute_backward(dout, permuted, row_map, probs=None):
                 dpermuted[row_map[i, j]] += (1.0 if probs is None else probs[i, j]) * dout[i]
                 dprobs[i, j] = permuted[row_map[i, j]] @ dout[i]
     return dpermuted, dprobs
-
-
-_erfc = np.vectorize(math.erfc, otypes=[np.float64])
-
-
-def sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def normal_cdf(x):
-    return 0.5 * _erfc(-x / math.sqrt(2.0))  # no cancellation in the negative tail
-
-
-def ref_activation(kind, h):
-    if kind == "swiglu":
-        gate, up = np.split(h, 2, axis=1)
-        return gate * sigmoid(gate) * up
-    if kind == "gelu":
-        return h * normal_cdf(h)
-    if kind == "relu":
-        return np.maximum(h, 0.0)
-    return h * sigmoid(h)
-
-
-def ref_activation_backward(kind, dout, h):
-    def dsilu(x):
-        s = sigmoid(x)
-        return s + x * s * (1 - s)
-
-    if kind == "swiglu":
-        gate, up = np.split(h, 2, axis=1)
-        return np.concatenate([dout * up * dsilu(gate), dout * gate * sigmoid(gate)], axis=1)
-    if kind == "gelu":
-        return dout * (normal_cdf(h) + h * np.exp(-h * h / 2) / math.sqrt(2 * math.pi))
-    if kind == "relu":
-        return dout * (h > 0)
-    return dout * dsilu(h)
 
 
 # ---- routings -----------------------------------------------------------------------------
@@ -291,7 +254,7 @@ def activation_input(kind, dtype, rows=6, features=10):
 @pytest.mark.parametrize("kind", KINDS)
 def test_activation_matches_reference_and_keeps_zero_rows_zero(kind, dtype, features):
     h = activation_input(kind, dtype, features=features)
-    want = ref_activation(kind, h)
+    want = eref.activation(h, kind)
     out = dirty(want.shape, dtype)
     core.activation(tensor(h, dtype), out, getattr(core.Activation, kind))
     assert_close(as_np(out), want, dtype, kind)
@@ -303,10 +266,10 @@ def test_activation_matches_reference_and_keeps_zero_rows_zero(kind, dtype, feat
 @pytest.mark.parametrize("kind", KINDS)
 def test_activation_backward_is_the_exact_derivative(kind, dtype, features):
     h = activation_input(kind, dtype, features=features)
-    dout = round_to(np.random.default_rng(6).standard_normal(ref_activation(kind, h).shape), dtype)
+    dout = round_to(np.random.default_rng(6).standard_normal(eref.activation(h, kind).shape), dtype)
     dh = dirty(h.shape, dtype)
     core.activation_backward(tensor(dout, dtype), tensor(h, dtype), dh, getattr(core.Activation, kind))
-    assert_close(as_np(dh), ref_activation_backward(kind, dout, h), dtype, kind)
+    assert_close(as_np(dh), eref.activation_grad(dout, h, kind), dtype, kind)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -321,8 +284,8 @@ def test_gelu_keeps_its_relative_accuracy_in_the_negative_tail(dtype):
     core.activation(tensor(h, dtype), out, core.Activation.gelu)
     core.activation_backward(tensor(np.ones_like(h), dtype), tensor(h, dtype), dh, core.Activation.gelu)
     rtol = {"float32": 1e-5, "float64": 1e-12}[dtype]
-    np.testing.assert_allclose(as_np(out), ref_activation("gelu", h), rtol=rtol, atol=0)
-    np.testing.assert_allclose(as_np(dh), ref_activation_backward("gelu", np.ones_like(h), h), rtol=rtol, atol=0)
+    np.testing.assert_allclose(as_np(out), eref.activation(h, "gelu"), rtol=rtol, atol=0)
+    np.testing.assert_allclose(as_np(dh), eref.activation_grad(np.ones_like(h), h, "gelu"), rtol=rtol, atol=0)
 
 
 def test_activation_kind_may_be_given_as_its_int_value():
