@@ -352,6 +352,26 @@ def test_vmap_of_expert_mlp_and_its_gradient_equals_each_entry_bitwise():
         assert_same_bits(dw_in[i], want_dw_in, "dw_in")
 
 
+def test_torch_func_per_entry_gradients_equal_each_entry_and_the_jacobian_the_reference():
+    # vmap of grad and jacrev batch the backward op, whose `want` flags are a list argument.
+    case = BY_NAME["top2_swiglu"]
+    x = inputs(case)
+    ids = torch.from_numpy(x["indices"])
+    tokens, probs, w_in, w_out = (torch.from_numpy(x[n]) for n in ("tokens", "probs", "w_in", "w_out"))
+    loss = lambda w, t: gt.expert_mlp(t, ids, probs, w, w_out, transpose_weight=True).sum()  # noqa: E731
+    batch = torch.stack([tokens, -tokens, torch.zeros_like(tokens)])
+    per_entry = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(w_in, batch)
+    for entry, got in zip(batch, per_entry):
+        assert_same_bits(got, torch.func.grad(loss)(w_in, entry), "dw_in")
+    jacobian = torch.func.jacrev(lambda t: gt.expert_mlp(t, ids, probs, w_in, w_out, transpose_weight=True))(tokens)
+    for j, row in enumerate(jacobian.reshape(tokens.numel(), *tokens.shape)):  # d out[j] / d tokens
+        unit = np.zeros(tokens.numel())
+        unit[j] = 1
+        _, (want, *_) = eref.expert_mlp_and_grads(x["tokens"], x["indices"], x["probs"], x["w_in"], x["w_out"], None,
+                                                  None, unit.reshape(tokens.shape), case.activation)
+        np.testing.assert_allclose(row, want, rtol=1e-12, atol=1e-12)
+
+
 def test_vmap_over_an_empty_batch_differentiates_to_zeros():
     # A batch of 0 routing problems: its gradients and tangents are empty or exact zeros
     # (reshaping the empty batch with -1 divided by zero).

@@ -168,6 +168,20 @@ def test_inference_mode_records_no_graph_even_with_grad_mode_on_inside():
     assert want.grad_fn is None and torch.equal(eager_out, ops_out)
 
 
+def test_a_call_memoised_under_inference_mode_can_record_a_graph_later():
+    # The plan keeps the tensor it makes from an int group_offset; made under inference mode
+    # (an evaluation pass first), it must still be savable by a later training call.
+    x, w, sizes = torch.randn(5, 4), torch.randn(2, 4, 3), torch.tensor([1, 2, 2])
+    with torch.inference_mode():
+        gt.grouped_mm(x, w, sizes, group_offset=1)
+    leaf = w.clone().requires_grad_()
+    gt.grouped_mm(x, leaf, sizes, group_offset=1).sum().backward()
+    want = torch.zeros_like(w)
+    want[0] = x[1:3].sum(0)[:, None].expand(4, 3)  # group 1 (rows 1-2) is the window's first
+    want[1] = x[3:5].sum(0)[:, None].expand(4, 3)
+    assert torch.equal(leaf.grad, want)
+
+
 def test_the_cached_workspace_outlives_the_kernels_it_is_handed_to(monkeypatch):
     # On CUDA the plan hands the core the address of the stream's cached workspace; another
     # thread on the stream that grows the cache drops the old buffer, which must stay alive

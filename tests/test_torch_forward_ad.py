@@ -182,6 +182,25 @@ def test_vmap_runs_each_batch_entry_as_one_call_without_a_fallback_warning():
         torch.testing.assert_close(per_sample[i], leaf.grad)
 
 
+def test_vmap_over_an_empty_batch_gives_empty_results_and_zero_gradients():
+    # As torch's own ops: results of shape [0, *an entry's], and a derivative through them
+    # is zeros of each input's shape.
+    tokens, ids = torch.ones(0, 5, 4, dtype=F64), torch.zeros(5, 1, dtype=torch.int32)
+    w = torch.randn(3, 4, 3, dtype=F64, requires_grad=True)
+    w_in, w_out = torch.randn(3, 4, 4, dtype=F64, requires_grad=True), torch.randn(3, 2, 4, dtype=F64)
+    ops = {"grouped_mm": (lambda x: gt.grouped_mm(x, w, torch.tensor([2, 2, 1])), (0, 5, 3), w),
+           "permute": (lambda x: gt.permute(x, ids, 3)[0], (0, 5, 4), None),
+           "unpermute": (lambda x: gt.unpermute(x, ids), (0, 5, 4), None),
+           "softmax_topk": (lambda x: gt.softmax_topk(x[:, :3].contiguous(), 2)[0], (0, 5, 2), None),
+           "expert_mlp": (lambda x: gt.expert_mlp(x, ids, None, w_in, w_out), (0, 5, 4), w_in)}
+    for name, (op, shape, weight) in ops.items():
+        out = torch.func.vmap(op)(tokens)
+        assert out.shape == shape, name
+        if weight is not None:
+            (grad,) = torch.autograd.grad(out.sum(), weight)
+            assert grad.shape == weight.shape and (grad == 0).all(), name
+
+
 # ---- the expert layer ------------------------------------------------------------------
 
 

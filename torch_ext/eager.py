@@ -75,7 +75,13 @@ class _Plan:
         self.flip = not weight.is_contiguous()  # a transposed view, read in place
         self.transpose = transpose != self.flip  # how the core reads weight's storage
         self.ends = ends
-        self.offset = offset if static_offset else None  # made from the call's int, or None: the call's
+        # A static offset's tensor, made from the call's int and kept for every later call (None:
+        # each call passes its own); one made under inference mode is copied out of it, since a
+        # later call that records a graph saves it.
+        self.offset = None
+        if static_offset:
+            with torch.inference_mode(False):
+                self.offset = offset.clone() if offset.is_inference() else offset
         self.num_groups = weight.shape[0]
         self.out_shape = (input.shape[0], weight.shape[1] if transpose else weight.shape[2])
         self.out_dtype, self.bias_dtype = out_dtype, None if bias is None else bias.dtype

@@ -88,12 +88,41 @@ class Op:
 
     def _vmap_by_loop(self, info, in_dims, *args):
         args = self._all_arguments(args)
-        in_dims = (*in_dims, *(None,) * (len(args) - len(in_dims)))
+        in_dims = [self._entry_dim(d) for d in (*in_dims, *(None,) * (len(args) - len(in_dims)))]
+        if info.batch_size == 0:
+            return self._empty_batch(args, in_dims)
         results = [self.overload(*(a if d is None else a.select(d, i).contiguous() for a, d in zip(args, in_dims)))
                    for i in range(info.batch_size)]
         if isinstance(results[0], tuple):
             return tuple(torch.stack(r) for r in zip(*results)), (0,) * len(results[0])
         return torch.stack(results), 0
+
+    def _empty_batch(self, args, in_dims):
+        """vmap over no entries: empty results of an entry's shapes (the fake kernel's), made
+        from the floating-point inputs, so that a derivative through them is zeros, as
+        through torch's own ops."""
+        entry = self.overload(*(a.new_empty(a.shape[:d] + a.shape[d + 1:], device="meta") if d is not None
+                                else a.to("meta") if isinstance(a, Tensor) else a for a, d in zip(args, in_dims)))
+        inputs = [a for a in args if isinstance(a, Tensor) and a.is_floating_point()]
+        device = next(a.device for a in args if isinstance(a, Tensor))
+
+        def empty(r):
+            if not (r.is_floating_point() and inputs):
+                return torch.empty((0, *r.shape), dtype=r.dtype, device=device)
+            return sum(a.flatten()[:0].to(r.dtype).reshape(0, *r.shape) for a in inputs)
+
+        if isinstance(entry, tuple):
+            return tuple(empty(r) for r in entry), (0,) * len(entry)
+        return empty(entry), 0
+
+    def _entry_dim(self, in_dim):
+        """An argument's batch dimension: an int or None for a tensor or a scalar; a list
+        argument's comes as a list of its entries' (a list of flags: all None)."""
+        if in_dim is None or isinstance(in_dim, int):
+            return in_dim
+        if all(d is None for d in in_dim):
+            return None
+        raise NotImplementedError(f"{self.qualname}: vmap over the entries of a list argument")
 
 
 def _derivatives_function(op: Op):
