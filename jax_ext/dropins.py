@@ -37,25 +37,30 @@ def _common_dtype(lhs, rhs):
     return lhs.astype(dtype), rhs.astype(dtype)
 
 
-def _output_dtype(lax_fn, lhs, rhs, group_sizes, preferred, *args):
+def _output_dtype(lhs, rhs, preferred):
     """The output dtype asked for, or where none is and the operands' dtypes differ, the one
-    jax.lax's function gives them (its own rule: float16 with bfloat16 gives bfloat16,
-    where the common dtype is float32)."""
+    jax.lax gives them (its own rule: float16 with bfloat16 gives bfloat16, where the common
+    dtype is float32). ragged_dot and ragged_dot_general share the rule, which reads only the
+    dtypes: it is asked of stand-in operands of one group, since jax.lax knows no
+    group_offset window and would refuse the call's group sizes."""
     if preferred is not None or lhs.dtype == rhs.dtype:
         return preferred
-    spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
-    return jax.eval_shape(lambda *a: lax_fn(*a, *args), spec(lhs), spec(rhs), spec(jnp.asarray(group_sizes))).dtype
+    return jax.eval_shape(jax.lax.ragged_dot, jax.ShapeDtypeStruct((1, 1), lhs.dtype),
+                          jax.ShapeDtypeStruct((1, 1, 1), rhs.dtype), jax.ShapeDtypeStruct((1,), jnp.int32)).dtype
 
 
 def _core_output(in_dtype, preferred):
     """The output dtype the core writes for ``preferred_element_type``, and the dtype to
-    cast it to afterwards (None: the core writes the requested one)."""
+    cast it to afterwards (None: the core writes the requested one). Another dtype is
+    rounded to once, from the core's most precise output (float32 for 16-bit inputs): a
+    float64 result of bfloat16 operands keeps its float32 sums."""
     if preferred is None:
         return None, None
-    name = np.dtype(preferred).name
-    if name == np.dtype(in_dtype).name or name in contract.WIDER_OUTPUTS.get(np.dtype(in_dtype).name, ()):
+    name, in_name = np.dtype(preferred).name, np.dtype(in_dtype).name
+    wider = contract.WIDER_OUTPUTS.get(in_name, ())
+    if name == in_name or name in wider:
         return preferred, None
-    return None, preferred
+    return (jnp.dtype(wider[-1]) if wider else None), preferred
 
 
 def _finish(out, cast, out_sharding):
@@ -75,11 +80,13 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
 
     One GEMM per group instead of a masked dense product, and ``group_offset`` works.
     ``precision`` is checked as jax.lax checks it, and not used: the core accumulates in
-    float32 (float64 for float64 inputs).
+    float32 (float64 for float64 inputs). A ``preferred_element_type`` the core does not
+    write (float64 for 16-bit operands, a narrower float) is rounded to once, from its
+    most precise result.
     """
     check_precision(precision)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    preferred_element_type = _output_dtype(jax.lax.ragged_dot, lhs, rhs, group_sizes, preferred_element_type)
+    preferred_element_type = _output_dtype(lhs, rhs, preferred_element_type)
     lhs, rhs = _common_dtype(lhs, rhs)
     native, cast = _core_output(lhs.dtype, preferred_element_type)
     with _shape_errors_as_type_errors():
@@ -133,8 +140,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     dims = ragged_dot_dimension_numbers
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     _check_dimension_numbers(dims, lhs.ndim, rhs.ndim)
-    preferred_element_type = _output_dtype(jax.lax.ragged_dot_general, lhs, rhs, group_sizes, preferred_element_type,
-                                           dims)
+    preferred_element_type = _output_dtype(lhs, rhs, preferred_element_type)
     lhs, rhs = _common_dtype(lhs, rhs)
     mode, ragged = _mode(dims, lhs.ndim)
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dims.dot_dimension_numbers

@@ -7,6 +7,7 @@ import inspect
 
 import jax
 import jax.numpy as jnp
+import jax_frontend
 import numpy as np
 import pytest
 import reference as ref
@@ -70,6 +71,41 @@ def test_ragged_dot_promotes_and_casts_like_jax(lhs_dtype, rhs_dtype, preferred)
     assert ours.dtype == theirs.dtype
     np.testing.assert_allclose(np.asarray(ours[:5], np.float32), np.asarray(theirs[:5], np.float32), rtol=2e-2,
                                atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_float64_output_of_16_bit_operands_is_the_float32_one_widened(dtype):
+    # The core sums 16-bit products in float32 and writes float32: an output wider than that
+    # is rounded from it, not from a 16-bit result.
+    rng = np.random.default_rng(0)
+    lhs, rhs = jnp.asarray(rng.standard_normal((6, 32)), dtype), jnp.asarray(rng.standard_normal((2, 32, 5)), dtype)
+    dout, sizes = jnp.asarray(rng.standard_normal((6, 5)), dtype), jnp.asarray([2, 4], jnp.int32)
+    calls = {"ragged_dot": lambda out: gj.ragged_dot(lhs, rhs, sizes, preferred_element_type=out),
+             "ragged_dot_general": lambda out: gj.ragged_dot_general(lhs, rhs, sizes, MODES["non_contracting"][0],
+                                                                     preferred_element_type=out),
+             "ragged_dot_general contracting": lambda out: gj.ragged_dot_general(
+                 lhs, dout, sizes, MODES["contracting_dim0"][0], preferred_element_type=out),
+             "gmm": lambda out: gj.gmm(lhs, rhs, sizes, preferred_element_type=out),
+             "tgmm": lambda out: gj.tgmm(lhs.T, dout, sizes, preferred_element_type=out)}
+    with jax_frontend.x64():
+        for name, call in calls.items():
+            wide = call(jnp.float64)
+            assert wide.dtype == jnp.float64, name
+            assert np.array_equal(np.asarray(wide), np.asarray(call(jnp.float32), np.float64)), name
+
+
+@pytest.mark.parametrize("name", ["ragged_dot", "ragged_dot_general"])
+def test_operands_of_two_dtypes_take_a_group_offset_window(name):
+    # The output dtype follows jax.lax's rule, which jax.lax itself cannot be asked with the
+    # call's group sizes: it knows no window, and wants one size per rhs group.
+    rng = np.random.default_rng(0)
+    lhs, rhs = jnp.asarray(rng.standard_normal((8, 4)), jnp.bfloat16), jnp.asarray(rng.standard_normal((2, 4, 3)))
+    sizes = jnp.asarray([2, 2, 2, 2], jnp.int32)  # four experts' rows, this call's two from the third
+    dims = (MODES["non_contracting"][0],) if name == "ragged_dot_general" else ()
+    out = getattr(gj, name)(lhs, rhs, sizes, *dims, group_offset=2)
+    promoted = getattr(gj, name)(lhs.astype(rhs.dtype), rhs, sizes, *dims, group_offset=2)
+    assert out.dtype == promoted.dtype == rhs.dtype and np.array_equal(out, promoted)
+    assert (out[:4] == 0).all() and not (out[4:] == 0).all()
 
 
 LAX_CASES = [c for c in CASES if c.group_offset is None and min(c.group_sizes, default=0) >= 0

@@ -106,6 +106,13 @@ def test_activation_output_dtype_and_precision_arguments_are_taken(worker):
         np.testing.assert_allclose(arrays[key], out, rtol=1e-5, atol=1e-5, err_msg=key)
 
 
+def test_float16_with_bfloat16_is_computed_and_returned_in_float32(worker):
+    got = case(worker[0], "mixed")
+    out, _, _ = reference(got["lhs"], got["rhs"], got["group_sizes"])
+    assert got["out"].dtype == np.float32
+    np.testing.assert_allclose(got["out"], out, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("argument", ["lhs", "rhs", "precision", "precision:name", "precision:algorithm",
                                       "ragged_dot_dimension_numbers", "return_residuals"])
 def test_what_groupgemm_does_not_compute_raises_not_implemented_naming_it_and_tokamax_falls_through(worker,

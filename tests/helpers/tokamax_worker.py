@@ -97,6 +97,12 @@ def main(out_dir):
         results[f"precision {precision}/out"] = np.asarray(tokamax.ragged_dot(
             a["lhs"], a["rhs"], a["group_sizes"], precision=precision, implementation=[GG]))
 
+    # float16 with bfloat16: tokamax promotes them to float32 and returns float32 (jax.lax's
+    # own rule gives bfloat16).
+    m = operands(10, 8, 6, [0, 3, 0, 5, 0], "float16")
+    m["rhs"] = m["rhs"].astype(jnp.bfloat16)
+    save("mixed", m, tokamax.ragged_dot(m["lhs"], m["rhs"], m["group_sizes"], implementation=[GG]))
+
     # What groupgemm does not compute: alone it raises NotImplementedError naming the
     # argument; before "xla" tokamax falls through to it, with xla's own result.
     quantized = qwix.quantize(a["rhs"], jnp.int8)
