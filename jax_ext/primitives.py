@@ -136,8 +136,15 @@ def primitive(name, lowering, abstract, jvp, transpose, multiple_results):
             out = map_leading(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
             return out, [0] * len(out) if multiple_results else 0
         args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-        out = prim.bind(*args, batched=tuple(d is not None for d in dims), **params)
-        return out, [0] * len(out) if multiple_results else 0
+        flags = tuple(d is not None for d in dims)
+        out = prim.bind(*args, batched=flags, **params)
+        # A result carries the batch axis unless no term of it reads a batched operand (a
+        # tangent along an unbatched direction): its rank against one entry's tells.
+        entry = [jax.core.ShapedArray(a.shape[1:] if f else a.shape, a.dtype) for a, f in zip(args, flags)]
+        entry_out, _ = prim.abstract_eval(*entry, batched=(False,) * len(args), **params)
+        outs, entry_outs = (out, entry_out) if multiple_results else ((out,), (entry_out,))
+        out_dims = [0 if o.ndim > e.ndim else None for o, e in zip(outs, entry_outs)]
+        return out, out_dims if multiple_results else out_dims[0]
 
     prim = GroupgemmPrimitive(name)
     prim.multiple_results = multiple_results
@@ -255,11 +262,14 @@ def _tangent_call(*operands, **params):
 
 
 def _tangent_abstract(*avals, **params):
-    ops, p = _tangent_terms(*avals, **params)[0]
-    shaped = [core_aval(x) for x in ops]
-    params = dict(p)
-    args, flags, static = _present("has_bias", shaped, params.pop("batched"), params)
-    return ffi_calls.matmul.abstract(*args, batched=flags, **static)[0]
+    """The sum of the terms' abstract values: a batched one where any term reads a batched
+    operand (the sum broadcasts the others)."""
+    def term(ops, p):
+        p = dict(p)
+        args, flags, static = _present("has_bias", [core_aval(x) for x in ops], p.pop("batched"), p)
+        return ffi_calls.matmul.abstract(*args, batched=flags, **static)[0]
+
+    return max((term(*t) for t in _tangent_terms(*avals, **params)), key=lambda a: a.ndim)
 
 
 def core_aval(x):

@@ -106,6 +106,27 @@ def test_vmap_over_a_batch_axis_matches_per_example_calls():
     assert (np.asarray(grads[2]) == 0).all()  # every group empty in example 2
 
 
+@pytest.mark.parametrize("batch", [3, 12])  # 12: lhs's row count, where a misplaced batch axis fits
+def test_vmap_of_a_tangent_along_an_unbatched_direction_matches_per_example_calls(batch):
+    # jvp inside vmap: the term t_lhs @ rhs reads no batched operand, so it has no batch
+    # axis, while the term lhs @ t_rhs and the second-order ones do.
+    rng = np.random.default_rng(3)
+    lhs = jnp.asarray(rng.standard_normal((batch, 12, 8)), jnp.float32)
+    rhs, t_rhs = (jnp.asarray(rng.standard_normal((4, 8, 5)), jnp.float32) for _ in range(2))
+    t_lhs = jnp.asarray(rng.standard_normal((12, 8)), jnp.float32)
+    sizes = jnp.asarray([3, 0, 7, 2], jnp.int32)
+    loss = lambda l: jnp.sum(grouped_matmul(l, rhs, sizes) ** 2)  # noqa: E731
+    per_example = {
+        "t_lhs": lambda l: jax.jvp(lambda l: grouped_matmul(l, rhs, sizes), (l,), (t_lhs,))[1],
+        "t_lhs and t_rhs": lambda l: jax.jvp(lambda l, r: grouped_matmul(l, r, sizes), (l, rhs), (t_lhs, t_rhs))[1],
+        "hessian-vector product": lambda l: jax.jvp(jax.grad(loss), (l,), (t_lhs,))[1],
+    }
+    for name, f in per_example.items():
+        want = np.stack([np.asarray(f(entry)) for entry in lhs])
+        np.testing.assert_array_equal(np.asarray(jax.vmap(f)(lhs)), want, err_msg=name)
+        np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(f))(lhs)), want, err_msg=name)
+
+
 def test_expert_parallel_shard_map_with_group_offset_matches_single_device():
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
