@@ -90,8 +90,9 @@ def _exchange_chunks(rows, starts, sizes, received, *, chunks_of, axis_name, cap
         return jax.lax.platform_dependent(rows, starts, sizes, received, cpu=padded, default=ragged)
     except AssertionError as e:  # every branch is traced, and ragged_all_to_all's batching rule asserts
         raise NotImplementedError(
-            f"{fn}: jax.vmap inside shard_map is not supported: the GPU exchange, ragged_all_to_all, has no "
-            "batching rule in JAX; vmap outside the shard_map, or fold the batch into the tokens") from e
+            f"{fn}: jax.vmap is not supported, inside the shard_map or outside it (JAX moves the batch inside): the "
+            "GPU exchange, ragged_all_to_all, has no batching rule in JAX; loop over the batch with jax.lax.map, or "
+            "fold it into the tokens") from e
 
 
 def dispatch(tokens, expert_indices, num_experts, *, axis_name, capacity):

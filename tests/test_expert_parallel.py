@@ -183,21 +183,32 @@ def test_jax_layer_with_tokens_replicated_over_the_devices_gives_each_device_the
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
-def test_jax_layer_vmapped_inside_shard_map_is_refused_naming_the_op(fused):
-    # Every platform's exchange is traced, and ragged_all_to_all's batching rule asserts
-    # (a bare AssertionError before).
+def test_jax_layer_under_vmap_is_refused_naming_the_op_and_lax_map_runs_it(fused):
+    # Every platform's exchange is traced, and ragged_all_to_all's batching rule asserts (a
+    # bare AssertionError before), with vmap inside the shard_map or outside it, which JAX
+    # moves inside. jax.lax.map, which the message suggests, runs each entry.
     mesh = Mesh(np.array(jax.devices("cpu")[:DEVICES]), ("ep",))
     op = "moe_layer" if fused else "dispatch"  # the composition is dispatch, grouped_mlp, combine
+    specs = {"router": P(), "w_in": P("ep"), "w_out": P("ep")}
 
-    def local(params, x):
-        return jax.vmap(lambda x: gj.moe_layer(params, x, num_experts=DEVICES * cases.LOCAL_EXPERTS, top_k=cases.TOP_K,
-                                               axis_name="ep", capacity=8, transpose_rhs=True, fused=fused)[0])(x)
+    def layer(params, x):
+        return gj.moe_layer(params, x, num_experts=DEVICES * cases.LOCAL_EXPERTS, top_k=cases.TOP_K, axis_name="ep",
+                            capacity=8, transpose_rhs=True, fused=fused)[0]
 
-    layer = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=({"router": P(), "w_in": P("ep"), "w_out": P("ep")},
-                                                              P(None, "ep")), out_specs=P(None, "ep")))
+    one = jax.shard_map(layer, mesh=mesh, in_specs=(specs, P("ep")), out_specs=P("ep"))
+    over_batch = {
+        "inside": lambda loop: jax.shard_map(lambda p, xs: loop(lambda x: layer(p, x), xs), mesh=mesh,
+                                             in_specs=(specs, P(None, "ep")), out_specs=P(None, "ep")),
+        "outside": lambda loop: lambda p, xs: loop(lambda x: one(p, x), xs),
+    }
     x, _, _ = cases.batch(0, DEVICES)
-    with pytest.raises(NotImplementedError, match=f"{op}: jax.vmap inside shard_map is not supported"):
-        layer(jax_params(), jnp.stack([jnp.asarray(x)] * 2))
+    xs = jnp.stack([jnp.asarray(x), -jnp.asarray(x)])
+    for where, batched in over_batch.items():
+        with pytest.raises(NotImplementedError, match=f"{op}: jax.vmap is not supported"):
+            jax.jit(batched(lambda f, xs: jax.vmap(f)(xs)))(jax_params(), xs)
+        mapped = jax.jit(batched(jax.lax.map))(jax_params(), xs)
+        for entry, got in zip(xs, mapped):
+            np.testing.assert_array_equal(got, jax.jit(one)(jax_params(), entry), err_msg=where)
 
 
 def test_jax_layer_exchanges_rows_with_ragged_all_to_all_where_the_platform_has_it():
