@@ -476,6 +476,23 @@ def test_a_layout_that_cannot_be_mapped_raises_naming_the_attribute_and_the_fami
     broken.down_proj = torch.nn.Parameter(broken.down_proj[..., :-1])  # takes 5 features, SwiGLU gives 6
     with pytest.raises(ValueError, match="Qwen3MoeExperts.down_proj takes 5"):
         integration.experts_forward(broken, x, index, weights)
+    broken = copy.deepcopy(module)
+    broken.gate_up_proj = torch.nn.Parameter(broken.gate_up_proj[:, :-1])
+    with pytest.raises(ValueError, match="swiglu needs an even Qwen3MoeExperts.gate_up_proj width"):
+        integration.experts_forward(broken, x, index, weights)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
+def test_a_down_proj_not_returning_the_hidden_width_is_refused_on_either_path(fused, monkeypatch):
+    # The per-token sum adds outputs of hidden_states' width, as transformers' own
+    # implementations do; the composed path (the GPU's) refused nothing before.
+    monkeypatch.setattr(expert_mlp, "fused_by_default", lambda device: fused)
+    module = _qwen3_experts()
+    x, (index, weights) = torch.randn(TOKENS, module.gate_up_proj.shape[2], dtype=torch.float64), _routing(
+        torch.float64)
+    module.down_proj = torch.nn.Parameter(torch.cat([module.down_proj, module.down_proj[:, :1]], 1))
+    with pytest.raises(ValueError, match=r"Qwen3MoeExperts.down_proj has shape \(4, 9, 6\), expected \(4, 8, 6\)"):
+        integration.experts_forward(module, x, index, weights)
 
 
 def test_routing_arguments_that_do_not_fit_raise_in_the_callers_names():

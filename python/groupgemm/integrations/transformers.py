@@ -65,7 +65,7 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     """The experts of a ``@use_experts_implementation`` module on groupgemm.
 
     ``hidden_states [S, H]``, ``top_k_index [S, k]`` (ids outside ``[0, num_experts)`` are
-    dropped slots) and ``top_k_weights [S, k]``; returns ``[S, H_out]`` in hidden_states'
+    dropped slots) and ``top_k_weights [S, k]``; returns ``[S, H]`` in hidden_states'
     dtype, computed in the weights' dtype (hidden_states is cast to it, as transformers'
     ``grouped_mm`` does); under ``torch.autocast`` the GEMMs run in its dtype, as eager's
     ``F.linear`` calls do. Reads the decorator's flags (``has_gate``, ``has_bias``,
@@ -80,7 +80,7 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     x = hidden_states.to(w.dtype)
     activation = _core_activation(self)
     if activation is not None:
-        w.check_activation_width(contract.activation_width(activation, w.up_features, FN, w.up_name))
+        w.check_activation_width(contract.activation_width(activation, w.up_features, FN, f"{w.family}.{w.up_name}"))
     transpose = not w.transposed  # nn.Linear's [E, out, in]: read transposed
     post_norm = getattr(self, "has_post_expert_norm", False)
     if activation is not None and not post_norm and fused.fused_by_default(x.device):
@@ -243,11 +243,13 @@ class _Weights:
         # [E, in, out] when transposed, else nn.Linear's [E, out, in]
         e, in_axis, out_axis = self.up.shape[0], (1 if self.transposed else 2), (2 if self.transposed else 1)
         self.num_experts, self.up_features = e, self.up.shape[out_axis]
-        self.mid_features, out_features = self.down.shape[in_axis], self.down.shape[out_axis]
+        self.mid_features = self.down.shape[in_axis]
         layout = "[E, in, out] (is_transposed)" if self.transposed else "[E, out, in]"
+        # down_proj returns hidden_states' width, which the weighted sum per token adds up (as
+        # transformers' own implementations require).
         wanted = {up: (e, hidden, self.up_features) if self.transposed else (e, self.up_features, hidden),
-                  "down_proj": (e, *self.down.shape[1:]), f"{up}_bias": (e, self.up_features),
-                  "down_proj_bias": (e, out_features)}
+                  "down_proj": (e, self.mid_features, hidden) if self.transposed else (e, hidden, self.mid_features),
+                  f"{up}_bias": (e, self.up_features), "down_proj_bias": (e, hidden)}
         for name, t, _ in named:
             if t is not None and tuple(t.shape) != wanted[name]:
                 raise ValueError(f"{FN}: {family}.{name} has shape {tuple(t.shape)}, expected {wanted[name]} (weights "
