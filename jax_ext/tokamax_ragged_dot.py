@@ -104,8 +104,8 @@ def tokamax_implementation(lhs, rhs, *, group_sizes, ragged_dot_dimension_number
     group_sizes = getattr(group_sizes, "value", group_sizes)  # tokamax.RaggedDotGroupSizes: its array
     dimensions = _ragged_dot_dimensions() if ragged_dot_dimension_numbers is None else ragged_dot_dimension_numbers
     # The core writes the accumulator's dtype where the result is rounded afterwards: once.
-    # Named either way, for the drop-in would apply jax.lax's rule (float16 with bfloat16
-    # gives bfloat16).
+    # The dtype is named even where direct: left to the drop-in, jax.lax's rule would apply
+    # (float16 with bfloat16 gives bfloat16).
     direct = activation is None and out_dtype == dtype
     try:
         out = dropins.ragged_dot_general(lhs, rhs, group_sizes, dimensions,
