@@ -53,7 +53,9 @@ def index_array(x, ids=False):
 def index_operands(group_sizes, group_offset, num_groups, num_rows, fn):
     """group_sizes / group_offset as the core's operands (group_offset 0 when absent)."""
     if isinstance(group_sizes, (list, tuple)) and not any(isinstance(v, jax.Array) for v in group_sizes):
-        group_sizes = contract.static_group_sizes(group_sizes, num_rows, fn)  # else traced, as a jit argument
+        # else traced, as a jit argument; int64 for NumPy (an empty list would be float),
+        # held by JAX as int32 without x64 (index_input)
+        group_sizes = np.asarray(contract.static_group_sizes(group_sizes, num_rows, fn), np.int64)
     group_sizes = index_input(group_sizes, "group_sizes", fn)
     contract.check_group_sizes(group_sizes.shape, dtype_name(group_sizes.dtype), num_groups,
                                group_offset is not None, fn)

@@ -14,6 +14,7 @@ import reference as ref
 from bits import assert_same_bits
 from cases import CASES, case, inputs
 
+import groupgemm
 import groupgemm.jax as gj
 from groupgemm.jax import grouped_matmul, ragged_dot
 
@@ -70,6 +71,16 @@ def test_python_list_sizes_of_any_magnitude_are_clipped_like_arrays():
     lhs, rhs = jnp.asarray(x["lhs"], jnp.float32), jnp.asarray(x["rhs"], jnp.float32)
     out = grouped_matmul(lhs, rhs, [-(2**70), 2**70, 5, 2**40])  # as [0, 24, 0, 0]: group 1 owns every row
     ref.assert_close(np.asarray(out, np.float64), ref.grouped_matmul(x["lhs"], x["rhs"], [0, 24, 0, 0]), "float32")
+
+
+def test_an_empty_python_list_is_the_sizes_of_no_groups():
+    # NumPy reads [] as float64; it holds no size, so no dtype to refuse.
+    lhs = jnp.ones((5, 3), jnp.float32)
+    no_experts = (jnp.ones((0, 3, 4), jnp.float32), jnp.ones((0, 2, 4), jnp.float32))
+    assert (grouped_matmul(lhs, no_experts[0], []) == 0).all()
+    assert gj.grouped_matmul_wgrad(lhs, jnp.ones((5, 2)), (), num_groups=0).shape == (0, 3, 2)
+    assert (gj.grouped_mlp(jnp.ones((5, 4)), jnp.ones((0, 4, 4)), no_experts[1], [], activation="swiglu") == 0).all()
+    groupgemm.check_group_sizes([], 0)
 
 
 def test_numpy_64_bit_integers_are_taken_where_they_fit_and_refused_where_jax_would_wrap_them():

@@ -20,7 +20,9 @@ def check_group_sizes(group_sizes, num_rows: int) -> None:
     if hasattr(group_sizes, "detach"):  # torch tensors, possibly on a device
         group_sizes = group_sizes.detach().cpu()
     fn = "check_group_sizes"
-    sizes = np.asarray(group_sizes)
+    # An empty list holds no integer for NumPy to infer its dtype from: it has none.
+    sizes = np.asarray(group_sizes, np.int64) if isinstance(group_sizes, (list, tuple)) and not group_sizes \
+        else np.asarray(group_sizes)
     if sizes.ndim != 1:
         raise ValueError(f"{fn}: group_sizes must be 1-D, got shape {sizes.shape}")
     contract.check_index_dtype(sizes.dtype.name, "group_sizes", fn)
