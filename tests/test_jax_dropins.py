@@ -94,6 +94,15 @@ def test_a_float64_output_of_16_bit_operands_is_the_float32_one_widened(dtype):
             assert np.array_equal(np.asarray(wide), np.asarray(call(jnp.float32), np.float64)), name
 
 
+def test_a_bfloat16_output_of_float16_operands_is_rounded_once_from_float32():
+    # Past float16's range (65504) as jax.lax gives it, not infinite.
+    lhs, rhs = jnp.full((2, 4), 200.0, jnp.float16), jnp.full((1, 4, 3), 200.0, jnp.float16)
+    sizes = jnp.asarray([2], jnp.int32)
+    out = gj.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.bfloat16)
+    want = gj.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    assert out.dtype == jnp.bfloat16 and np.array_equal(out, want) and (np.asarray(out, np.float32) == 159744).all()
+
+
 @pytest.mark.parametrize("name", ["ragged_dot", "ragged_dot_general"])
 def test_operands_of_two_dtypes_take_a_group_offset_window(name):
     # The output dtype follows jax.lax's rule, which jax.lax itself cannot be asked with the
