@@ -272,5 +272,19 @@ def test_torch_layer_refuses_bad_arguments_naming_them(tmp_path):
         tokens = torch.randn(5, 8)
         out, dropped = gt.ExpertParallelMoE(4, 8, 6, 2)(tokens)  # one rank holds every expert
         assert out.shape == tokens.shape and int(dropped) == 0
+        # torch's all_to_all drops a tangent without an error: forward mode is refused, not zero.
+        ids = torch.tensor([[0, 3], [1, 2], [3, 0], [2, 1], [0, 1]], dtype=torch.int32)
+        identity = lambda x: (lambda d: gt.combine(d[0], d[2]))(gt.dispatch(x, ids, 4, capacity=8))  # noqa: E731
+        for jvp in (lambda f: torch.func.jvp(f, (tokens,), (tokens,)), lambda f: _forward_ad_tangent(f, tokens)):
+            for f in (identity, lambda x: layer(x)[0]):
+                with pytest.raises(NotImplementedError, match="forward-mode derivatives .* are not supported"):
+                    jvp(f)
     finally:
         dist.destroy_process_group()
+
+
+def _forward_ad_tangent(f, x):
+    import torch.autograd.forward_ad as forward_ad
+
+    with forward_ad.dual_level():
+        return forward_ad.unpack_dual(f(forward_ad.make_dual(x, x))).tangent

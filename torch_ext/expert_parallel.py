@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as collectives
 from torch import Tensor, nn
+from torch.autograd import forward_ad
 
 from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
@@ -73,7 +74,12 @@ class DispatchPlan:
 
 def _exchange(x: Tensor, group, send=None, receive=None) -> Tensor:
     """Chunk r of x's rows to rank r (equal chunks, or ``send[r]`` rows), chunk s of the
-    result from rank s; differentiable."""
+    result from rank s; differentiable in reverse mode."""
+    # torch's all_to_all has no forward-mode formula and drops a tangent without an error.
+    if forward_ad._current_level >= 0 and forward_ad.unpack_dual(x).tangent is not None:
+        raise NotImplementedError("dispatch / combine (and ExpertParallelMoE): forward-mode derivatives (jvp) are not "
+                                  "supported: torch's all_to_all, which exchanges the rows, drops the tangent; use "
+                                  "reverse mode")
     return collectives.wait_tensor(collectives.all_to_all_single_autograd(x, receive, send, group))
 
 
