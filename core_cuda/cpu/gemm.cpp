@@ -56,7 +56,7 @@ Status gemm(const GemmCall& c) {
 
 Threading gemm_threading(const GemmCall& c) {
   if (c.in_dtype == DType::f64) return Threading::own;  // OpenBLAS, a test dtype
-  return onednn_may_split_contraction(c) ? Threading::one : Threading::any;
+  return onednn_bits_depend_on_threads(c) ? Threading::one : Threading::any;
 }
 
 }  // namespace cpu

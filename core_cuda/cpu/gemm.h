@@ -1,7 +1,8 @@
 // One dense GEMM on the CPU through a real library:
 //   C[m, n] (+)= op(A)[m, k] @ op(B)[k, n] (+ bias[n])
 // A and B are row-major; a "transposed" operand X[r, c] is stored as [c, r].
-// float32 and bfloat16 go to oneDNN (AVX-512 / AMX kernels, fp32 accumulation),
+// float32 and bfloat16 go to oneDNN (AVX-512 / AMX kernels, fp32 accumulation; on a CPU
+// without AVX-512, which has no bfloat16 kernel, bfloat16 is widened to float32 here),
 // float64 to OpenBLAS. float16 is widened by the caller (oneDNN 3.2 has no fast f16
 // matmul with run-time shapes). Callers never pass m, n or k == 0.
 #pragma once
@@ -52,6 +53,10 @@ std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage);
 // Whether pack_b packs on this CPU.
 bool cpu_packs_b();
 
+// Whether bfloat16 calls run widened to float32 on this CPU (one without oneDNN's
+// bfloat16 kernels: before AVX-512), the float32 kernel's sums rounded once.
+bool cpu_widens_bf16();
+
 // bfloat16 weight-gradient GEMMs run their contraction in chunks of a multiple of this
 // many rows (the AMX kernel's K blocking); a chunk of another length is copied, padded with
 // zero rows.
@@ -77,10 +82,10 @@ Threading gemm_threading(const GemmCall& call);
 // The float32 / bfloat16 path of gemm (gemm_onednn.cpp).
 Status gemm_onednn(const GemmCall& call);
 
-// Whether oneDNN's kernel for the call may split its contraction across threads (both
-// bfloat16 weight-gradient kernels do), so that the bits would depend on the thread count.
-// Its other kernels keep one thread's bits on all.
-bool onednn_may_split_contraction(const GemmCall& call);
+// Whether oneDNN's kernel for the call may give other bits on several threads than on one
+// (both bfloat16 weight-gradient kernels split their contraction; on AVX2 CPUs every kernel
+// may). Its other kernels keep one thread's bits on all.
+bool onednn_bits_depend_on_threads(const GemmCall& call);
 
 // gemm_onednn keeps the oneDNN primitives it created, the least recently used evicted
 // past this many.
@@ -93,6 +98,11 @@ size_t onednn_cached_primitives();
 // all-run-time GEMM (false), or as the CPU suits (nullopt: see gemm_onednn.cpp). Not
 // thread-safe: set it while no GEMM runs.
 void force_bf16_wgrad_chunks(std::optional<bool> chunks);
+
+// For the tests: bfloat16 calls widened to float32 (true: as on a CPU without bfloat16
+// kernels), run by oneDNN's bfloat16 kernels (false), or as the CPU allows (nullopt). Not
+// thread-safe, as above.
+void force_bf16_widened(std::optional<bool> widened);
 
 }  // namespace cpu
 }  // namespace groupgemm

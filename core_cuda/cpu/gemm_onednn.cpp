@@ -87,6 +87,15 @@ bool cpu_has_amx() {
   return amx;
 }
 
+bool cpu_has_avx512() {
+  static const bool avx512 = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);  // a bit mask of the ISA's features
+    return (isa & core) == core;
+  }();
+  return avx512;
+}
+
 // Which dimensions of a call's primitive are fixed (see the top of the file).
 bool fixed_k_and_n(const GemmCall& c) { return c.in_dtype == DType::bf16 && !c.a_transposed; }
 constexpr int64_t kMinChunkedRows = 512;
@@ -317,21 +326,84 @@ Status execute_packing_b(const GemmCall& c) {
   return execute(on_packed);
 }
 
+// Whether oneDNN has bfloat16 matmul kernels on this CPU: it has them from AVX-512 on, and
+// none (not even its reference kernel, with run-time shapes) on an AVX2 CPU.
+std::optional<bool> forced_bf16_widened;
+
+bool cpu_has_bf16_matmul() {
+  if (forced_bf16_widened) return !*forced_bf16_widened;
+  static const bool has = [] {
+    for (const bool a_transposed : {false, true}) {
+      GemmCall probe{DType::bf16, DType::bf16, 64, 64, 64, nullptr, a_transposed, nullptr, false,
+                     nullptr, nullptr, false};
+      try {
+        create_primitive(probe, false);
+      } catch (const std::exception&) {
+        return false;
+      }
+    }
+    return true;
+  }();
+  return has;
+}
+
+// A thread keeps its widening scratch up to this size; a larger call's is freed after it.
+constexpr size_t kKeptWidenedBytes = size_t(64) << 20;
+
+// A bfloat16 call on a CPU without bfloat16 kernels: its operands widened to float32
+// (exactly), the float32 kernel, and a bfloat16 output rounded once from float32 (with
+// accumulate, from the old value widened plus the product): the bfloat16 kernels' float32
+// accumulation and single rounding, in the float32 kernel's order of sums.
+Status execute_widened(const GemmCall& c) {
+  thread_local std::vector<float> kept;
+  std::vector<float> once;
+  const bool wide_out = c.out_dtype != DType::f32;
+  const int64_t a_count = c.m * c.k, b_count = c.k * c.n, bias_count = c.bias ? c.n : 0;
+  const size_t count = size_t(a_count + b_count + bias_count + (wide_out ? c.m * c.n : 0));
+  std::vector<float>& scratch = count * sizeof(float) <= kKeptWidenedBytes ? kept : once;
+  if (scratch.size() < count) scratch.resize(count);
+  float* a = scratch.data();
+  float* b = a + a_count;
+  float* bias = b + b_count;
+  float* out = bias + bias_count;
+  convert(c.a, c.in_dtype, a, DType::f32, a_count);  // both operands are dense in their layout
+  convert(c.b, c.in_dtype, b, DType::f32, b_count);
+  if (c.bias) convert(c.bias, c.in_dtype, bias, DType::f32, bias_count);
+  if (wide_out && c.accumulate) convert(c.c, c.out_dtype, out, DType::f32, c.m * c.n);
+  GemmCall wide = c;
+  wide.in_dtype = DType::f32, wide.a = a, wide.b = b, wide.bias = c.bias ? bias : nullptr, wide.packed_b = nullptr;
+  if (wide_out) wide.out_dtype = DType::f32, wide.c = out;
+  const Status s = execute(wide);
+  if (s.ok() && wide_out) convert(out, DType::f32, c.c, c.out_dtype, c.m * c.n);
+  return s;
+}
+
 }  // namespace
 
 bool cpu_packs_b() { return cpu_has_amx(); }
 
+bool cpu_widens_bf16() { return !cpu_has_bf16_matmul(); }
+
 Status gemm_onednn(const GemmCall& c) {
+  if (c.in_dtype == DType::bf16 && cpu_widens_bf16()) return execute_widened(c);
   if (fixed_contraction(c)) return execute_in_chunks(c);
   if (!c.packed_b && packable(c) && c.m >= kMinPackedRows) return execute_packing_b(c);
   return execute(c);
 }
 
-bool onednn_may_split_contraction(const GemmCall& c) { return c.in_dtype == DType::bf16 && c.a_transposed; }
+// Measured: both bfloat16 weight-gradient kernels split their contraction (the top of the
+// file). On AVX-512 CPUs the float32 kernels keep one thread's bits on all; on AVX2 CPUs
+// they do not (a forward of 400 rows, K = 32, N = 64, and weight gradients of 400 to 30000
+// rows had other bits on two threads than on one), so there every call runs on one thread.
+bool onednn_bits_depend_on_threads(const GemmCall& c) {
+  return !cpu_has_avx512() || (c.in_dtype == DType::bf16 && c.a_transposed);
+}
 
 size_t onednn_cached_primitives() { return primitive_cache().size(); }
 
 void force_bf16_wgrad_chunks(std::optional<bool> chunks) { forced_bf16_wgrad_chunks = chunks; }
+
+void force_bf16_widened(std::optional<bool> widened) { forced_bf16_widened = widened; }
 
 }  // namespace cpu
 }  // namespace groupgemm
