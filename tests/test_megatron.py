@@ -35,6 +35,7 @@ from groupgemm.integrations.megatron import (
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 EXPERTS, HIDDEN, FFN = 4, 16, 32
+LOCAL_EXPERTS = 2  # of helpers/megatron_ep_worker.py's 4 experts on each of its 2 ranks
 
 
 @pytest.fixture(scope="module")
@@ -140,16 +141,21 @@ def test_distributed_checkpointing_is_refused_not_silently_wrong(process_groups)
         experts.sharded_state_dict()
 
 
-def test_groupgemm_token_dispatcher_matches_megatrons_all_to_all_over_two_ranks(tmp_path):
-    # Two gloo processes (expert-parallel size 2) run Megatron's MoEAlltoAllTokenDispatcher
-    # and groupgemm's (dropless, and with a capacity that drops nothing) through MoELayer's
-    # six steps on the same tokens, routing and experts; at step 1 no token goes to rank 1's
-    # experts. The rows and probs each expert gets, the outputs and every gradient are the
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    """What helpers/megatron_ep_worker.py saved, per rank: two gloo processes
+    (expert-parallel size 2) over two steps, at step 1 no token for rank 1's experts."""
+    out_dir = tmp_path_factory.mktemp("megatron_ep")
+    run_worker(os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "megatron_ep_worker.py"), out_dir)
+    return [np.load(out_dir / f"rank{rank}.npz") for rank in range(2)]
+
+
+def test_groupgemm_token_dispatcher_matches_megatrons_all_to_all_over_two_ranks(two_rank_results):
+    # Megatron's MoEAlltoAllTokenDispatcher and groupgemm's (dropless, and with a capacity
+    # that drops nothing) through MoELayer's six steps on the same tokens, routing and
+    # experts: the rows and probs each expert gets, the outputs and every gradient are the
     # same bits.
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "megatron_ep_worker.py")
-    run_worker(worker, tmp_path)
-    for rank in range(2):
-        saved = np.load(tmp_path / f"rank{rank}.npz")
+    for rank, saved in enumerate(two_rank_results):
         for mode in ("groupgemm dropless", "groupgemm capacity"):
             for step in range(2):
                 for what in ("rows", "row_probs", "out", "dx", "dprobs", "dweights"):
@@ -158,6 +164,26 @@ def test_groupgemm_token_dispatcher_matches_megatrons_all_to_all_over_two_ranks(
             idle = saved[f"{mode}/1/dweights"]
             assert (idle == 0).all() if rank == 1 else idle.any(axis=(1, 2)).all(), (rank, mode)
         assert saved["groupgemm dropless/1/rows"].shape[0] == (0 if rank == 1 else 24)
+
+
+@pytest.mark.parametrize("experts", ["SequentialMLP", "TEGroupedMLP"])
+def test_experts_that_split_rows_by_tokens_per_expert_take_capacity_modes_padding(two_rank_results, experts):
+    # Capacity mode's padding rows are counted into the last local expert's tokens, so
+    # experts that split their rows by tokens_per_expert (SequentialMLP; TEGroupedMLP adding
+    # its bias) run, on rank 1 at step 1 on padding alone, and give dropless mode's values;
+    # the padding adds exact zeros to the last expert's gradients.
+    for rank, saved in enumerate(two_rank_results):
+        names = [key.split("/")[-1] for key in saved if key.startswith(f"{experts}/dropless/0/")]
+        assert len(names) == 3 + 4 * LOCAL_EXPERTS if experts == "SequentialMLP" else 7, names
+        for step in range(2):
+            for what in names:
+                dropless = saved[f"{experts}/dropless/{step}/{what}"]
+                np.testing.assert_allclose(saved[f"{experts}/capacity/{step}/{what}"], dropless, rtol=1e-6, atol=1e-6,
+                                           err_msg=f"{rank} {step} {what}")
+        for what in names[3:]:  # every parameter's gradient: exact zeros on the idle rank only
+            for mode in ("dropless", "capacity"):
+                grad = saved[f"{experts}/{mode}/1/{what}"]
+                assert (grad == 0).all() if rank == 1 else grad.any(), (rank, mode, what)
 
 
 def test_use_groupgemm_dispatcher_puts_it_into_a_moe_layer_with_the_same_bits(process_groups, monkeypatch):

@@ -67,6 +67,57 @@ def step_inputs(step, rank):
     return x, routing_map, probs, weights[rank * LOCAL_EXPERTS:(rank + 1) * LOCAL_EXPERTS]
 
 
+def experts_behind_groupgemms_dispatcher(rank, groups, dispatcher_class):
+    """Megatron's experts that split their rows by tokens_per_expert (SequentialMLP, and
+    TEGroupedMLP on groupgemm's builders adding its bias) through a MoELayer's six steps on
+    groupgemm's dispatcher, dropless and with a capacity, the same weights for both: the
+    output and the gradients of the tokens, probs and every expert parameter."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.mlp import MLPSubmodules
+    from megatron.core.transformer.moe.experts import GroupedMLPSubmodules, SequentialMLP, TEGroupedMLP
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from groupgemm.integrations.megatron import ColumnParallelGroupedLinear, RowParallelGroupedLinear
+
+    config = TransformerConfig(num_layers=1, hidden_size=DIM, ffn_hidden_size=DIM, moe_ffn_hidden_size=DIM,
+                               num_attention_heads=1, num_moe_experts=EXPERTS, moe_router_topk=TOP_K,
+                               expert_model_parallel_size=WORLD, add_bias_linear=True, gated_linear_unit=True,
+                               activation_func=torch.nn.functional.silu, bias_activation_fusion=False,
+                               use_cpu_initialization=True)
+    builders = {"SequentialMLP": lambda: SequentialMLP(LOCAL_EXPERTS, config, MLPSubmodules(
+                    linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear), pg_collection=groups),
+                "TEGroupedMLP": lambda: TEGroupedMLP(LOCAL_EXPERTS, config, GroupedMLPSubmodules(
+                    linear_fc1=ColumnParallelGroupedLinear, linear_fc2=RowParallelGroupedLinear),
+                    pg_collection=groups)}
+    local = list(range(rank * LOCAL_EXPERTS, (rank + 1) * LOCAL_EXPERTS))
+    saved = {}
+    for kind, build in builders.items():
+        torch.manual_seed(rank)
+        experts = build()
+        with torch.no_grad():  # biases start at zero; nonzero ones reach the padding rows
+            for p in experts.parameters():
+                p.uniform_(-0.5, 0.5)
+        for mode, capacity in (("dropless", None), ("capacity", TOKENS * TOP_K)):
+            dispatcher = dispatcher_class(LOCAL_EXPERTS, local, config, groups, capacity=capacity)
+            for step in range(2):
+                x, routing_map, probs, _ = step_inputs(step, rank)
+                x.requires_grad_(), probs.requires_grad_()
+                experts.zero_grad(set_to_none=True)
+                hidden, slot_probs = dispatcher.dispatch_preprocess(x, routing_map, probs)
+                rows, tokens_per_expert, row_probs = dispatcher.dispatch_postprocess(
+                    *dispatcher.token_dispatch(hidden, slot_probs))
+                expert_out, bias = experts(rows, tokens_per_expert, row_probs)
+                assert bias is None
+                out = dispatcher.combine_postprocess(dispatcher.token_combine(expert_out))
+                out.backward(torch.ones_like(out))
+                results = {"out": out, "dx": x.grad, "dprobs": probs.grad}
+                results.update((f"d.{n}", torch.zeros_like(p) if p.grad is None else p.grad)
+                               for n, p in experts.named_parameters())
+                for what, t in results.items():
+                    saved[f"{kind}/{mode}/{step}/{what}"] = t.detach().numpy()
+    return saved
+
+
 def run(rank, out_dir):
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
@@ -102,10 +153,13 @@ def run(rank, out_dir):
             expert_out = gt.grouped_mm(rows, weights, sizes) * row_probs[:, None]
             out = dispatcher.combine_postprocess(dispatcher.token_combine(dispatcher.combine_preprocess(expert_out)))
             out.backward(torch.ones_like(out))
-            valid = int(sizes.sum())  # capacity mode's padding rows come last
+            # Capacity mode's padding rows come last, counted into the last expert's tokens.
+            valid = rows.shape[0] if name == "megatron" else int(dispatcher.tokens_per_expert.sum())
+            assert int(sizes.sum()) == rows.shape[0] and not rows[valid:].any() and not row_probs[valid:].any()
             for what, t in (("rows", rows[:valid]), ("row_probs", row_probs[:valid]), ("out", out),
                             ("dx", x.grad), ("dprobs", probs.grad), ("dweights", weights.grad)):
                 saved[f"{name}/{step}/{what}"] = t.detach().numpy()
+    saved.update(experts_behind_groupgemms_dispatcher(rank, groups, ours))
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **saved)
     dist.barrier()  # no rank tears the group down while a peer is still in its last exchange
     parallel_state.destroy_model_parallel()

@@ -232,7 +232,16 @@ def token_dispatcher_class() -> type:
             return expert_input, gt.dispatch_probs(probs, self.plan)
 
         def dispatch_postprocess(self, hidden_states, probs):
-            return hidden_states, self.tokens_per_expert, probs
+            """Megatron's experts take ``tokens_per_expert`` to cover every row (SequentialMLP
+            and TEGroupedMLP split the rows by it), so capacity mode's padding rows (zero
+            rows, probability 0, last; combine reads none of them) are counted into the
+            last local expert's; they add exact zeros to its gradients. ``tokens_per_expert``
+            (the attribute) keeps the rows each expert received."""
+            counts = self.tokens_per_expert
+            if self.capacity is not None and counts.numel():  # on the device: no host copy
+                counts = counts.clone()
+                counts[-1:] += hidden_states.shape[0] - counts.sum()
+            return hidden_states, counts, probs
 
         def combine_preprocess(self, hidden_states):
             return hidden_states
