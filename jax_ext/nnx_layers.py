@@ -48,6 +48,14 @@ def check_expert_axis(num_experts, expert_axis, mesh, fn):
                          f"devices of the mesh's expert_axis {expert_axis!r}")
 
 
+def parameters_dtype(layer, fn):
+    """The layer's dtype: its parameters', checked to be one."""
+    named = [(".".join(map(str, path)), dtype_name(param.dtype))
+             for path, param in nnx.to_flat_state(nnx.state(layer, nnx.Param))]
+    contract.layer_parameters(named, fn)
+    return named[0][1]
+
+
 def checked_value(param, want, name, fn):
     """A parameter's array, its shape checked against the layer's configuration (a
     parameter replaced or loaded with another shape is named)."""
@@ -101,8 +109,8 @@ class GroupedLinear(nnx.Module):
     def __call__(self, x, group_sizes):
         x = jnp.asarray(x)
         weight, bias = self.weight_and_bias()
-        contract.layer_x(x.shape, dtype_name(x.dtype), self.in_features, "in_features", dtype_name(weight.dtype),
-                         "GroupedLinear")
+        contract.layer_x(x.shape, dtype_name(x.dtype), self.in_features, "in_features",
+                         parameters_dtype(self, "GroupedLinear"), "GroupedLinear")
         if self.fp8 is None:
             return grouped_matmul(x, weight, group_sizes, bias=bias, transpose_rhs=True)
         return fp8_recipe.checked_fp8_grouped_matmul(x, weight, group_sizes, bias=bias,
@@ -147,15 +155,15 @@ class GroupedMLP(nnx.Module):
     def __call__(self, x, group_sizes):
         x = jnp.asarray(x)
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
-        self._check_input(x, w_in, "x")
+        self._check_input(x, "x")
         return grouped_mlp(x, w_in, w_out, group_sizes, activation=self.activation, b_in=b_in, b_out=b_out,
                            transpose_rhs=True, fp8=self.fp8)
 
-    def _check_input(self, x, w_in, name):
+    def _check_input(self, x, name):
         """The MLP's input in its own terms (hidden_size, the layer's dtype), before the ops
         would name theirs."""
-        contract.layer_x(x.shape, dtype_name(x.dtype), self.fc1.in_features, "hidden_size", dtype_name(w_in.dtype),
-                         "GroupedMLP", name)
+        contract.layer_x(x.shape, dtype_name(x.dtype), self.fc1.in_features, "hidden_size",
+                         parameters_dtype(self, "GroupedMLP"), "GroupedMLP", name)
 
     def forward_routed(self, tokens, expert_indices, probs=None, *, group_offset=None):
         """``out [T, H]``: each token's ``sum over j of probs[t, j] * mlp_e(tokens[t])``,
@@ -164,7 +172,7 @@ class GroupedMLP(nnx.Module):
         float32. The same values either way ``fused`` chooses (see the class)."""
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
         tokens = jnp.asarray(tokens)
-        self._check_input(tokens, w_in, "tokens")
+        self._check_input(tokens, "tokens")
         return (expert_mlp if runs_fused(self.fused, self.fp8, "GroupedMLP") else composed_expert_mlp)(
             tokens, expert_indices, probs, w_in, w_out, activation=self.activation, b_in=b_in, b_out=b_out,
             group_offset=group_offset, transpose_rhs=True, fp8=self.fp8)

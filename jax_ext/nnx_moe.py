@@ -17,7 +17,7 @@ from groupgemm.jax_ext.arguments import dtype_name, shape_and_dtype
 from groupgemm.jax_ext.expert import softmax_topk
 from groupgemm.jax_ext.expert_parallel import dropless_capacity, moe_layer
 from groupgemm.jax_ext.functional import grouped_matmul
-from groupgemm.jax_ext.nnx_layers import GroupedMLP, annotated, check_expert_axis, checked_value
+from groupgemm.jax_ext.nnx_layers import GroupedMLP, annotated, check_expert_axis, checked_value, parameters_dtype
 
 
 def _router(hidden_size, num_experts, dtype, mesh, rngs):
@@ -31,7 +31,7 @@ def _checked_input(x, allowed, layer, experts_shape, fn):
     allowed = None if allowed is None else jnp.asarray(allowed)
     contract.layer_input(shape_and_dtype(x), layer.experts.fc1.in_features,
                          None if allowed is None else shape_and_dtype(allowed), experts_shape, fn,
-                         dtype_name(layer.router[...].dtype))
+                         parameters_dtype(layer, fn))
     return allowed
 
 

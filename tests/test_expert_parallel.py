@@ -8,6 +8,7 @@ timeout); outputs and expert weight gradients equal the single-process layer's b
 reference; every parameter on every rank has a full-shape gradient, idle experts exact
 zeros; JAX and PyTorch give the same bits; counts of dropped slots are exact."""
 
+import copy
 import os
 import re
 
@@ -178,8 +179,8 @@ def test_jax_layer_with_tokens_replicated_over_the_devices_gives_each_device_the
     x, dy, allowed = cases.batch(0, DEVICES)
     out = np.asarray(layer(jax_params(), jnp.asarray(x), jnp.asarray(allowed)), np.float64)
     want = cases.single_process(cases.init_params(DEVICES), x, dy, allowed, "float64")["out"]
-    for copy in np.split(out, DEVICES):
-        np.testing.assert_allclose(copy, want, rtol=1e-4, atol=1e-5)
+    for share in np.split(out, DEVICES):
+        np.testing.assert_allclose(share, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
@@ -263,6 +264,11 @@ def test_torch_layer_refuses_bad_arguments_naming_them(tmp_path):
             layer(torch.ones(3, 8), torch.ones(4))
         with pytest.raises(TypeError, match="ExpertParallelMoE: x has dtype float64, but the layer's dtype"):
             layer(torch.ones(3, 8, dtype=torch.float64))  # outside autocast, which casts both
+        mixed = gt.ExpertParallelMoE(4, 8, 6, 2)
+        mixed.router = torch.nn.Parameter(mixed.router.detach().bfloat16())
+        with pytest.raises(TypeError, match="ExpertParallelMoE: parameter experts.fc1.weight has dtype float32, but "
+                                            "router has bfloat16; a layer's parameters share one dtype"):
+            mixed(torch.ones(3, 8))
         for tokens, name in ((-1, "num_tokens"), (3.5, "num_tokens")):
             with pytest.raises(ValueError, match=f"dropless_capacity: {name} must be a non-negative int"):
                 gt.dropless_capacity(tokens, 2)
@@ -279,6 +285,26 @@ def test_torch_layer_refuses_bad_arguments_naming_them(tmp_path):
             for f in (identity, lambda x: layer(x)[0]):
                 with pytest.raises(NotImplementedError, match="forward-mode derivatives .* are not supported"):
                     jvp(f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_layer_copies_onto_the_same_process_group(tmp_path):
+    # copy.deepcopy and AveragedModel (an EMA of the weights) copy the parameters, not the
+    # group, which is the ranks' communicator and does not copy.
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        layer = gt.ExpertParallelMoE(4, 8, 6, 2, capacity=8)
+        twin, averaged = copy.deepcopy(layer), torch.optim.swa_utils.AveragedModel(layer)
+        assert twin.group is layer.group and averaged.module.group is layer.group
+        for (name, p), q in zip(layer.named_parameters(), twin.parameters()):
+            assert torch.equal(p, q) and p.data_ptr() != q.data_ptr(), name
+        x = torch.randn(5, 8)
+        out, _ = layer(x)
+        assert torch.equal(twin(x)[0], out) and torch.equal(averaged(x)[0], out)
     finally:
         dist.destroy_process_group()
 

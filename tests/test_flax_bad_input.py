@@ -112,6 +112,17 @@ BAD = {
             jnp.ones((6, 8), jnp.bfloat16), jnp.zeros((6, 2), jnp.int32)),
         TypeError, r"GroupedMLP: tokens has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32")
        for fused in (False, True)},
+    "a router of another dtype than the experts": (
+        lambda: _with_bfloat16(gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0)), "router")(jnp.ones((3, 8))),
+        TypeError, "MoE: parameter router has dtype bfloat16, but experts.fc1.weight has float32; a layer's "
+                   "parameters share one dtype"),
+    "a weight of another dtype than its bias": (
+        lambda: _with_bfloat16(gf.GroupedLinear(3, 8, 4, rngs=nnx.Rngs(0)), "weight")(jnp.ones((6, 8)), [2, 0, 3]),
+        TypeError, "GroupedLinear: parameter weight has dtype bfloat16, but bias has float32"),
+    **{f"an MLP's layers of two dtypes (fused={fused})": (
+        lambda fused=fused: _mlp_with_a_bfloat16_fc2(fused).forward_routed(jnp.ones((6, 8)), jnp.zeros((6, 2), int)),
+        TypeError, "GroupedMLP: parameter fc2.weight has dtype bfloat16, but fc1.weight has float32")
+       for fused in (False, True)},
     "x of another dtype": (
         lambda: gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 8), jnp.bfloat16)),
         TypeError, r"MoE: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
@@ -125,6 +136,18 @@ BAD = {
         lambda: gf.ExpertParallelMoE(4, 8, 6, 2, MESH, rngs=nnx.Rngs(0))(jnp.ones((4, 8)), jnp.ones(4)),
         TypeError, "ExpertParallelMoE: allowed must hold booleans"),
 }
+
+
+def _with_bfloat16(layer, name):
+    """``layer`` with its parameter ``name`` set to a bfloat16 copy."""
+    getattr(layer, name).set_value(getattr(layer, name)[...].astype(jnp.bfloat16))
+    return layer
+
+
+def _mlp_with_a_bfloat16_fc2(fused):
+    mlp = gf.GroupedMLP(3, 8, 4, fused=fused, rngs=nnx.Rngs(0))
+    _with_bfloat16(mlp.fc2, "weight")
+    return mlp
 
 
 @pytest.mark.parametrize("case", list(BAD))

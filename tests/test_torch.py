@@ -398,10 +398,26 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
         torch.randn(6, 8, dtype=torch.float64), torch.zeros(6, 2, dtype=torch.int32)),
        TypeError, r"GroupedMLP: tokens has dtype float64, but the layer's dtype \(its parameters'\) is float32")
       for fused in (False, True)],
+    # Parameters of two dtypes, set by hand: named, before an op would name its operands.
+    (lambda: _with_bfloat16(GroupedLinear(3, 8, 4), "bias")(torch.randn(6, 8), [2, 0, 3]), TypeError,
+     "GroupedLinear: parameter bias has dtype bfloat16, but weight has float32; a layer's parameters share one"),
+    *[(lambda fused=fused: _with_bfloat16(GroupedMLP(3, 8, 4, fused=fused), "fc2").forward_routed(
+        torch.randn(6, 8), torch.zeros(6, 2, dtype=torch.int32)),
+       TypeError, "GroupedMLP: parameter fc2.weight has dtype bfloat16, but fc1.weight has float32")
+      for fused in (False, True)],
 ])
 def test_modules_refuse_a_bad_configuration_naming_the_argument(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+def _with_bfloat16(module, name):
+    """``module`` with its submodule or parameter ``name`` converted to bfloat16."""
+    if isinstance(getattr(module, name), torch.nn.Module):
+        getattr(module, name).to(torch.bfloat16)
+    else:
+        setattr(module, name, torch.nn.Parameter(getattr(module, name).detach().bfloat16()))
+    return module
 
 
 def test_accumulate_into_is_checked_by_the_bytes_it_spans_and_traces():

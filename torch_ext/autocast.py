@@ -15,6 +15,7 @@ through as it is: the same tensors, the same bits.
 
 import torch
 
+from groupgemm import _contract as contract
 from groupgemm.torch_ext.arguments import dtype_name
 
 Tensor = torch.Tensor
@@ -37,10 +38,14 @@ def casts(t) -> bool:
     return _region_dtype(t) is not None
 
 
-def layer_dtype(x, parameter) -> str | None:
-    """The dtype a layer's input ``x`` must have: its ``parameter``'s, or None (any) in a
-    region, which casts both."""
-    return None if casts(x) else dtype_name(parameter.dtype)
+def layer_dtype(x, layer, fn) -> str | None:
+    """The dtype a ``layer``'s input ``x`` must have: its parameters' (checked to be one),
+    or None (any) in a region, which casts them all."""
+    if casts(x):
+        return None
+    named = [(name, dtype_name(p.dtype)) for name, p in layer.named_parameters()]
+    contract.layer_parameters(named, fn)
+    return named[0][1]
 
 
 def operands(*tensors) -> tuple:

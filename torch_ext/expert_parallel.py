@@ -18,6 +18,7 @@ collectives' sizes follow from it. dispatch checks that once per (group, configu
 with one all-gather of four integers and a host copy, and caches the answer.
 """
 
+import copy
 import dataclasses
 
 import torch
@@ -304,6 +305,16 @@ class ExpertParallelMoE(nn.Module):
         self.experts = GroupedMLP(e_local, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
                                   device=device, dtype=dtype, fused=fused)
 
+    def __deepcopy__(self, memo):
+        """A copy (``copy.deepcopy``, ``torch.optim.swa_utils.AveragedModel``) on the same
+        process group: the group is the ranks' communicator, shared, not data (it does not
+        copy)."""
+        memo[id(self.group)] = self.group
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return twin
+
     def forward(self, x: Tensor, allowed: Tensor | None = None) -> tuple[Tensor, Tensor]:
         fn = "ExpertParallelMoE"
         tokens = shape_and_dtype(x, "x", fn)
@@ -311,7 +322,7 @@ class ExpertParallelMoE(nn.Module):
         contract.layer_input(tokens, self.router.shape[0],
                              None if allowed is None else shape_and_dtype(allowed, "allowed", fn),
                              (x.shape[0], self.num_experts), fn,
-                             autocast.layer_dtype(x, self.router))
+                             autocast.layer_dtype(x, self, fn))
         every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
         logits = grouped_mm(x, self.router[None], every_token)
         if allowed is not None:

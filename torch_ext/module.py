@@ -77,8 +77,8 @@ class GroupedLinear(nn.Module):
         """``x @ weight[g].T (+ bias[g])`` per group, the weight gradient going where the
         layer's mode sends it (bias is self.bias, or None to leave it out)."""
         shape, x_dtype = shape_and_dtype(x, "x", "GroupedLinear")
-        contract.layer_x(shape, x_dtype, self.in_features, "in_features", autocast.layer_dtype(x, self.weight),
-                         "GroupedLinear")
+        contract.layer_x(shape, x_dtype, self.in_features, "in_features",
+                         autocast.layer_dtype(x, self, "GroupedLinear"), "GroupedLinear")
         if isinstance(group_sizes, (list, tuple)):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)
@@ -156,8 +156,8 @@ class GroupedMLP(nn.Module):
         """The MLP's input in its own terms (hidden_size, the layer's dtype), before fc1 or the
         fused op would name theirs (fc1's in_features, permuted rows)."""
         shape, x_dtype = shape_and_dtype(x, name, "GroupedMLP")
-        contract.layer_x(shape, x_dtype, self.fc1.in_features, "hidden_size", autocast.layer_dtype(x, self.fc1.weight),
-                         "GroupedMLP", name)
+        contract.layer_x(shape, x_dtype, self.fc1.in_features, "hidden_size",
+                         autocast.layer_dtype(x, self, "GroupedMLP"), "GroupedMLP", name)
 
     def _runs_fused(self, device):
         if self.fused and self.fc1.accumulate_into_main_grad:

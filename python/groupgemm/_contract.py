@@ -427,6 +427,17 @@ def layer_x(shape, x_dtype, width, width_name, dtype, fn, name="x"):
                         f"cast {name} or make the layer in {x_dtype}")
 
 
+def layer_parameters(named_dtypes, fn):
+    """A layer's parameters, ``(name, dtype)`` pairs, share one dtype (the layer's): its
+    GEMMs take one, and the layer does not cast silently. Names the first that differs."""
+    named_dtypes = list(named_dtypes)
+    for name, dtype in named_dtypes[1:]:
+        first, first_dtype = named_dtypes[0]
+        if dtype != first_dtype:
+            raise TypeError(f"{fn}: parameter {name} has dtype {dtype}, but {first} has {first_dtype}; a layer's "
+                            "parameters share one dtype: make or convert the layer in one")
+
+
 def layer_input(x, hidden_size, allowed, experts_shape, fn, dtype=None):
     """An MoE layer's call: ``x`` (shape, dtype) of width hidden_size (and, given the layer's
     ``dtype``, of that dtype), and ``allowed`` (shape, dtype, or None) booleans that
