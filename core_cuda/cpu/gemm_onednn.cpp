@@ -326,10 +326,10 @@ Status execute_packing_b(const GemmCall& c) {
   return execute(on_packed);
 }
 
-// Whether oneDNN has bfloat16 matmul kernels on this CPU: it has them from AVX-512 on, and
-// none (not even its reference kernel, with run-time shapes) on an AVX2 CPU.
 std::optional<bool> forced_bf16_widened;
 
+// Whether oneDNN has bfloat16 matmul kernels on this CPU: it has them from AVX-512 on, and
+// none (not even its reference kernel, with run-time shapes) on an AVX2 CPU.
 bool cpu_has_bf16_matmul() {
   if (forced_bf16_widened) return !*forced_bf16_widened;
   static const bool has = [] {

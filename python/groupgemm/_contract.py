@@ -430,9 +430,8 @@ def layer_x(shape, x_dtype, width, width_name, dtype, fn, name="x"):
 def layer_parameters(named_dtypes, fn):
     """A layer's parameters, ``(name, dtype)`` pairs, share one dtype (the layer's): its
     GEMMs take one, and the layer does not cast silently. Names the first that differs."""
-    named_dtypes = list(named_dtypes)
-    for name, dtype in named_dtypes[1:]:
-        first, first_dtype = named_dtypes[0]
+    (first, first_dtype), *others = named_dtypes
+    for name, dtype in others:
         if dtype != first_dtype:
             raise TypeError(f"{fn}: parameter {name} has dtype {dtype}, but {first} has {first_dtype}; a layer's "
                             "parameters share one dtype: make or convert the layer in one")

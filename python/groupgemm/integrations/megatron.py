@@ -238,7 +238,7 @@ def token_dispatcher_class() -> type:
             last local expert's; they add exact zeros to its gradients. ``tokens_per_expert``
             (the attribute) keeps the rows each expert received."""
             counts = self.tokens_per_expert
-            if self.capacity is not None and counts.numel():  # on the device: no host copy
+            if self.capacity is not None:  # on the device: no host copy
                 counts = counts.clone()
                 counts[-1:] += hidden_states.shape[0] - counts.sum()
             return hidden_states, counts, probs
