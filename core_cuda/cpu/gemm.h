@@ -47,10 +47,11 @@ struct PackedB {
 // differ from `call` only in m, a and c; nullopt where the call's kernel reads B as it is
 // (every call but a bfloat16 one with a row-major A, and every call on a CPU without AMX:
 // on an AVX-512 BF16 CPU, grouped bfloat16 GEMMs of 256 to 4096 rows per group ran at
-// 0.94-1.16x of their time with B packed once, so there it is not).
+// 0.94-1.16x of their time with B packed once, so there it is not). On a CPU that widens
+// bfloat16 (cpu_widens_bf16) the packed B is B widened to float32, once for all the calls.
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage);
 
-// Whether pack_b packs on this CPU.
+// Whether pack_b packs on this CPU (with AMX, or widening bfloat16).
 bool cpu_packs_b();
 
 // Whether bfloat16 calls run widened to float32 on this CPU (one without oneDNN's

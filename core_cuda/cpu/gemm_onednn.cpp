@@ -296,6 +296,12 @@ Status execute_in_chunks(const GemmCall& c) {
 }  // namespace
 
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage) try {
+  if (call.in_dtype == DType::bf16 && !call.a_transposed && cpu_widens_bf16()) {
+    // B widened to float32 once (execute_widened reads it so): no oneDNN kernel holds it.
+    void* data = page_aligned(storage, size_t(call.k * call.n) * sizeof(float));
+    convert(call.b, call.in_dtype, data, DType::f32, call.k * call.n);
+    return PackedB{nullptr, data};
+  }
   if (!packable(call)) return std::nullopt;
   const std::shared_ptr<const Primitive> held = cached_primitive(call, true);
   void* data = page_aligned(storage, held->packed_b->get_size());
@@ -351,14 +357,15 @@ bool cpu_has_bf16_matmul() {
 constexpr size_t kKeptWidenedBytes = size_t(64) << 20;
 
 // A bfloat16 call on a CPU without bfloat16 kernels: its operands widened to float32
-// (exactly), the float32 kernel, and a bfloat16 output rounded once from float32 (with
-// accumulate, from the old value widened plus the product): the bfloat16 kernels' float32
-// accumulation and single rounding, in the float32 kernel's order of sums.
+// (exactly; B by pack_b once for several calls, when it brings it so), the float32 kernel,
+// and a bfloat16 output rounded once from float32 (with accumulate, from the old value
+// widened plus the product): the bfloat16 kernels' float32 accumulation and single
+// rounding, in the float32 kernel's order of sums.
 Status execute_widened(const GemmCall& c) {
   thread_local std::vector<float> kept;
   std::vector<float> once;
   const bool wide_out = c.out_dtype != DType::f32;
-  const int64_t a_count = c.m * c.k, b_count = c.k * c.n, bias_count = c.bias ? c.n : 0;
+  const int64_t a_count = c.m * c.k, b_count = c.packed_b ? 0 : c.k * c.n, bias_count = c.bias ? c.n : 0;
   const size_t count = size_t(a_count + b_count + bias_count + (wide_out ? c.m * c.n : 0));
   std::vector<float>& scratch = count * sizeof(float) <= kKeptWidenedBytes ? kept : once;
   if (scratch.size() < count) scratch.resize(count);
@@ -367,11 +374,12 @@ Status execute_widened(const GemmCall& c) {
   float* bias = b + b_count;
   float* out = bias + bias_count;
   convert(c.a, c.in_dtype, a, DType::f32, a_count);  // both operands are dense in their layout
-  convert(c.b, c.in_dtype, b, DType::f32, b_count);
+  if (!c.packed_b) convert(c.b, c.in_dtype, b, DType::f32, b_count);
   if (c.bias) convert(c.bias, c.in_dtype, bias, DType::f32, bias_count);
   if (wide_out && c.accumulate) convert(c.c, c.out_dtype, out, DType::f32, c.m * c.n);
   GemmCall wide = c;
-  wide.in_dtype = DType::f32, wide.a = a, wide.b = b, wide.bias = c.bias ? bias : nullptr, wide.packed_b = nullptr;
+  wide.in_dtype = DType::f32, wide.a = a, wide.bias = c.bias ? bias : nullptr, wide.packed_b = nullptr;
+  wide.b = c.packed_b ? c.packed_b->data : b;
   if (wide_out) wide.out_dtype = DType::f32, wide.c = out;
   const Status s = execute(wide);
   if (s.ok() && wide_out) convert(out, DType::f32, c.c, c.out_dtype, c.m * c.n);
@@ -380,7 +388,7 @@ Status execute_widened(const GemmCall& c) {
 
 }  // namespace
 
-bool cpu_packs_b() { return cpu_has_amx(); }
+bool cpu_packs_b() { return cpu_has_amx() || cpu_widens_bf16(); }
 
 bool cpu_widens_bf16() { return !cpu_has_bf16_matmul(); }
 
