@@ -13,6 +13,9 @@ weights, tokens and skewed routing (Zipf-like expert shares, every fourth expert
   on CUDA, how far torch's allocator rises (its peak statistic; not measured for JAX);
 - time: the median forward+backward, the two calls interleaved round-robin.
 
+The hot-expert shape routes each token (top-1) to one expert with probability 0.7, to the
+others evenly otherwise: a collapsing router, where that expert's GEMMs outweigh the rest.
+
 On CUDA (--device cuda) each cell runs under each of --kernels: GROUPGEMM_CUDA_KERNEL unset
 ("default": the fused op's CUTLASS 2.x gathered GEMMs) or set ("sm90" on Hopper: the
 gathered GEMMs through the sm_90a gathered GEMM, the composition's on the sm90 kernels).
@@ -44,7 +47,9 @@ from timing import interleaved_medians
 SHAPES = {
     "qwen3-30b-a3b/2": dict(tokens=4096, hidden=1024, ffn=384, experts=16, top_k=4),
     "small-F": dict(tokens=4096, hidden=1024, ffn=128, experts=16, top_k=4),
+    "hot-expert": dict(tokens=8192, hidden=1024, ffn=384, experts=16, top_k=1),
 }
+HOT_SHARE = 0.7  # of the hot-expert shape's tokens on its expert 0
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
 VARIANTS = ("fused", "composed")
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "expert_mlp_fused.json")
@@ -54,7 +59,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--frameworks", nargs="+", default=["torch", "jax"], choices=["torch", "jax"])
     p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=list(TOLERANCE))
-    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--shapes", nargs="+", default=["qwen3-30b-a3b/2", "small-F"], choices=list(SHAPES))
     p.add_argument("--scale", type=float, default=1.0, help="multiplies T, H, F (a quick run: 0.125)")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per variant (median)")
     p.add_argument("--budget", type=float, default=10.0, help="seconds of timed calls per variant and cell")
@@ -82,13 +87,21 @@ def skewed_routing(tokens, experts, top_k, seed=0):
                      for _ in range(tokens)]).astype(np.int32)
 
 
+def hot_routing(tokens, experts, seed=0):
+    """[T, 1]: expert 0 with probability HOT_SHARE, else one of the others evenly."""
+    rng = np.random.default_rng(seed)
+    others = rng.integers(1, experts, size=(tokens, 1))
+    return np.where(rng.uniform(size=(tokens, 1)) < HOT_SHARE, 0, others).astype(np.int32)
+
+
 def inputs(shape, scale, seed=0):
     d = dims(shape, scale)
     rng = np.random.default_rng(seed)
     t, h, f, e, k = d["tokens"], d["hidden"], d["ffn"], d["experts"], d["top_k"]
     return dict(tokens=rng.standard_normal((t, h)), probs=rng.uniform(0.05, 0.5, (t, k)),
                 w_in=rng.standard_normal((e, 2 * f, h)) / np.sqrt(h), w_out=rng.standard_normal((e, h, f)) / np.sqrt(f),
-                dout=rng.standard_normal((t, h)), indices=skewed_routing(t, e, k, seed)), d
+                dout=rng.standard_normal((t, h)),
+                indices=hot_routing(t, e, seed) if shape == "hot-expert" else skewed_routing(t, e, k, seed)), d
 
 
 # ---- the two frameworks: (forward+backward of a variant, its saved bytes) ---------------------
@@ -290,7 +303,8 @@ def main(argv=None):
         write_json(args, argv, rows)  # after every cell: a run stopped at a time limit keeps what it measured
     progress.close()
     print(f"\nexpert_mlp (fused) against permute + grouped MLP + unpermute (composed), SwiGLU, forward+backward, "
-          f"{args.device.upper()}; skewed routing with every fourth expert idle\n")
+          f"{args.device.upper()}; skewed routing with every fourth expert idle (hot-expert: {HOT_SHARE} of the "
+          f"tokens on one expert, top-1)\n")
     print(markdown_table(rows))
     print(f"\nwrote {args.json}")
     bad = [r for r in rows if r["check"] == "FAIL"]

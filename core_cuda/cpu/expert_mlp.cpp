@@ -15,9 +15,9 @@
 // The GEMMs and the activation are the grouped path's own calls (backend.cpp's library
 // GEMM, expert_ops.cpp's activation) on a block's rows instead of a group's, with the bits
 // of the grouped path's; the activation's derivative is activation.h's, per element. Every
-// block runs on one thread in a fixed order, or on all threads split by rows or inside a
-// library GEMM whose bits do not depend on them (gemm_threading), so the results do not
-// depend on the thread count.
+// block runs on one thread, its expert's weight-gradient terms added in block order, or on
+// all threads split by rows or inside a library GEMM whose bits do not depend on them
+// (gemm_threading), so the results do not depend on the thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -258,6 +258,15 @@ const GemmIn<T>* as_operand(const std::vector<T>& rows, std::vector<float>& wide
   }
 }
 
+// The rows where as_operand(rows, wide) left them.
+template <typename T>
+const GemmIn<T>* operand(const std::vector<T>& rows, const std::vector<float>& wide) {
+  if constexpr (kWidened<T>)
+    return wide.data();
+  else
+    return rows.data();
+}
+
 // An expert's weight as the B operand of its blocks' GEMMs (one role: fc1's, fc2's):
 // packed once for all of them (gemm.h's pack_b) when the expert has enough rows to pay
 // for the packing, rather than by each block's GEMM.
@@ -279,7 +288,8 @@ class ExpertWeight {
 };
 
 // One thread's scratch, reused block after block; the backward reuses each buffer once the
-// values in it are spent.
+// values in it are spent. dw_in, dw_out, w_in and w_out are an expert's, in the scratch of
+// the thread that set the expert up (its blocks may run on other threads: run_blocks).
 template <typename T>
 struct Scratch {
   std::vector<GemmIn<T>> rows;  // token rows (forward); dout's rows, fc2's output gradient in their place,
@@ -287,7 +297,7 @@ struct Scratch {
   std::vector<T> h, act;        // fc1's output (forward) or its gradient (backward), and the activation,
                                 // stored as the composition stores them
   std::vector<Acc<T>> g;        // dout @ w_out^T
-  std::vector<float> wide, wide_act;  // float16's float32 operands and results
+  std::vector<float> wide, wide_act, wide_dh;  // float16's float32 operands and results
   std::vector<Acc<T>> dw_in, dw_out;  // a 16-bit expert's weight gradients over several blocks
   ExpertWeight w_in, w_out;           // the expert's weights as the B of its blocks' GEMMs
 };
@@ -359,11 +369,48 @@ Status side_by_side(int64_t count, int threads, Fn fn) {
 // another, as the grouped path runs its GEMMs (gemm_threading).
 int call_threads(DType dtype) { return omp_in_parallel() || dtype == DType::f64 ? 1 : omp_get_max_threads(); }
 
-// fn(e, scratch) for every expert, each expert's blocks in order on one thread or, for the
-// largest when thread_plan.h says so (skewed routing), alone on all threads first; the
-// rest side by side, one thread each, largest first.
+// Whether the library may split each of these GEMMs across threads (gemm_threading).
+bool library_splits(std::initializer_list<GemmCall> calls) {
+  return std::all_of(calls.begin(), calls.end(), [](const GemmCall& c) { return gemm_threading(c) == Threading::any; });
+}
+
+// An expert's blocks: part(b, s) then in_order(b, s) for each block b, with s a thread's
+// scratch. Without a team, in order on the calling thread (s: own). With one (every
+// thread's scratch), the blocks side by side, one thread each, and each in_order after the
+// block before's, on the thread that did its part. Either way each block's calls are the
+// same, one thread's, and its sums are added in block order: the same bits.
+template <typename T, typename Part, typename InOrder>
+Status run_blocks(int64_t count, Scratch<T>& own, std::vector<Scratch<T>>* team, Part part, InOrder in_order) {
+  if (!team) {
+    for (int64_t b = 0; b < count; ++b) {
+      GG_RETURN_IF_ERROR(part(b, own));
+      GG_RETURN_IF_ERROR(in_order(b, own));
+    }
+    return Status::Ok();
+  }
+  std::vector<Status> status(count, Status::Ok());
+#pragma omp parallel for ordered schedule(static, 1) num_threads(static_cast<int>(team->size()))
+  for (int64_t b = 0; b < count; ++b) {
+    Scratch<T>& s = (*team)[omp_get_thread_num()];
+    status[b] = part(b, s);
+#pragma omp ordered
+    {
+      if (status[b].ok()) status[b] = in_order(b, s);
+    }
+  }
+  for (const Status& s : status)
+    if (!s.ok()) return s;
+  return Status::Ok();
+}
+
+// fn(e, own, team) for every expert, each expert's blocks in order on one thread (team
+// null) or, for the largest when thread_plan.h says so (skewed routing), alone on all
+// threads first; the rest side by side, one thread each, largest first. An expert alone
+// has its GEMMs split across the threads by the library where `splits` (library_splits of
+// its GEMMs), else its blocks side by side (team: every thread's scratch); own is the
+// scratch of the thread that sets it up.
 template <typename T, typename Fn>
-Status for_each_expert(const Routing& routing, int64_t experts, DType dtype, Fn fn) {
+Status for_each_expert(const Routing& routing, int64_t experts, DType dtype, bool splits, Fn fn) {
   std::vector<int64_t> order(experts);
   for (int64_t e = 0; e < experts; ++e) order[e] = e;
   std::stable_sort(order.begin(), order.end(),
@@ -373,9 +420,9 @@ Status for_each_expert(const Routing& routing, int64_t experts, DType dtype, Fn 
   const int threads = call_threads(dtype);
   const size_t alone = gemms_run_alone(work, threads);
   std::vector<Scratch<T>> scratch(threads);
-  for (size_t i = 0; i < alone; ++i) GG_RETURN_IF_ERROR(fn(order[i], scratch[0]));
+  for (size_t i = 0; i < alone; ++i) GG_RETURN_IF_ERROR(fn(order[i], scratch[0], splits ? nullptr : &scratch));
   return side_by_side(experts - static_cast<int64_t>(alone), threads,
-                      [&](int64_t i) { return fn(order[alone + i], scratch[omp_get_thread_num()]); });
+                      [&](int64_t i) { return fn(order[alone + i], scratch[omp_get_thread_num()], nullptr); });
 }
 
 // ---- the forward ------------------------------------------------------------------------
@@ -398,30 +445,35 @@ Status forward(const ExpertMlpArgs& a, int64_t block_rows) {
       if (routing.row_map[s] < 0) std::memset(h + s * f_in, 0, f_in * sizeof(T));
   }
 
-  GG_RETURN_IF_ERROR(for_each_expert<T>(routing, experts, a.dtype, [&](int64_t e, Scratch<T>& s) -> Status {
+  auto calls = [&](int64_t e) {  // fc1's and fc2's, but for their rows
+    return std::pair{gemm_call<G>(0, f_in, hidden, nullptr, false, w_in.at(e * hidden * f_in), a.transpose_rhs,
+                                  b_in.at(e * f_in)),
+                     gemm_call<G>(0, hidden, f, nullptr, false, w_out.at(e * f * hidden), a.transpose_rhs,
+                                  b_out.at(e * hidden))};
+  };
+  const bool splits = library_splits({calls(0).first, calls(0).second});
+  auto expert_outputs = [&](int64_t e, Scratch<T>& own, std::vector<Scratch<T>>* team) -> Status {
     const RowRange rows = routing.rows(e);
-    const GemmCall fc1 = gemm_call<G>(0, f_in, hidden, nullptr, false, w_in.at(e * hidden * f_in), a.transpose_rhs,
-                                      b_in.at(e * f_in));
-    const GemmCall fc2 = gemm_call<G>(0, hidden, f, nullptr, false, w_out.at(e * f * hidden), a.transpose_rhs,
-                                      b_out.at(e * hidden));
-    s.w_in.prepare(fc1, rows.rows()), s.w_out.prepare(fc2, rows.rows());
+    const auto [fc1, fc2] = calls(e);
+    own.w_in.prepare(fc1, rows.rows()), own.w_out.prepare(fc2, rows.rows());
     const int64_t count = block_count(rows, block_rows), step = block_step(block_rows, rows.rows(), count);
-    for (int64_t b = 0; b < count; ++b) {
+    auto block_outputs = [&](int64_t b, Scratch<T>& s) -> Status {
       const RowRange block = block_of(rows, b, count, step);
       const int64_t n = block.rows();
       const int32_t* slots = routing.slot_of_row.data() + block.begin;
       gather<G>(tokens, hidden, n, [&](int64_t r) { return slots[r] / k; }, s.rows);
       s.h.resize(n * f_in);
-      GG_RETURN_IF_ERROR(multiply_into(s.w_in.on(fc1, n, s.rows.data()), s.h.data(), s.wide));
+      GG_RETURN_IF_ERROR(multiply_into(own.w_in.on(fc1, n, s.rows.data()), s.h.data(), s.wide));
       if (h && f_in > 0)
         for_rows(n, f_in,
                  [&](int64_t r) { std::memcpy(h + slots[r] * f_in, s.h.data() + r * f_in, f_in * sizeof(T)); });
       activate(a.activation, s.h.data(), n, f_in, s.act);
-      GG_RETURN_IF_ERROR(multiply_into(s.w_out.on(fc2, n, as_operand(s.act, s.wide_act)),
-                                       expert_rows + block.begin * hidden, s.wide));
-    }
-    return Status::Ok();
-  }));
+      return multiply_into(own.w_out.on(fc2, n, as_operand(s.act, s.wide_act)), expert_rows + block.begin * hidden,
+                           s.wide);
+    };
+    return run_blocks(count, own, team, block_outputs, [](int64_t, Scratch<T>&) { return Status::Ok(); });
+  };
+  GG_RETURN_IF_ERROR(for_each_expert<T>(routing, experts, a.dtype, splits, expert_outputs));
 
   UnpermuteArgs sum;  // out[t]: its slots' weighted expert outputs, in slot order
   sum.dtype = a.dtype, sum.probs_dtype = a.probs_dtype;
@@ -456,7 +508,17 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
   if (a.dw_in) advise_huge_pages(a.dw_in, experts * hidden * f_in * int64_t(sizeof(T)));  // as the grouped
   if (a.dw_out) advise_huge_pages(a.dw_out, experts * f * hidden * int64_t(sizeof(T)));   // weight gradients
 
-  auto expert_gradients = [&](int64_t e, Scratch<T>& s) -> Status {
+  // g = dout @ w_out^T (accumulated in Acc<T>) and the input gradients dh @ w_in: the
+  // weights are their B; and the weight gradients' calls, but for their rows.
+  auto calls = [&](int64_t e) {
+    GemmCall g = gemm_call<G>(0, f, hidden, nullptr, false, w_out.at(e * f * hidden), !a.transpose_rhs);
+    g.out_dtype = dtype_of<A>();
+    return std::pair{g, gemm_call<G>(0, hidden, f_in, nullptr, false, w_in.at(e * hidden * f_in), !a.transpose_rhs)};
+  };
+  const GemmCall weight_gradient = gemm_call<G>(0, 0, 0, nullptr, true, nullptr, false);
+  const bool splits = library_splits({calls(0).first, calls(0).second, weight_gradient});
+
+  auto expert_gradients = [&](int64_t e, Scratch<T>& own, std::vector<Scratch<T>>* team) -> Status {
     const RowRange rows = routing.rows(e);
     const int64_t w_in_size = hidden * f_in, w_out_size = f * hidden;
     T* dw_in = a.dw_in ? static_cast<T*>(a.dw_in) + e * w_in_size : nullptr;
@@ -471,32 +533,29 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
       return Status::Ok();
     }
     const int64_t count = block_count(rows, block_rows), step = block_step(block_rows, rows.rows(), count);
-    WeightGradient<T> dw_in_sum(dw_in, w_in_size, count, s.dw_in),
-        dw_out_sum(dw_out, w_out_size, count, s.dw_out);
+    WeightGradient<T> dw_in_sum(dw_in, w_in_size, count, own.dw_in),
+        dw_out_sum(dw_out, w_out_size, count, own.dw_out);
     std::vector<A> db_in_acc(db_in ? f_in : 0, A(0)), db_out_acc(db_out ? hidden : 0, A(0));
-    // g = dout @ w_out^T (accumulated in Acc<T>) and the input gradients dh @ w_in: the
-    // weights are their B.
-    GemmCall g_call = gemm_call<G>(0, f, hidden, nullptr, false, w_out.at(e * w_out_size), !a.transpose_rhs);
-    g_call.out_dtype = dtype_of<A>();
-    const GemmCall dx_call = gemm_call<G>(0, hidden, f_in, nullptr, false, w_in.at(e * w_in_size), !a.transpose_rhs);
-    s.w_out.prepare(g_call, want_g ? rows.rows() : 0), s.w_in.prepare(dx_call, a.dtokens ? rows.rows() : 0);
-    for (int64_t b = 0; b < count; ++b) {
-      const RowRange block = block_of(rows, b, count, step);
-      const int64_t n = block.rows();
-      const int32_t* slots = routing.slot_of_row.data() + block.begin;
-      auto prob = [&](int64_t r) { return probs ? load<A>(probs, slots[r]) : A(1); };
-      auto token = [&](int64_t r) { return slots[r] / k; };
-      gather<G>(dout, hidden, n, token, s.rows);
+    const auto [g_call, dx_call] = calls(e);
+    own.w_out.prepare(g_call, want_g ? rows.rows() : 0), own.w_in.prepare(dx_call, a.dtokens ? rows.rows() : 0);
+    auto block = [&](int64_t b) { return block_of(rows, b, count, step); };
+    auto slots = [&](int64_t b) { return routing.slot_of_row.data() + block(b).begin; };
+
+    // A block's rows (any thread): g, the pass per row, and the input gradients.
+    auto row_gradients = [&](int64_t b, Scratch<T>& s) -> Status {
+      const int64_t n = block(b).rows();
+      const int32_t* slot = slots(b);
+      gather<G>(dout, hidden, n, [&](int64_t r) { return slot[r] / k; }, s.rows);
       if (want_dh) s.h.resize(n * f_in);
       if (want_g) {  // g = dout @ w_out^T, unweighted: fc2's input gradient over the slot's weight
         s.g.resize(n * f);
-        GG_RETURN_IF_ERROR(multiply_acc<T>(s.w_out.on(g_call, n, s.rows.data()), s.g.data(), false));
+        GG_RETURN_IF_ERROR(multiply_acc<T>(own.w_out.on(g_call, n, s.rows.data()), s.g.data(), false));
       }
       if (want_act) s.act.resize(n * f);
       for_rows(n, f_in + hidden, [&](int64_t r) {
-        const A p = prob(r);
+        const A p = probs ? load<A>(probs, slot[r]) : A(1);
         A partial[kDotLanes] = {};
-        row_backward<T>(a.activation, h + slots[r] * f_in, want_g ? s.g.data() + r * f : nullptr, p, f_in,
+        row_backward<T>(a.activation, h + slot[r] * f_in, want_g ? s.g.data() + r * f : nullptr, p, f_in,
                         want_act ? s.act.data() + r * f : nullptr, dprobs ? partial : nullptr,
                         want_dh ? s.h.data() + r * f_in : nullptr);
         G* dout_row = s.rows.data() + r * hidden;
@@ -509,12 +568,23 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
               partial[lane] = dot_lane_partial<A>(lane, hidden, bias, grad);
             dot = dot + fold_dot_lanes(partial);
           }
-          dprobs[slots[r]] = store<P>(dot);
+          dprobs[slot[r]] = store<P>(dot);
         }
         if (want_dy)  // fc2's output gradient in place of dout's row: the slot's weight times dout[t],
                       // rounded as unpermute's backward rounds it
           for (int64_t c = 0; c < hidden; ++c) dout_row[c] = rounded<T>(product(p, load<A>(dout_row, c)));
       });
+      if (!want_dh) return Status::Ok();
+      const G* dh = as_operand(s.h, s.wide_dh);  // float16's widened once, for w_in's gradient too
+      if (!a.dtokens) return Status::Ok();
+      // the rows' input gradients; each token sums its own below
+      return multiply_into(own.w_in.on(dx_call, n, dh), token_rows + block(b).begin * hidden, s.wide);
+    };
+
+    // Its weight and bias gradients' terms (in block order).
+    auto add_terms = [&](int64_t b, Scratch<T>& s) -> Status {
+      const int64_t n = block(b).rows();
+      const int32_t* slot = slots(b);
       if (want_dy) {
         const G* act = as_operand(s.act, s.wide_act);
         if (dw_out)
@@ -524,26 +594,26 @@ Status backward(const ExpertMlpBackwardArgs& a, int64_t block_rows) {
                                             b));
         if (db_out) add_rows(s.rows.data(), n, hidden, db_out_acc);  // rows in order, as grouped_bias_grad
       }
-      if (!want_dh) continue;
-      const G* dh = as_operand(s.h, s.wide_act);
       if (dw_in) {
-        gather<G>(tokens, hidden, n, token, s.rows);
+        const G* dh = operand(s.h, s.wide_dh);
+        gather<G>(tokens, hidden, n, [&](int64_t r) { return slot[r] / k; }, s.rows);
         GG_RETURN_IF_ERROR(dw_in_sum.add(a.transpose_rhs
                                              ? gemm_call<G>(f_in, hidden, n, dh, true, s.rows.data(), false)
                                              : gemm_call<G>(hidden, f_in, n, s.rows.data(), true, dh, false),
                                          b));
       }
       if (db_in) add_rows(s.h.data(), n, f_in, db_in_acc);
-      if (a.dtokens)  // the rows' input gradients; each token sums its own below
-        GG_RETURN_IF_ERROR(multiply_into(s.w_in.on(dx_call, n, dh), token_rows + block.begin * hidden, s.wide));
-    }
+      return Status::Ok();
+    };
+
+    GG_RETURN_IF_ERROR(run_blocks(count, own, team, row_gradients, add_terms));
     dw_in_sum.finish(), dw_out_sum.finish();
     if (db_in) convert(db_in_acc.data(), dtype_of<A>(), db_in, a.dtype, f_in);
     if (db_out) convert(db_out_acc.data(), dtype_of<A>(), db_out, a.dtype, hidden);
     return Status::Ok();
   };
 
-  GG_RETURN_IF_ERROR(for_each_expert<T>(routing, experts, a.dtype, expert_gradients));
+  GG_RETURN_IF_ERROR(for_each_expert<T>(routing, experts, a.dtype, splits, expert_gradients));
 
   if (!a.dtokens) return Status::Ok();
   UnpermuteArgs sum;  // dtokens[t]: its slots' input gradients, in slot order

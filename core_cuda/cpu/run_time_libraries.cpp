@@ -43,6 +43,10 @@ bool GOMP_loop_nonmonotonic_dynamic_start(long start, long end, long incr, long 
 bool GOMP_loop_nonmonotonic_dynamic_next(long* istart, long* iend);
 void GOMP_loop_end(void);
 void GOMP_loop_end_nowait(void);
+bool GOMP_loop_ordered_static_start(long start, long end, long incr, long chunk, long* istart, long* iend);
+bool GOMP_loop_ordered_static_next(long* istart, long* iend);
+void GOMP_ordered_start(void);
+void GOMP_ordered_end(void);
 
 void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) {
   if (num_threads != 1) groupgemm::cpu::before_parallel_work();  // 1: an `if` clause kept it serial
@@ -57,6 +61,14 @@ bool GOMP_loop_nonmonotonic_dynamic_next(long* istart, long* iend) {
 }
 void GOMP_loop_end(void) { GG_OPENMP(GOMP_loop_end)(); }
 void GOMP_loop_end_nowait(void) { GG_OPENMP(GOMP_loop_end_nowait)(); }
+bool GOMP_loop_ordered_static_start(long start, long end, long incr, long chunk, long* istart, long* iend) {
+  return GG_OPENMP(GOMP_loop_ordered_static_start)(start, end, incr, chunk, istart, iend);
+}
+bool GOMP_loop_ordered_static_next(long* istart, long* iend) {
+  return GG_OPENMP(GOMP_loop_ordered_static_next)(istart, iend);
+}
+void GOMP_ordered_start(void) { GG_OPENMP(GOMP_ordered_start)(); }
+void GOMP_ordered_end(void) { GG_OPENMP(GOMP_ordered_end)(); }
 
 int omp_get_max_threads(void) __GOMP_NOTHROW { return GG_OPENMP(omp_get_max_threads)(); }
 int omp_get_num_threads(void) __GOMP_NOTHROW { return GG_OPENMP(omp_get_num_threads)(); }

@@ -630,7 +630,11 @@ int main() {
     check_composition_bits<cpu::f16_t>(c);
   }
   const Case skewed = {"skewed", 400, 2, 16, 24, 5, swiglu, true, false, true, absent, 1};
-  for_each_dtype([&](auto tag) { check_thread_counts<decltype(tag)>(skewed, 64); });
+  // Every kept slot on expert 0: on two threads it runs alone, its blocks side by side where
+  // its GEMMs run on one thread (every bfloat16 backward; every call on an AVX2 CPU).
+  const Case one_hot_expert = {"one_hot_expert", 300, 2, 16, 24, 4, swiglu, true, true, true, absent, 0};
+  for (const Case& c : {skewed, one_hot_expert})
+    for_each_dtype([&](auto tag) { check_thread_counts<decltype(tag)>(c, 64); });
   test_errors();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
