@@ -59,6 +59,11 @@ CASES = [
     # Expert 0 has 1080 rows: two blocks on the CPU, sharing its weights packed once (the
     # CPU backend packs an expert's weights from 256 rows); expert 1 has 120, read unpacked.
     MlpCase("many_rows", tuple((0, 0 if t % 5 else 1) for t in range(600)), 3, hidden=64, ffn=32),
+    # 2700 of 3000 rows on expert 0 (three blocks on the CPU): it runs alone on the threads,
+    # its blocks side by side where its GEMMs run on one thread; the composition's grouped
+    # GEMMs cut its rows into blocks there.
+    MlpCase("hot_expert", tuple((0,) if t % 10 else (1 + t % 3,) for t in range(3000)), 4, "swiglu", True,
+            hidden=32, ffn=16),
     # F over the CPU's column chunk (256, cpu/sigmoid_rows.h): each row's activation in two.
     MlpCase("wide_ffn", tuple((t % 3, (t + 1) % 3) for t in range(12)), 3, hidden=8, ffn=300),
 ]
@@ -145,8 +150,9 @@ def runs(names, dtypes):
 # Every case in float32, every dtype on three of them. JAX gives PyTorch's bits (the parity
 # test below), so the reference holds both frameworks to it.
 REFERENCE_RUNS = (runs(BY_NAME, ["float32"]) + runs(["top2_swiglu", "gelu_bias_transposed", "no_tokens"], DTYPES[1:])
-                  + runs(["many_rows", "wide_ffn"], ["bfloat16"]))
-PARITY_RUNS = runs(BY_NAME, ["float32"]) + runs(["top2_swiglu", "gelu_bias_transposed", "many_rows"], DTYPES[1:])
+                  + runs(["many_rows", "wide_ffn", "hot_expert"], ["bfloat16"]))
+PARITY_RUNS = (runs(BY_NAME, ["float32"])
+               + runs(["top2_swiglu", "gelu_bias_transposed", "many_rows", "hot_expert"], DTYPES[1:]))
 
 
 def ids(pairs):
@@ -248,10 +254,11 @@ def test_a_subset_of_gradients_has_the_full_backwards_bits(name, dtype, want):
 
 @pytest.mark.parametrize("name, dtype", [("top2_swiglu", "float32"), ("gelu_bias_transposed", "float32"),
                                          ("silu_window", "bfloat16"), ("many_rows", "bfloat16"),
-                                         ("wide_ffn", "bfloat16")])
+                                         ("wide_ffn", "bfloat16"), ("hot_expert", "float32"),
+                                         ("hot_expert", "bfloat16")])
 def test_fused_output_has_the_compositions_bits(name, dtype):
-    # Each expert's rows fit one block: the same library GEMMs on the same rows, the same
-    # per-token sum. Its gradients differ in rounding only (fc2's input gradient is
+    # The same library GEMMs on the same rows (a row has the same bits in any block of rows),
+    # the same per-token sum. Its gradients differ in rounding only (fc2's input gradient is
     # probs * (dout @ w_out^T), dprobs comes from the identity, weight gradients add blocks).
     case = BY_NAME[name]
     x = inputs(case, seed=2)
