@@ -60,8 +60,7 @@ CASES = [
     # CPU backend packs an expert's weights from 256 rows); expert 1 has 120, read unpacked.
     MlpCase("many_rows", tuple((0, 0 if t % 5 else 1) for t in range(600)), 3, hidden=64, ffn=32),
     # 2700 of 3000 rows on expert 0 (three blocks on the CPU): it runs alone on the threads,
-    # its blocks side by side where its GEMMs run on one thread; the composition's grouped
-    # GEMMs cut its rows into blocks there.
+    # its blocks side by side where its GEMMs run on one thread.
     MlpCase("hot_expert", tuple((0,) if t % 10 else (1 + t % 3,) for t in range(3000)), 4, "swiglu", True,
             hidden=32, ffn=16),
     # F over the CPU's column chunk (256, cpu/sigmoid_rows.h): each row's activation in two.
@@ -254,11 +253,10 @@ def test_a_subset_of_gradients_has_the_full_backwards_bits(name, dtype, want):
 
 @pytest.mark.parametrize("name, dtype", [("top2_swiglu", "float32"), ("gelu_bias_transposed", "float32"),
                                          ("silu_window", "bfloat16"), ("many_rows", "bfloat16"),
-                                         ("wide_ffn", "bfloat16"), ("hot_expert", "float32"),
-                                         ("hot_expert", "bfloat16")])
+                                         ("wide_ffn", "bfloat16")])
 def test_fused_output_has_the_compositions_bits(name, dtype):
-    # The same library GEMMs on the same rows (a row has the same bits in any block of rows),
-    # the same per-token sum. Its gradients differ in rounding only (fc2's input gradient is
+    # Each expert's rows fit one block: the same library GEMMs on the same rows, the same
+    # per-token sum. Its gradients differ in rounding only (fc2's input gradient is
     # probs * (dout @ w_out^T), dprobs comes from the identity, weight gradients add blocks).
     case = BY_NAME[name]
     x = inputs(case, seed=2)

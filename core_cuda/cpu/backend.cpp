@@ -59,39 +59,13 @@ GemmCall group_gemm(const GroupProblem& p, DType in, DType out, const void* a, c
 
 double flops(const GemmCall& c) { return static_cast<double>(c.m) * c.n * c.k; }
 
-// The call's GEMMs, each one-thread GEMM too large to share the threads (row_blocks) cut
-// into blocks of rows where its rows are independent: A not transposed, so row i of C is
-// row i of A times B. The blocks start at multiples of kContractionStep rows, and a row
-// has the same bits in a block as in the whole GEMM (oneDNN's float32 kernels on an AVX2
-// CPU, where every GEMM runs on one thread: the fused expert MLP's blocks of 1024 rows gave
-// the grouped GEMM's bits on groups of up to 5,700 rows).
-std::vector<GemmCall> with_hot_rows_cut(const std::vector<GemmCall>& calls, int threads) {
-  double total = 0;
-  for (const GemmCall& c : calls) total += flops(c);
-  std::vector<GemmCall> cut;
-  for (const GemmCall& c : calls) {
-    const bool independent_rows = !c.a_transposed && gemm_threading(c) == Threading::one;
-    const int64_t blocks = threads > 1 && independent_rows ? row_blocks(flops(c), c.m, total / threads) : 1;
-    auto start = [&](int64_t b) { return b == blocks ? c.m : c.m * b / blocks / kContractionStep * kContractionStep; };
-    for (int64_t b = 0; b < blocks; ++b) {
-      GemmCall part = c;
-      part.m = start(b + 1) - start(b);
-      part.a = at(c.a, start(b) * c.k, c.in_dtype);
-      part.c = at(c.c, start(b) * c.n, c.out_dtype);
-      cut.push_back(part);
-    }
-  }
-  return cut;
-}
-
 // Runs the per-group GEMMs of one call (they write disjoint outputs): the largest alone
 // on all threads when thread_plan.h says so, the rest side by side, one thread each,
 // largest first. Each GEMM is threaded only as gemm_threading allows, so its bits are
 // those of a single-threaded run, and so is the result.
-Status run_gemms(const std::vector<GemmCall>& group_calls) {
-  if (group_calls.empty()) return Status::Ok();  // every group empty: nothing to plan or thread
+Status run_gemms(const std::vector<GemmCall>& calls) {
+  if (calls.empty()) return Status::Ok();  // every group empty: nothing to plan or thread
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const std::vector<GemmCall> calls = with_hot_rows_cut(group_calls, threads);
   std::vector<size_t> may_share, alone;
   for (size_t i = 0; i < calls.size(); ++i)
     (gemm_threading(calls[i]) == Threading::own ? alone : may_share).push_back(i);

@@ -10,9 +10,7 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
-#include <cstdint>
 #include <functional>
 #include <numeric>
 #include <queue>
@@ -61,21 +59,6 @@ inline size_t gemms_run_alone(const std::vector<double>& work, int threads) {
     if (time < best_time) best = alone, best_time = time;
   }
   return best;
-}
-
-// A GEMM that must run on one thread (gemm_threading) and does more than this share of one
-// thread's even load keeps the other threads waiting for it at the end of the call (a hot
-// expert). Where its rows are independent it is cut into blocks of rows, at least
-// kMinRowBlock each, that share the threads like separate GEMMs.
-constexpr double kMaxOneThreadShare = 0.5;
-constexpr int64_t kMinRowBlock = 256;
-
-// Into how many blocks of rows such a GEMM of `work` over `rows` rows is cut, where `even`
-// is one thread's even share of the call's work.
-inline int64_t row_blocks(double work, int64_t rows, double even) {
-  if (!(work > kMaxOneThreadShare * even)) return 1;
-  const auto wanted = static_cast<int64_t>(std::ceil(work / (kMaxOneThreadShare * even)));
-  return std::max<int64_t>(1, std::min(wanted, rows / kMinRowBlock));
 }
 
 }  // namespace cpu

@@ -665,15 +665,6 @@ void test_thread_plan() {
   CHECK(gemms_run_alone(small, 64) <= cpu::kMaxAlone);
   CHECK(cpu::side_by_side_time({3, 2, 2, 1}, 0, 2) == 4);
   CHECK(cpu::side_by_side_time({3, 2, 2, 1}, 1, 2) == 3);
-  // A one-thread GEMM over half a thread's even share is cut into blocks of rows, each at
-  // most half a share, of at least kMinRowBlock rows.
-  using cpu::row_blocks;
-  CHECK(row_blocks(50, 4096, 100) == 1);  // half a share: it shares the threads whole
-  CHECK(row_blocks(70, 5740, 50) == 3);   // 70% of the work on 2 threads: blocks of 23%
-  CHECK(row_blocks(100, 4096, 50) == 4);  // the only GEMM
-  CHECK(row_blocks(100, 600, 50) == 2);   // no block under kMinRowBlock rows
-  CHECK(row_blocks(100, 255, 50) == 1);
-  CHECK(row_blocks(0, 0, 0) == 1);
 }
 
 // The cache's policy on its own: least recently used evicted first, a value handed out
