@@ -1,8 +1,9 @@
 import os
 import sys
 
-# Several CPU devices for the shard_map tests; must be set before JAX initialises.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# Several CPU devices for the shard_map tests; must be set before JAX initialises. First, so
+# that flags the environment already sets (with another device count among them) still apply.
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 " + os.environ.get("XLA_FLAGS", "")
 # The shared case table, the reference, the frontend adapters and the workers.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
 # The examples' MoE dispatch helper, shared by the demo, the tests and the workers.
