@@ -203,7 +203,8 @@ def test_grouped_mlp_takes_either_weight_layout():
 
 @pytest.mark.parametrize("w_in_shape, w_out_shape, match", [
     ((2, 8, 5), (2, 2, 8), "swiglu needs an even w_in output width"),
-    ((2, 8, 6), (2, 4, 8), r"w_out must have shape \(2, 3, 8\)"),
+    ((2, 8, 6), (2, 4, 8), r"w_out must have shape \(2, 3, 8\), got \(2, 4, 8\) \(w_in \(2, 8, 6\) gives 6 "
+                           r"outputs, F = 3 under swiglu\)"),  # either weight may be the wrong one: both named
     ((8, 6), (2, 3, 8), "w_in must be 3-D"),
     ((2, 7, 6), (2, 3, 8), r"w_in \(2, 7, 6\) takes inputs of width 7, but x has width 8 \(shape \(4, 8\)\)"),
 ])

@@ -333,7 +333,9 @@ def grouped_mlp(fn, x, w_in, w_out, activation, transpose, x_name="x", b_in=None
                          f"{x_shape[-1]} (shape {tuple(x_shape)})")
     f = activation_width(activation, f_in, fn, f"{in_name} output")
     want = (in_shape[0], x_shape[-1], f) if transpose else (in_shape[0], f, x_shape[-1])
-    check_shape(out_shape, want, out_name, fn)
+    if tuple(out_shape) != want:  # F comes from w_in: the message names both, as either may be the wrong one
+        raise ValueError(f"{fn}: {out_name} must have shape {want}, got {tuple(out_shape)} ({in_name} "
+                         f"{tuple(in_shape)} gives {f_in} outputs, F = {f} under {activation})")
     for (_, weight_dtype), name in ((w_in, in_name), (w_out, out_name)):
         check_float(weight_dtype, name, fn)
         check_same_dtype(weight_dtype, dtype, name, x_name, fn)
