@@ -10,6 +10,7 @@ a ``torch.distributed`` group: ``dispatch``, ``dispatch_probs``, ``combine``,
 ``ExpertParallelMoE`` and ``dropless_capacity``.
 """
 
+from groupgemm.torch_ext import flop_formulas  # noqa: F401 - registers the ops' FLOP counts
 from groupgemm.torch_ext.expert import permute, softmax_topk, unpermute
 from groupgemm.torch_ext.expert_mlp import expert_mlp
 from groupgemm.torch_ext.expert_parallel import ExpertParallelMoE, combine, dispatch, dispatch_probs, dropless_capacity
