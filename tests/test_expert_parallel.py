@@ -149,6 +149,7 @@ def test_jax_layer_compiles_once_for_any_routing_and_counts_dropped_slots_exactl
     for step in range(cases.SAME_SHAPE_STEPS):
         x, _, allowed = cases.batch(step, DEVICES)
         _, dropped = layer(jax_params(), jnp.asarray(x), jnp.asarray(allowed))
+        assert dropped.dtype == jnp.int32  # as torch's
         want = cases.expected_dropped(params, step, DEVICES, 2)
         assert np.asarray(dropped).tolist() == want, step
         seen += sum(want)

@@ -67,7 +67,7 @@ class DispatchPlan:
     receive_experts: Tensor  # [received rows, 1]: the local expert of each received row, -1 padding
     send_rows: Tensor | None  # capacity: [ep * capacity, 1], the permuted row of each sent row, -1 padding
     return_rows: Tensor | None  # capacity: [T * k, 1], the returned row of each permuted row, -1: none
-    dropped: Tensor  # int scalar: this rank's slots past capacity (0 when dropless)
+    dropped: Tensor  # int32 scalar: this rank's slots past capacity (0 when dropless)
     group: dist.ProcessGroup
     splits: "_Splits | None" = None  # dropless: the rows exchanged with each peer
     received_rows: Tensor | None = None  # where each received row went, sorted by local expert

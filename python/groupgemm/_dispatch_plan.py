@@ -97,7 +97,7 @@ def send_plan(ops, group_sizes, ep_size, capacity):
     - ``send_rows [ep * capacity, 1]``: for each row of the send buffer (chunk r, row c)
       the permuted row it copies, -1 for padding (unpermute's row map);
     - ``sent [ep, E_local]``: the rows sent of each (destination, local expert);
-    - ``dropped``: the slots past capacity, a scalar.
+    - ``dropped``: the slots past capacity, an int32 scalar (torch would sum to int64).
     """
     per_rank = group_sizes.reshape(ep_size, -1)
     counts = per_rank.sum(1)  # rows bound for each rank
@@ -108,7 +108,7 @@ def send_plan(ops, group_sizes, ep_size, capacity):
     kept = sent.sum(1)
     c = ops.arange(capacity, group_sizes)[None, :]
     send_rows = ops.where(c < kept[:, None], start[:, None] + c, -1)
-    return ops.int32(send_rows.reshape(-1, 1)), sent, (counts - kept).sum()
+    return ops.int32(send_rows.reshape(-1, 1)), sent, ops.int32((counts - kept).sum())
 
 
 def receive_plan(ops, received, capacity):

@@ -46,6 +46,7 @@ def step_results(layer, forward, step, world, rank):
     rows = cases.rank_rows(step, world, rank)
     xt = torch.tensor(x[rows], requires_grad=True)
     out, dropped = forward(xt, torch.tensor(allowed[rows]))
+    assert dropped.dtype == torch.int32 and dropped.shape == (), (dropped.dtype, dropped.shape)  # in every mode
     out.backward(torch.tensor(dy[rows]))
     grads = {name: p.grad.clone() for name, p in (("router", layer.router), ("fc1", layer.experts.fc1.weight),
                                                    ("fc2", layer.experts.fc2.weight))}
