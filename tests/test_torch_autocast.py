@@ -132,6 +132,40 @@ def test_the_fp8_layer_is_left_as_it_is_under_autocast():
     assert got.dtype == torch.float32 and torch.equal(got, layer(x, SIZES))
 
 
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+def test_an_fp8_layer_of_float32_weights_takes_bfloat16_activations_in_a_region(recipe):
+    """Mixed precision's usual set-up: float32 parameters, bfloat16 activations from the
+    region. Each operand is quantized from its own dtype; widening bfloat16 to float32 is
+    exact, so the result is the float32 layer's on the widened input, rounded once to
+    bfloat16 (the FP8 GEMMs accumulate in float32 and round once), and the weight gradient
+    its bits."""
+    torch.manual_seed(0)
+    layer = gt.GroupedLinear(E, 128, 128, bias=False, fp8=recipe)
+    x, dy = torch.randn(M, 128).to(BF16), torch.randn(M, 128).to(BF16)
+    want_x = x.float().requires_grad_()
+    want = layer(want_x, SIZES)
+    want_dx, want_dw = torch.autograd.grad(want, (want_x, layer.weight), dy.float())
+    got_x = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=BF16):
+        got = layer(got_x, SIZES)
+    got_dx, got_dw = torch.autograd.grad(got, (got_x, layer.weight), dy)
+    assert got.dtype == got_dx.dtype == BF16 and got_dw.dtype == torch.float32
+    assert torch.equal(got, want.to(BF16)) and torch.equal(got_dx, want_dx.to(BF16))
+    assert torch.equal(got_dw, want_dw) and not got_dw[1].any()  # expert 1 has no rows
+
+
+def test_an_fp8_mlp_of_float32_weights_trains_on_bfloat16_activations_in_a_region():
+    torch.manual_seed(0)
+    mlp = gt.GroupedMLP(E, 128, 128, bias=True, fp8="blockwise")
+    x = torch.randn(M, 128, requires_grad=True)
+    with torch.autocast("cpu", dtype=BF16):
+        out = mlp(torch.nn.functional.linear(x, torch.eye(128)), SIZES)  # bfloat16, as a region's layer gives
+    out.float().sum().backward()
+    assert out.dtype == BF16 and x.grad.dtype == torch.float32
+    assert all(p.grad.dtype == torch.float32 and p.grad.shape == p.shape for p in mlp.parameters())
+    assert not mlp.fc1.weight.grad[1].any() and not mlp.fc2.bias.grad[1].any()  # expert 1 has no rows
+
+
 @pytest.mark.parametrize("case", ["grouped_mm", "expert_mlp"])
 def test_torch_compile_fullgraph_under_autocast_gives_the_eager_bits(case):
     layer, call, inputs = _build(case)

@@ -9,8 +9,9 @@ expert_mlp, GroupedLinear, GroupedMLP) apply the same cast on entry. Routing wei
 not GEMM operands: float32 ones stay float32 (the core takes them so and sums in float32
 anyway). Integer operands are never touched. The FP8 functions and layers do not take
 part: they quantize what they are given (an FP8 GEMM already runs below autocast's
-precision, and a cast first would round twice). Outside a region every argument passes
-through as it is: the same tensors, the same bits.
+precision, and a cast first would round twice), so in a region an FP8 layer's input may
+come in another dtype than its weight, and its output follows the input. Outside a region
+every argument passes through as it is: the same tensors, the same bits.
 """
 
 import torch

@@ -14,10 +14,15 @@ Tensor = torch.Tensor
 
 
 def check_grouped_mm(input, weight, group_sizes, bias, transpose_weight, group_offset, out_dtype,
-                     fn="grouped_mm"):
-    """Validates grouped_mm's arguments; returns (group_sizes, group_offset, out_dtype)."""
+                     fn="grouped_mm", quantized=False):
+    """Validates grouped_mm's arguments; returns (group_sizes, group_offset, out_dtype).
+    ``quantized``: an FP8 product, which quantizes each operand from its own dtype, so the
+    weight's need not be the input's."""
+    weight_shape, weight_dtype = shape_and_dtype(weight, NAMES["rhs"], fn)
+    if quantized:
+        weight_dtype = dtype_name(input.dtype)
     num_groups, _, out = contract.matmul(
-        fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), shape_and_dtype(weight, NAMES["rhs"], fn),
+        fn, NAMES, shape_and_dtype(input, NAMES["lhs"], fn), (weight_shape, weight_dtype),
         contract.static_flag(transpose_weight, "transpose_weight", fn),
         None if bias is None else shape_and_dtype(bias, "bias", fn),
         None if out_dtype is None else dtype_name(out_dtype))

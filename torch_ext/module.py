@@ -37,8 +37,9 @@ class GroupedLinear(nn.Module):
     Reverse mode only.
 
     Under ``torch.autocast`` the layer computes in the autocast dtype, as nn.Linear does,
-    its float32 parameters getting float32 gradients (main_grad too); with ``fp8`` autocast
-    changes nothing (autocast.py).
+    its float32 parameters getting float32 gradients (main_grad too); with ``fp8`` it casts
+    nothing: the input and weight are quantized from the dtypes they have, the output comes
+    in the input's (autocast.py).
     """
 
     def __init__(self, num_experts, in_features, out_features, bias=True, *, device=None, dtype=None,
@@ -83,10 +84,15 @@ class GroupedLinear(nn.Module):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)
         if self.fp8 is not None:
-            contract.fp8_layer("GroupedLinear", self.fp8, dtype_name(self.weight.dtype), self.in_features,
-                               self.out_features)
+            # In an autocast region x may come in another dtype than the weight (float32
+            # parameters, bfloat16 activations): each is quantized from the dtype it has, the
+            # output comes in x's and the bias joins it there (autocast.py).
+            for dtype in dict.fromkeys((dtype_name(self.weight.dtype), x_dtype)):
+                contract.fp8_layer("GroupedLinear", self.fp8, dtype, self.in_features, self.out_features)
+            if bias is not None and bias.dtype != x.dtype:
+                bias = bias.to(x.dtype)
             group_sizes, _, _ = functional.check_grouped_mm(x, self.weight, group_sizes, bias, True, None, None,
-                                                            fn="GroupedLinear")
+                                                            fn="GroupedLinear", quantized=True)
             return fp8_recipe.grouped_linear(x, self.weight, group_sizes, bias, self.fp8,
                                              self.accumulate_into_main_grad)
         if not (self.accumulate_into_main_grad and main_grad.needs_main_grad(self.weight)):
