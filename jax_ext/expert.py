@@ -8,7 +8,14 @@ import jax.numpy as jnp
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
-from groupgemm.jax_ext.arguments import index_array, index_input, index_operands, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import (
+    dtype_name,
+    index_array,
+    index_input,
+    index_operands,
+    same_varying_axes,
+    shape_and_dtype,
+)
 from groupgemm.jax_ext.expert_primitives import activation_p, permute_p, router_p, unpermute_p
 from groupgemm.jax_ext.functional import grouped_matmul
 from groupgemm.jax_ext.primitives import placeholder
@@ -100,9 +107,10 @@ def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, 
     contract.activation_kind(activation, fn)
     contract.check_rank(x.shape, 2, "x", "[M, H]", fn)
     described = lambda b: None if b is None else shape_and_dtype(b)  # noqa: E731
-    contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation,
-                         contract.static_flag(transpose_rhs, "transpose_rhs", fn), "x", described(b_in),
-                         described(b_out))
+    f = contract.grouped_mlp(fn, shape_and_dtype(x), shape_and_dtype(w_in), shape_and_dtype(w_out), activation,
+                             contract.static_flag(transpose_rhs, "transpose_rhs", fn), "x", described(b_in),
+                             described(b_out))
+    contract.fp8_layer(fn, fp8, dtype_name(x.dtype), x.shape[1], f, ("H", "F"))  # before either layer's
     group_sizes, group_offset = index_operands(group_sizes, group_offset, w_in.shape[0], x.shape[0], fn)
     if fp8 is None:
         layer = grouped_matmul

@@ -147,6 +147,8 @@ class GroupedMLP(nnx.Module):
         contract.activation_kind(activation, fn)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.activation, self.fp8, self.fused = activation, fp8, contract.check_fused(fused, fp8, fn)
+        contract.fp8_layer(fn, fp8, dtype_name(dtype), hidden_size, ffn_hidden_size,
+                           ("hidden_size", "ffn_hidden_size"))  # in its own terms, before fc1's and fc2's
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "dtype": dtype, "fp8": fp8, "expert_axis": expert_axis, "mesh": mesh, "rngs": rngs}
         self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)

@@ -60,6 +60,9 @@ BAD = {
     "blockwise fp8 widths": (
         lambda: gf.GroupedLinear(4, 8, 128, fp8="blockwise", rngs=nnx.Rngs(0)),
         ValueError, "GroupedLinear: fp8='blockwise' needs in_features to be a multiple of 128"),
+    "blockwise fp8 MLP widths": (  # its own name, not its fc1's in_features
+        lambda: gf.GroupedMLP(4, 100, 128, fp8="blockwise", rngs=nnx.Rngs(0)),
+        ValueError, "GroupedMLP: fp8='blockwise' needs hidden_size to be a multiple of 128"),
     "activation": (
         lambda: gf.GroupedMLP(4, 8, 6, activation="tanh", rngs=nnx.Rngs(0)),
         ValueError, "GroupedMLP: activation must be one of"),

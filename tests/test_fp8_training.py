@@ -115,6 +115,19 @@ def test_jax_fp8_mlp_refuses_a_derivative_of_its_gradient_saying_what_it_has():
         jax.grad(lambda x: jax.grad(loss)(x).astype(jnp.float32).sum())(x)
 
 
+@pytest.mark.parametrize("hidden, ffn, name", [(128, 64, "F"), (100, 128, "H")])
+def test_jax_blockwise_fp8_mlp_names_its_own_width_that_128_does_not_divide(hidden, ffn, name):
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import groupgemm.jax as gj
+
+    x, w_in, w_out = jnp.ones((4, hidden)), jnp.ones((2, hidden, 2 * ffn)), jnp.ones((2, ffn, hidden))
+    with pytest.raises(ValueError, match=f"grouped_mlp: fp8='blockwise' needs {name} to be a multiple of 128 .*"
+                                         f"got {ffn if name == 'F' else hidden}"):
+        gj.grouped_mlp(x, w_in, w_out, jnp.array([2, 2]), fp8="blockwise")
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("name", ["window_middle", "window_past_end", "window_outside"])
 def test_jax_fp8_layer_of_an_expert_window_matches_the_recipe_reference(name, recipe):

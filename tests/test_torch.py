@@ -378,6 +378,8 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
 
 @pytest.mark.parametrize("make, error, message", [
     (lambda: GroupedMLP(4, 8, -1), ValueError, "GroupedMLP: ffn_hidden_size must be a non-negative int, got -1"),
+    (lambda: GroupedMLP(4, 128, 64, fp8="blockwise"), ValueError,  # its own name, not its fc2's in_features
+     "GroupedMLP: fp8='blockwise' needs ffn_hidden_size to be a multiple of 128 .*, got 64"),
     (lambda: GroupedMLP(4, 8.0, 6), ValueError, "GroupedMLP: hidden_size must be a non-negative int, got 8.0"),
     (lambda: GroupedLinear(4, -1, 6), ValueError, "GroupedLinear: in_features must be a non-negative int, got -1"),
     (lambda: GroupedLinear(4, 8, 6, dtype=torch.int32), TypeError,

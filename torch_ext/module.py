@@ -136,6 +136,8 @@ class GroupedMLP(nn.Module):
         contract.activation_kind(activation, fn)
         self.activation = activation
         self.fused = contract.check_fused(fused, fp8, fn)
+        contract.fp8_layer(fn, fp8, dtype_name(dtype or torch.get_default_dtype()), hidden_size, ffn_hidden_size,
+                           ("hidden_size", "ffn_hidden_size"))  # in its own terms, before fc1's and fc2's
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "device": device, "dtype": dtype,
                   "accumulate_into_main_grad": accumulate_into_main_grad, "fp8": fp8}

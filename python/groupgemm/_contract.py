@@ -715,18 +715,19 @@ def torch_fp8_recipe(fn, form, recipe_a, recipe_b):
     return recipe
 
 
-def fp8_layer(fn, recipe, dtype, in_features, out_features):
+def fp8_layer(fn, recipe, dtype, in_features, out_features, names=("in_features", "out_features")):
     """``fp8=`` of a grouped linear layer: None (off), "rowwise" or "blockwise". Its GEMMs
     write the layer's dtype, float32 or bfloat16; blockwise contracts over in_features
     (forward) and out_features (input gradient) in 128-blocks, so both must be multiples
-    of 128. Returns the recipe."""
+    of 128. ``names``: the caller's names of the two sizes (an MLP's: its hidden and FFN
+    widths, which cover both of its layers'). Returns the recipe."""
     if recipe is None:
         return None
     fp8_recipe(recipe, fn, "fp8")
     if dtype not in FP8_OUTPUTS:
         raise TypeError(f"{fn}: fp8={recipe!r} needs float32 or bfloat16 weights and inputs, got {dtype}")
     if recipe == "blockwise":
-        for size, name in ((in_features, "in_features"), (out_features, "out_features")):
+        for size, name in zip((in_features, out_features), names):
             if size % FP8_BLOCK:
                 raise ValueError(f"{fn}: fp8='blockwise' needs {name} to be a multiple of 128 (its GEMMs contract "
                                  f"over it in 128-blocks), got {size}")
