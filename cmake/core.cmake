@@ -98,44 +98,18 @@ else()
   message(STATUS "groupgemm: building the CPU backend only: ${GG_CUDA_REASON}")
 endif()
 
-# The sm_90a grouped GEMM (CUTLASS 3.x: TMA + WGMMA), when the architectures include 90a:
-# its kernels exist only as sm_90a code, so these translation units compile for that
-# target alone, once for every core library. One unit per input dtype, tile and operand
-# layout, made from one template (gemm_sm90_dispatch.cu calls each), so they build in parallel.
+# The sm_90a kernels (CUTLASS 3.x: TMA + WGMMA), when the architectures include 90a: they
+# exist only as sm_90a code, so their translation units compile for that target alone, once
+# for every core library. One unit per 16-bit input dtype (every tile of the Hopper kernel
+# table in every operand layout, and the gathered GEMM) and one for FP8: each unit's compile
+# is mostly the CUTLASS headers and shared templates, so fewer, larger units take a third of
+# the CPU time (gemm_sm90_dispatch.cu and fp8_sm90_dispatch.cu call each instantiation).
 if(GG_WITH_CUDA AND CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)90a")
-  set(GG_SM90_UNITS "")
-  # The tiles are the GG_SM90_TILE rows of the Hopper kernel table.
-  set(GG_KERNEL_TABLE "${CMAKE_CURRENT_SOURCE_DIR}/core_cuda/src/hopper_kernels.def")
-  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${GG_KERNEL_TABLE}")
-  file(STRINGS "${GG_KERNEL_TABLE}" GG_TILE_ROWS REGEX "^GG_SM90_TILE\\(")
-  set(GG_SM90_TILES "")
-  foreach(row IN LISTS GG_TILE_ROWS)
-    string(REGEX REPLACE "^GG_SM90_TILE\\(([a-z0-9_]+),.*$" "\\1" tile "${row}")
-    list(APPEND GG_SM90_TILES "${tile}")
-  endforeach()
+  set(GG_SM90_UNITS core_cuda/cuda/fp8_sm90_instances.cu)
   foreach(SM90_DTYPE bf16 f16)
-    foreach(SM90_TILE IN LISTS GG_SM90_TILES)
-      foreach(SM90_LAYOUT row_row row_col col_row)
-        set(unit "${CMAKE_CURRENT_BINARY_DIR}/sm90/gemm_${SM90_DTYPE}_${SM90_TILE}_${SM90_LAYOUT}.cu")
-        configure_file(core_cuda/cuda/gemm_sm90_instance.cu.in "${unit}" @ONLY)
-        list(APPEND GG_SM90_UNITS "${unit}")
-      endforeach()
-    endforeach()
-  endforeach()
-  # The gathered grouped GEMM (cutlass_gathered_sm90.cuh): one unit per input dtype.
-  foreach(SM90_DTYPE bf16 f16)
-    set(unit "${CMAKE_CURRENT_BINARY_DIR}/sm90/gathered_sm90_${SM90_DTYPE}.cu")
-    configure_file(core_cuda/cuda/gathered_sm90_instance.cu.in "${unit}" @ONLY)
+    set(unit "${CMAKE_CURRENT_BINARY_DIR}/sm90/sm90_${SM90_DTYPE}.cu")
+    configure_file(core_cuda/cuda/sm90_instances.cu.in "${unit}" @ONLY)
     list(APPEND GG_SM90_UNITS "${unit}")
-  endforeach()
-  # The FP8 grouped GEMM with blockwise scaling (fp8_sm90.cuh): one unit per A type and
-  # output dtype (fp8_sm90_dispatch.cu calls each).
-  foreach(FP8_LHS e4m3 e5m2)
-    foreach(FP8_OUT bf16 f32)
-      set(unit "${CMAKE_CURRENT_BINARY_DIR}/sm90/fp8_sm90_${FP8_LHS}_${FP8_OUT}.cu")
-      configure_file(core_cuda/cuda/fp8_sm90_instance.cu.in "${unit}" @ONLY)
-      list(APPEND GG_SM90_UNITS "${unit}")
-    endforeach()
   endforeach()
   add_library(groupgemm_gemm_sm90 OBJECT ${GG_SM90_UNITS})
   target_include_directories(groupgemm_gemm_sm90 PRIVATE core_cuda/include core_cuda/src core_cuda/cuda)
@@ -157,14 +131,12 @@ function(groupgemm_core_library name type)
   if(NOT GG_WITH_CUDA)
     target_sources(${name} PRIVATE core_cuda/src/no_cuda.cpp)
   else()
-    # One translation unit per input dtype so the CUTLASS instantiations build in parallel.
     target_sources(${name} PRIVATE
       core_cuda/cuda/backend.cu core_cuda/cuda/device_info.cu core_cuda/cuda/setup.cu
       core_cuda/cuda/bias_grad.cu core_cuda/cuda/gemm_unaligned.cu core_cuda/cuda/expert_backend.cu
       core_cuda/cuda/permute.cu core_cuda/cuda/unpermute.cu core_cuda/cuda/activation.cu core_cuda/cuda/router.cu
       core_cuda/cuda/expert_mlp.cu core_cuda/cuda/expert_mlp_kernels.cu core_cuda/cuda/gathered_gemm_unaligned.cu
-      core_cuda/cuda/gemm_bf16.cu core_cuda/cuda/gemm_f16.cu core_cuda/cuda/gemm_f32.cu
-      core_cuda/cuda/gathered_gemm_bf16.cu core_cuda/cuda/gathered_gemm_f16.cu core_cuda/cuda/gathered_gemm_f32.cu)
+      core_cuda/cuda/grouped_gemm_instances.cu core_cuda/cuda/gathered_gemm_instances.cu)
     target_sources(${name} PRIVATE core_cuda/cuda/gemm_sm90_dispatch.cu)
     target_sources(${name} PRIVATE core_cuda/cuda/fp8_backend.cu core_cuda/cuda/fp8_setup.cu
       core_cuda/cuda/fp8_quantize.cu core_cuda/cuda/fp8_sm90_dispatch.cu)

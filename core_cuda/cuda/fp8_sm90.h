@@ -44,8 +44,8 @@ Status fp8_grouped_gemm_sm90(const Fp8GemmLaunch& launch);
 // CUTLASS's own workspace of the largest instantiation on a device with `sm_count` SMs.
 size_t fp8_sm90_workspace_bytes(int sm_count);
 
-// One instantiation per A type and output dtype, each its own translation unit
-// (fp8_sm90_instance.cu.in, made by CMakeLists.txt), compiled for sm_90a only.
+// One instantiation per A type and output dtype, all in fp8_sm90_instances.cu, compiled for
+// sm_90a only.
 template <Fp8Type Lhs, DType Out>
 Status fp8_grouped_gemm_sm90_for(const Fp8GemmLaunch& launch);
 template <Fp8Type Lhs, DType Out>

@@ -1,6 +1,6 @@
 // Host side of the sm_90a FP8 grouped GEMM: which instantiation a launch takes and how
 // much workspace they need. Compiled for every target; the kernels themselves
-// (fp8_sm90_instance.cu.in) only for sm_90a, when the architectures include 90a
+// (fp8_sm90_instances.cu) only for sm_90a, when the architectures include 90a
 // (GROUPGEMM_WITH_SM90).
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // The gathered grouped GEMM of the CUDA backend: a grouped GEMM (grouped_gemm.h's launch:
 // device problems, pointers and leading dimensions per group) one of whose operands is read
 // through per-group index arrays (gather.h), so token rows enter a GEMM without a copy. Plain
-// host header (no CUTLASS), shared by the entry points and the per-dtype translation units.
+// host header (no CUTLASS), shared by the entry points and the CUTLASS translation units.
 #pragma once
 
 #include "gather.h"
@@ -21,7 +21,7 @@ struct GatheredGemmLaunch {
 // alignment. Deterministic: one thread block owns each output tile and its whole K loop.
 Status gathered_gemm(const GatheredGemmLaunch& launch, bool aligned);
 
-// Per-dtype halves, one translation unit each so they compile in parallel.
+// Per input dtype (gathered_gemm_instances.cu), and the plain tiled kernel.
 Status gathered_gemm_bf16(const GatheredGemmLaunch& launch);
 Status gathered_gemm_f16(const GatheredGemmLaunch& launch);
 Status gathered_gemm_f32(const GatheredGemmLaunch& launch);
@@ -33,8 +33,8 @@ Status gathered_gemm_unaligned(const GatheredGemmLaunch& launch);
 // build without sm_90a code.
 Status gathered_gemm_sm90(const GatheredGemmLaunch& launch);
 
-// Its halves per input type (bf16, f16), one sm_90a translation unit each, made by
-// cmake/core.cmake from gathered_sm90_instance.cu.in.
+// Its halves per input type (bf16, f16), instantiated in that type's sm_90a translation
+// unit (sm90_instances.cu.in).
 template <DType In>
 Status gathered_gemm_sm90_for(const GatheredGemmLaunch& launch);
 

@@ -33,9 +33,8 @@ Status grouped_gemm_sm90(const GroupedGemmLaunch& launch, Sm90Tile tile, void* w
 
 // One TMA + WGMMA grouped GEMM of 16-bit inputs `In` (bf16 or f16) with `Tile` and one
 // operand layout, either output dtype, and for a forward layout the bias epilogue too:
-// 16-byte aligned operands (kernel_choice.h's sm90_runs). Each (In, Tile, Layout) is a translation unit of its own,
-// made by CMakeLists.txt from gemm_sm90_instance.cu.in, so nvcc builds them in parallel
-// (about a minute each on one core, against two for one unit per input type and tile).
+// 16-byte aligned operands (kernel_choice.h's sm90_runs). Every (Tile, Layout) of one `In`
+// is instantiated in one translation unit (sm90_instances.cu.in).
 template <DType In, Sm90Tile Tile, GemmLayout Layout>
 Status grouped_gemm_sm90_for(const Sm90Launch& launch);
 

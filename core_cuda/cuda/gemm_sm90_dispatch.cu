@@ -1,7 +1,7 @@
 // Host side of the sm_90a grouped GEMM: which kernel family a call's device takes
 // (kernel_choice.h with the device's compute capability and GROUPGEMM_CUDA_KERNEL), how
 // much workspace the sm90 kernels need on a device, and the launch into that workspace.
-// Compiled for every target; the kernels themselves (gemm_sm90_instance.cu.in) only for
+// Compiled for every target; the kernels themselves (sm90_instances.cu.in) only for
 // sm_90a, and only when the build's architectures include 90a (GROUPGEMM_WITH_SM90).
 #include <algorithm>
 #include <atomic>

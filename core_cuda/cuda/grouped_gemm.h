@@ -1,6 +1,6 @@
 // The GEMM stage of the CUDA backend: one grouped GEMM over the problems, pointers and
 // leading dimensions that the setup kernel wrote into the workspace. Plain host header
-// (no CUTLASS), so the entry points and the per-dtype translation units share it.
+// (no CUTLASS), so the entry points and the CUTLASS translation units share it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,7 +36,7 @@ struct GroupedGemmLaunch {
 // float32 runs exact fp32 FMA (no TF32) at any alignment.
 Status grouped_gemm(const GroupedGemmLaunch& launch, bool aligned);
 
-// Per-dtype halves, one translation unit each so they compile in parallel.
+// Per input dtype (grouped_gemm_instances.cu), and the plain tiled kernel.
 Status grouped_gemm_bf16(const GroupedGemmLaunch& launch);
 Status grouped_gemm_f16(const GroupedGemmLaunch& launch);
 Status grouped_gemm_f32(const GroupedGemmLaunch& launch);
