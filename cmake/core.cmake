@@ -131,12 +131,14 @@ function(groupgemm_core_library name type)
   if(NOT GG_WITH_CUDA)
     target_sources(${name} PRIVATE core_cuda/src/no_cuda.cpp)
   else()
+    # The CUTLASS units first: a clean build starts the longest compiles early, so that on a
+    # few cores none is left running alone at the end.
     target_sources(${name} PRIVATE
+      core_cuda/cuda/grouped_gemm_instances.cu core_cuda/cuda/gathered_gemm_instances.cu
       core_cuda/cuda/backend.cu core_cuda/cuda/device_info.cu core_cuda/cuda/setup.cu
       core_cuda/cuda/bias_grad.cu core_cuda/cuda/gemm_unaligned.cu core_cuda/cuda/expert_backend.cu
       core_cuda/cuda/permute.cu core_cuda/cuda/unpermute.cu core_cuda/cuda/activation.cu core_cuda/cuda/router.cu
-      core_cuda/cuda/expert_mlp.cu core_cuda/cuda/expert_mlp_kernels.cu core_cuda/cuda/gathered_gemm_unaligned.cu
-      core_cuda/cuda/grouped_gemm_instances.cu core_cuda/cuda/gathered_gemm_instances.cu)
+      core_cuda/cuda/expert_mlp.cu core_cuda/cuda/expert_mlp_kernels.cu core_cuda/cuda/gathered_gemm_unaligned.cu)
     target_sources(${name} PRIVATE core_cuda/cuda/gemm_sm90_dispatch.cu)
     target_sources(${name} PRIVATE core_cuda/cuda/fp8_backend.cu core_cuda/cuda/fp8_setup.cu
       core_cuda/cuda/fp8_quantize.cu core_cuda/cuda/fp8_sm90_dispatch.cu)
