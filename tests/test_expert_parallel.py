@@ -310,6 +310,33 @@ def test_torch_layer_copies_onto_the_same_process_group(tmp_path):
         dist.destroy_process_group()
 
 
+def test_torch_layer_built_on_the_meta_device_is_initialized_by_reset_parameters(tmp_path):
+    # The meta-device pattern (FSDP2, torchtitan): build without memory, to_empty, then each
+    # module's reset_parameters; every parameter, the router included, comes out as eager
+    # construction makes it (the same draws, in the same order).
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        eager = gt.ExpertParallelMoE(4, 8, 6, 2)
+        layer = gt.ExpertParallelMoE(4, 8, 6, 2, device="meta").to_empty(device="cpu")
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.fill_(float("nan"))
+        torch.manual_seed(0)
+        for module in layer.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        for (name, p), q in zip(eager.named_parameters(), layer.parameters()):
+            assert torch.equal(p, q), name
+        x = torch.randn(5, 8)
+        assert torch.equal(layer(x)[0], eager(x)[0])
+    finally:
+        dist.destroy_process_group()
+
+
 def _forward_ad_tangent(f, x):
     import torch.autograd.forward_ad as forward_ad
 

@@ -301,9 +301,15 @@ class ExpertParallelMoE(nn.Module):
         self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
         self.renormalize = contract.layer_renormalize(renormalize, self.top_k, fn)
         self.router = nn.Parameter(torch.empty(hidden_size, num_experts, device=device, dtype=dtype))
-        nn.init.normal_(self.router, std=0.02)
+        self.reset_parameters()
         self.experts = GroupedMLP(e_local, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
                                   device=device, dtype=dtype, fused=fused)
+
+    def reset_parameters(self):
+        """Initializes the router, N(0, 0.02). The experts' layers have their own
+        ``reset_parameters``, so a model built on the meta device and moved with ``to_empty``
+        is initialized by calling it on each of ``modules()`` that has one."""
+        nn.init.normal_(self.router, std=0.02)
 
     def __deepcopy__(self, memo):
         """A copy (``copy.deepcopy``, ``torch.optim.swa_utils.AveragedModel``) on the same
