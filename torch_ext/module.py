@@ -124,7 +124,10 @@ class GroupedMLP(nn.Module):
     (permute, the MLP and unpermute as one layer). ``fused`` chooses how: the fused op
     (``expert_mlp``: no copy of the tokens, a gradient that keeps fc1's output only) or the
     composition; None (the default) fuses where that is measured faster, on the CPU, and
-    never under ``fp8`` or main_grad accumulation, which the fused op does not do.
+    never under ``fp8`` or main_grad accumulation, which the fused op does not do. It is
+    ``module(tokens, expert_indices=..., probs=..., group_offset=...)``: a call of the
+    module, so that its hooks run around either form (FSDP2's ``fully_shard`` gathers the
+    parameters in one).
     """
 
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False, device=None,
@@ -144,21 +147,31 @@ class GroupedMLP(nn.Module):
         self.fc1 = GroupedLinear(num_experts, hidden_size, f_in, **common)
         self.fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size, **common)
 
-    def forward(self, x, group_sizes):
-        self._check_input(x, "x")
-        return self.fc2(expert.activate(self.fc1(x, group_sizes), self.activation), group_sizes)
+    def forward(self, x, group_sizes=None, *, expert_indices=None, probs=None, group_offset=None):
+        """Rows sorted by expert (``group_sizes``), or routed tokens (``expert_indices`` and
+        the rest: ``forward_routed``'s arguments)."""
+        if (group_sizes is None) == (expert_indices is None):
+            raise TypeError("GroupedMLP: give group_sizes (rows sorted by expert) or expert_indices (routed "
+                            f"tokens), one of them; got {'neither' if group_sizes is None else 'both'}")
+        if group_sizes is not None:
+            if probs is not None or group_offset is not None:
+                raise TypeError("GroupedMLP: probs and group_offset go with expert_indices (routed tokens), "
+                                "not with group_sizes")
+            self._check_input(x, "x")
+            return self.fc2(expert.activate(self.fc1(x, group_sizes), self.activation), group_sizes)
+        self._check_input(x, "tokens")
+        if self._runs_fused(x.device):
+            return expert_mlp.expert_mlp(x, expert_indices, probs, self.fc1.weight, self.fc2.weight,
+                                         activation=self.activation, b_in=self.fc1.bias, b_out=self.fc2.bias,
+                                         group_offset=group_offset, transpose_weight=True, fp8=self.fc1.fp8)
+        return expert_mlp.composed_expert_mlp(x, expert_indices, probs, self, group_offset=group_offset)
 
     def forward_routed(self, tokens, expert_indices, probs=None, *, group_offset=None):
         """``out [T, H]``: each token's ``sum over j of probs[t, j] * mlp_e(tokens[t])``,
         ``e = expert_indices[t, j] - group_offset`` among this module's experts (a slot with
         any other id adds nothing; ``probs=None``: weight 1), summed in slot order in
         float32. The same values either way ``fused`` chooses (see the class)."""
-        self._check_input(tokens, "tokens")
-        if self._runs_fused(tokens.device):
-            return expert_mlp.expert_mlp(tokens, expert_indices, probs, self.fc1.weight, self.fc2.weight,
-                                         activation=self.activation, b_in=self.fc1.bias, b_out=self.fc2.bias,
-                                         group_offset=group_offset, transpose_weight=True, fp8=self.fc1.fp8)
-        return expert_mlp.composed_expert_mlp(tokens, expert_indices, probs, self, group_offset=group_offset)
+        return self(tokens, expert_indices=expert_indices, probs=probs, group_offset=group_offset)
 
     def _check_input(self, x, name):
         """The MLP's input in its own terms (hidden_size, the layer's dtype), before fc1 or the
