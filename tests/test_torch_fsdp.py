@@ -1,6 +1,7 @@
-"""The routed expert layers under FSDP2 (fully_shard), and the module hooks it relies on.
-FSDP2 gathers a module's parameters in a hook around a call of the module: the routed
-form must be such a call, fused or composed."""
+"""The routed expert layers under FSDP2 (fully_shard) and activation checkpointing's
+wrapper, and the module hooks they rely on. FSDP2 gathers a module's parameters in a hook
+around a call of the module, and checkpoint_wrapper wraps that call: the routed form must be
+such a call, fused or composed."""
 
 import copy
 
@@ -39,6 +40,26 @@ def test_the_routed_form_is_a_call_of_the_module_so_its_hooks_run_once(fused):
     out = mlp.forward_routed(tokens, ids, probs)
     assert seen == [["expert_indices", "group_offset", "probs"]]
     assert torch.equal(mlp(tokens, expert_indices=ids, probs=probs), out)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_checkpoint_wrapper_recomputes_the_routed_form_called_as_the_module(fused):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    mlp = gt.GroupedMLP(E, H, F, fused=fused)
+    tokens, ids, probs = routed_inputs()
+    mlp.forward_routed(tokens, ids, probs).square().sum().backward()
+    expected = [t.grad.clone() for t in (tokens, probs, *mlp.parameters())]
+    calls = []
+    mlp.register_forward_pre_hook(lambda module, args: calls.append(1))
+    tokens, ids, probs = routed_inputs()
+    mlp.zero_grad()
+    out = checkpoint_wrapper(mlp)(tokens, expert_indices=ids, probs=probs)
+    assert len(calls) == 1
+    out.square().sum().backward()
+    assert len(calls) == 2  # run again in the backward
+    for got, want in zip((tokens.grad, probs.grad, *(p.grad for p in mlp.parameters())), expected):
+        assert torch.equal(got, want)
 
 
 def test_the_two_forms_are_refused_together_or_neither_naming_them():
