@@ -156,8 +156,10 @@ Status run_cutlass_gathered(const GatheredGemmLaunch& l) {
 
 // Dispatches on the layout and the gathered operand: A's rows with either forward layout
 // (the output in In or float32), the contraction of a weight gradient (the output in In).
-template <typename In, typename ConfigF32Out, typename ConfigSameOut>
+template <typename In>
 Status run_gathered_for_input(const GatheredGemmLaunch& l) {
+  using ConfigF32Out = typename ConfigsFor<In>::F32Out;
+  using ConfigSameOut = typename ConfigsFor<In>::SameOut;
   const bool wide = l.gemm.out_dtype == DType::f32 && !std::is_same_v<In, float>;
   switch (l.gather) {
     case Gather::a_rows:

@@ -42,6 +42,19 @@ struct SimtF32Config {
   static constexpr int kOutAlignment = 1;
 };
 
+// Each input dtype's configurations, for a float32 output and for an output in the input's
+// own dtype: the one place the 2.x grouped and gathered GEMMs take them from.
+template <typename In>
+struct ConfigsFor {
+  using F32Out = TensorOpConfig<In, float>;
+  using SameOut = TensorOpConfig<In, In>;
+};
+template <>
+struct ConfigsFor<float> {
+  using F32Out = SimtF32Config;
+  using SameOut = SimtF32Config;
+};
+
 // The workspace stores each problem as int32 (m, n, k) (workspace.h); CUTLASS reads
 // the same bytes as GemmCoord.
 static_assert(sizeof(cutlass::gemm::GemmCoord) == 3 * sizeof(int32_t) && cutlass::gemm::GemmCoord::kM == 0 &&
@@ -92,7 +105,7 @@ Status run_cutlass_grouped(const GroupedGemmLaunch& l) {
 }
 
 // Dispatches on the output dtype and the layout for one input type.
-template <typename In, typename ConfigF32Out, typename ConfigSameOut>
+template <typename In>
 Status run_for_input(const GroupedGemmLaunch& l) {
   auto by_layout = [&](auto out_tag, auto config_tag) {
     using Out = decltype(out_tag);
@@ -104,8 +117,8 @@ Status run_for_input(const GroupedGemmLaunch& l) {
     }
     return Status::Internal("unknown GEMM layout");
   };
-  if (l.out_dtype == DType::f32) return by_layout(float{}, ConfigF32Out{});
-  return by_layout(In{}, ConfigSameOut{});
+  if (l.out_dtype == DType::f32) return by_layout(float{}, typename ConfigsFor<In>::F32Out{});
+  return by_layout(In{}, typename ConfigsFor<In>::SameOut{});
 }
 
 }  // namespace cuda

@@ -11,17 +11,15 @@ namespace groupgemm {
 namespace cuda {
 
 Status gathered_gemm_bf16(const GatheredGemmLaunch& launch) {
-  using In = cutlass::bfloat16_t;
-  return run_gathered_for_input<In, TensorOpConfig<In, float>, TensorOpConfig<In, In>>(launch);
+  return run_gathered_for_input<cutlass::bfloat16_t>(launch);
 }
 
 Status gathered_gemm_f16(const GatheredGemmLaunch& launch) {
-  using In = cutlass::half_t;
-  return run_gathered_for_input<In, TensorOpConfig<In, float>, TensorOpConfig<In, In>>(launch);
+  return run_gathered_for_input<cutlass::half_t>(launch);
 }
 
 Status gathered_gemm_f32(const GatheredGemmLaunch& launch) {
-  return run_gathered_for_input<float, SimtF32Config, SimtF32Config>(launch);
+  return run_gathered_for_input<float>(launch);
 }
 
 }  // namespace cuda

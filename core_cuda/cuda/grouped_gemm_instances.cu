@@ -10,17 +10,15 @@ namespace groupgemm {
 namespace cuda {
 
 Status grouped_gemm_bf16(const GroupedGemmLaunch& launch) {
-  using In = cutlass::bfloat16_t;
-  return run_for_input<In, TensorOpConfig<In, float>, TensorOpConfig<In, In>>(launch);
+  return run_for_input<cutlass::bfloat16_t>(launch);
 }
 
 Status grouped_gemm_f16(const GroupedGemmLaunch& launch) {
-  using In = cutlass::half_t;
-  return run_for_input<In, TensorOpConfig<In, float>, TensorOpConfig<In, In>>(launch);
+  return run_for_input<cutlass::half_t>(launch);
 }
 
 Status grouped_gemm_f32(const GroupedGemmLaunch& launch) {
-  return run_for_input<float, SimtF32Config, SimtF32Config>(launch);
+  return run_for_input<float>(launch);
 }
 
 }  // namespace cuda
