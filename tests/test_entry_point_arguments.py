@@ -2,15 +2,18 @@
 (DLPack) and the XLA FFI targets any ``jax.ffi.ffi_call`` can reach refuse an enumerated
 attribute outside its enum as given (never cut to 32 bits first), a weight-gradient
 accumulator that is not the output itself, and an attribute, stream or array of the wrong
-kind, each with an error naming the argument and what was expected."""
+kind, each with an error naming the argument and what was expected; and an array the op writes
+that shares memory with another it reads or writes."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from torch.nn.functional import ScalingType
 
 import groupgemm.jax  # noqa: F401  (registers the targets)
+import groupgemm.torch as gt
 from groupgemm import _core as core
 
 M, K, N, G = 8, 16, 24, 2
@@ -175,3 +178,56 @@ def test_an_ffi_target_names_an_attribute_it_does_not_take():
                                         "\\(its attributes: none\\)"):
         jax.block_until_ready(jax.jit(lambda: call(jnp.zeros((2, 4)), jnp.zeros((2, 1), jnp.int32), jnp.zeros((0,)),
                                                    scale=np.int64(2)))())
+
+
+# ---- arrays the op writes, apart from the rest --------------------------------------------
+
+
+def test_an_array_the_op_writes_may_not_share_memory_with_one_it_reads_or_writes():
+    # Every entry point checks the bytes of the arrays it is given, so the raw calls, the
+    # frontends' compiled calls and the layers' accumulators all meet the same refusal, before
+    # anything is written; views of one buffer that do not overlap are separate arrays.
+    rng = np.random.default_rng(3)
+    sizes = torch.from_numpy(SIZES)
+    buffer = torch.from_numpy(rng.standard_normal(M * K + M * N + G * K * N).astype(np.float32))
+    lhs, out = buffer[:M * K].view(M, K), buffer[M * K:M * K + M * N].view(M, N)
+    rhs = torch.from_numpy(rng.standard_normal((G, K, N)).astype(np.float32))
+    core.grouped_matmul(lhs, rhs, sizes, out=out)  # adjacent views: apart
+    np.testing.assert_allclose(out.numpy()[:3], lhs.numpy()[:3] @ rhs.numpy()[0], rtol=1e-5, atol=1e-5)
+    before = buffer.clone()
+    with pytest.raises(ValueError, match="^out shares memory with lhs; pass a separate buffer"):
+        core.grouped_matmul(lhs, rhs, sizes, out=buffer[M * K - 1:M * K - 1 + M * N].view(M, N))
+    grad, both = torch.randn(M, N), torch.zeros(M * K + G * K * N)
+    with pytest.raises(ValueError, match="^drhs shares memory with dlhs; pass a separate buffer"):
+        core.grouped_matmul_backward(lhs, rhs, grad, sizes, dlhs=both[:M * K].view(M, K),
+                                     drhs=both[M * K - 1:-1].view(G, K, N))
+    assert torch.equal(buffer, before) and not both.any()
+
+    def frontend_wgrad(acc):  # the raw torch op (the accumulator as out), through the public function
+        return gt.grouped_mm_wgrad(acc.view(-1, K)[:M], grad, sizes, G, accumulate_into=acc)
+
+    acc = torch.randn(G, K, N)
+    before = acc.clone()
+    for run in (frontend_wgrad, torch.compile(frontend_wgrad, fullgraph=True, backend="eager"),
+                lambda acc: torch.ops.groupgemm.grouped_mm_wgrad_accumulate(acc.view(-1, K)[:M], grad, sizes, acc)):
+        with pytest.raises(ValueError, match="^accumulate_into shares memory with lhs; pass a separate buffer"):
+            run(acc)
+        assert torch.equal(acc, before)
+
+
+def test_an_fp8_accumulator_and_a_main_grad_may_not_share_memory_with_an_operand():
+    sizes = torch.from_numpy(SIZES)
+    acc = torch.rand(G, K, N) + 0.5
+    before = acc.clone()
+    with pytest.raises(ValueError, match="^accumulate_into shares memory with lhs_scale"):
+        gt.scaled_grouped_mm(torch.randn(K, M).to(torch.float8_e4m3fn), torch.randn(N, M).to(torch.float8_e4m3fn).t(),
+                             acc.view(-1)[:G * K], ScalingType.RowWise, torch.rand(G * N) + 0.5, ScalingType.RowWise,
+                             group_sizes=sizes, accumulate_into=acc)
+    assert torch.equal(acc, before)
+    layer = gt.GroupedLinear(G, K, N, bias=False, accumulate_into_main_grad=True)
+    layer.weight.main_grad = torch.randn(G, N, K)
+    before = layer.weight.main_grad.clone()
+    out = layer(layer.weight.main_grad.view(-1, K)[:M], sizes)  # the input is main_grad's first rows
+    with pytest.raises(ValueError, match="^drhs shares memory with lhs"):
+        out.backward(torch.randn(M, N))
+    assert torch.equal(layer.weight.main_grad, before)

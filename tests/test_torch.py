@@ -424,8 +424,9 @@ def _with_bfloat16(module, name):
 
 def test_accumulate_into_is_checked_by_the_bytes_it_spans_and_traces():
     # Two views of one buffer that do not overlap are separate buffers; an overlapping one
-    # is refused. Traced, fake and meta tensors have no addresses: fullgraph compile, export
-    # and shape propagation run the call.
+    # is refused, compiled as in eager (the core's entry point checks the buffers it is
+    # given), and left as it was. Traced, fake and meta tensors have no addresses: fullgraph
+    # compile, export and shape propagation run the call.
     sizes, buffer = torch.tensor([2, 0, 3]), torch.randn(144)
     x, grad = buffer[:48].view(6, 8), torch.randn(6, 4)
     want = torch.einsum("rk,rn->kn", x[:2].double(), grad[:2].double())
@@ -434,11 +435,15 @@ def test_accumulate_into_is_checked_by_the_bytes_it_spans_and_traces():
     # float32 sums against the float64 reference: float32's tolerance
     torch.testing.assert_close(gt.grouped_mm_wgrad(x, grad, sizes, 3, accumulate_into=acc)[0],
                                (before[0].double() + want).float())
-    with pytest.raises(ValueError, match="grouped_mm_wgrad: accumulate_into shares memory with input"):
-        gt.grouped_mm_wgrad(x, grad, sizes, 3, accumulate_into=buffer[40:136].view(3, 8, 4))
 
     def call(x, grad, sizes, acc):
         return gt.grouped_mm_wgrad(x, grad, sizes, 3, accumulate_into=acc)
+
+    before = buffer.clone()
+    for run in (call, torch.compile(call, fullgraph=True, backend="eager")):
+        with pytest.raises(ValueError, match="accumulate_into shares memory with lhs; pass a separate buffer"):
+            run(x, grad, sizes, buffer[40:136].view(3, 8, 4))
+        assert torch.equal(buffer, before)
 
     x, eager_acc = torch.randn(6, 8), torch.randn(3, 8, 4)
     compiled_acc = eager_acc.clone()

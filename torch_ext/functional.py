@@ -3,7 +3,6 @@ then the ops (importing this module registers their derivatives)."""
 
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
 from groupgemm import _contract as contract
 from groupgemm.torch_ext import autocast, core_args, derivatives, eager, gemm_ops  # noqa: F401 - derivatives registers the ops' autograd
@@ -81,21 +80,6 @@ def _checked(input, weight, sizes, bias, group_offset, transpose, out_dtype, end
     return check_grouped_mm(input, weight, sizes, bias, transpose, group_offset, out_dtype, fn)
 
 
-def _overlaps(a: Tensor, b: Tensor) -> bool:
-    """Whether the bytes a and b span (first element to last) overlap. A traced, fake or meta
-    tensor has no address, so there is nothing to compare: the check is the eager call's."""
-    if a.numel() == 0 or b.numel() == 0 or torch.compiler.is_compiling() or "meta" in (a.device.type, b.device.type) \
-            or is_fake(a) or is_fake(b):
-        return False
-
-    def span(t):
-        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-    (a_begin, a_end), (b_begin, b_end) = span(a), span(b)
-    return a_begin < b_end and b_begin < a_end
-
-
 def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_groups: int, *,
                      group_offset=None, accumulate_into: Tensor | None = None) -> Tensor:
     """Weight gradient ``out[g] = input_g^T @ grad_g`` as ``[num_groups, K, N]``.
@@ -113,11 +97,8 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, input.device, fn)
     if accumulate_into is not None:
         acc_shape, acc_dtype = shape_and_dtype(accumulate_into, "accumulate_into", fn)
-        aliased = next((name for t, name in ((input, NAMES["lhs"]), (grad, "grad"))
-                        if _overlaps(accumulate_into, t)), None)
         contract.accumulator(fn, acc_shape, acc_dtype, shape, dtype_name(input.dtype), None, NAMES["out_dtype"],
-                             contiguous=accumulate_into.is_contiguous(),
-                             requires_grad=accumulate_into.requires_grad, aliases=aliased)
+                             contiguous=accumulate_into.is_contiguous(), requires_grad=accumulate_into.requires_grad)
         same_device(accumulate_into, "accumulate_into", input.device, fn)
     input, grad = input.contiguous(), core_args.incoming_grad(grad, grad.dtype)
     if accumulate_into is None:

@@ -48,6 +48,20 @@ struct ArgError : std::invalid_argument {
   bool wrong_type;
 };
 
+// The bytes of one element; 0 for an element of no known size.
+inline int64_t element_bytes(const ArgView& v) {
+  switch (v.element) {
+    case Element::floating: return dtype_size(v.dtype);
+    case Element::int32: return 4;
+    case Element::int64: return 8;
+    case Element::uint8:
+    case Element::float8_e4m3:
+    case Element::float8_e5m2: return 1;
+    case Element::other: return 0;
+  }
+  return 0;
+}
+
 [[noreturn]] inline void refuse(const ArgView& v, const std::string& what, bool wrong_type = false) {
   throw ArgError(std::string(v.name) + " " + what, wrong_type);
 }

@@ -92,6 +92,40 @@ class OpCall {
   ExecContext context;  // where the call runs: device, stream and workspace
 };
 
+// Whether two arrays' bytes overlap; each is C-contiguous (both bindings check), so it spans
+// its data pointer to its element count's bytes. An array of elements of no known size spans
+// nothing (its op refuses it).
+inline bool overlap(const ArgView& a, const ArgView& b) {
+  const auto* a_begin = static_cast<const char*>(a.data);
+  const auto* b_begin = static_cast<const char*>(b.data);
+  return a_begin < b_begin + b.count() * element_bytes(b) && b_begin < a_begin + a.count() * element_bytes(a);
+}
+
+// An array the op writes (a result, or the accumulator it adds into) must not share memory
+// with an array it reads, nor with another it writes: the core would read values it had
+// already overwritten, or write one answer over another. The accumulator is out itself
+// (expect_accumulator), so that pair is the one allowed. XLA never overlaps its buffers but
+// for that alias; a Python call may pass any arrays, views of one storage included.
+inline void expect_written_arrays_apart(const OpCall& call) {
+  std::vector<ArgView> read, written;
+  for (const Param& p : call.op.arrays) {
+    if (p.name == "workspace") continue;  // the context's scratch, not a view
+    const ArgView v = call.array(p.name.c_str());
+    if (!v.given() || v.count() == 0) continue;
+    (p.result || p.name == "accumulate_into" ? written : read).push_back(v);
+  }
+  for (size_t i = 0; i < written.size(); ++i) {
+    for (const ArgView& r : read)
+      if (overlap(written[i], r)) refuse(written[i], std::string("shares memory with ") + r.name + "; pass a separate buffer");
+    for (size_t j = i + 1; j < written.size(); ++j) {
+      const bool accumulator_is_out = std::string_view(written[i].name) == "accumulate_into" &&
+                                      written[i].data == written[j].data;
+      if (!accumulator_is_out && overlap(written[i], written[j]))
+        refuse(written[j], std::string("shares memory with ") + written[i].name + "; pass a separate buffer");
+    }
+  }
+}
+
 // A weight gradient's accumulator: given with accumulate and only then, as out itself (XLA
 // aliases the operand to the result; a Python call passes the same array as both). The
 // core adds into out, so any other buffer would leave the accumulator unread and out's
@@ -149,12 +183,17 @@ struct OpRegistration {
 };
 
 // GROUPGEMM_OP(name, target, operands, results, attributes, doc) { body }: the
-// body reads `call` (an OpCall) and returns the core's Status.
+// body reads `call` (an OpCall) and returns the core's Status; before it, every op checks
+// that the arrays it writes are apart from the rest (expect_written_arrays_apart).
 #define GROUPGEMM_OP(name, target, operands, results, attributes, doc)                                      \
-  ::groupgemm::Status name##_op(const ::groupgemm::glue::OpCall& call);                                     \
+  ::groupgemm::Status name##_body(const ::groupgemm::glue::OpCall& call);                                   \
+  ::groupgemm::Status name##_op(const ::groupgemm::glue::OpCall& call) {                                    \
+    ::groupgemm::glue::expect_written_arrays_apart(call);                                                   \
+    return name##_body(call);                                                                               \
+  }                                                                                                         \
   const ::groupgemm::glue::OpRegistration name##_registration(#name, target, operands, results, attributes, \
                                                               doc, &name##_op);                             \
-  ::groupgemm::Status name##_op(const ::groupgemm::glue::OpCall& call)
+  ::groupgemm::Status name##_body(const ::groupgemm::glue::OpCall& call)
 
 }  // namespace glue
 }  // namespace groupgemm

@@ -246,11 +246,10 @@ def wgrad(fn, names, lhs, grad, num_groups):
 
 
 def accumulator(fn, shape, dtype, want_shape, in_dtype, requested_out_dtype, out_dtype_name, *,
-                contiguous=True, requires_grad=False, aliases=None, name="accumulate_into"):
+                contiguous=True, requires_grad=False, name="accumulate_into"):
     """Checks an ``accumulate_into`` buffer (``name``: what the caller calls it), updated in
-    place; returns its dtype name.
-
-    ``aliases`` names an input whose memory it shares, if any."""
+    place; returns its dtype name. That it shares no memory with an operand is the glue's
+    check (python/csrc/op_table.h), which sees the buffers every call passes."""
     want = accumulate_dtype(in_dtype)
     if dtype != want:
         raise TypeError(f"{fn}: {name} must be {want}, got {dtype}")
@@ -261,8 +260,6 @@ def accumulator(fn, shape, dtype, want_shape, in_dtype, requested_out_dtype, out
         raise ValueError(f"{fn}: {name} must be contiguous (it is updated in place)")
     if requires_grad:
         raise ValueError(f"{fn}: {name} must not require grad (it is updated in place, outside autograd)")
-    if aliases is not None:
-        raise ValueError(f"{fn}: {name} shares memory with {aliases}; pass a separate buffer")
     return want
 
 

@@ -129,7 +129,7 @@ TORCH_ONLY = [
     BadInput("accumulate_aliases_input",
              lambda f, a: (lambda buf: f.wgrad(buf.view(12, 4), buf.view(12, 4), a.array([4, 4, 4], "int32"), 3,
                                                accumulate_into=buf))(_zeros(a, (3, 4, 4))),
-             ValueError, "accumulate_into shares memory with input", frontends=("torch",)),
+             ValueError, "accumulate_into shares memory with lhs", frontends=("torch",)),
 ]
 JAX_ONLY = [
     BadInput("accumulate_with_output_dtype",
