@@ -110,7 +110,8 @@ class GroupedLinear(nnx.Module):
         x = jnp.asarray(x)
         weight, bias = self.weight_and_bias()
         contract.layer_x(x.shape, dtype_name(x.dtype), self.in_features, "in_features",
-                         parameters_dtype(self, "GroupedLinear"), "GroupedLinear")
+                         parameters_dtype(self, "GroupedLinear"), "GroupedLinear", rank=2)
+        contract.layer_group_sizes(group_sizes, self.num_experts, "GroupedLinear")
         if self.fp8 is None:
             return grouped_matmul(x, weight, group_sizes, bias=bias, transpose_rhs=True)
         return fp8_recipe.checked_fp8_grouped_matmul(x, weight, group_sizes, bias=bias,
@@ -158,6 +159,7 @@ class GroupedMLP(nnx.Module):
         x = jnp.asarray(x)
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
         self._check_input(x, "x")
+        contract.layer_group_sizes(group_sizes, self.fc1.num_experts, "GroupedMLP")
         return grouped_mlp(x, w_in, w_out, group_sizes, activation=self.activation, b_in=b_in, b_out=b_out,
                            transpose_rhs=True, fp8=self.fp8)
 
@@ -165,7 +167,7 @@ class GroupedMLP(nnx.Module):
         """The MLP's input in its own terms (hidden_size, the layer's dtype), before the ops
         would name theirs."""
         contract.layer_x(x.shape, dtype_name(x.dtype), self.fc1.in_features, "hidden_size",
-                         parameters_dtype(self, "GroupedMLP"), "GroupedMLP", name)
+                         parameters_dtype(self, "GroupedMLP"), "GroupedMLP", name, rank=2)
 
     def forward_routed(self, tokens, expert_indices, probs=None, *, group_offset=None):
         """``out [T, H]``: each token's ``sum over j of probs[t, j] * mlp_e(tokens[t])``,

@@ -3,6 +3,8 @@ the wrong shape (replaced or loaded), a num_experts the mesh's expert axis does 
 divide, a missing mesh axis, the layers' own arguments (checked before any parameter is
 made) and their calls' x and allowed."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,6 +107,16 @@ BAD = {
     "MLP rows of another width": (
         lambda: gf.GroupedMLP(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 9)), [2, 0, 3]),
         ValueError, r"GroupedMLP: x has width 9 \(shape \(6, 9\)\), but the layer's hidden_size is 8"),
+    **{f"{layer.__name__} rows of shape {x}": (
+        lambda layer=layer, x=x: layer(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones(x), [2, 0, 3]),
+        ValueError, rf"{layer.__name__}: x must be 2-D \[rows, {width}\], got shape {re.escape(str(x))}")
+       for layer, width in ((gf.GroupedLinear, "in_features"), (gf.GroupedMLP, "hidden_size"))
+       for x in ((), (8,), (1, 6, 8))},
+    **{f"{layer.__name__} with {len(sizes)} group sizes": (
+        lambda layer=layer, sizes=sizes: layer(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 8)), sizes),
+        ValueError, f"{layer.__name__}: group_sizes has {len(sizes)} entries, but the layer has num_experts = 3: one "
+        "size per expert")
+       for layer in (gf.GroupedLinear, gf.GroupedMLP) for sizes in ([2, 4], jnp.array([2, 0, 3, 1]))},
     **{f"routed tokens of another width (fused={fused})": (
         lambda fused=fused: gf.GroupedMLP(3, 8, 4, fused=fused, rngs=nnx.Rngs(0)).forward_routed(
             jnp.ones((6, 9)), jnp.zeros((6, 2), jnp.int32)),

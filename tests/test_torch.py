@@ -2,6 +2,7 @@
 their own input checks), thread safety. No jax here; the shared bodies are in
 test_frontends.py, Megatron's main_grad contract is in test_torch_main_grad.py."""
 
+import re
 import threading
 
 import numpy as np
@@ -391,6 +392,15 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
      r"GroupedMLP: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
     (lambda: GroupedMLP(3, 8, 4)(torch.randn(6, 7), [2, 0, 3]), ValueError,
      r"GroupedMLP: x has width 7 \(shape \(6, 7\)\), but the layer's hidden_size is 8"),
+    # Rows and group sizes in the layer's terms (no group_offset to point to), 0-D x included:
+    *[(lambda layer=layer, x=x: layer(torch.randn(x), [2, 0, 3]), ValueError,
+       rf"{type(layer).__name__}: x must be 2-D \[rows, {width}\], got shape {re.escape(str(x))}")
+      for layer, width in ((GroupedLinear(3, 8, 4), "in_features"), (GroupedMLP(3, 8, 4), "hidden_size"))
+      for x in ((), (8,), (1, 6, 8))],
+    *[(lambda layer=layer, sizes=sizes: layer(torch.randn(6, 8), sizes), ValueError,
+       f"{type(layer).__name__}: group_sizes has {len(sizes)} entries, but the layer has num_experts = 3: one size "
+       "per expert") for layer in (GroupedLinear(3, 8, 4), GroupedMLP(3, 8, 4))
+      for sizes in ([2, 4], torch.tensor([2, 0, 3, 1]))],
     # Routed tokens in the layer's terms, not the permuted rows' or the fused op's:
     *[(lambda fused=fused: GroupedMLP(3, 8, 4, fused=fused).forward_routed(
         torch.randn(6, 7), torch.zeros(6, 2, dtype=torch.int32)),

@@ -79,7 +79,8 @@ class GroupedLinear(nn.Module):
         layer's mode sends it (bias is self.bias, or None to leave it out)."""
         shape, x_dtype = shape_and_dtype(x, "x", "GroupedLinear")
         contract.layer_x(shape, x_dtype, self.in_features, "in_features",
-                         autocast.layer_dtype(x, self, "GroupedLinear"), "GroupedLinear")
+                         autocast.layer_dtype(x, self, "GroupedLinear"), "GroupedLinear", rank=2)
+        contract.layer_group_sizes(group_sizes, self.num_experts, "GroupedLinear")
         if isinstance(group_sizes, (list, tuple)):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)
@@ -158,6 +159,7 @@ class GroupedMLP(nn.Module):
                 raise TypeError("GroupedMLP: probs and group_offset go with expert_indices (routed tokens), "
                                 "not with group_sizes")
             self._check_input(x, "x")
+            contract.layer_group_sizes(group_sizes, self.fc1.num_experts, "GroupedMLP")
             return self.fc2(expert.activate(self.fc1(x, group_sizes), self.activation), group_sizes)
         self._check_input(x, "tokens")
         if self._runs_fused(x.device):
@@ -178,7 +180,7 @@ class GroupedMLP(nn.Module):
         fused op would name theirs (fc1's in_features, permuted rows)."""
         shape, x_dtype = shape_and_dtype(x, name, "GroupedMLP")
         contract.layer_x(shape, x_dtype, self.fc1.in_features, "hidden_size",
-                         autocast.layer_dtype(x, self, "GroupedMLP"), "GroupedMLP", name)
+                         autocast.layer_dtype(x, self, "GroupedMLP"), "GroupedMLP", name, rank=2)
 
     def _runs_fused(self, device):
         if self.fused and self.fc1.accumulate_into_main_grad:

@@ -414,16 +414,29 @@ def layer_config(fn, dtype, **sizes):
     check_float(dtype, "dtype", fn)
 
 
-def layer_x(shape, x_dtype, width, width_name, dtype, fn, name="x"):
-    """A layer's input ``name`` (shape, dtype) is as wide as the layer's ``width_name`` and,
-    given the layer's ``dtype`` (its parameters'; None where autocast casts both), of that
-    dtype: the GEMMs take one dtype, and the layer does not cast silently."""
+def layer_x(shape, x_dtype, width, width_name, dtype, fn, name="x", rank=None):
+    """A layer's input ``name`` (shape, dtype) has ``rank`` dimensions (where given; the MoE
+    layers check theirs), is as wide as the layer's ``width_name`` and, given the layer's
+    ``dtype`` (its parameters'; None where autocast casts both), of that dtype: the GEMMs
+    take one dtype, and the layer does not cast silently."""
+    if rank is not None and len(shape) != rank:
+        raise ValueError(f"{fn}: {name} must be {rank}-D [rows, {width_name}], got shape {tuple(shape)}")
     if shape[-1] != width:
         raise ValueError(f"{fn}: {name} has width {shape[-1]} (shape {tuple(shape)}), but the layer's {width_name} "
                          f"is {width}")
     if dtype is not None and x_dtype != dtype:
         raise TypeError(f"{fn}: {name} has dtype {x_dtype}, but the layer's dtype (its parameters') is {dtype}; "
                         f"cast {name} or make the layer in {x_dtype}")
+
+
+def layer_group_sizes(group_sizes, num_experts, fn):
+    """A grouped layer's ``group_sizes`` (a list of ints or an array) has one entry per
+    expert: the layer takes no group_offset, so a window is not what was meant. Other
+    ranks and dtypes are the ops' to name."""
+    shape = (len(group_sizes),) if isinstance(group_sizes, (list, tuple)) else getattr(group_sizes, "shape", None)
+    if shape is not None and len(shape) == 1 and shape[0] != num_experts:
+        raise ValueError(f"{fn}: group_sizes has {shape[0]} entries, but the layer has num_experts = {num_experts}: "
+                         "one size per expert")
 
 
 def layer_parameters(named_dtypes, fn):
