@@ -104,6 +104,23 @@ def test_every_decorated_family_matches_eager_output_and_every_gradient(family, 
             assert g.shape == p.shape and (g[EXPERTS - 1] == 0).all(), name
 
 
+@pytest.mark.parametrize("family, cls", [(f, c) for f, c in FAMILIES if c.__name__ in integration.FLOAT32_FAMILIES],
+                         ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_family_that_computes_in_float32_is_computed_in_float32(family, cls, dtype):
+    # Its eager loop widens every operand to float32: groupgemm on the 16-bit module gives
+    # the bits of groupgemm on a float32 copy, rounded, in the output and every gradient.
+    module = tiny_experts(cls, dtype)
+    wide = copy.deepcopy(module).float()
+    index, weights = _routing(dtype)
+    x, dout = torch.randn(TOKENS, _widths(module)[0], dtype=dtype), torch.randn(TOKENS, _widths(module)[1], dtype=dtype)
+    got, got_grads = _run(integration.experts_forward, module, x, index, weights, dout)
+    want, want_grads = _run(integration.experts_forward, wide, x.float(), index, weights.float(), dout.float())
+    assert torch.equal(got, want.to(dtype))
+    for g, w in zip(got_grads, want_grads):
+        assert torch.equal(g, w.to(dtype))
+
+
 # ---- every combination of the decorator's flags, against an independent loop ----------
 
 ACTIVATIONS = ("silu", "gelu", "relu", "gelu_pytorch_tanh")

@@ -44,6 +44,11 @@ __all__ = ["core_activation", "experts_forward", "fp8_experts_forward", "registe
 
 NAME = "groupgemm"
 FN = "groupgemm experts"  # how errors name the implementation
+# Families whose own forward computes every projection in float32 from 16-bit weights (their
+# eager loop widens each operand with .float(), on purpose): groupgemm computes them in
+# float32 too, widening the weights per call as that loop does. transformers' grouped_mm
+# computes them in the weights' dtype.
+FLOAT32_FAMILIES = frozenset({"OpenAIPrivacyFilterExperts"})
 
 
 def register():
@@ -67,7 +72,8 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     ``hidden_states [S, H]``, ``top_k_index [S, k]`` (ids outside ``[0, num_experts)`` are
     dropped slots) and ``top_k_weights [S, k]``; returns ``[S, H]`` in hidden_states'
     dtype, computed in the weights' dtype (hidden_states is cast to it, as transformers'
-    ``grouped_mm`` does); under ``torch.autocast`` the GEMMs run in its dtype, as eager's
+    ``grouped_mm`` does), or in float32 for a family whose own code computes in float32
+    (``FLOAT32_FAMILIES``); under ``torch.autocast`` the GEMMs run in its dtype, as eager's
     ``F.linear`` calls do. Reads the decorator's flags (``has_gate``, ``has_bias``,
     ``is_transposed``, ``is_concatenated``, ``has_post_expert_norm``) and the module's
     ``gate_up_proj`` / ``up_proj``, ``down_proj``, their ``*_bias``, ``_apply_gate``,
@@ -258,6 +264,16 @@ class _Weights:
         if declared != e:
             raise ValueError(f"{FN}: {family}.num_experts is {declared} but {family}.{up} holds {e} experts "
                              f"(shape {tuple(self.up.shape)})")
+        if family in FLOAT32_FAMILIES and self.dtype in (torch.bfloat16, torch.float16):
+            self._widen()
+
+    def _widen(self):
+        """The weights and biases as float32 copies (differentiable: their gradients reach the
+        module's own, rounded to its dtype)."""
+        self.up, self.down = self.up.float(), self.down.float()
+        if self.up_bias is not None:
+            self.up_bias, self.down_bias = self.up_bias.float(), self.down_bias.float()
+        self.dtype = torch.float32
 
     def check_activation_width(self, width):
         """The gate's or activation's output must be what down_proj takes."""
