@@ -247,3 +247,13 @@ def test_an_op_that_computes_a_gradient_itself_refuses_forward_mode_naming_it():
     dout = torch.randn(2, 3, dtype=F64)
     with pytest.raises(RuntimeError, match="groupgemm::unpermute_backward has no forward-mode derivative"):
         torch.func.jvp(lambda d: torch.ops.groupgemm.unpermute_backward(d, permuted, row_map)[0], (dout,), (dout,))
+
+
+def test_a_second_order_gradient_through_an_op_that_computes_a_gradient_itself_names_it():
+    tokens = torch.randn(4, 6, dtype=F64, requires_grad=True)
+    w_in, w_out = torch.randn(3, 6, 8, dtype=F64), torch.randn(3, 4, 6, dtype=F64)
+    out = gt.expert_mlp(tokens, torch.tensor([[0, 1], [2, 0], [1, 1], [0, 2]]), None, w_in, w_out)
+    (grad,) = torch.autograd.grad(out.square().sum(), tokens, create_graph=True)
+    with pytest.raises(RuntimeError, match="groupgemm::expert_mlp_backward has no derivative: .* a second-order "
+                                           "gradient \\(backward with create_graph=True"):
+        grad.sum().backward()

@@ -139,12 +139,16 @@ def _derivatives_function(op: Op):
 
     def backward(ctx, *grads):
         if op._backward is None:
-            raise RuntimeError(f"{op.qualname} has no derivative: it computes a gradient itself")
+            raise RuntimeError(f"{op.qualname} has no derivative: it computes a gradient itself, so a second-order "
+                               "gradient (backward with create_graph=True, torch.func.hessian) of an expert op is "
+                               "not supported in PyTorch (JAX has every order)")
         return op._backward(ctx, *grads)
 
     def jvp(ctx, *tangents):
         if op._jvp is None:
-            raise RuntimeError(f"{op.qualname} has no forward-mode derivative (jvp): it computes a gradient itself")
+            raise RuntimeError(f"{op.qualname} has no forward-mode derivative (jvp): it computes a gradient itself, so "
+                               "forward-over-reverse (torch.func.hessian, jvp of a gradient) is not supported in "
+                               "PyTorch (JAX has every order)")
         return op._jvp(ctx, *tangents)
 
     name = "".join(part.title() for part in op.qualname.split("::")[1].split("_")) + "Derivatives"
