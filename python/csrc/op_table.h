@@ -116,10 +116,11 @@ inline void expect_written_arrays_apart(const OpCall& call) {
   }
   for (size_t i = 0; i < written.size(); ++i) {
     for (const ArgView& r : read)
-      if (overlap(written[i], r)) refuse(written[i], std::string("shares memory with ") + r.name + "; pass a separate buffer");
+      if (overlap(written[i], r))
+        refuse(written[i], std::string("shares memory with ") + r.name + "; pass a separate buffer");
     for (size_t j = i + 1; j < written.size(); ++j) {
-      const bool accumulator_is_out = std::string_view(written[i].name) == "accumulate_into" &&
-                                      written[i].data == written[j].data;
+      const bool accumulator_is_out =
+          std::string_view(written[i].name) == "accumulate_into" && written[i].data == written[j].data;
       if (!accumulator_is_out && overlap(written[i], written[j]))
         refuse(written[j], std::string("shares memory with ") + written[i].name + "; pass a separate buffer");
     }
