@@ -305,6 +305,24 @@ def test_export_with_disabled_checks_round_trips_the_bfloat16_and_fp8_calls_bitw
         export.export(jax.jit(layer))(x, w, sizes)
 
 
+def test_export_with_a_symbolic_number_of_rows_takes_group_sizes_as_a_python_list():
+    # A list's sizes are clamped to the rows, which a symbolic M cannot be compared with (it
+    # failed with jax's InconclusiveDimensionOperation); the artifact gives the direct call's
+    # bits at several row counts, sizes past the rows included.
+    from jax import export
+
+    m = export.symbolic_shape("M")[0]
+    rng = np.random.default_rng(1)
+    rhs = jnp.asarray(rng.standard_normal((3, 4, 5)), jnp.float32)
+    layer = jax.jit(lambda lhs, rhs: gj.grouped_matmul(lhs, rhs, [3, 0, 100]))
+    exported = export.export(layer, disabled_checks=gj.export_disabled_checks())(
+        jax.ShapeDtypeStruct((m, 4), jnp.float32), jax.ShapeDtypeStruct((3, 4, 5), jnp.float32))
+    restored = export.deserialize(exported.serialize())
+    for rows in (1, 3, 7):
+        lhs = jnp.asarray(rng.standard_normal((rows, 4)), jnp.float32)
+        assert_same_bits(np.asarray(restored.call(lhs, rhs)), np.asarray(layer(lhs, rhs)), f"{rows} rows")
+
+
 def test_export_with_a_symbolic_number_of_experts_of_the_router_is_refused_naming_it():
     # It failed inside the argument checks with jax's InconclusiveDimensionOperation.
     from jax import export

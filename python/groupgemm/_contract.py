@@ -195,12 +195,15 @@ def static_window_offset(value, num_local, largest, fn, why=""):
 
 def static_group_sizes(values, num_rows, fn):
     """A Python sequence of sizes, each clamped to [0, num_rows] (what the kernels do
-    with it anyway), so no size overflows the index dtype."""
+    with it anyway), so no size overflows the index dtype. A symbolic row count
+    (``jax.export``'s, a traced ``SymInt``) cannot be compared: the sizes are clamped to
+    int32's maximum, past which no call has rows, and the kernels clip them to the rows."""
+    limit = num_rows if is_static_int(num_rows) else INT32_MAX
     sizes = []
     for v in values:
         if not is_static_int(v):
             raise TypeError(f"{fn}: group_sizes must hold integers, got {v!r}")
-        sizes.append(max(0, min(int(v), num_rows)))
+        sizes.append(max(0, min(int(v), limit)))
     return sizes
 
 
