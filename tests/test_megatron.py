@@ -6,7 +6,9 @@ gradient_accumulation_fusion), zero-token experts and a rank with no tokens incl
 Runs against the real megatron-core package, which ./dev.sh setup installs (pinned, without
 its dependencies), in this process with a one-rank gloo group."""
 
+import contextlib
 import os
+import types
 import warnings
 
 import numpy as np
@@ -126,13 +128,74 @@ def test_builders_give_megatron_its_parameter_attributes(process_groups):
     experts.backward_dw()  # TEGroupedMLP calls it on both layers: nothing deferred, nothing to do
 
 
-@pytest.mark.parametrize("option", ["delay_wgrad_compute", "fp8"])
+@pytest.mark.parametrize("option", ["delay_wgrad_compute", "fp8", "use_kitchen", "quant_recipe"])
 def test_builders_refuse_options_they_do_not_implement(process_groups, option):
+    from megatron.core.quantization.utils import kitchen_quantization_recipe_config
+
     config = _config()
-    setattr(config, option, "hybrid" if option == "fp8" else True)  # TransformerConfig's own checks need TE for these
+    # set after construction: TransformerConfig's own checks need TE (or kitchen) for these
+    setattr(config, option, {"fp8": "hybrid", "quant_recipe": kitchen_quantization_recipe_config(1)}.get(option, True))
     with pytest.raises(NotImplementedError, match=f"config.{option}"):
         ColumnParallelGroupedLinear(EXPERTS, HIDDEN, FFN, config=config, init_method=torch.nn.init.zeros_,
-                                    bias=False, skip_bias_add=False, is_expert=True, pg_collection=process_groups)
+                                    bias=False, skip_bias_add=False, is_expert=True, pg_collection=process_groups,
+                                    name="decoder.layers.0.mlp.experts.linear_fc1")
+
+
+def test_a_quant_recipe_that_leaves_the_experts_out_is_accepted(process_groups):
+    from megatron.core.quantization.quant_config import GlobMatcher, RecipeConfig
+
+    config = _config()
+    config.quant_recipe = RecipeConfig(matchers=[GlobMatcher(pattern="*self_attention*", config_key="attention")],
+                                       config_dict={"attention": {"kitchen_config_type": "QLinearParams",
+                                                                  "recipe_idx": 1}})
+    ColumnParallelGroupedLinear(EXPERTS, HIDDEN, FFN, config=config, init_method=torch.nn.init.zeros_, bias=False,
+                                skip_bias_add=False, is_expert=True, pg_collection=process_groups,
+                                name="decoder.layers.0.mlp.experts.linear_fc1")
+
+
+def test_gpu_expert_weights_are_drawn_under_megatrons_expert_parallel_random_stream(monkeypatch):
+    # Megatron-core's expert layers draw their weights under the tracker's expert-parallel
+    # stream (seeded per expert-parallel rank); weights made on the CPU are drawn from the
+    # default generator, as in Megatron-core's CPU path, which that stream does not reach.
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    from groupgemm.integrations import megatron as integration
+
+    forks = []
+
+    class Tracker:
+        def is_initialized(self):
+            return True
+
+        @contextlib.contextmanager
+        def fork(self, name):
+            forks.append(name)
+            yield
+
+    monkeypatch.setattr(megatron_random, "get_cuda_rng_tracker", Tracker)
+    with integration._expert_rng(types.SimpleNamespace(device=torch.device("cuda"))):
+        pass
+    with integration._expert_rng(torch.empty(1)):
+        pass
+    assert forks == [megatron_random.get_expert_parallel_rng_tracker_name()]
+
+
+def test_builders_draw_every_expert_weight_inside_the_expert_random_stream(process_groups, monkeypatch):
+    from groupgemm.integrations import megatron as integration
+
+    events = []
+
+    @contextlib.contextmanager
+    def stream(weight):
+        events.append(("enter", tuple(weight.shape)))
+        yield
+        events.append(("exit", None))
+
+    monkeypatch.setattr(integration, "_expert_rng", stream)
+    ColumnParallelGroupedLinear(EXPERTS, HIDDEN, FFN, config=_config(), bias=False, skip_bias_add=False,
+                                init_method=lambda w: events.append(("draw", tuple(w.shape))), is_expert=True,
+                                pg_collection=process_groups)
+    assert events == [("enter", (EXPERTS, FFN, HIDDEN)), *[("draw", (FFN, HIDDEN))] * EXPERTS, ("exit", None)]
 
 
 def test_distributed_checkpointing_is_refused_not_silently_wrong(process_groups):

@@ -148,6 +148,30 @@ def test_use_groupgemm_dispatch_switches_the_token_dispatcher_and_matches_torcht
     assert (params2["routed_experts.inner_experts.w2_EDF"].grad[:3] == 0).all()
 
 
+def test_use_groupgemm_dispatch_refuses_a_dispatcher_that_drops_tokens_by_its_own_rule():
+    # HybridEP's non_blocking_capacity_factor drops tokens; switching it silently would make
+    # the model dropless. Unset, the config switches.
+    hybrid = require("torchtitan.models.common.token_dispatcher").HybridEPTokenDispatcher.Config
+    with pytest.raises(NotImplementedError, match="HybridEPTokenDispatcher.Config.non_blocking_capacity_factor = "
+                                                  "0.5 drops tokens .* pass capacity="):
+        use_groupgemm_dispatch(hybrid(num_experts=8, top_k=2, non_blocking_capacity_factor=0.5))
+    switched = use_groupgemm_dispatch(hybrid(num_experts=8, top_k=2, pad_multiple=16), capacity=3)
+    assert type(switched) is token_dispatcher_class().Config and switched.capacity == 3
+
+
+def test_the_dispatchers_combine_returns_the_tokens_dtype():
+    # As torchtitan's dispatchers return it (zeros_like(x)): experts in bfloat16 under
+    # float32 tokens give float32 tokens back (each token's sum rounded to bfloat16 first).
+    dispatcher = token_dispatcher_class()(token_dispatcher_class().Config(num_experts=4, top_k=2))
+    x = torch.randn(5, DIM)
+    ids, scores = torch.tensor([[0, 1], [2, 3], [1, 2], [0, 3], [3, 1]]), torch.rand(5, 2)
+    rows, _, metadata = dispatcher.dispatch(x, scores, ids, None)
+    out = dispatcher.combine(rows.to(torch.bfloat16), metadata, x)
+    assert out.dtype == torch.float32
+    want = (rows.to(torch.bfloat16).float()[metadata[0].long()] * scores[..., None]).sum(1)
+    torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)
+
+
 def test_experts_class_refuses_a_class_without_the_seam():
     with pytest.raises(TypeError, match="experts_cls"):
         experts_class(torch.nn.Linear)

@@ -37,6 +37,7 @@ The exchange of tokens between expert-parallel ranks is ``MoELayer.token_dispatc
 and ``combine``, and :func:`use_groupgemm_dispatcher` puts it into a built ``MoELayer``.
 """
 
+import contextlib
 import functools
 
 import torch
@@ -46,8 +47,11 @@ from groupgemm.torch_ext import module
 __all__ = ["ColumnParallelGroupedLinear", "RowParallelGroupedLinear", "token_dispatcher_class",
            "use_groupgemm_dispatcher"]
 
-# TransformerConfig options whose behaviour these layers do not implement.
-_UNSUPPORTED_OPTIONS = ("delay_wgrad_compute", "overlap_dispatch_backward_with_experts_wgrad", "fp8", "fp4")
+# TransformerConfig options whose behaviour these layers do not implement (use_kitchen: the
+# quantized linears of NVIDIA's kitchen extension; a quant_recipe that names the layer is
+# refused by _layer_quantization).
+_UNSUPPORTED_OPTIONS = ("delay_wgrad_compute", "overlap_dispatch_backward_with_experts_wgrad", "fp8", "fp4",
+                        "use_kitchen")
 # ... and those the token dispatcher does not (the TE/DeepEP paths, quantization padding).
 _UNSUPPORTED_DISPATCH_OPTIONS = ("moe_router_padding_for_quantization", "moe_shared_expert_overlap",
                                  "moe_pad_expert_input_to_capacity", "moe_permute_fusion", "fp8", "fp4")
@@ -55,6 +59,34 @@ _UNSUPPORTED_DISPATCH_OPTIONS = ("moe_router_padding_for_quantization", "moe_sha
 
 def _group_size(group) -> int:
     return 1 if group is None else group.size()
+
+
+def _layer_quantization(config, name):
+    """The quantization ``config.quant_recipe`` gives the layer called ``name``, by
+    Megatron-core's own matching (as TransformerEngine's grouped layers look it up), or None."""
+    recipe = getattr(config, "quant_recipe", None)
+    if recipe is None:
+        return None
+    from megatron.core.quantization.utils import get_quant_config_or_none
+
+    return get_quant_config_or_none(name, recipe)
+
+
+def _expert_rng(weight):
+    """Where an expert weight is drawn: on the GPU, under Megatron-core's expert-parallel
+    random stream when its tracker is set up (model_parallel_cuda_manual_seed), as its own
+    expert layers and TransformerEngine's are (seeded per expert-parallel and
+    expert-tensor-parallel rank, so each rank draws its own experts); else, and for weights
+    made on the CPU (``use_cpu_initialization``, whose draws that stream does not reach, as
+    in Megatron-core's CPU path), the default generator."""
+    if weight.device.type != "cuda":
+        return contextlib.nullcontext()
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
+
+    tracker = get_cuda_rng_tracker()
+    if not tracker.is_initialized():
+        return contextlib.nullcontext()
+    return tracker.fork(get_expert_parallel_rng_tracker_name())
 
 
 class _MegatronGroupedLinear(module.GroupedLinear):
@@ -70,6 +102,10 @@ class _MegatronGroupedLinear(module.GroupedLinear):
             if getattr(config, option, None):
                 raise NotImplementedError(f"{fn}: config.{option} is not supported by groupgemm's Megatron-core "
                                           "builders; use TransformerEngine's for it")
+        if _layer_quantization(config, name) is not None:
+            raise NotImplementedError(f"{fn}: config.quant_recipe quantizes {name!r}, which groupgemm's "
+                                      "Megatron-core builders do not; use TransformerEngine's for it, or a recipe "
+                                      "that leaves the experts out")
         if not is_expert:
             raise ValueError(f"{fn}: is_expert must be True (TEGroupedMLP's experts), got {is_expert}")
         tp_size = _group_size(getattr(pg_collection, "expt_tp", None))
@@ -94,7 +130,7 @@ class _MegatronGroupedLinear(module.GroupedLinear):
         init_method = getattr(self, "_init_method", None)
         if init_method is None:  # GroupedLinear's own initialisation (also while it is being built)
             return super().reset_parameters()
-        with torch.no_grad():
+        with torch.no_grad(), _expert_rng(self.weight):
             for expert_weight in self.weight:  # Megatron's init methods take one [out, in] weight
                 init_method(expert_weight)
             if self.bias is not None:
@@ -149,14 +185,16 @@ class ColumnParallelGroupedLinear(_MegatronGroupedLinear):
     communication). Parameters live on the current CUDA device, or on the CPU with
     ``config.use_cpu_initialization`` or without CUDA, in ``config.params_dtype``; each
     expert's weight is initialised by ``init_method`` (when
-    ``config.perform_initialization``), biases to zero.
+    ``config.perform_initialization``; on the GPU under Megatron-core's expert-parallel
+    random stream, as its own expert layers are), biases to zero.
 
     ``forward(x, tokens_per_expert)`` returns ``(out [M, output_size / tp], bias or
     None)``; rows past ``sum(tokens_per_expert)`` are exact zeros. Raises
     ``NotImplementedError`` naming a ``TransformerConfig`` option it does not support
     (``delay_wgrad_compute``, ``overlap_dispatch_backward_with_experts_wgrad``, ``fp8``,
-    ``fp4``), and ``ValueError`` when the split dimension is not divisible by the expert
-    tensor-parallel size or ``is_expert`` is False.
+    ``fp4``, ``use_kitchen``, a ``quant_recipe`` that matches the layer), and ``ValueError``
+    when the split dimension is not divisible by the expert tensor-parallel size or
+    ``is_expert`` is False.
     """
 
     parallel_mode = "column"

@@ -116,6 +116,12 @@ def _replace_configs(model_config, config_cls, replacement):
     return model_config
 
 
+# Options of torchtitan's dispatchers that change which tokens reach the experts: switching
+# one silently would change the model. Their other options (buffer sizes, padding each
+# expert's rows, CUDA-graph modes) say how theirs run, not what it computes.
+_DROPPING_OPTIONS = ("non_blocking_capacity_factor",)
+
+
 @functools.cache  # one class, made on first use
 def token_dispatcher_class() -> type:
     """torchtitan's expert-parallel token dispatcher on groupgemm.torch's dispatch and combine.
@@ -154,8 +160,10 @@ def token_dispatcher_class() -> type:
         def combine(self, routed_output_RD, metadata, x_TD):
             plan, scores = metadata
             if self.ep_mesh is None:
-                return gt.unpermute(routed_output_RD, plan, scores)
-            return gt.combine(routed_output_RD, plan, scores)
+                out = gt.unpermute(routed_output_RD, plan, scores)
+            else:
+                out = gt.combine(routed_output_RD, plan, scores)
+            return out.to(x_TD.dtype)  # x's dtype, as torchtitan's dispatchers return it (experts may run in another)
 
     GroupgemmTokenDispatcher.__module__ = __name__
     return GroupgemmTokenDispatcher
@@ -169,5 +177,16 @@ def use_groupgemm_dispatch(model_config, capacity=None):
     from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
     new_cls = token_dispatcher_class().Config
-    return _replace_configs(model_config, LocalTokenDispatcher.Config, lambda config: None if isinstance(
-        config, new_cls) else new_cls(num_experts=config.num_experts, top_k=config.top_k, capacity=capacity))
+
+    def switched(config):
+        if isinstance(config, new_cls):
+            return None
+        for option in _DROPPING_OPTIONS:
+            if getattr(config, option, None) is not None:
+                raise NotImplementedError(
+                    f"use_groupgemm_dispatch: {type(config).__qualname__}.{option} = {getattr(config, option)!r} "
+                    "drops tokens by a rule groupgemm's dispatch does not have; unset it, and pass capacity= (the "
+                    "rows each pair of ranks exchanges) to drop tokens")
+        return new_cls(num_experts=config.num_experts, top_k=config.top_k, capacity=capacity)
+
+    return _replace_configs(model_config, LocalTokenDispatcher.Config, switched)
