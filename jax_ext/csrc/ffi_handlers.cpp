@@ -99,8 +99,8 @@ class FfiCall : public glue::OpCall {
     return *operand;
   }
 
-  ArgView array(const char* name) const override {
-    const glue::Param& p = op.array(name);
+  using OpCall::array;
+  ArgView array(const glue::Param& p) const override {
     const ArgView v = view(buffer(p), p.name.c_str());
     if (p.optional && v.rank == 1 && v.dims[0] == 0) return ArgView{p.name.c_str()};  // a placeholder
     return v;

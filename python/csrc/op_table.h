@@ -69,8 +69,10 @@ class OpCall {
   explicit OpCall(const Op& op) : op(op) {}
   virtual ~OpCall() = default;
 
-  // The array `name`: a view with given() false where an optional one is absent.
-  virtual ArgView array(const char* name) const = 0;
+  // The declared array p: a view with given() false where an optional one is absent.
+  virtual ArgView array(const Param& p) const = 0;
+  // The array `name`, as array(p) for its declaration.
+  ArgView array(const char* name) const { return array(op.array(name)); }
   // The attribute `name`, a flag (0 or 1) or an integer; nullopt where it was not given.
   virtual std::optional<int64_t> attribute(const char* name, bool is_flag) const = 0;
 
@@ -110,7 +112,7 @@ inline void expect_written_arrays_apart(const OpCall& call) {
   std::vector<ArgView> read, written;
   for (const Param& p : call.op.arrays) {
     if (p.name == "workspace") continue;  // the context's scratch, not a view
-    const ArgView v = call.array(p.name.c_str());
+    const ArgView v = call.array(p);
     if (!v.given() || v.count() == 0) continue;
     (p.result || p.name == "accumulate_into" ? written : read).push_back(v);
   }

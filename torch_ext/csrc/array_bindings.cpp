@@ -56,8 +56,8 @@ class ArrayCall : public glue::OpCall {
     context = views_.context();
   }
 
-  ArgView array(const char* name) const override {
-    const glue::Param& p = op.array(name);
+  using OpCall::array;
+  ArgView array(const glue::Param& p) const override {
     return views_(arrays_[&p - op.arrays.data()], p.name.c_str());
   }
 
