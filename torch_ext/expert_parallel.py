@@ -29,7 +29,7 @@ from torch.autograd import forward_ad
 
 from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
-from groupgemm.torch_ext import autocast, expert
+from groupgemm.torch_ext import autocast, expert, expert_parallel_sharding
 from groupgemm.torch_ext.arguments import dtype_name, shape_and_dtype
 from groupgemm.torch_ext.functional import grouped_mm
 from groupgemm.torch_ext.module import GroupedMLP
@@ -285,6 +285,10 @@ class ExpertParallelMoE(nn.Module):
     ``capacity`` as in dispatch (None: dropless). The router's gradient is this rank's
     tokens' share: all-reduce it over the data-parallel ranks as for any replicated weight.
     The received rows go through ``experts.forward_routed``: ``fused`` is GroupedMLP's.
+    ``state_dict()`` gives the experts as DTensors ``[E, ...]`` sharded over the group, which
+    torch.distributed.checkpoint saves whole; ``load_state_dict`` also takes the
+    single-process layer's ``[E, ...]`` or this rank's ``[E_local, ...]``
+    (expert_parallel_sharding.py).
     ``renormalize``: softmax_topk's; None (the default) renormalizes for top_k > 1 only (a
     top-1 weight renormalized is always 1, and the router would not learn).
     """
@@ -304,6 +308,10 @@ class ExpertParallelMoE(nn.Module):
         self.reset_parameters()
         self.experts = GroupedMLP(e_local, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
                                   device=device, dtype=dtype, fused=fused)
+        # The experts' entries as DTensors over the group, so a distributed checkpoint keeps
+        # every rank's (expert_parallel_sharding.py).
+        self.register_state_dict_post_hook(expert_parallel_sharding.to_sharded_entries)
+        self.register_load_state_dict_pre_hook(expert_parallel_sharding.from_sharded_entries)
 
     def reset_parameters(self):
         """Initializes the router, N(0, 0.02). The experts' layers have their own
@@ -329,6 +337,8 @@ class ExpertParallelMoE(nn.Module):
                              None if allowed is None else shape_and_dtype(allowed, "allowed", fn),
                              (x.shape[0], self.num_experts), fn,
                              autocast.layer_dtype(x, self, fn))
+        if not torch.compiler.is_compiling():  # the mesh's ranks are host data; a compiled step ran eagerly first
+            expert_parallel_sharding.check_experts_mesh(self, fn)
         every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
         logits = grouped_mm(x, self.router[None], every_token)
         if allowed is not None:

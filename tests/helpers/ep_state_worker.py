@@ -1,0 +1,144 @@
+"""Worker of test_expert_parallel_state.py: ExpertParallelMoE's state dict over gloo, one
+process per rank, each rank's experts drawn from its own seed.
+
+Usage: python ep_state_worker.py WORLD OUT_DIR MODE
+  MODE: plain (one expert-parallel group of WORLD ranks), fsdp (WORLD = 4: two groups of 2,
+  the experts sharded further by fully_shard over the ranks holding the same experts),
+  wrong-mesh (WORLD = 2: fully_shard over the group's own ranks)
+Each rank writes rank{r}.json: what it checked, name -> true/false, or the error it got.
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+import groupgemm.torch as gt
+
+E, H, F, K = 4, 8, 6, 2
+
+
+def model(seed):
+    """The router and every expert of the model drawn from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    fc1, fc2 = torch.randn(E, 2 * F, H, generator=gen), torch.randn(E, H, F, generator=gen)
+    return {"router": torch.randn(H, E, generator=gen), "fc1": fc1, "fc2": fc2}
+
+
+def layer(group, seed, fsdp_mesh=None):
+    moe = gt.ExpertParallelMoE(E, H, F, K, group)
+    ep_size, ep_rank = dist.get_world_size(group), dist.get_rank(group)
+    window = slice(ep_rank * E // ep_size, (ep_rank + 1) * E // ep_size)
+    drawn = model(seed)
+    with torch.no_grad():
+        moe.router.copy_(drawn["router"])
+        moe.experts.fc1.weight.copy_(drawn["fc1"][window])
+        moe.experts.fc2.weight.copy_(drawn["fc2"][window])
+    if fsdp_mesh is not None:
+        fully_shard(moe.experts, mesh=fsdp_mesh)
+    return moe
+
+
+def local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def same_parameters(a, b):
+    return all(torch.equal(local(x), local(y)) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def checks_plain(world, out_dir):
+    group = dist.group.WORLD
+    saved, other = layer(group, 1), layer(group, 2)
+    x = torch.randn(5, H, generator=torch.Generator().manual_seed(dist.get_rank()))
+    checked = {"experts differ between the two models": not same_parameters(saved, other)}
+    state = saved.state_dict()
+    checked["experts are DTensors of every expert"] = all(
+        isinstance(state[f"experts.{n}.weight"], DTensor) and state[f"experts.{n}.weight"].shape[0] == E
+        for n in ("fc1", "fc2"))
+    dcp.save(state, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+    restored = other.state_dict()
+    dcp.load(restored, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+    other.load_state_dict(restored)
+    checked["a distributed checkpoint restores every rank's experts"] = same_parameters(saved, other)
+    checked["and the outputs"] = torch.equal(saved(x)[0], other(x)[0])
+
+    full = get_model_state_dict(saved, options=StateDictOptions(full_state_dict=True))
+    checked["the full state dict is the whole model"] = all(torch.equal(full[n], w) for n, w in zip(
+        ("router", "experts.fc1.weight", "experts.fc2.weight"), model(1).values()))
+    fresh = layer(group, 3)
+    fresh.load_state_dict(full)
+    checked["a full state dict loads this rank's experts"] = same_parameters(saved, fresh)
+
+    path = os.path.join(out_dir, f"rank{dist.get_rank()}.pt")
+    torch.save(saved.state_dict(), path)
+    fresh = layer(group, 3)
+    fresh.load_state_dict(torch.load(path))  # weights_only, torch.load's default
+    checked["torch.save and torch.load round trip"] = same_parameters(saved, fresh)
+    fresh = layer(group, 3)
+    fresh.load_state_dict({"router": saved.router.detach(), "experts.fc1.weight": saved.experts.fc1.weight.detach(),
+                           "experts.fc2.weight": saved.experts.fc2.weight.detach()})
+    checked["this rank's own experts load"] = same_parameters(saved, fresh)
+    return checked
+
+
+def checks_fsdp(world, out_dir):
+    ep = 2
+    expert_groups = [dist.new_group(list(range(i, i + ep))) for i in range(0, world, ep)]
+    replica_groups = [dist.new_group(list(range(j, world, ep))) for j in range(ep)]
+    rank = dist.get_rank()
+    group, replicas = expert_groups[rank // ep], DeviceMesh.from_group(replica_groups[rank % ep], "cpu")
+    saved, other = layer(group, 1, replicas), layer(group, 2, replicas)
+    x = torch.randn(5, H, generator=torch.Generator().manual_seed(rank))
+    want = saved(x)[0]
+    state = saved.state_dict()
+    dcp.save(state, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+    restored = other.state_dict()
+    dcp.load(restored, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+    other.load_state_dict(restored)
+    checked = {"the experts' shards restored": all(
+        torch.equal(local(getattr(saved.experts, n).weight), local(getattr(other.experts, n).weight))
+        for n in ("fc1", "fc2"))}
+    checked["the outputs restored"] = torch.equal(other(x)[0], want)
+    unsharded = layer(group, 3)  # the same checkpoint without FSDP2: each rank's whole experts
+    restored = unsharded.state_dict()
+    dcp.load(restored, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+    unsharded.load_state_dict(restored)
+    ep_rank, drawn = dist.get_rank(group), model(1)
+    window = slice(ep_rank * E // ep, (ep_rank + 1) * E // ep)
+    checked["loaded without FSDP2: this group rank's experts"] = all(
+        torch.equal(getattr(unsharded.experts, n).weight, drawn[n][window]) for n in ("fc1", "fc2"))
+    checked["and the outputs"] = torch.equal(unsharded(x)[0], want)
+    return checked
+
+
+def checks_wrong_mesh(world, out_dir):
+    moe = layer(dist.group.WORLD, 1, DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+    try:
+        moe(torch.randn(5, H))
+    except ValueError as error:
+        return {"error": str(error)}
+    return {"error": None}
+
+
+def run(rank, world, out_dir, mode):
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}", rank=rank,
+                            world_size=world)
+    try:
+        checked = {"plain": checks_plain, "fsdp": checks_fsdp, "wrong-mesh": checks_wrong_mesh}[mode](world, out_dir)
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(checked, f)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    world, out_dir, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    torch.multiprocessing.spawn(run, args=(world, out_dir, mode), nprocs=world)

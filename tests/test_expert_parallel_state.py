@@ -1,0 +1,30 @@
+"""ExpertParallelMoE's experts in its state dict: every rank holds other experts under the
+same names, so the state dict gives them as DTensors over the group, and a distributed
+checkpoint (torch.distributed.checkpoint) keeps every rank's, with and without FSDP2 on
+the ranks that hold the same experts; FSDP2 over the group's own ranks is refused."""
+
+import json
+import os
+
+import pytest
+from workers import run_worker
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "ep_state_worker.py")
+
+
+def run(world, mode, out_dir):
+    run_worker(WORKER, world, out_dir, mode, timeout=180)
+    return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+@pytest.mark.parametrize("world, mode, count", [(2, "plain", 8), (4, "fsdp", 4)])
+def test_a_checkpoint_keeps_every_ranks_experts(world, mode, count, tmp_path):
+    for rank, checked in enumerate(run(world, mode, tmp_path)):
+        assert len(checked) == count, checked
+        assert [name for name, held in checked.items() if held is not True] == [], f"rank {rank}: {checked}"
+
+
+def test_fsdp_over_the_groups_own_ranks_is_refused_naming_the_parameter(tmp_path):
+    for checked in run(2, "wrong-mesh", tmp_path):
+        assert checked["error"] is not None and checked["error"].startswith(
+            "ExpertParallelMoE: experts.fc1.weight is sharded over ranks [0, 1] of the layer's expert-parallel group")
