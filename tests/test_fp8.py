@@ -199,6 +199,17 @@ def test_torch_offs_gives_the_bits_of_the_group_sizes(c, recipe):
         assert torch.equal(pair[0].view(torch.int16), pair[1].view(torch.int16)), what
 
 
+def test_torch_offs_of_another_count_than_num_groups_is_named_before_the_scales():
+    torch = pytest.importorskip("torch")
+    import groupgemm.torch as gt
+
+    sizes = torch.tensor([4, 4, 4], dtype=torch.int32)
+    (qd, sd), (qx, sx) = (gt.quantize_fp8_grouped(torch.ones(12, width), sizes, "rowwise") for width in (16, 128))
+    with pytest.raises(ValueError, match="scaled_grouped_mm: offs has 3 entries but there are 2 groups"):
+        gt.scaled_grouped_mm(qd, qx.t(), sd, "RowWise", sx, "RowWise", offs=torch.cumsum(sizes, 0, dtype=torch.int32),
+                             num_groups=2)
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_jax_vmap_of_the_fp8_calls_gives_each_entrys_bits(recipe):
     # vmap binds each primitive once with its batched operands flagged; the raw call maps

@@ -171,7 +171,7 @@ def _weight_gradient_form(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, bi
     if ends:
         group_sizes = offs_convention.checked_ends(offs, None, group_offset is not None, mat_a.device, fn)
     num_groups = contract.local_group_count(num_groups, tuple(group_sizes.shape) if isinstance(group_sizes, Tensor)
-                                            else None, group_offset is not None, fn)
+                                            else None, group_offset is not None, fn, "offs" if ends else "group_sizes")
     _, shape, _, _, scaling = contract.scaled_wgrad(
         fn, NAMES, shape_and_dtype(_row_major(mat_a, "mat_a", fn), "mat_a", fn), shape_and_dtype(rhs, "mat_b", fn),
         shape_and_dtype(scale_a, "scale_a", fn), shape_and_dtype(scale_b, "scale_b", fn), recipe, num_groups)

@@ -143,16 +143,21 @@ def index_conversion(dtype):
     return "int32", False
 
 
+def check_group_count(entries, num_groups, has_offset, fn, name="group_sizes"):
+    """One entry of group_sizes (or offs) per group; at least one per local group with a
+    group_offset window."""
+    if not has_offset and entries != num_groups:
+        raise ValueError(f"{fn}: {name} has {entries} entries but there are "
+                         f"{num_groups} groups; pass group_offset to select a window")
+    if has_offset and entries < num_groups:
+        raise ValueError(f"{fn}: {name} has {entries} entries, fewer than the {num_groups} local groups")
+
+
 def check_group_sizes(shape, dtype, num_groups, has_offset, fn):
     if len(shape) != 1:
         raise ValueError(f"{fn}: group_sizes must be 1-D, got shape {tuple(shape)}")
     check_index_dtype(dtype, "group_sizes", fn)
-    if not has_offset and shape[0] != num_groups:
-        raise ValueError(f"{fn}: group_sizes has {shape[0]} entries but there are "
-                         f"{num_groups} groups; pass group_offset to select a window")
-    if has_offset and shape[0] < num_groups:
-        raise ValueError(f"{fn}: group_sizes has {shape[0]} entries, fewer than the "
-                         f"{num_groups} local groups")
+    check_group_count(shape[0], num_groups, has_offset, fn)
 
 
 def check_group_offset_array(shape, dtype, fn):
@@ -498,13 +503,8 @@ def group_ends(fn, shape, dtype, num_groups=None, has_offset=False):
     if len(shape) != 1:
         raise ValueError(f"{fn}: offs must be 1-D (cumulative group ends), got shape {tuple(shape)}")
     check_index_dtype(dtype, "offs", fn)
-    if num_groups is None:
-        return
-    if not has_offset and shape[0] != num_groups:
-        raise ValueError(f"{fn}: offs has {shape[0]} entries but there are {num_groups} groups; "
-                         "pass group_offset to select a window")
-    if has_offset and shape[0] < num_groups:
-        raise ValueError(f"{fn}: offs has {shape[0]} entries, fewer than the {num_groups} local groups")
+    if num_groups is not None:
+        check_group_count(shape[0], num_groups, has_offset, fn, "offs")
 
 
 def ragged_contraction(fn, names, lhs, rhs, out_dtype=None, *, bias=False, transpose=False, has_offset=False):
@@ -676,15 +676,18 @@ def quantize_fp8(fn, x, recipe, dtype):
     return scale, fp8_type, scaling
 
 
-def local_group_count(num_groups, sizes_shape, has_offset, fn):
+def local_group_count(num_groups, sizes_shape, has_offset, fn, name="group_sizes"):
     """The local groups of a call that takes ``num_groups``: given, or without group_offset
     ``len(group_sizes)`` (``sizes_shape``, None when group_sizes has no shape: the
     group_sizes check then names it)."""
+    one_dimensional = sizes_shape is not None and len(sizes_shape) == 1
     if num_groups is not None:
+        if one_dimensional and is_static_int(num_groups):  # before the shapes that follow from it
+            check_group_count(sizes_shape[0], num_groups, has_offset, fn, name)
         return num_groups
     if has_offset:
         raise TypeError(f"{fn}: num_groups is required with group_offset (the window's group count)")
-    return sizes_shape[0] if sizes_shape is not None and len(sizes_shape) == 1 else 0
+    return sizes_shape[0] if one_dimensional else 0
 
 
 def quantize_fp8_grouped(fn, x, recipe, dtype, num_groups):

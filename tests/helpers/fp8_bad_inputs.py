@@ -34,12 +34,12 @@ def _mm(f, a, lhs=None, rhs=None, scales=None, recipe="rowwise", **kw):
                            **kw)
 
 
-def _wgrad(f, a, lhs=None, rhs=None, scales=None, recipe="rowwise", **kw):
+def _wgrad(f, a, lhs=None, rhs=None, scales=None, recipe="rowwise", num_groups=3, **kw):
     if scales is None:
         rows = 3 if recipe == "rowwise" else (6 + 127 * 3) // 128
         scales = (a.f32((rows, 8)), a.f32((rows, 5)))
     return f.scaled_wgrad(a.wlhs if lhs is None else lhs, a.wrhs if rhs is None else rhs, a.sizes, *scales, recipe,
-                          num_groups=3, **kw)
+                          num_groups=num_groups, **kw)
 
 
 def _layer(f, a, k, n, dtype="bfloat16", recipe="blockwise"):
@@ -77,6 +77,8 @@ FP8_BAD_INPUTS = [
     BadInput("wgrad_block_scale_rows", lambda f, a: _wgrad(f, a, recipe="blockwise",
                                                            scales=(a.f32((1, 8)), a.f32((3, 5)))),
              ValueError, r"{lhs_scale} must have shape \(3, 8\) for blockwise scaling"),
+    BadInput("wgrad_group_count", lambda f, a: _wgrad(f, a, num_groups=2), ValueError,  # scales for 3 groups:
+             "group_sizes has 3 entries but there are 2 groups"),                    # the count is what is wrong
     BadInput("wgrad_row_scale", lambda f, a: _wgrad(f, a, scales=(a.f32((3, 8)), a.f32((2, 5)))), ValueError,
              r"{rhs_scale} must have shape \(3, 5\) for rowwise scaling"),
     BadInput("quantize_input_dtype", lambda f, a: f.quantize_fp8(a.f32((6, 128), "int32"), "rowwise"), TypeError,
