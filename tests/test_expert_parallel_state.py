@@ -1,7 +1,9 @@
 """ExpertParallelMoE's experts in its state dict: every rank holds other experts under the
 same names, so the state dict gives them as DTensors over the group, and a distributed
 checkpoint (torch.distributed.checkpoint) keeps every rank's, with and without FSDP2 on
-the ranks that hold the same experts; FSDP2 over the group's own ranks is refused."""
+the ranks that hold the same experts; FSDP2 over the group's own ranks is refused; under
+DistributedDataParallel with the experts left out (the guide's recipe) each rank keeps its
+experts and their gradients."""
 
 import json
 import os
@@ -17,8 +19,8 @@ def run(world, mode, out_dir):
     return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
-@pytest.mark.parametrize("world, mode, count", [(2, "plain", 8), (4, "fsdp", 4)])
-def test_a_checkpoint_keeps_every_ranks_experts(world, mode, count, tmp_path):
+@pytest.mark.parametrize("world, mode, count", [(2, "plain", 8), (4, "fsdp", 4), (2, "ddp", 3)])
+def test_each_rank_keeps_its_experts(world, mode, count, tmp_path):
     for rank, checked in enumerate(run(world, mode, tmp_path)):
         assert len(checked) == count, checked
         assert [name for name, held in checked.items() if held is not True] == [], f"rank {rank}: {checked}"

@@ -4,7 +4,8 @@ process per rank, each rank's experts drawn from its own seed.
 Usage: python ep_state_worker.py WORLD OUT_DIR MODE
   MODE: plain (one expert-parallel group of WORLD ranks), fsdp (WORLD = 4: two groups of 2,
   the experts sharded further by fully_shard over the ranks holding the same experts),
-  wrong-mesh (WORLD = 2: fully_shard over the group's own ranks)
+  wrong-mesh (WORLD = 2: fully_shard over the group's own ranks), ddp (WORLD = 2: the layer
+  under DistributedDataParallel with its experts left out, as the guide shows)
 Each rank writes rank{r}.json: what it checked, name -> true/false, or the error it got.
 """
 
@@ -128,11 +129,32 @@ def checks_wrong_mesh(world, out_dir):
     return {"error": None}
 
 
+def checks_ddp(world, out_dir):
+    from torch.nn.parallel import DistributedDataParallel
+
+    plain, wrapped = layer(dist.group.WORLD, 1), layer(dist.group.WORLD, 1)
+    held = [p.detach().clone() for p in wrapped.experts.parameters()]
+    experts = [f"experts.{name}" for name, _ in wrapped.experts.named_parameters()]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(wrapped, experts)
+    ddp = DistributedDataParallel(wrapped)
+    kept = all(torch.equal(a, b) for a, b in zip(held, wrapped.experts.parameters()))
+    checked = {"DDP keeps each rank's experts": kept}
+    x = torch.randn(5, H, generator=torch.Generator().manual_seed(dist.get_rank()))
+    for module in (plain, ddp):
+        module(x)[0].square().sum().backward()
+    checked["the experts' gradients are the rank's own"] = all(
+        torch.equal(a.grad, b.grad) for a, b in zip(plain.experts.parameters(), wrapped.experts.parameters()))
+    dist.all_reduce(plain.router.grad)
+    checked["the router's is averaged"] = torch.allclose(wrapped.router.grad, plain.router.grad / world)
+    return checked
+
+
 def run(rank, world, out_dir, mode):
     dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}", rank=rank,
                             world_size=world)
     try:
-        checked = {"plain": checks_plain, "fsdp": checks_fsdp, "wrong-mesh": checks_wrong_mesh}[mode](world, out_dir)
+        checks = {"plain": checks_plain, "fsdp": checks_fsdp, "wrong-mesh": checks_wrong_mesh, "ddp": checks_ddp}
+        checked = checks[mode](world, out_dir)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(checked, f)
     finally:
