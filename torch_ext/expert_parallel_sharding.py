@@ -22,27 +22,20 @@ over such a mesh, their state-dict entries are that data-parallel mesh's and say
 nothing of which experts they are. So ``state_dict()`` gathers each over that mesh first
 (the rank's experts, as the layer holds them without FSDP2; a collective, which every rank
 runs as it saves), and loading shards this rank's experts over it again.
+
+An optimizer's state of the experts (Adam's moments) has the same names on every rank too:
+optimizer_state_dict and load_optimizer_state_dict give and take it the same way, around
+torch.distributed.checkpoint.state_dict's get_ and set_optimizer_state_dict.
 """
+
+import itertools
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.checkpoint import state_dict as checkpoint_state
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-
-
-def _expert_entries(layer, state_dict, prefix):
-    """The names of ``layer.experts``' entries in ``state_dict`` (every one is per expert)."""
-    inner = prefix + "experts."
-    return [name for name in state_dict if name.startswith(inner)]
-
-
-def _mesh(layer, device_type) -> DeviceMesh:
-    return DeviceMesh.from_group(layer.group, device_type)
-
-
-def _layer_ranks(layer) -> int:
-    return dist.get_world_size(layer.group)
 
 
 def check_experts_mesh(layer, fn):
@@ -59,45 +52,98 @@ def check_experts_mesh(layer, fn):
                              "hold the same experts (a mesh dimension other than the group's)")
 
 
-def to_sharded_entries(layer, state_dict, prefix, local_metadata):
-    """state_dict post-hook: the experts' entries as DTensors over the layer's group."""
-    if _layer_ranks(layer) == 1:
-        return
-    for name in _expert_entries(layer, state_dict, prefix):
-        value = state_dict[name]
-        local = value.full_tensor() if isinstance(value, DTensor) else value  # FSDP2's: gathered over its mesh
-        shape = (layer.num_experts, *local.shape[1:])
-        state_dict[name] = DTensor.from_local(local.contiguous(), _mesh(layer, local.device.type), [Shard(0)],
-                                              run_check=False, shape=torch.Size(shape),
-                                              stride=torch.empty(shape, device="meta").stride())
+def _sharded(layer, value: Tensor) -> DTensor:
+    """One of this rank's per-expert tensors as a DTensor [E, ...] over the layer's group."""
+    local = value.full_tensor() if isinstance(value, DTensor) else value  # FSDP2's: gathered over its mesh
+    shape = torch.Size((layer.num_experts, *local.shape[1:]))
+    return DTensor.from_local(local.contiguous(), DeviceMesh.from_group(layer.group, local.device.type), [Shard(0)],
+                              run_check=False, shape=shape, stride=torch.empty(shape, device="meta").stride())
 
 
-def _local_experts(layer, value, local_count):
-    """This rank's experts of a loaded entry (see the module docstring)."""
-    rank = dist.get_rank(layer.group)
+def _local(layer, value: Tensor, target: Tensor) -> Tensor:
+    """A loaded per-expert tensor as `target` (this rank's, plain or FSDP2's) takes it."""
+    local_count = target.shape[0]  # a DTensor's shape is its mesh's whole: this rank's experts
+    rank, ranks = dist.get_rank(layer.group), dist.get_process_group_ranks(layer.group)
     window = slice(rank * local_count, (rank + 1) * local_count)
     if isinstance(value, DTensor):
-        if value.placements == (Shard(0),) and value.device_mesh.mesh.flatten().tolist() == \
-                dist.get_process_group_ranks(layer.group) and value.shape[0] == local_count * _layer_ranks(layer):
-            return value.to_local()
-        return value.full_tensor()[window]  # another layout: gathered, then this rank's part
-    if value.dim() > 0 and value.shape[0] == layer.num_experts and local_count != layer.num_experts:
-        return value[window]
-    return value  # this rank's own experts (the parameter's shape is checked by the load)
+        ours = value.placements == (Shard(0),) and value.device_mesh.mesh.flatten().tolist() == ranks and \
+            value.shape[0] == local_count * len(ranks)
+        value = value.to_local() if ours else value.full_tensor()[window]  # another layout: gathered, then ours
+    elif value.dim() > 0 and value.shape[0] == layer.num_experts != local_count:
+        value = value[window]
+    if isinstance(target, DTensor):  # FSDP2's: sharded again, each rank from its own copy
+        value = distribute_tensor(value.to(target.device), target.device_mesh, target.placements, src_data_rank=None)
+    return value  # else this rank's own (the load checks its shape)
+
+
+def _expert_tensors(layer, prefix):
+    """Name in the model -> the tensor, for the layer's per-expert parameters and buffers."""
+    return {f"{prefix}experts.{name}": t for name, t in
+            itertools.chain(layer.experts.named_parameters(), layer.experts.named_buffers())}
+
+
+def _sharded_layer(layer) -> bool:
+    return dist.get_world_size(layer.group) > 1
+
+
+def to_sharded_entries(layer, state_dict, prefix, local_metadata):
+    """state_dict post-hook: the experts' entries as DTensors over the layer's group."""
+    if _sharded_layer(layer):
+        for name in _expert_tensors(layer, prefix):  # in one order on every rank: FSDP2's are gathered
+            if name in state_dict:
+                state_dict[name] = _sharded(layer, state_dict[name])
 
 
 def from_sharded_entries(layer, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                          error_msgs):
     """load_state_dict pre-hook: each of the experts' entries as this rank's parameter takes it."""
-    if _layer_ranks(layer) == 1:
-        return
-    own = layer.experts.state_dict(prefix=prefix + "experts.", keep_vars=True)
-    for name in _expert_entries(layer, state_dict, prefix):
-        target = own.get(name)
-        if not isinstance(target, Tensor) or not isinstance(state_dict[name], Tensor):
-            continue  # an unexpected or odd entry: the load reports it
-        local = _local_experts(layer, state_dict[name], target.shape[0])  # a DTensor's shape is its mesh's whole
-        if isinstance(target, DTensor):  # FSDP2's parameter: sharded again, each rank from its own copy
-            local = distribute_tensor(local.to(target.device), target.device_mesh, target.placements,
-                                      src_data_rank=None)
-        state_dict[name] = local
+    if _sharded_layer(layer):
+        for name, target in _expert_tensors(layer, prefix).items():
+            if isinstance(state_dict.get(name), Tensor):
+                state_dict[name] = _local(layer, state_dict[name], target)
+
+
+def _expert_parameters(model):
+    """Name -> (layer, parameter) for every expert parameter of a sharded ExpertParallelMoE in `model`."""
+    from groupgemm.torch_ext.expert_parallel import ExpertParallelMoE  # it imports this module
+
+    found = {}
+    for name, layer in model.named_modules():
+        if isinstance(layer, ExpertParallelMoE) and _sharded_layer(layer):
+            prefix = f"{name}." if name else ""
+            found.update({n: (layer, p) for n, p in layer.experts.named_parameters(prefix=prefix + "experts")})
+    return found
+
+
+def _per_expert_states(model, state):
+    """(layer, parameter, the states' dict, key) for each per-expert tensor of an optimizer's
+    state, each parameter's dict copied first (it may be the optimizer's own)."""
+    for name, (layer, param) in _expert_parameters(model).items():
+        if name not in state["state"]:
+            continue
+        states = state["state"][name] = dict(state["state"][name])
+        for key, value in list(states.items()):
+            if isinstance(value, Tensor) and value.dim() == param.dim() and value.shape[1:] == param.shape[1:]:
+                # a moment (saved: [E, ...]; in use: the parameter's shape), not a step count
+                yield layer, param, states, key
+
+
+def optimizer_state_dict(model, optimizer, options=None):
+    """``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict(model, optimizer,
+    options=options)`` with the state of every ``ExpertParallelMoE``'s experts as DTensors
+    over its group, as the layer's state dict gives the experts: a distributed checkpoint
+    then keeps every rank's (plain tensors of one name would be taken for one replicated
+    tensor, and all ranks' but one lost). Load it with ``load_optimizer_state_dict``."""
+    state = checkpoint_state.get_optimizer_state_dict(model, optimizer, options=options)
+    for layer, _, states, key in _per_expert_states(model, state):
+        states[key] = _sharded(layer, states[key])
+    return state
+
+
+def load_optimizer_state_dict(model, optimizer, state, options=None):
+    """Loads an ``optimizer_state_dict`` (after ``torch.distributed.checkpoint.load`` filled
+    it): each rank takes its experts' state, then
+    ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``."""
+    for layer, param, states, key in _per_expert_states(model, state):
+        states[key] = _local(layer, states[key], param)
+    checkpoint_state.set_optimizer_state_dict(model, optimizer, state, options=options)

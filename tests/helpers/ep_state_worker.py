@@ -47,12 +47,46 @@ def layer(group, seed, fsdp_mesh=None):
     return moe
 
 
-def local(t):
+def local(t):  # this rank's part of a DTensor
     return t.to_local() if isinstance(t, DTensor) else t
 
 
 def same_parameters(a, b):
     return all(torch.equal(local(x), local(y)) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def step(moe, optimizer, x):
+    optimizer.zero_grad()
+    moe(x)[0].square().sum().backward()
+    dist.all_reduce(moe.router.grad)  # the replicated router stays replicated
+    optimizer.step()
+
+
+def checkpoint_round_trip(saved, other, x, out_dir):
+    """Each model takes an Adam step on other tokens; `saved`'s model and optimizer go
+    through a distributed checkpoint into `other`; then both take the same step. Returns
+    the checks and `saved`'s output at the checkpoint."""
+    optimizers = [torch.optim.Adam(m.parameters(), lr=0.01) for m in (saved, other)]
+    step(saved, optimizers[0], x)
+    step(other, optimizers[1], x + 1)
+    path = os.path.join(out_dir, "checkpoint")
+    dcp.save({"model": saved.state_dict(), "optim": gt.optimizer_state_dict(saved, optimizers[0])}, checkpoint_id=path)
+    with torch.no_grad():
+        at_checkpoint = saved(x)[0]
+    state = {"model": other.state_dict(), "optim": gt.optimizer_state_dict(other, optimizers[1])}
+    dcp.load(state, checkpoint_id=path)
+    other.load_state_dict(state["model"])
+    gt.load_optimizer_state_dict(other, optimizers[1], state["optim"])
+    params = [o.param_groups[0]["params"] for o in optimizers]  # FSDP2's sharded ones, between its hooks too
+    moments = [[local(o.state[p][m]) for p in o.param_groups[0]["params"] for m in ("exp_avg", "exp_avg_sq")]
+               for o in optimizers]
+    checked = {"the parameters restored": all(torch.equal(local(a), local(b)) for a, b in zip(*params)),
+               "the optimizer's state restored": all(map(torch.equal, *moments))}
+    for model, optimizer in zip((saved, other), optimizers):
+        step(model, optimizer, x)
+    checked["the next step the same"] = all(torch.equal(local(a), local(b)) for a, b in zip(*params))
+    checked["and the outputs"] = torch.equal(saved(x)[0], other(x)[0])
+    return checked, at_checkpoint
 
 
 def checks_plain(world, out_dir):
@@ -64,12 +98,6 @@ def checks_plain(world, out_dir):
     checked["experts are DTensors of every expert"] = all(
         isinstance(state[f"experts.{n}.weight"], DTensor) and state[f"experts.{n}.weight"].shape[0] == E
         for n in ("fc1", "fc2"))
-    dcp.save(state, checkpoint_id=os.path.join(out_dir, "checkpoint"))
-    restored = other.state_dict()
-    dcp.load(restored, checkpoint_id=os.path.join(out_dir, "checkpoint"))
-    other.load_state_dict(restored)
-    checked["a distributed checkpoint restores every rank's experts"] = same_parameters(saved, other)
-    checked["and the outputs"] = torch.equal(saved(x)[0], other(x)[0])
 
     full = get_model_state_dict(saved, options=StateDictOptions(full_state_dict=True))
     checked["the full state dict is the whole model"] = all(torch.equal(full[n], w) for n, w in zip(
@@ -87,7 +115,7 @@ def checks_plain(world, out_dir):
     fresh.load_state_dict({"router": saved.router.detach(), "experts.fc1.weight": saved.experts.fc1.weight.detach(),
                            "experts.fc2.weight": saved.experts.fc2.weight.detach()})
     checked["this rank's own experts load"] = same_parameters(saved, fresh)
-    return checked
+    return {**checked, **checkpoint_round_trip(saved, other, x, out_dir)[0]}
 
 
 def checks_fsdp(world, out_dir):
@@ -98,25 +126,12 @@ def checks_fsdp(world, out_dir):
     group, replicas = expert_groups[rank // ep], DeviceMesh.from_group(replica_groups[rank % ep], "cpu")
     saved, other = layer(group, 1, replicas), layer(group, 2, replicas)
     x = torch.randn(5, H, generator=torch.Generator().manual_seed(rank))
-    want = saved(x)[0]
-    state = saved.state_dict()
-    dcp.save(state, checkpoint_id=os.path.join(out_dir, "checkpoint"))
-    restored = other.state_dict()
-    dcp.load(restored, checkpoint_id=os.path.join(out_dir, "checkpoint"))
-    other.load_state_dict(restored)
-    checked = {"the experts' shards restored": all(
-        torch.equal(local(getattr(saved.experts, n).weight), local(getattr(other.experts, n).weight))
-        for n in ("fc1", "fc2"))}
-    checked["the outputs restored"] = torch.equal(other(x)[0], want)
+    checked, at_checkpoint = checkpoint_round_trip(saved, other, x, out_dir)
     unsharded = layer(group, 3)  # the same checkpoint without FSDP2: each rank's whole experts
-    restored = unsharded.state_dict()
+    restored = {"model": unsharded.state_dict()}
     dcp.load(restored, checkpoint_id=os.path.join(out_dir, "checkpoint"))
-    unsharded.load_state_dict(restored)
-    ep_rank, drawn = dist.get_rank(group), model(1)
-    window = slice(ep_rank * E // ep, (ep_rank + 1) * E // ep)
-    checked["loaded without FSDP2: this group rank's experts"] = all(
-        torch.equal(getattr(unsharded.experts, n).weight, drawn[n][window]) for n in ("fc1", "fc2"))
-    checked["and the outputs"] = torch.equal(unsharded(x)[0], want)
+    unsharded.load_state_dict(restored["model"])
+    checked["loaded without FSDP2: the group rank's experts"] = torch.equal(unsharded(x)[0], at_checkpoint)
     return checked
 
 
