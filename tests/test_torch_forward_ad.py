@@ -257,3 +257,19 @@ def test_a_second_order_gradient_through_an_op_that_computes_a_gradient_itself_n
     with pytest.raises(RuntimeError, match="groupgemm::expert_mlp_backward has no derivative: .* a second-order "
                                            "gradient \\(backward with create_graph=True"):
         grad.sum().backward()
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jvp"])
+def test_accumulate_mode_names_itself_under_torch_func(transform):
+    # It adds in place, outside autograd: a transform would get torch's internal errors
+    # (or, for grad, no derivative), so it is refused by name.
+    x, dy, sizes = torch.randn(6, 4, dtype=F64), torch.randn(6, 5, dtype=F64), torch.tensor([2, 0, 4])
+
+    def accumulated(x):
+        return gt.grouped_mm_wgrad(x, dy, sizes, 3, accumulate_into=torch.zeros(3, 4, 5, dtype=F64)).sum()
+
+    call = {"grad": lambda: torch.func.grad(accumulated)(x), "vmap": lambda: torch.func.vmap(accumulated)(x[None]),
+            "jvp": lambda: torch.func.jvp(accumulated, (x,), (x,))}[transform]
+    with pytest.raises(ValueError, match="grouped_mm_wgrad: accumulate_into adds in place and is not supported "
+                                         "under torch.func transforms"):
+        call()

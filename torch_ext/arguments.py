@@ -30,6 +30,18 @@ def same_device(t, name, device, fn):
     contract.check_device(str(t.device), str(device), name, fn)
 
 
+def outside_autograd(fn, name, operands):
+    """An in-place result (``name``: accumulate_into) is computed outside autograd: refused
+    where a gradient could be asked of it, rather than silently missing (torch refuses
+    ``out=`` there alike)."""
+    if torch._C._are_functorch_transforms_active():
+        raise ValueError(f"{fn}: {name} adds in place and is not supported under torch.func transforms; "
+                         f"leave {name} out (the result is then differentiable)")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in operands):
+        raise ValueError(f"{fn}: {name} adds in place, outside autograd, so its operands must not require grad; "
+                         f"detach them, or leave {name} out (the result is then differentiable)")
+
+
 def index_tensor(t: Tensor, ids: bool = False) -> Tensor:
     """An integer operand as the int32/int64 tensor the core reads, its value kept; ``ids``:
     expert ids, those past int64's maximum dropped (-1) rather than saturated

@@ -7,7 +7,14 @@ import torch
 from groupgemm import _contract as contract
 from groupgemm.torch_ext import autocast, core_args, derivatives, eager, gemm_ops  # noqa: F401 - derivatives registers the ops' autograd
 from groupgemm.torch_ext import offs as offs_convention
-from groupgemm.torch_ext.arguments import NAMES, dtype_name, index_operands, same_device, shape_and_dtype
+from groupgemm.torch_ext.arguments import (
+    NAMES,
+    dtype_name,
+    index_operands,
+    outside_autograd,
+    same_device,
+    shape_and_dtype,
+)
 
 Tensor = torch.Tensor
 
@@ -86,8 +93,10 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
 
     Empty groups give exact zeros. With ``accumulate_into`` (float32, or float64 for
     float64 inputs, contiguous ``[G, K, N]``) it adds in place and returns that tensor;
-    empty groups are left bit-for-bit unchanged. Under ``torch.autocast`` input and grad are
-    cast to the autocast dtype (autocast.py); accumulate_into keeps its dtype.
+    empty groups are left bit-for-bit unchanged; that sum is outside autograd, so operands
+    that require grad (grad mode on) and torch.func transforms are refused. Under
+    ``torch.autocast`` input and grad are cast to the autocast dtype (autocast.py);
+    accumulate_into keeps its dtype.
     """
     fn = "grouped_mm_wgrad"
     input, grad = autocast.operands(input, grad)
@@ -100,6 +109,7 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
         contract.accumulator(fn, acc_shape, acc_dtype, shape, dtype_name(input.dtype), None, NAMES["out_dtype"],
                              contiguous=accumulate_into.is_contiguous(), requires_grad=accumulate_into.requires_grad)
         same_device(accumulate_into, "accumulate_into", input.device, fn)
+        outside_autograd(fn, "accumulate_into", (input, grad))
     input, grad = input.contiguous(), core_args.incoming_grad(grad, grad.dtype)
     if accumulate_into is None:
         return gemm_ops.grouped_mm_wgrad_op(input, grad, group_sizes, num_groups, group_offset, input.dtype)

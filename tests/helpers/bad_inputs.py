@@ -120,6 +120,11 @@ TORCH_ONLY = [
     BadInput("accumulate_requires_grad",
              lambda f, a: f.wgrad(a.lhs, a.lhs, a.sizes, 3, accumulate_into=_zeros(a, (3, 4, 4)).requires_grad_()),
              ValueError, "accumulate_into must not require grad", frontends=("torch",)),
+    BadInput("accumulate_operand_requires_grad",  # the in-place sum would have no gradient
+             lambda f, a: f.wgrad(a.lhs.detach().requires_grad_(), a.lhs, a.sizes, 3,
+                                  accumulate_into=_zeros(a, (3, 4, 4))),
+             ValueError, "accumulate_into adds in place, outside autograd, so its operands must not require grad",
+             frontends=("torch",)),
     BadInput("input_sparse", lambda f, a: f.matmul(a.lhs.to_sparse(), a.rhs, a.sizes), TypeError,
              "{lhs} must be a dense tensor \\(layout torch.strided\\), got torch.sparse_coo", frontends=("torch",)),
     BadInput("weight_mkldnn", lambda f, a: f.matmul(a.lhs, a.rhs.to_mkldnn(), a.sizes), TypeError,
