@@ -28,6 +28,7 @@ optimizer_state_dict and load_optimizer_state_dict give and take it the same way
 torch.distributed.checkpoint.state_dict's get_ and set_optimizer_state_dict.
 """
 
+import dataclasses
 import itertools
 
 import torch
@@ -60,18 +61,19 @@ def _sharded(layer, value: Tensor) -> DTensor:
                               run_check=False, shape=shape, stride=torch.empty(shape, device="meta").stride())
 
 
-def _local(layer, value: Tensor, target: Tensor) -> Tensor:
-    """A loaded per-expert tensor as `target` (this rank's, plain or FSDP2's) takes it."""
+def _local(layer, value: Tensor, target: Tensor, reshard=True) -> Tensor:
+    """A loaded per-expert tensor as `target` (this rank's, plain or FSDP2's) takes it;
+    ``reshard=False``: FSDP2's left whole, for a caller that shards it."""
     local_count = target.shape[0]  # a DTensor's shape is its mesh's whole: this rank's experts
     rank, ranks = dist.get_rank(layer.group), dist.get_process_group_ranks(layer.group)
     window = slice(rank * local_count, (rank + 1) * local_count)
     if isinstance(value, DTensor):
         ours = value.placements == (Shard(0),) and value.device_mesh.mesh.flatten().tolist() == ranks and \
             value.shape[0] == local_count * len(ranks)
-        value = value.to_local() if ours else value.full_tensor()[window]  # another layout: gathered, then ours
+        value = value.to_local() if ours else value.full_tensor()[window].clone()  # another layout: gathered
     elif value.dim() > 0 and value.shape[0] == layer.num_experts != local_count:
-        value = value[window]
-    if isinstance(target, DTensor):  # FSDP2's: sharded again, each rank from its own copy
+        value = value[window].clone()  # not a view, which would keep every expert alive (load with assign=True)
+    if reshard and isinstance(target, DTensor):  # FSDP2's: sharded again, each rank from its own copy
         value = distribute_tensor(value.to(target.device), target.device_mesh, target.placements, src_data_rank=None)
     return value  # else this rank's own (the load checks its shape)
 
@@ -87,10 +89,12 @@ def _sharded_layer(layer) -> bool:
 
 
 def to_sharded_entries(layer, state_dict, prefix, local_metadata):
-    """state_dict post-hook: the experts' entries as DTensors over the layer's group."""
+    """state_dict post-hook: the experts' entries as DTensors over the layer's group (with
+    ``keep_vars=True``, the parameters themselves, as asked)."""
     if _sharded_layer(layer):
+        check_experts_mesh(layer, "ExpertParallelMoE.state_dict")
         for name in _expert_tensors(layer, prefix):  # in one order on every rank: FSDP2's are gathered
-            if name in state_dict:
+            if name in state_dict and not isinstance(state_dict[name], torch.nn.Parameter):
                 state_dict[name] = _sharded(layer, state_dict[name])
 
 
@@ -103,29 +107,38 @@ def from_sharded_entries(layer, state_dict, prefix, local_metadata, strict, miss
                 state_dict[name] = _local(layer, state_dict[name], target)
 
 
-def _expert_parameters(model):
-    """Name -> (layer, parameter) for every expert parameter of a sharded ExpertParallelMoE in `model`."""
+def _expert_parameters(model, fn):
+    """Name (torch's canonical name, without DDP's or torch.compile's wrapper) -> (layer,
+    parameter) for every expert parameter of a sharded ExpertParallelMoE in `model`."""
     from groupgemm.torch_ext.expert_parallel import ExpertParallelMoE  # it imports this module
 
+    experts = {id(p): layer for layer in model.modules() if isinstance(layer, ExpertParallelMoE) and
+               _sharded_layer(layer) for p in layer.experts.parameters()}
     found = {}
-    for name, layer in model.named_modules():
-        if isinstance(layer, ExpertParallelMoE) and _sharded_layer(layer):
-            prefix = f"{name}." if name else ""
-            found.update({n: (layer, p) for n, p in layer.experts.named_parameters(prefix=prefix + "experts")})
+    for name, param in model.named_parameters():
+        if id(param) in experts:
+            check_experts_mesh(experts[id(param)], fn)
+            found.update({fqn: (experts[id(param)], param) for fqn in checkpoint_state._get_fqns(model, name)})
     return found
 
 
-def _per_expert_states(model, state):
+def _per_expert_states(model, state, fn):
     """(layer, parameter, the states' dict, key) for each per-expert tensor of an optimizer's
-    state, each parameter's dict copied first (it may be the optimizer's own)."""
-    for name, (layer, param) in _expert_parameters(model).items():
-        if name not in state["state"]:
+    state (any of one row per expert: moments, Adafactor's row and column factors; not a step
+    count), each parameter's dict copied first (it may be the optimizer's own)."""
+    for name, (layer, param) in _expert_parameters(model, fn).items():
+        if name not in state.get("state", {}):
             continue
         states = state["state"][name] = dict(state["state"][name])
         for key, value in list(states.items()):
-            if isinstance(value, Tensor) and value.dim() == param.dim() and value.shape[1:] == param.shape[1:]:
-                # a moment (saved: [E, ...]; in use: the parameter's shape), not a step count
+            if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] in (param.shape[0], layer.num_experts):
                 yield layer, param, states, key
+
+
+def _supported(options, fn):
+    for flag in ("flatten_optimizer_state_dict", "broadcast_from_rank0"):
+        if options is not None and getattr(options, flag):
+            raise ValueError(f"{fn}: StateDictOptions({flag}=True) is not supported with expert-parallel layers")
 
 
 def optimizer_state_dict(model, optimizer, options=None):
@@ -133,17 +146,33 @@ def optimizer_state_dict(model, optimizer, options=None):
     options=options)`` with the state of every ``ExpertParallelMoE``'s experts as DTensors
     over its group, as the layer's state dict gives the experts: a distributed checkpoint
     then keeps every rank's (plain tensors of one name would be taken for one replicated
-    tensor, and all ranks' but one lost). Load it with ``load_optimizer_state_dict``."""
-    state = checkpoint_state.get_optimizer_state_dict(model, optimizer, options=options)
-    for layer, _, states, key in _per_expert_states(model, state):
+    tensor, and all ranks' but one lost). With ``full_state_dict``, each is gathered whole,
+    ``[E, ...]`` (with ``cpu_offload`` too, on rank 0 only, as torch does). Load it with
+    ``load_optimizer_state_dict``."""
+    fn = "optimizer_state_dict"
+    _supported(options, fn)
+    full, offload = options is not None and options.full_state_dict, options is not None and options.cpu_offload
+    inner = dataclasses.replace(options, cpu_offload=False) if full and offload else options  # every rank gathers
+    state = checkpoint_state.get_optimizer_state_dict(model, optimizer, options=inner)
+    for layer, _, states, key in _per_expert_states(model, state, fn):
         states[key] = _sharded(layer, states[key])
+        if full:
+            states[key] = states[key].full_tensor()
+    if full and offload:
+        if dist.get_rank() != 0:
+            return {}
+        for states in state["state"].values():
+            states.update({k: v.cpu() for k, v in states.items() if isinstance(v, Tensor)})
     return state
 
 
 def load_optimizer_state_dict(model, optimizer, state, options=None):
     """Loads an ``optimizer_state_dict`` (after ``torch.distributed.checkpoint.load`` filled
-    it): each rank takes its experts' state, then
+    it, or a full one on every rank): each rank takes its experts' state, then
     ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``."""
-    for layer, param, states, key in _per_expert_states(model, state):
-        states[key] = _local(layer, states[key], param)
+    fn = "load_optimizer_state_dict"
+    _supported(options, fn)
+    full = options is not None and options.full_state_dict  # torch then shards FSDP2's itself
+    for layer, param, states, key in _per_expert_states(model, state, fn):
+        states[key] = _local(layer, states[key], param, reshard=not full)
     checkpoint_state.set_optimizer_state_dict(model, optimizer, state, options=options)

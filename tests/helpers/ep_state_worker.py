@@ -62,11 +62,11 @@ def step(moe, optimizer, x):
     optimizer.step()
 
 
-def checkpoint_round_trip(saved, other, x, out_dir):
+def checkpoint_round_trip(saved, other, x, out_dir, optimizer_class=torch.optim.Adam):
     """Each model takes an Adam step on other tokens; `saved`'s model and optimizer go
     through a distributed checkpoint into `other`; then both take the same step. Returns
     the checks and `saved`'s output at the checkpoint."""
-    optimizers = [torch.optim.Adam(m.parameters(), lr=0.01) for m in (saved, other)]
+    optimizers = [optimizer_class(m.parameters(), lr=0.01) for m in (saved, other)]
     step(saved, optimizers[0], x)
     step(other, optimizers[1], x + 1)
     path = os.path.join(out_dir, "checkpoint")
@@ -78,8 +78,7 @@ def checkpoint_round_trip(saved, other, x, out_dir):
     other.load_state_dict(state["model"])
     gt.load_optimizer_state_dict(other, optimizers[1], state["optim"])
     params = [o.param_groups[0]["params"] for o in optimizers]  # FSDP2's sharded ones, between its hooks too
-    moments = [[local(o.state[p][m]) for p in o.param_groups[0]["params"] for m in ("exp_avg", "exp_avg_sq")]
-               for o in optimizers]
+    moments = [[local(v) for p in o.param_groups[0]["params"] for v in o.state[p].values()] for o in optimizers]
     checked = {"the parameters restored": all(torch.equal(local(a), local(b)) for a, b in zip(*params)),
                "the optimizer's state restored": all(map(torch.equal, *moments))}
     for model, optimizer in zip((saved, other), optimizers):
@@ -115,7 +114,24 @@ def checks_plain(world, out_dir):
     fresh.load_state_dict({"router": saved.router.detach(), "experts.fc1.weight": saved.experts.fc1.weight.detach(),
                            "experts.fc2.weight": saved.experts.fc2.weight.detach()})
     checked["this rank's own experts load"] = same_parameters(saved, fresh)
-    return {**checked, **checkpoint_round_trip(saved, other, x, out_dir)[0]}
+    checked.update(checkpoint_round_trip(saved, other, x, out_dir)[0])
+
+    # the full optimizer state on rank 0: every rank's moments, in rank order
+    optimizer = torch.optim.Adam(saved.parameters())
+    step(saved, optimizer, x)
+    full = gt.optimizer_state_dict(saved, optimizer, StateDictOptions(full_state_dict=True, cpu_offload=True))
+    moments = [None] * world
+    dist.all_gather_object(moments, optimizer.state[saved.experts.fc1.weight]["exp_avg"])
+    if dist.get_rank() == 0:
+        checked["the full optimizer state holds every rank's moments"] = torch.equal(
+            full["state"]["experts.fc1.weight"]["exp_avg"], torch.cat(moments))
+    else:
+        checked["the full optimizer state holds every rank's moments"] = full == {}  # rank 0's, as torch's
+
+    # Adafactor's row and column factors: one row per expert, not the parameter's shape
+    factored = checkpoint_round_trip(layer(group, 4), layer(group, 5), x, out_dir + "/factored", torch.optim.Adafactor)
+    checked.update({f"Adafactor: {name}": held for name, held in factored[0].items()})
+    return checked
 
 
 def checks_fsdp(world, out_dir):
@@ -161,6 +177,10 @@ def checks_ddp(world, out_dir):
         torch.equal(a.grad, b.grad) for a, b in zip(plain.experts.parameters(), wrapped.experts.parameters()))
     dist.all_reduce(plain.router.grad)
     checked["the router's is averaged"] = torch.allclose(wrapped.router.grad, plain.router.grad / world)
+    optimizer = torch.optim.Adam(ddp.parameters())
+    optimizer.step()
+    moment = gt.optimizer_state_dict(ddp, optimizer)["state"]["experts.fc1.weight"]["exp_avg"]  # DDP's name stripped
+    checked["through DDP the optimizer state is sharded too"] = isinstance(moment, DTensor) and moment.shape[0] == E
     return checked
 
 
