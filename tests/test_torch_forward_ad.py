@@ -273,3 +273,26 @@ def test_accumulate_mode_names_itself_under_torch_func(transform):
     with pytest.raises(ValueError, match="grouped_mm_wgrad: accumulate_into adds in place and is not supported "
                                          "under torch.func transforms"):
         call()
+
+
+def test_accumulate_mode_runs_inside_a_backward_with_create_graph():
+    # Megatron's main_grad pattern: a custom backward adds the weight gradient in place, a
+    # side effect no one differentiates, while its saved input requires grad.
+    class Linear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, main_grad):
+            ctx.save_for_backward(x)
+            ctx.main_grad = main_grad
+            return x @ weight
+
+        @staticmethod
+        def backward(ctx, dy):
+            (x,) = ctx.saved_tensors
+            gt.grouped_mm_wgrad(x, dy, torch.tensor([x.shape[0]]), 1, accumulate_into=ctx.main_grad)
+            return dy @ torch.ones(3, 4, dtype=F64), None, None
+
+    x, weight, main_grad = torch.randn(5, 4, dtype=F64, requires_grad=True), torch.randn(4, 3, dtype=F64), \
+        torch.zeros(1, 4, 3, dtype=F64)
+    (dx,) = torch.autograd.grad(Linear.apply(x, weight, main_grad).square().sum(), x, create_graph=True)
+    dy = 2 * (x @ weight)
+    torch.testing.assert_close(main_grad[0], (x.T @ dy).detach(), rtol=1e-12, atol=1e-12)

@@ -37,7 +37,11 @@ def outside_autograd(fn, name, operands):
     if torch._C._are_functorch_transforms_active():
         raise ValueError(f"{fn}: {name} adds in place and is not supported under torch.func transforms; "
                          f"leave {name} out (the result is then differentiable)")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in operands):
+    # Inside a backward (a custom Function's, under create_graph=True) the operands are saved
+    # tensors that may require grad, and an accumulation there (a main_grad) is a side effect
+    # that no one differentiates.
+    in_backward = torch._C._current_graph_task_id() != -1
+    if torch.is_grad_enabled() and not in_backward and any(t.requires_grad for t in operands):
         raise ValueError(f"{fn}: {name} adds in place, outside autograd, so its operands must not require grad; "
                          f"detach them, or leave {name} out (the result is then differentiable)")
 

@@ -286,7 +286,8 @@ class ExpertParallelMoE(nn.Module):
     tokens' share: all-reduce it over the data-parallel ranks as for any replicated weight.
     The received rows go through ``experts.forward_routed``: ``fused`` is GroupedMLP's.
     ``state_dict()`` gives the experts as DTensors ``[E, ...]`` sharded over the group, which
-    torch.distributed.checkpoint saves whole; ``load_state_dict`` also takes the
+    torch.distributed.checkpoint saves whole (every rank calls it: where FSDP2 shards the
+    experts further it gathers them, a collective); ``load_state_dict`` also takes the
     single-process layer's ``[E, ...]`` or this rank's ``[E_local, ...]``
     (expert_parallel_sharding.py).
     ``renormalize``: softmax_topk's; None (the default) renormalizes for top_k > 1 only (a
@@ -337,7 +338,7 @@ class ExpertParallelMoE(nn.Module):
                              None if allowed is None else shape_and_dtype(allowed, "allowed", fn),
                              (x.shape[0], self.num_experts), fn,
                              autocast.layer_dtype(x, self, fn))
-        if not torch.compiler.is_compiling():  # the mesh's ranks are host data; a compiled step ran eagerly first
+        if not torch.compiler.is_compiling():  # the mesh's ranks are host data; the state dict checks too
             expert_parallel_sharding.check_experts_mesh(self, fn)
         every_token = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)  # no host copy
         logits = grouped_mm(x, self.router[None], every_token)

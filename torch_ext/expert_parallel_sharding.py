@@ -40,12 +40,13 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 
 def check_experts_mesh(layer, fn):
-    """Refuses experts that FSDP2 shards over two or more ranks of the layer's group."""
-    group = None
+    """Refuses experts that FSDP2 shards over two or more ranks of the layer's group. It sees
+    them sharded outside FSDP2's hooks: in the layer's forward where fully_shard is on
+    ``layer.experts``, and in the state dict wherever it is."""
+    group = set(dist.get_process_group_ranks(layer.group))
     for name, param in layer.experts.named_parameters():
         if not isinstance(param, DTensor):
             continue  # the layer's own, or FSDP2's unsharded between its hooks
-        group = group or set(dist.get_process_group_ranks(layer.group))
         shared = group & set(param.device_mesh.mesh.flatten().tolist())
         if len(shared) > 1:
             raise ValueError(f"{fn}: experts.{name} is sharded over ranks {sorted(shared)} of the layer's "
@@ -78,6 +79,12 @@ def _local(layer, value: Tensor, target: Tensor, reshard=True) -> Tensor:
     return value  # else this rank's own (the load checks its shape)
 
 
+def _one_row_per_expert(value, layer, local_count) -> bool:
+    """Whether a tensor of an expert's parameter (its state dict entry, an optimizer's state of
+    it) holds one row per expert: this rank's ``local_count`` or, loaded, all of them."""
+    return isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] in (local_count, layer.num_experts)
+
+
 def _expert_tensors(layer, prefix):
     """Name in the model -> the tensor, for the layer's per-expert parameters and buffers."""
     return {f"{prefix}experts.{name}": t for name, t in
@@ -93,9 +100,10 @@ def to_sharded_entries(layer, state_dict, prefix, local_metadata):
     ``keep_vars=True``, the parameters themselves, as asked)."""
     if _sharded_layer(layer):
         check_experts_mesh(layer, "ExpertParallelMoE.state_dict")
-        for name in _expert_tensors(layer, prefix):  # in one order on every rank: FSDP2's are gathered
-            if name in state_dict and not isinstance(state_dict[name], torch.nn.Parameter):
-                state_dict[name] = _sharded(layer, state_dict[name])
+        for name, own in _expert_tensors(layer, prefix).items():  # one order on every rank: FSDP2's are gathered
+            value = state_dict.get(name)
+            if _one_row_per_expert(value, layer, own.shape[0]) and not isinstance(value, torch.nn.Parameter):
+                state_dict[name] = _sharded(layer, value)
 
 
 def from_sharded_entries(layer, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -103,7 +111,7 @@ def from_sharded_entries(layer, state_dict, prefix, local_metadata, strict, miss
     """load_state_dict pre-hook: each of the experts' entries as this rank's parameter takes it."""
     if _sharded_layer(layer):
         for name, target in _expert_tensors(layer, prefix).items():
-            if isinstance(state_dict.get(name), Tensor):
+            if _one_row_per_expert(state_dict.get(name), layer, target.shape[0]):
                 state_dict[name] = _local(layer, state_dict[name], target)
 
 
@@ -112,26 +120,24 @@ def _expert_parameters(model, fn):
     parameter) for every expert parameter of a sharded ExpertParallelMoE in `model`."""
     from groupgemm.torch_ext.expert_parallel import ExpertParallelMoE  # it imports this module
 
-    experts = {id(p): layer for layer in model.modules() if isinstance(layer, ExpertParallelMoE) and
-               _sharded_layer(layer) for p in layer.experts.parameters()}
-    found = {}
-    for name, param in model.named_parameters():
-        if id(param) in experts:
-            check_experts_mesh(experts[id(param)], fn)
-            found.update({fqn: (experts[id(param)], param) for fqn in checkpoint_state._get_fqns(model, name)})
-    return found
+    layers = [m for m in model.modules() if isinstance(m, ExpertParallelMoE) and _sharded_layer(m)]
+    for layer in layers:
+        check_experts_mesh(layer, fn)
+    experts = {id(p): layer for layer in layers for p in layer.experts.parameters()}
+    return {fqn: (experts[id(param)], param) for name, param in model.named_parameters() if id(param) in experts
+            for fqn in checkpoint_state._get_fqns(model, name)}
 
 
 def _per_expert_states(model, state, fn):
     """(layer, parameter, the states' dict, key) for each per-expert tensor of an optimizer's
-    state (any of one row per expert: moments, Adafactor's row and column factors; not a step
-    count), each parameter's dict copied first (it may be the optimizer's own)."""
+    state (moments, Adafactor's row and column factors; not a step count). `state`'s "state"
+    and each parameter's dict in it are copies: they may be the caller's or the optimizer's."""
     for name, (layer, param) in _expert_parameters(model, fn).items():
         if name not in state.get("state", {}):
             continue
         states = state["state"][name] = dict(state["state"][name])
         for key, value in list(states.items()):
-            if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] in (param.shape[0], layer.num_experts):
+            if _one_row_per_expert(value, layer, param.shape[0]):
                 yield layer, param, states, key
 
 
@@ -146,33 +152,36 @@ def optimizer_state_dict(model, optimizer, options=None):
     options=options)`` with the state of every ``ExpertParallelMoE``'s experts as DTensors
     over its group, as the layer's state dict gives the experts: a distributed checkpoint
     then keeps every rank's (plain tensors of one name would be taken for one replicated
-    tensor, and all ranks' but one lost). With ``full_state_dict``, each is gathered whole,
-    ``[E, ...]`` (with ``cpu_offload`` too, on rank 0 only, as torch does). Load it with
-    ``load_optimizer_state_dict``."""
+    tensor, and all ranks' but one lost). With ``full_state_dict``, every sharded tensor is
+    gathered whole, the experts' ``[E, ...]`` (with ``cpu_offload`` too, each moved to the
+    CPU as it is gathered and kept on rank 0 only, as torch does). Load it with
+    ``load_optimizer_state_dict``. Every rank calls it: it may run collectives."""
     fn = "optimizer_state_dict"
     _supported(options, fn)
     full, offload = options is not None and options.full_state_dict, options is not None and options.cpu_offload
-    inner = dataclasses.replace(options, cpu_offload=False) if full and offload else options  # every rank gathers
-    state = checkpoint_state.get_optimizer_state_dict(model, optimizer, options=inner)
+    sharded = dataclasses.replace(options, full_state_dict=False, cpu_offload=False) if full else options
+    state = checkpoint_state.get_optimizer_state_dict(model, optimizer, options=sharded)
+    state["state"] = dict(state["state"])
     for layer, _, states, key in _per_expert_states(model, state, fn):
         states[key] = _sharded(layer, states[key])
-        if full:
-            states[key] = states[key].full_tensor()
-    if full and offload:
-        if dist.get_rank() != 0:
-            return {}
-        for states in state["state"].values():
-            states.update({k: v.cpu() for k, v in states.items() if isinstance(v, Tensor)})
-    return state
+    if not full:
+        return state
+    kept = not offload or dist.get_rank() == 0
+    for name, states in state["state"].items():  # in one order on every rank
+        whole = {key: value.full_tensor() if isinstance(value, DTensor) else value for key, value in states.items()}
+        state["state"][name] = {key: value.cpu() if offload and isinstance(value, Tensor) else value
+                                for key, value in whole.items()} if kept else {}
+    return state if kept else {}
 
 
 def load_optimizer_state_dict(model, optimizer, state, options=None):
     """Loads an ``optimizer_state_dict`` (after ``torch.distributed.checkpoint.load`` filled
-    it, or a full one on every rank): each rank takes its experts' state, then
-    ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``."""
+    it, or a full one on every rank), leaving ``state`` as it is: each rank takes its
+    experts' state, then ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``."""
     fn = "load_optimizer_state_dict"
     _supported(options, fn)
     full = options is not None and options.full_state_dict  # torch then shards FSDP2's itself
+    state = {**state, "state": dict(state.get("state", {}))}
     for layer, param, states, key in _per_expert_states(model, state, fn):
         states[key] = _local(layer, states[key], param, reshard=not full)
     checkpoint_state.set_optimizer_state_dict(model, optimizer, state, options=options)

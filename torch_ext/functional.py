@@ -94,7 +94,8 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
     Empty groups give exact zeros. With ``accumulate_into`` (float32, or float64 for
     float64 inputs, contiguous ``[G, K, N]``) it adds in place and returns that tensor;
     empty groups are left bit-for-bit unchanged; that sum is outside autograd, so operands
-    that require grad (grad mode on) and torch.func transforms are refused. Under
+    that require grad (grad mode on, outside a backward) and torch.func transforms are
+    refused. Under
     ``torch.autocast`` input and grad are cast to the autocast dtype (autocast.py);
     accumulate_into keeps its dtype.
     """

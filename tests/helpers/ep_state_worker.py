@@ -65,7 +65,7 @@ def step(moe, optimizer, x):
 def checkpoint_round_trip(saved, other, x, out_dir, optimizer_class=torch.optim.Adam):
     """Each model takes an Adam step on other tokens; `saved`'s model and optimizer go
     through a distributed checkpoint into `other`; then both take the same step. Returns
-    the checks and `saved`'s output at the checkpoint."""
+    the checks, and `saved`'s output and full state dict at the checkpoint."""
     optimizers = [optimizer_class(m.parameters(), lr=0.01) for m in (saved, other)]
     step(saved, optimizers[0], x)
     step(other, optimizers[1], x + 1)
@@ -73,6 +73,8 @@ def checkpoint_round_trip(saved, other, x, out_dir, optimizer_class=torch.optim.
     dcp.save({"model": saved.state_dict(), "optim": gt.optimizer_state_dict(saved, optimizers[0])}, checkpoint_id=path)
     with torch.no_grad():
         at_checkpoint = saved(x)[0]
+    whole = {name: t.clone() for name, t in  # the router's is the parameter itself, which steps on
+             get_model_state_dict(saved, options=StateDictOptions(full_state_dict=True)).items()}
     state = {"model": other.state_dict(), "optim": gt.optimizer_state_dict(other, optimizers[1])}
     dcp.load(state, checkpoint_id=path)
     other.load_state_dict(state["model"])
@@ -85,7 +87,7 @@ def checkpoint_round_trip(saved, other, x, out_dir, optimizer_class=torch.optim.
         step(model, optimizer, x)
     checked["the next step the same"] = all(torch.equal(local(a), local(b)) for a, b in zip(*params))
     checked["and the outputs"] = torch.equal(saved(x)[0], other(x)[0])
-    return checked, at_checkpoint
+    return checked, at_checkpoint, whole
 
 
 def checks_plain(world, out_dir):
@@ -114,7 +116,14 @@ def checks_plain(world, out_dir):
     fresh.load_state_dict({"router": saved.router.detach(), "experts.fc1.weight": saved.experts.fc1.weight.detach(),
                            "experts.fc2.weight": saved.experts.fc2.weight.detach()})
     checked["this rank's own experts load"] = same_parameters(saved, fresh)
-    checked.update(checkpoint_round_trip(saved, other, x, out_dir)[0])
+    round_trip, _, whole = checkpoint_round_trip(saved, other, x, out_dir)
+    checked.update(round_trip)
+    solo = [dist.new_group([r]) for r in range(world)][dist.get_rank()]  # each rank a group of one: every expert
+    alone = layer(solo, 3)
+    restored = {"model": alone.state_dict()}
+    dcp.load(restored, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+    alone.load_state_dict(restored["model"])
+    checked["a group of one loads every expert"] = all(torch.equal(t, whole[n]) for n, t in alone.state_dict().items())
 
     # the full optimizer state on rank 0: every rank's moments, in rank order
     optimizer = torch.optim.Adam(saved.parameters())
@@ -142,7 +151,7 @@ def checks_fsdp(world, out_dir):
     group, replicas = expert_groups[rank // ep], DeviceMesh.from_group(replica_groups[rank % ep], "cpu")
     saved, other = layer(group, 1, replicas), layer(group, 2, replicas)
     x = torch.randn(5, H, generator=torch.Generator().manual_seed(rank))
-    checked, at_checkpoint = checkpoint_round_trip(saved, other, x, out_dir)
+    checked, at_checkpoint, _ = checkpoint_round_trip(saved, other, x, out_dir)
     unsharded = layer(group, 3)  # the same checkpoint without FSDP2: each rank's whole experts
     restored = {"model": unsharded.state_dict()}
     dcp.load(restored, checkpoint_id=os.path.join(out_dir, "checkpoint"))
@@ -152,12 +161,18 @@ def checks_fsdp(world, out_dir):
 
 
 def checks_wrong_mesh(world, out_dir):
-    moe = layer(dist.group.WORLD, 1, DeviceMesh.from_group(dist.group.WORLD, "cpu"))
-    try:
-        moe(torch.randn(5, H))
-    except ValueError as error:
-        return {"error": str(error)}
-    return {"error": None}
+    """The errors of a forward and of a state dict, fully_shard on the experts or the layer."""
+    errors, world_mesh = {}, DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    for where, call in (("forward", lambda moe: moe(torch.randn(5, H))), ("state_dict", lambda moe: moe.state_dict())):
+        for sharded in ("experts", "layer"):
+            moe = layer(dist.group.WORLD, 1)
+            fully_shard(moe.experts if sharded == "experts" else moe, mesh=world_mesh)
+            try:
+                call(moe)
+                errors[f"{where}, {sharded}"] = None
+            except ValueError as error:
+                errors[f"{where}, {sharded}"] = str(error)
+    return errors
 
 
 def checks_ddp(world, out_dir):
@@ -181,6 +196,8 @@ def checks_ddp(world, out_dir):
     optimizer.step()
     moment = gt.optimizer_state_dict(ddp, optimizer)["state"]["experts.fc1.weight"]["exp_avg"]  # DDP's name stripped
     checked["through DDP the optimizer state is sharded too"] = isinstance(moment, DTensor) and moment.shape[0] == E
+    moment = gt.optimizer_state_dict(torch.compile(wrapped), optimizer)["state"]["experts.fc1.weight"]["exp_avg"]
+    checked["and through torch.compile's wrapper"] = isinstance(moment, DTensor) and moment.shape[0] == E
     return checked
 
 
