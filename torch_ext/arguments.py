@@ -39,9 +39,9 @@ def outside_autograd(fn, name, operands):
                          f"leave {name} out (the result is then differentiable)")
     # Inside a backward (a custom Function's, under create_graph=True) the operands are saved
     # tensors that may require grad, and an accumulation there (a main_grad) is a side effect
-    # that no one differentiates.
-    in_backward = torch._C._current_graph_task_id() != -1
-    if torch.is_grad_enabled() and not in_backward and any(t.requires_grad for t in operands):
+    # that no one differentiates. (torch.compile traces a forward: no graph task to ask for.)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in operands) and \
+            (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1):
         raise ValueError(f"{fn}: {name} adds in place, outside autograd, so its operands must not require grad; "
                          f"detach them, or leave {name} out (the result is then differentiable)")
 
