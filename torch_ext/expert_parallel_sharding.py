@@ -130,8 +130,9 @@ def _expert_parameters(model, fn):
 
 def _per_expert_states(model, state, fn):
     """(layer, parameter, the states' dict, key) for each per-expert tensor of an optimizer's
-    state (moments, Adafactor's row and column factors; not a step count). `state`'s "state"
-    and each parameter's dict in it are copies: they may be the caller's or the optimizer's."""
+    state (moments, Adafactor's row and column factors; not a step count). Each parameter's
+    dict is copied into ``state["state"]`` first (it may be the optimizer's own); the caller
+    owns ``state["state"]`` itself."""
     for name, (layer, param) in _expert_parameters(model, fn).items():
         if name not in state.get("state", {}):
             continue
