@@ -43,10 +43,11 @@ def check_experts_mesh(layer, fn):
     """Refuses experts that FSDP2 shards over two or more ranks of the layer's group. It sees
     them sharded outside FSDP2's hooks: in the layer's forward where fully_shard is on
     ``layer.experts``, and in the state dict wherever it is."""
+    sharded = [(name, p) for name, p in layer.experts.named_parameters() if isinstance(p, DTensor)]
+    if not sharded:  # the layer's own, or FSDP2's unsharded between its hooks (every eager call asks)
+        return
     group = set(dist.get_process_group_ranks(layer.group))
-    for name, param in layer.experts.named_parameters():
-        if not isinstance(param, DTensor):
-            continue  # the layer's own, or FSDP2's unsharded between its hooks
+    for name, param in sharded:
         shared = group & set(param.device_mesh.mesh.flatten().tolist())
         if len(shared) > 1:
             raise ValueError(f"{fn}: experts.{name} is sharded over ranks {sorted(shared)} of the layer's "

@@ -95,9 +95,8 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
     float64 inputs, contiguous ``[G, K, N]``) it adds in place and returns that tensor;
     empty groups are left bit-for-bit unchanged; that sum is outside autograd, so operands
     that require grad (grad mode on, outside a backward) and torch.func transforms are
-    refused. Under
-    ``torch.autocast`` input and grad are cast to the autocast dtype (autocast.py);
-    accumulate_into keeps its dtype.
+    refused. Under ``torch.autocast`` input and grad are cast to the autocast dtype
+    (autocast.py); accumulate_into keeps its dtype.
     """
     fn = "grouped_mm_wgrad"
     input, grad = autocast.operands(input, grad)

@@ -1,5 +1,6 @@
 """Worker of test_expert_parallel_state.py: ExpertParallelMoE's state dict over gloo, one
-process per rank, each rank's experts drawn from its own seed.
+process per rank, each rank holding its window of the experts of one model drawn from a
+seed (so the ranks' experts differ).
 
 Usage: python ep_state_worker.py WORLD OUT_DIR MODE
   MODE: plain (one expert-parallel group of WORLD ranks), fsdp (WORLD = 4: two groups of 2,
@@ -63,7 +64,7 @@ def step(moe, optimizer, x):
 
 
 def checkpoint_round_trip(saved, other, x, out_dir, optimizer_class=torch.optim.Adam):
-    """Each model takes an Adam step on other tokens; `saved`'s model and optimizer go
+    """Each model takes an optimizer step on other tokens; `saved`'s model and optimizer go
     through a distributed checkpoint into `other`; then both take the same step. Returns
     the checks, and `saved`'s output and full state dict at the checkpoint."""
     optimizers = [optimizer_class(m.parameters(), lr=0.01) for m in (saved, other)]
