@@ -18,7 +18,6 @@
 #include <set>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -26,6 +25,7 @@
 
 #include "backends.h"
 #include "call_sequence.h"
+#include "check.h"
 #include "convert.h"
 #include "gathered_kernel_choice.h"
 #include "gathered_tiles.h"
@@ -42,22 +42,9 @@
 #include "thread_plan.h"
 
 using namespace groupgemm;
+using namespace groupgemm_tests;
 
 namespace {
-
-int passed = 0, failed = 0;
-
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (cond) {                                                                          \
-      ++passed;                                                                          \
-    } else {                                                                             \
-      ++failed;                                                                          \
-      std::printf("FAILED %s:%d [%s]: %s\n", __FILE__, __LINE__, g_case.c_str(), #cond); \
-    }                                                                                    \
-  } while (0)
-
-std::string g_case;
 
 // ---- schedule --------------------------------------------------------------------
 
@@ -1877,6 +1864,5 @@ int main() {
   test_router_out_of_range_index_is_dropped();
   test_activation_derivatives();
   test_expert_errors();
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return report("core_tests");
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backends.h"
+#include "check.h"
 #include "convert.h"
 #include "expert_mlp_host_launcher.h"
 #include "expert_mlp_sequence.h"
@@ -26,21 +27,9 @@
 #include "row_scratch.h"
 
 using namespace groupgemm;
+using namespace groupgemm_tests;
 
 namespace {
-
-int passed = 0, failed = 0;
-std::string g_case;
-
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (cond) {                                                                          \
-      ++passed;                                                                          \
-    } else {                                                                             \
-      ++failed;                                                                          \
-      std::printf("FAILED %s:%d [%s]: %s\n", __FILE__, __LINE__, g_case.c_str(), #cond); \
-    }                                                                                    \
-  } while (0)
 
 // ---- the routing ------------------------------------------------------------------------
 
@@ -636,6 +625,5 @@ int main() {
   for (const Case& c : {skewed, one_hot_expert})
     for_each_dtype([&](auto tag) { check_thread_counts<decltype(tag)>(c, 64); });
   test_errors();
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return report("expert_mlp_tests");
 }

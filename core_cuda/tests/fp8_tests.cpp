@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "check.h"
 #include "convert.h"
 #include "fp8_backends.h"
 #include "fp8_call_sequence.h"
@@ -28,21 +29,9 @@
 #include "host_launcher.h"
 
 using namespace groupgemm;
+using namespace groupgemm_tests;
 
 namespace {
-
-int passed = 0, failed = 0;
-std::string g_case;
-
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (cond) {                                                                          \
-      ++passed;                                                                          \
-    } else {                                                                             \
-      ++failed;                                                                          \
-      std::printf("FAILED %s:%d [%s]: %s\n", __FILE__, __LINE__, g_case.c_str(), #cond); \
-    }                                                                                    \
-  } while (0)
 
 // Host memory for one call's workspace (8-byte aligned; every array is 16-byte aligned
 // relative to it, which is all the host steps need).
@@ -410,6 +399,5 @@ int main() {
         test_wgrad(c, scaling, lhs, out, false);
         if (out == DType::f32) test_wgrad(c, scaling, lhs, out, true);
       }
-  std::printf("fp8_tests: %d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return report("fp8_tests");
 }
