@@ -294,6 +294,14 @@ def activation_width(name, f_in, fn, what="h"):
 
 def permute(fn, tokens, expert_indices, num_experts):
     """Checks tokens [T, H] and expert_indices [T, k]; returns (T, k, H, num_experts)."""
+    tokens_and_indices(fn, tokens, expert_indices)
+    (num_tokens, hidden), (_, top_k) = tokens[0], expert_indices[0]
+    return num_tokens, top_k, hidden, check_num_experts(num_experts, fn)
+
+
+def tokens_and_indices(fn, tokens, expert_indices):
+    """Checks tokens [T, H] (float) and expert_indices [T, k] (integers), the routed input of
+    permute and of the expert layers."""
     (tokens_shape, tokens_dtype), (indices_shape, indices_dtype) = tokens, expert_indices
     check_float(tokens_dtype, "tokens", fn)
     check_rank(tokens_shape, 2, "tokens", "[T, H]", fn)
@@ -302,7 +310,6 @@ def permute(fn, tokens, expert_indices, num_experts):
     if indices_shape[0] != tokens_shape[0]:
         raise ValueError(f"{fn}: expert_indices has {indices_shape[0]} rows but tokens has {tokens_shape[0]}")
     check_slots(*indices_shape, "expert_indices", fn)
-    return tokens_shape[0], indices_shape[1], tokens_shape[1], check_num_experts(num_experts, fn)
 
 
 def unpermute(fn, permuted, row_map, probs=None):
@@ -363,17 +370,10 @@ def check_probs_dtype(probs_dtype, dtype, rows_name, fn, name="probs"):
 def routed_tokens(fn, tokens, expert_indices, probs):
     """Checks an expert layer's routed input, fused or composed: tokens [T, H] (float),
     expert_indices [T, k] (integers) and probs [T, k] (tokens' dtype or float32) or None."""
-    (tokens_shape, dtype), (indices_shape, indices_dtype) = tokens, expert_indices
-    check_float(dtype, "tokens", fn)
-    check_rank(tokens_shape, 2, "tokens", "[T, H]", fn)
-    check_rank(indices_shape, 2, "expert_indices", "[T, k]", fn)
-    check_index_dtype(indices_dtype, "expert_indices", fn)
-    if indices_shape[0] != tokens_shape[0]:
-        raise ValueError(f"{fn}: expert_indices has {indices_shape[0]} rows but tokens has {tokens_shape[0]}")
-    check_slots(*indices_shape, "expert_indices", fn)
+    tokens_and_indices(fn, tokens, expert_indices)
     if probs is not None:
-        check_shape(probs[0], indices_shape, "probs", fn)
-        check_probs_dtype(probs[1], dtype, "tokens", fn)
+        check_shape(probs[0], expert_indices[0], "probs", fn)
+        check_probs_dtype(probs[1], tokens[1], "tokens", fn)
 
 
 def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, activation, transpose):
