@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from groupgemm import _contract as contract
+from groupgemm.jax_ext.arguments import index_operands
 from groupgemm.jax_ext.functional import grouped_matmul, grouped_matmul_wgrad
 from groupgemm.jax_ext.partitioning import explicit_types, group_ends
 
@@ -179,12 +180,15 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
 
 
 def _owned_rows(group_sizes, group_offset, num_local, num_rows):
-    """Mask of the rows the local groups own (the schedule's clamped group ends)."""
-    ends = group_ends(jnp.asarray(group_sizes), num_rows)
+    """Mask of the rows the local groups own (the schedule's clamped group ends), from the
+    sizes and offset as the core reads them: widened first, so a narrow dtype (uint8 sizes
+    of more rows than it holds) or an int64 offset past int32 is not wrapped."""
+    sizes, offset = index_operands(group_sizes, group_offset, num_local, num_rows, "gmm")
+    ends = group_ends(sizes, num_rows)
     bounds = jnp.concatenate([jnp.zeros((1,), ends.dtype), ends])  # bounds[g] = where group g starts
-    offset = jnp.int32(0) if group_offset is None else jnp.asarray(group_offset).reshape(()).astype(jnp.int32)
     total = ends.shape[0]
-    begin, end = bounds[jnp.clip(offset, 0, total)], bounds[jnp.clip(offset + num_local, 0, total)]
+    first = jnp.clip(offset, -num_local, total)  # the window's groups, clipped to those that exist
+    begin, end = bounds[jnp.clip(first, 0, total)], bounds[jnp.clip(first + num_local, 0, total)]
     rows = jnp.arange(num_rows)
     return (rows >= begin) & (rows < end)
 
@@ -226,6 +230,8 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128,
     added to. ``tiling`` and ``interpret`` are accepted and ignored."""
     del tiling, interpret
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    if lhs.ndim != 2 or rhs.ndim != 2 or lhs.shape[1] != rhs.shape[0]:  # named here: the core sees lhs.T
+        raise ValueError(f"tgmm: lhs [k, m] and rhs [m, n] must share m, got lhs {lhs.shape} and rhs {rhs.shape}")
     num_groups = jnp.asarray(group_sizes).shape[0] if num_actual_groups is None else num_actual_groups
     if group_offset is None and num_groups != jnp.asarray(group_sizes).shape[0]:
         group_offset = 0

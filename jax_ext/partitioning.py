@@ -99,7 +99,8 @@ class Layout:
 
 def group_ends(group_sizes, num_rows):
     """``min(cumsum(max(sizes, 0)), num_rows)``, saturating instead of overflowing: the
-    schedule's clamped group ends (core_cuda/include/groupgemm/schedule.h)."""
+    schedule's clamped group ends (core_cuda/include/groupgemm/schedule.h). The sizes are
+    int32/int64, as the core reads them (arguments.index_array), so num_rows fits."""
     sizes = jnp.clip(group_sizes, 0, num_rows)
     return jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
 

@@ -230,6 +230,24 @@ def test_gmm_agrees_with_megablox(megablox, sizes, offset, transpose, existing):
         assert (np.asarray(ours)[~owned] == 0).all()
 
 
+@pytest.mark.parametrize("sizes, dtype, offset, x64", [
+    ([200, 0, 90], np.uint8, None, False),  # 300 rows: more than uint8 holds
+    ([100, 100, -50], np.int8, None, False),
+    ([40, 60, 0, 100, 30, 26], np.int64, 2**32 + 1, True),  # past int32: a window of no group
+    ([40, 60, 0, 100, 30, 26], np.int64, -(2**32) + 1, True),
+])
+def test_gmm_keeps_existing_out_on_the_rows_no_local_group_owns_for_any_index_dtype(sizes, dtype, offset, x64):
+    lhs, rhs, out0 = (jnp.asarray(a[:300, :8] if a.ndim == 2 else a[:3, :8, :8]) for a in _operands(m=300))
+    with jax_frontend.x64(x64):
+        group_offset = None if offset is None else jnp.asarray(offset, dtype)
+        ours = np.asarray(gj.gmm(lhs, rhs, jnp.asarray(sizes, dtype), group_offset=group_offset, existing_out=out0))
+    owned = ~ref.padding_rows(np.asarray(sizes, np.int64), 300, 3, offset or 0)
+    want = np.where(owned[:, None], ref.grouped_matmul(np.asarray(lhs), np.asarray(rhs), np.asarray(sizes, np.int64),
+                                                       group_offset=offset or 0), np.asarray(out0))
+    assert (ours[~owned] == np.asarray(out0)[~owned]).all()
+    ref.assert_close(ours, want, "float32")
+
+
 @pytest.mark.parametrize("sizes, offset, num_actual, existing", [
     ([100, 0, 56, 100], None, None, False),
     ([40, 60, 0, 100, 30, 26], 1, 3, True),
@@ -268,3 +286,9 @@ def test_an_existing_out_that_is_not_the_output_is_refused(call, shape, dtype):
            "tgmm": lambda out: gj.tgmm(lhs.T, jnp.ones((6, 5)), sizes, existing_out=out)}[call]
     with pytest.raises(ValueError, match=f"{call}: existing_out must have the output's shape"):
         run(jnp.zeros(shape, dtype))
+
+
+@pytest.mark.parametrize("lhs_shape, rhs_shape", [((8, 4), (7, 5)), ((8,), (4, 5)), ((8, 4), (2, 4, 5))])
+def test_tgmm_names_its_own_operands_when_they_do_not_share_m(lhs_shape, rhs_shape):
+    with pytest.raises(ValueError, match=r"tgmm: lhs \[k, m\] and rhs \[m, n\] must share m"):
+        gj.tgmm(jnp.ones(lhs_shape), jnp.ones(rhs_shape), jnp.asarray([2, 2], jnp.int32))
