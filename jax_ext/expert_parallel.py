@@ -162,7 +162,8 @@ def _send_back(results, plan, probs, fn):
 
 
 def dropless_capacity(num_tokens, top_k):
-    """The capacity at which dispatch drops nothing, whatever the routing: ``T * k``."""
+    """The capacity at which dispatch drops nothing, whatever the routing: ``T * k`` (at least
+    1, as a capacity must be; T or k of 0 routes nothing)."""
     return rules.dropless_capacity(num_tokens, top_k)
 
 

@@ -209,6 +209,9 @@ def test_main_grad_mode_checks_main_grad_naming_the_layer():
     layer.weight.main_grad = torch.zeros(E, IN, OUT)  # transposed
     with pytest.raises(ValueError, match=rf"weight.main_grad must have shape \({E}, {OUT}, {IN}\)"):
         layer(torch.randn(7, IN, dtype=torch.bfloat16), SIZES)
+    layer.weight.main_grad = torch.zeros(E, OUT, IN)._neg_view()  # its memory would hold the sums negated
+    with pytest.raises(ValueError, match="weight.main_grad is a negative or conjugate view"):
+        layer(torch.randn(7, IN, dtype=torch.bfloat16), SIZES)
 
 
 def test_main_grad_mode_runs_without_main_grad_when_no_gradient_is_asked_for():

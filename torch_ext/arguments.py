@@ -30,10 +30,25 @@ def same_device(t, name, device, fn):
     contract.check_device(str(t.device), str(device), name, fn)
 
 
-def outside_autograd(fn, name, operands):
-    """An in-place result (``name``: accumulate_into) is computed outside autograd: refused
+def written_in_place(t, name, fn):
+    """A tensor the core adds into holds its values in its memory: a negative or conjugate
+    view (``.conj().imag``, ``torch._neg_view``) holds their negation, so adding into it would
+    subtract; refused (resolve_neg() / resolve_conj() gives a tensor that holds them). Not
+    asked while torch.compile traces (dynamo cannot ask it); torch's tracing of the op then
+    fails on such a view by itself, with its own message."""
+    if not torch.compiler.is_compiling() and (t.is_neg() or t.is_conj()):
+        raise ValueError(f"{fn}: {name} is a negative or conjugate view, whose memory holds other values than "
+                         "it shows; give a tensor that holds its values (resolve_neg() / resolve_conj() returns one)")
+
+
+def accumulator(fn, accumulate_into, device, operands):
+    """accumulate_into (an ``[G, ...]`` sum updated in place, its shape and dtype checked by
+    the contract) on the operands' device, written in place, and outside autograd: refused
     where a gradient could be asked of it, rather than silently missing (torch refuses
-    ``out=`` there alike)."""
+    ``out=`` there alike). The core refuses one that shares memory with an operand."""
+    name = "accumulate_into"
+    same_device(accumulate_into, name, device, fn)
+    written_in_place(accumulate_into, name, fn)
     if torch._C._are_functorch_transforms_active():
         raise ValueError(f"{fn}: {name} adds in place and is not supported under torch.func transforms; "
                          f"leave {name} out (the result is then differentiable)")

@@ -271,7 +271,8 @@ def _send_back(back_local: Tensor, plan: DispatchPlan, probs: Tensor | None) -> 
 
 
 def dropless_capacity(num_tokens: int, top_k: int) -> int:
-    """The capacity at which dispatch drops nothing, whatever the routing: ``T * k``."""
+    """The capacity at which dispatch drops nothing, whatever the routing: ``T * k`` (at least
+    1, as a capacity must be; T or k of 0 routes nothing)."""
     return rules.dropless_capacity(num_tokens, top_k)
 
 

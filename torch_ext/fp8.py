@@ -7,7 +7,7 @@ import torch
 from groupgemm import _contract as contract
 from groupgemm.torch_ext import fp8_ops
 from groupgemm.torch_ext import offs as offs_convention
-from groupgemm.torch_ext.arguments import dtype_name, index_operands, outside_autograd, same_device, shape_and_dtype
+from groupgemm.torch_ext.arguments import accumulator, dtype_name, index_operands, same_device, shape_and_dtype
 
 Tensor = torch.Tensor
 NAMES = contract.FP8_TORCH_NAMES
@@ -187,8 +187,7 @@ def _weight_gradient_form(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, bi
     contract.fp8_accumulator(fn, acc_shape, acc_dtype, shape, requested, NAMES["out_dtype"],
                              contiguous=accumulate_into.is_contiguous(),
                              requires_grad=accumulate_into.requires_grad)
-    same_device(accumulate_into, "accumulate_into", mat_a.device, fn)
-    outside_autograd(fn, "accumulate_into", (mat_a, rhs, scale_a, scale_b))
+    accumulator(fn, accumulate_into, mat_a.device, (mat_a, rhs, scale_a, scale_b))
     fp8_ops.scaled_grouped_mm_wgrad_accumulate_op(mat_a, rhs, scale_a, scale_b, group_sizes, scaling, accumulate_into,
                                                   group_offset, ends)
     return accumulate_into

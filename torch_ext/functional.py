@@ -9,9 +9,9 @@ from groupgemm.torch_ext import autocast, core_args, derivatives, eager, gemm_op
 from groupgemm.torch_ext import offs as offs_convention
 from groupgemm.torch_ext.arguments import (
     NAMES,
+    accumulator,
     dtype_name,
     index_operands,
-    outside_autograd,
     same_device,
     shape_and_dtype,
 )
@@ -108,8 +108,7 @@ def grouped_mm_wgrad(input: Tensor, grad: Tensor, group_sizes: Tensor, num_group
         acc_shape, acc_dtype = shape_and_dtype(accumulate_into, "accumulate_into", fn)
         contract.accumulator(fn, acc_shape, acc_dtype, shape, dtype_name(input.dtype), None, NAMES["out_dtype"],
                              contiguous=accumulate_into.is_contiguous(), requires_grad=accumulate_into.requires_grad)
-        same_device(accumulate_into, "accumulate_into", input.device, fn)
-        outside_autograd(fn, "accumulate_into", (input, grad))
+        accumulator(fn, accumulate_into, input.device, (input, grad))
     input, grad = input.contiguous(), core_args.incoming_grad(grad, grad.dtype)
     if accumulate_into is None:
         return gemm_ops.grouped_mm_wgrad_op(input, grad, group_sizes, num_groups, group_offset, input.dtype)

@@ -32,7 +32,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from groupgemm import _contract as contract
 from groupgemm.torch_ext import core_args, derivatives, gemm_ops
-from groupgemm.torch_ext.arguments import dtype_name, shape_and_dtype
+from groupgemm.torch_ext.arguments import dtype_name, shape_and_dtype, written_in_place
 
 Tensor = torch.Tensor
 FN = "GroupedLinear(accumulate_into_main_grad=True)"
@@ -93,6 +93,7 @@ def checked_main_grad(weight: Tensor) -> Tensor:
     contract.accumulator(FN, shape, dtype, tuple(weight.shape), dtype_name(weight.dtype), None, "out_dtype",
                          contiguous=main_grad.is_contiguous(), requires_grad=main_grad.requires_grad,
                          name="weight.main_grad")
+    written_in_place(main_grad, "weight.main_grad", FN)
     return main_grad
 
 

@@ -82,7 +82,8 @@ def disagreement(values_by_rank, names, fn):
 
 
 def dropless_capacity(num_tokens, top_k):
-    """The capacity that drops nothing whatever the routing: every slot of a rank to one peer."""
+    """The capacity that drops nothing whatever the routing: every slot of a rank to one peer
+    (at least 1, as a capacity must be)."""
     fn = "dropless_capacity"
     return max(1, contract.static_count(num_tokens, "num_tokens", fn) * contract.static_count(top_k, "top_k", fn))
 

@@ -125,6 +125,9 @@ TORCH_ONLY = [
                                   accumulate_into=_zeros(a, (3, 4, 4))),
              ValueError, "accumulate_into adds in place, outside autograd, so its operands must not require grad",
              frontends=("torch",)),
+    BadInput("accumulate_negative_view",  # its memory holds the negated sums: adding would subtract
+             lambda f, a: f.wgrad(a.lhs, a.lhs, a.sizes, 3, accumulate_into=_zeros(a, (3, 4, 4))._neg_view()),
+             ValueError, "accumulate_into is a negative or conjugate view", frontends=("torch",)),
     BadInput("input_sparse", lambda f, a: f.matmul(a.lhs.to_sparse(), a.rhs, a.sizes), TypeError,
              "{lhs} must be a dense tensor \\(layout torch.strided\\), got torch.sparse_coo", frontends=("torch",)),
     BadInput("weight_mkldnn", lambda f, a: f.matmul(a.lhs, a.rhs.to_mkldnn(), a.sizes), TypeError,

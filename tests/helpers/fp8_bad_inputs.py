@@ -104,6 +104,8 @@ FP8_BAD_INPUTS = [
     BadInput("accumulate_with_output_dtype",
              lambda f, a: _wgrad(f, a, accumulate_into=a.f32((3, 8, 5)), out_dtype="bfloat16"), TypeError,
              "{out_dtype} bfloat16 conflicts with accumulate_into, which is float32"),
+    BadInput("accumulate_negative_view", lambda f, a: _wgrad(f, a, accumulate_into=a.f32((3, 8, 5))._neg_view()),
+             ValueError, "accumulate_into is a negative or conjugate view", frontends=("torch",)),
     BadInput("power_of_two_not_bool", lambda f, a: f.quantize_fp8(a.x, "rowwise", power_of_two="False"), TypeError,
              "quantize_fp8: power_of_two must be a bool, got 'False'"),  # truthy: power-of-two scales
     BadInput("grouped_power_of_two_not_bool",
