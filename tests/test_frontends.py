@@ -96,6 +96,18 @@ def test_wgrad_accumulate_adds_in_place_and_keeps_empty_groups_bitwise(frontend,
     assert frontend.dtype_of(plain) == dtype and (frontend.to_float64(plain)[1] == 0).all()
 
 
+def test_a_float32_gradient_of_16_bit_operands_is_rounded_to_them_once_as_documented(frontend):
+    # semantics.md: the backward of bfloat16 operands with a float32 output is the bfloat16
+    # output's backward on the gradient rounded once, bit for bit.
+    c = case("skewed")
+    x = inputs(c)
+    operands = (x["lhs"], x["rhs"], np.asarray(x["group_sizes"]))
+    wide = frontend.matmul_and_grads(*operands, x["dout"], dtype="bfloat16", out_dtype="float32")
+    narrow = frontend.matmul_and_grads(*operands, round_to(x["dout"], "bfloat16"), dtype="bfloat16")
+    for got, want in zip(wide[1:], narrow[1:]):
+        assert np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("index_dtype", ["int8", "int16", "uint8", "int32", "int64", "uint32", "uint64"])
 def test_every_integer_dtype_of_group_sizes_keeps_its_value(frontend, index_dtype):
     c = case("skewed")

@@ -292,3 +292,23 @@ def test_an_existing_out_that_is_not_the_output_is_refused(call, shape, dtype):
 def test_tgmm_names_its_own_operands_when_they_do_not_share_m(lhs_shape, rhs_shape):
     with pytest.raises(ValueError, match=r"tgmm: lhs \[k, m\] and rhs \[m, n\] must share m"):
         gj.tgmm(jnp.ones(lhs_shape), jnp.ones(rhs_shape), jnp.asarray([2, 2], jnp.int32))
+
+
+def test_with_a_float32_output_of_bfloat16_operands_the_gradients_are_about_1_4x_ragged_dots_off():
+    # docs/semantics.md and guides/maxtext.md: ragged_dot multiplies the float32 gradient,
+    # groupgemm rounds it to bfloat16 first: the error of a bfloat16 output.
+    rng = np.random.default_rng(0)
+    sizes = jnp.asarray([250, 0, 375, 399], jnp.int32)
+    lhs, rhs = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in ((1024, 256), (4, 256, 256)))
+    dout = jnp.asarray(rng.standard_normal((1024, 256)), jnp.float32)
+    exact = (ref.grouped_matmul(dout, np.asarray(rhs, np.float64), np.asarray(sizes), transpose_rhs=True),
+             ref.grouped_matmul_wgrad(np.asarray(lhs, np.float64), np.asarray(dout), np.asarray(sizes), 4))
+
+    def error(ragged_dot):
+        grads = jax.grad(lambda l, r: jnp.sum(ragged_dot(l, r, sizes, preferred_element_type=jnp.float32) * dout),
+                         argnums=(0, 1))(lhs, rhs)
+        return np.array([np.linalg.norm(np.asarray(g, np.float64) - e) / np.linalg.norm(e)
+                         for g, e in zip(grads, exact)])
+
+    ratio = error(gj.ragged_dot) / error(jax.lax.ragged_dot)
+    assert ((1.2 < ratio) & (ratio < 1.6)).all(), ratio

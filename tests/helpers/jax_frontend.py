@@ -84,10 +84,12 @@ def dtype_of(a):
     return np.dtype(a.dtype).name
 
 
-def matmul_and_grads(lhs, rhs, sizes, dout, offset=None):
-    """out, dlhs, drhs of a float32 grouped matmul of NumPy inputs, as float64 NumPy."""
-    out, vjp = jax.vjp(lambda l, r: matmul(l, r, jnp.asarray(sizes), offset=offset), jnp.asarray(lhs), jnp.asarray(rhs))
-    return [to_float64(a) for a in (out, *vjp(jnp.asarray(dout)))]
+def matmul_and_grads(lhs, rhs, sizes, dout, offset=None, dtype="float32", out_dtype=None):
+    """out, dlhs, drhs of a grouped matmul of NumPy inputs in `dtype` (dout in the output's
+    dtype), as float64 NumPy."""
+    out, vjp = jax.vjp(lambda l, r: matmul(l, r, jnp.asarray(sizes), offset=offset, out_dtype=out_dtype),
+                       array(lhs, dtype), array(rhs, dtype))
+    return [to_float64(a) for a in (out, *vjp(array(dout, out.dtype.name)))]
 
 
 # ---- the expert layer ----------------------------------------------------------------

@@ -82,11 +82,13 @@ def dtype_of(t):
     return str(t.dtype).removeprefix("torch.")
 
 
-def matmul_and_grads(lhs, rhs, sizes, dout, offset=None):
-    """out, dinput, dweight of a float32 grouped matmul of NumPy inputs, as float64 NumPy."""
-    lhs_t, rhs_t = torch.from_numpy(lhs).requires_grad_(), torch.from_numpy(rhs).requires_grad_()
-    out = matmul(lhs_t, rhs_t, torch.from_numpy(sizes), offset=offset)
-    out.backward(torch.from_numpy(dout))
+def matmul_and_grads(lhs, rhs, sizes, dout, offset=None, dtype="float32", out_dtype=None):
+    """out, dinput, dweight of a grouped matmul of NumPy inputs in `dtype` (dout in the
+    output's dtype), as float64 NumPy."""
+    lhs_t, rhs_t = array(lhs, dtype).requires_grad_(), array(rhs, dtype).requires_grad_()
+    out = matmul(lhs_t, rhs_t, torch.from_numpy(sizes), offset=offset,
+                 out_dtype=None if out_dtype is None else getattr(torch, out_dtype))
+    out.backward(array(dout, str(out.dtype).removeprefix("torch.")))
     return [to_float64(t) for t in (out, lhs_t.grad, rhs_t.grad)]
 
 
