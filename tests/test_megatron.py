@@ -8,6 +8,7 @@ its dependencies), in this process with a one-rank gloo group."""
 
 import contextlib
 import os
+import pickle
 import types
 import warnings
 
@@ -283,3 +284,9 @@ def test_token_dispatcher_refuses_what_it_does_not_implement(process_groups):
         dispatcher_cls(EXPERTS, list(range(EXPERTS)), config, process_groups)
     with pytest.raises(ValueError, match="local_expert_indices"):
         dispatcher_cls(2, [1, 2], _config(), process_groups)
+
+
+def test_the_dispatcher_class_pickles_by_name_and_resolves_to_itself():
+    # Made at run time: pickle finds it through the integration module's __getattr__, which
+    # a fresh process answers by making it (a whole model saved with torch.save).
+    assert pickle.loads(pickle.dumps(token_dispatcher_class())) is token_dispatcher_class()

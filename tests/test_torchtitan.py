@@ -6,6 +6,8 @@ its dependencies); bfloat16 throughout, as torchtitan's experts compute."""
 
 import copy
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -196,3 +198,24 @@ def test_groupgemm_token_dispatcher_matches_torchtitans_all_to_all_over_two_rank
                 np.testing.assert_allclose(ours("dscores"), theirs("dscores"), rtol=1e-5, atol=1e-5)
             idle = saved[f"{mode}/1/dweights"]
             assert (idle == 0).all() if rank == 1 else idle.any(axis=(1, 2)).all(), (rank, mode)
+
+
+def test_a_switched_model_and_its_config_pickle_and_load_in_a_fresh_process(tmp_path):
+    # The switched classes are made at run time; pickle finds them by name in the
+    # integration's module, where a fresh process makes them again.
+    config = use_groupgemm_dispatch(use_groupgemm(_moe_config()))
+    model = config.build()
+    with torch.no_grad():
+        for p in model.parameters():  # built uninitialized (param_init={})
+            p.normal_(0, 0.2)
+    x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "model.pt"
+    torch.save({"config": config, "model": model, "x": x, "y": model(x).detach()}, path)
+    code = ("import sys, torch; saved = torch.load(sys.argv[1], weights_only=False); model = saved['model']; "
+            "names = lambda m: (type(m.routed_experts.inner_experts).__name__, "
+            "type(m.routed_experts.token_dispatcher).__name__); "
+            "assert names(model) == names(saved['config'].build()) == ('GroupGemmGroupedExperts', "
+            "'GroupgemmTokenDispatcher'), names(model); "
+            "assert torch.equal(model(saved['x']), saved['y']); print('loaded')")
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "loaded" in result.stdout, result.stderr[-3000:]

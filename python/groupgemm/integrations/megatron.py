@@ -292,7 +292,16 @@ def token_dispatcher_class() -> type:
             return hidden_states.view(self.hidden_shape)
 
     GroupgemmTokenDispatcher.__module__ = __name__
+    GroupgemmTokenDispatcher.__qualname__ = "GroupgemmTokenDispatcher"  # as __getattr__ finds it
     return GroupgemmTokenDispatcher
+
+
+def __getattr__(name):
+    """The dispatcher class, made at run time, by the name pickle looks it up under (a whole
+    model pickled, or saved with torch.save)."""
+    if name == "GroupgemmTokenDispatcher":
+        return token_dispatcher_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def use_groupgemm_dispatcher(moe_layer, capacity=None):

@@ -32,6 +32,7 @@ from groupgemm.torch_ext.functional import grouped_mm as _grouped_mm
 __all__ = ["experts_class", "grouped_mm", "token_dispatcher_class", "use_groupgemm", "use_groupgemm_dispatch"]
 
 _EXPERTS_CLASSES: dict[type, type] = {}
+_EXPERTS_PREFIX = "GroupGemm"  # experts_class's name for the subclass of a parent class
 
 
 def grouped_mm(*, A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,7 @@ def experts_class(experts_cls: type) -> type:
         return grouped_mm(A=A, B_t=B_t, offs=offs)
 
     # torchtitan's Configurable.__init_subclass__ wires Config._owner to the new class.
-    name = f"GroupGemm{experts_cls.__name__}"
+    name = f"{_EXPERTS_PREFIX}{experts_cls.__name__}"
     Config.__qualname__ = f"{name}.Config"
     cls = type(name, (experts_cls,), {"Config": Config, "_grouped_mm": _seam, "__module__": __name__})
     _EXPERTS_CLASSES[experts_cls] = cls
@@ -166,7 +167,30 @@ def token_dispatcher_class() -> type:
             return out.to(x_TD.dtype)  # x's dtype, as torchtitan's dispatchers return it (experts may run in another)
 
     GroupgemmTokenDispatcher.__module__ = __name__
+    GroupgemmTokenDispatcher.__qualname__ = "GroupgemmTokenDispatcher"  # as __getattr__ finds it
+    GroupgemmTokenDispatcher.Config.__qualname__ = "GroupgemmTokenDispatcher.Config"
     return GroupgemmTokenDispatcher
+
+
+def __getattr__(name):
+    """The classes made at run time, by the names pickle looks them up under (a whole model
+    or config pickled, or saved with torch.save): the dispatcher, and each experts subclass,
+    made from the torchtitan class of its parent's name. That class's module is imported by
+    then, as a model's unpickling imports its own classes' modules first; GroupedExperts'
+    module is imported here."""
+    if name == "GroupgemmTokenDispatcher":
+        return token_dispatcher_class()
+    if name.startswith(_EXPERTS_PREFIX):
+        import importlib
+        import sys
+
+        importlib.import_module("torchtitan.models.common.moe")
+        parent_name = name[len(_EXPERTS_PREFIX):]
+        for module_name, loaded in list(sys.modules.items()):
+            parent = getattr(loaded, parent_name, None) if module_name.startswith("torchtitan.") else None
+            if isinstance(parent, type) and callable(getattr(parent, "_grouped_mm", None)):
+                return experts_class(parent)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def use_groupgemm_dispatch(model_config, capacity=None):
