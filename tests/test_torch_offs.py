@@ -132,14 +132,15 @@ def test_bad_offs_raise_naming_the_argument(kwargs, error, match):
         gt.grouped_mm(torch.randn(12, 8), torch.randn(3, 8, 4), **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(bias=torch.randn(3, 4)), "bias does not apply to the 2d x 2d form"),
-    (dict(transpose_weight=True), "transpose_weight does not apply to the 2d x 2d form"),
-    (dict(group_offset=0), "group_offset does not apply to the 2d x 2d form"),
+@pytest.mark.parametrize("weight_shape, kwargs, match", [
+    ((12, 4), dict(bias=torch.randn(3, 4)), "bias does not apply to the 2d x 2d form"),
+    ((12, 4), dict(transpose_weight=True), "transpose_weight does not apply to the 2d x 2d form"),
+    ((4, 12), dict(transpose_weight=True), "transpose_weight does not apply to the 2d x 2d form"),  # laid out for it
+    ((12, 4), dict(group_offset=0), "group_offset does not apply to the 2d x 2d form"),
 ])
-def test_the_2d_x_2d_form_refuses_what_does_not_apply_to_it(kwargs, match):
+def test_the_2d_x_2d_form_refuses_what_does_not_apply_to_it(weight_shape, kwargs, match):
     with pytest.raises(ValueError, match=f"grouped_mm: {match}"):
-        gt.grouped_mm(torch.randn(8, 12), torch.randn(12, 4), offs=torch.tensor([4, 8, 12]), **kwargs)
+        gt.grouped_mm(torch.randn(8, 12), torch.randn(weight_shape), offs=torch.tensor([4, 8, 12]), **kwargs)
 
 
 def test_the_2d_x_2d_form_checks_its_contraction():

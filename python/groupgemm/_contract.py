@@ -518,13 +518,14 @@ def ragged_contraction(fn, names, lhs, rhs, out_dtype=None, *, bias=False, trans
     check_rank(lhs_shape, 2, names["lhs"], "[M, K]", fn)
     check_rank(rhs_shape, 2, names["rhs"], "[K, N] (the 2d x 2d form of offs)", fn)
     check_same_dtype(rhs_dtype, lhs_dtype, names["rhs"], names["lhs"], fn)
-    if rhs_shape[0] != lhs_shape[1]:
-        raise ValueError(f"{fn}: {names['rhs']} shape {tuple(rhs_shape)} does not contract with "
-                         f"{names['lhs']} shape {tuple(lhs_shape)} (the 2d x 2d form of offs)")
+    # An option this form lacks first: with it, a weight laid out for it would not contract.
     for passed, name in ((bias, "bias"), (transpose, names["transpose"]), (has_offset, "group_offset")):
         if passed:
             raise ValueError(f"{fn}: {name} does not apply to the 2d x 2d form of offs "
                              f"({names['rhs']} [K, N], groups along K)")
+    if rhs_shape[0] != lhs_shape[1]:
+        raise ValueError(f"{fn}: {names['rhs']} shape {tuple(rhs_shape)} does not contract with "
+                         f"{names['lhs']} shape {tuple(lhs_shape)} (the 2d x 2d form of offs)")
     return output_dtype(lhs_dtype, out_dtype, fn, names["out_dtype"])
 
 
