@@ -87,8 +87,8 @@ class GroupedLinear(nnx.Module):
     def __init__(self, num_experts, in_features, out_features, bias=True, *, dtype=jnp.float32, fp8=None,
                  expert_axis="expert", mesh=None, rngs):
         fn = "GroupedLinear"
-        contract.layer_config(fn, dtype_name(dtype), num_experts=num_experts, in_features=in_features,
-                              out_features=out_features)
+        contract.layer_config(fn, dtype_name(dtype), {"bias": bias}, num_experts=num_experts,
+                              in_features=in_features, out_features=out_features)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
         self.fp8 = contract.fp8_layer(fn, fp8, dtype_name(dtype), in_features, out_features)
@@ -143,8 +143,8 @@ class GroupedMLP(nnx.Module):
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False,
                  dtype=jnp.float32, fp8=None, expert_axis="expert", mesh=None, fused=None, rngs):
         fn = "GroupedMLP"
-        contract.layer_config(fn, dtype_name(dtype), num_experts=num_experts, hidden_size=hidden_size,
-                              ffn_hidden_size=ffn_hidden_size)
+        contract.layer_config(fn, dtype_name(dtype), {"bias": bias}, num_experts=num_experts,
+                              hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         contract.activation_kind(activation, fn)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.activation, self.fp8, self.fused = activation, fp8, contract.check_fused(fused, fp8, fn)

@@ -131,6 +131,9 @@ BAD = {
         lambda: _with_bfloat16(gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0)), "router")(jnp.ones((3, 8))),
         TypeError, "MoE: parameter router has dtype bfloat16, but experts.fc1.weight has float32; a layer's "
                    "parameters share one dtype"),
+    "a bias flag that is not a bool": (  # "no" is truthy: a bias would be made silently
+        lambda: gf.GroupedLinear(3, 8, 4, bias="no", rngs=nnx.Rngs(0)), TypeError,
+        "GroupedLinear: bias must be a bool, got 'no'"),
     "a weight of another dtype than its bias": (
         lambda: _with_bfloat16(gf.GroupedLinear(3, 8, 4, rngs=nnx.Rngs(0)), "weight")(jnp.ones((6, 8)), [2, 0, 3]),
         TypeError, "GroupedLinear: parameter weight has dtype bfloat16, but bias has float32"),

@@ -385,6 +385,10 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
     (lambda: GroupedLinear(4, -1, 6), ValueError, "GroupedLinear: in_features must be a non-negative int, got -1"),
     (lambda: GroupedLinear(4, 8, 6, dtype=torch.int32), TypeError,
      "GroupedLinear: dtype must be float32, bfloat16, float16 or float64, got int32"),
+    # A flag's truthiness would pick the other mode silently ("False" is truthy):
+    (lambda: GroupedLinear(4, 8, 6, accumulate_into_main_grad="False"), TypeError,
+     "GroupedLinear: accumulate_into_main_grad must be a bool, got 'False'"),
+    (lambda: GroupedMLP(4, 8, 6, bias="False"), TypeError, "GroupedMLP: bias must be a bool, got 'False'"),
     (lambda: GroupedLinear(3, 8, 4)(torch.randn(6, 7), [2, 0, 3]), ValueError,
      r"GroupedLinear: x has width 7 \(shape \(6, 7\)\), but the layer's in_features is 8"),
     # Outside autocast, which casts both (test_torch_autocast.py):

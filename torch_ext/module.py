@@ -46,6 +46,7 @@ class GroupedLinear(nn.Module):
                  accumulate_into_main_grad=False, fp8=None):
         super().__init__()
         contract.layer_config("GroupedLinear", dtype_name(dtype or torch.get_default_dtype()),
+                              {"bias": bias, "accumulate_into_main_grad": accumulate_into_main_grad},
                               num_experts=num_experts, in_features=in_features, out_features=out_features)
         factory = {"device": device, "dtype": dtype}
         self.num_experts = num_experts
@@ -135,8 +136,9 @@ class GroupedMLP(nn.Module):
                  dtype=None, accumulate_into_main_grad=False, fp8=None, fused=None):
         super().__init__()
         fn = "GroupedMLP"
-        contract.layer_config(fn, dtype_name(dtype or torch.get_default_dtype()), num_experts=num_experts,
-                              hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
+        contract.layer_config(fn, dtype_name(dtype or torch.get_default_dtype()),
+                              {"bias": bias, "accumulate_into_main_grad": accumulate_into_main_grad},
+                              num_experts=num_experts, hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         contract.activation_kind(activation, fn)
         self.activation = activation
         self.fused = contract.check_fused(fused, fp8, fn)

@@ -414,11 +414,14 @@ def check_fused(fused, fp8, fn):
     return fused
 
 
-def layer_config(fn, dtype, **sizes):
+def layer_config(fn, dtype, flags=None, **sizes):
     """A layer's constructor arguments: each size (num_experts, widths) a non-negative
-    int and the parameters' dtype a float dtype, each named when not."""
+    int, each of ``flags`` ({name: value}: bias, accumulate_into_main_grad) a bool and the
+    parameters' dtype a float dtype, each named when not."""
     for name, value in sizes.items():
         static_count(value, name, fn)
+    for name, value in (flags or {}).items():
+        static_flag(value, name, fn)
     check_float(dtype, "dtype", fn)
 
 
