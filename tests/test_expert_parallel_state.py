@@ -36,3 +36,17 @@ def test_fsdp_over_the_groups_own_ranks_is_refused_naming_the_parameter(tmp_path
         for where, name in refusals.items():
             assert errors[where] is not None and errors[where].startswith(
                 f"{name}: experts.fc1.weight is sharded over ranks [0, 1] of the layer's expert-parallel group"), errors
+
+
+@pytest.mark.parametrize("state, got", [({"param_groups": []}, r"a dict with keys \['param_groups'\]"),
+                                        ([], "list")])
+def test_a_state_that_is_not_an_optimizer_state_dict_is_refused(state, got):
+    # Missing "state", torch would load the parameter groups and no moment, silently.
+    import torch
+
+    import groupgemm.torch as gt
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=f"load_optimizer_state_dict: state must be what optimizer_state_dict "
+                                         f"returns, a dict with 'state' and 'param_groups', got {got}"):
+        gt.load_optimizer_state_dict(model, torch.optim.Adam(model.parameters()), state)

@@ -182,8 +182,12 @@ def load_optimizer_state_dict(model, optimizer, state, options=None):
     experts' state, then ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``."""
     fn = "load_optimizer_state_dict"
     _supported(options, fn)
+    if not (isinstance(state, dict) and {"state", "param_groups"} <= state.keys()):
+        got = f"a dict with keys {sorted(map(str, state))}" if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{fn}: state must be what optimizer_state_dict returns, a dict with 'state' and "
+                         f"'param_groups', got {got}")
     full = options is not None and options.full_state_dict  # torch then shards FSDP2's itself
-    state = {**state, "state": dict(state.get("state", {}))}
+    state = {**state, "state": dict(state["state"])}
     for layer, param, states, key in _per_expert_states(model, state, fn):
         states[key] = _local(layer, states[key], param, reshard=not full)
     checkpoint_state.set_optimizer_state_dict(model, optimizer, state, options=options)
