@@ -19,6 +19,18 @@ def shape_and_dtype(x):
     return tuple(x.shape), dtype_name(x.dtype)
 
 
+def as_array(x, name, fn, optional=False):
+    """x as a JAX array, as jnp.asarray makes it (a NumPy array, a list, a scalar); None where
+    ``optional`` and x is None. What does not convert (None, a string, a dict) is refused,
+    named, rather than with JAX's message, which does not say which argument it was."""
+    if x is None and optional:
+        return None
+    try:
+        return jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{fn}: {name} must be an array, got {type(x).__name__}") from e
+
+
 def index_input(x, name, fn):
     """An integer operand as a JAX array holding its values. Without jax_enable_x64, JAX
     holds no 64-bit integers and would silently wrap a NumPy int64 / uint64 array into 32
@@ -30,7 +42,7 @@ def index_input(x, name, fn):
                              "JAX without jax_enable_x64 cannot hold (it would wrap them); enable x64 or pass "
                              "values that fit")
         x = x.astype(np.int32)
-    return jnp.asarray(x)
+    return as_array(x, name, fn)
 
 
 def index_array(x, ids=False):

@@ -99,6 +99,10 @@ def _check_dimension_numbers(dims, lhs_ndim, rhs_ndim):
     """Each dimension named is one of its operand's, named once (lhs's ragged dimension aside,
     which is one of the others or not): a TypeError otherwise, as jax.lax raises. Taken
     modulo the rank, a wrong one would silently multiply another dimension."""
+    fields = ("dot_dimension_numbers", "lhs_ragged_dimensions", "rhs_group_dimensions")
+    if not all(hasattr(dims, f) for f in fields):  # where jax.lax raises an AttributeError of its own
+        raise TypeError(f"ragged_dot_general: ragged_dot_dimension_numbers must be a "
+                        f"jax.lax.RaggedDotDimensionNumbers, got {dims!r}")
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dims.dot_dimension_numbers
     for operand, ndim, named, ragged in (
             ("lhs", lhs_ndim, (*lhs_contract, *lhs_batch), tuple(dims.lhs_ragged_dimensions)),
@@ -232,6 +236,8 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128,
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     if lhs.ndim != 2 or rhs.ndim != 2 or lhs.shape[1] != rhs.shape[0]:  # named here: the core sees lhs.T
         raise ValueError(f"tgmm: lhs [k, m] and rhs [m, n] must share m, got lhs {lhs.shape} and rhs {rhs.shape}")
+    if jnp.ndim(group_sizes) != 1:
+        raise ValueError(f"tgmm: group_sizes must be 1-D [num_groups], got shape {jnp.shape(group_sizes)}")
     num_groups = jnp.asarray(group_sizes).shape[0] if num_actual_groups is None else num_actual_groups
     if group_offset is None and num_groups != jnp.asarray(group_sizes).shape[0]:
         group_offset = 0

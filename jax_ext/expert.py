@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
 from groupgemm.jax_ext.arguments import (
+    as_array,
     dtype_name,
     index_array,
     index_input,
@@ -34,7 +35,7 @@ def softmax_topk(logits, k, *, renormalize=True):
     order, in forward and reverse mode, with the choices held fixed.
     """
     fn = "softmax_topk"
-    logits = jnp.asarray(logits)
+    logits = as_array(logits, "logits", fn)
     if logits.ndim == 2 and not contract.is_static_int(logits.shape[1]):  # jax.export's symbolic dimension
         raise ValueError(f"{fn}: logits has a symbolic number of experts ({logits.shape[1]}), which the top-k "
                          "needs known; export it with a static one")
@@ -53,7 +54,7 @@ def permute(tokens, expert_indices, num_experts):
     gradient sums its k rows' gradients).
     """
     fn = "permute"
-    tokens, expert_indices = jnp.asarray(tokens), index_input(expert_indices, "expert_indices", fn)
+    tokens, expert_indices = as_array(tokens, "tokens", fn), index_input(expert_indices, "expert_indices", fn)
     *_, num_experts = contract.permute(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), num_experts)
     expert_indices = index_array(expert_indices)
     (tokens,) = same_varying_axes((tokens,), (expert_indices,))
@@ -70,8 +71,8 @@ def unpermute(permuted, row_map, probs=None):
     every slot that names it, in slot order.
     """
     fn = "unpermute"
-    permuted, row_map = jnp.asarray(permuted), index_input(row_map, "row_map", fn)
-    probs = None if probs is None else jnp.asarray(probs)
+    permuted, row_map = as_array(permuted, "permuted", fn), index_input(row_map, "row_map", fn)
+    probs = as_array(probs, "probs", fn, optional=True)
     probs_arg = None if probs is None else shape_and_dtype(probs)
     contract.unpermute(fn, shape_and_dtype(permuted), shape_and_dtype(row_map), probs_arg)
     permuted, probs = same_varying_axes((permuted, probs), (row_map,))
@@ -102,8 +103,8 @@ def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, 
     same calls as PyTorch's GroupedMLP(fp8=...).
     """
     fn = "grouped_mlp"
-    x, w_in, w_out = jnp.asarray(x), jnp.asarray(w_in), jnp.asarray(w_out)
-    b_in, b_out = (None if b is None else jnp.asarray(b) for b in (b_in, b_out))
+    x, w_in, w_out = as_array(x, "x", fn), as_array(w_in, "w_in", fn), as_array(w_out, "w_out", fn)
+    b_in, b_out = as_array(b_in, "b_in", fn, optional=True), as_array(b_out, "b_out", fn, optional=True)
     contract.activation_kind(activation, fn)
     contract.check_rank(x.shape, 2, "x", "[M, H]", fn)
     described = lambda b: None if b is None else shape_and_dtype(b)  # noqa: E731

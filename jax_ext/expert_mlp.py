@@ -7,7 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from groupgemm import _contract as contract
-from groupgemm.jax_ext.arguments import dtype_name, index_array, index_input, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import (
+    as_array,
+    dtype_name,
+    index_array,
+    index_input,
+    same_varying_axes,
+    shape_and_dtype,
+)
 from groupgemm.jax_ext.expert import grouped_mlp, permute, unpermute
 from groupgemm.jax_ext.expert_mlp_primitives import expert_mlp_p, window_ids
 from groupgemm.jax_ext.primitives import placeholder
@@ -66,9 +73,10 @@ def expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu
                                   "grouped_mlp(fp8=...) and unpermute")
     kind = contract.activation_kind(activation, fn)
     transpose_rhs = contract.static_flag(transpose_rhs, "transpose_rhs", fn)
-    tokens, w_in, w_out = map(jnp.asarray, (tokens, w_in, w_out))
+    tokens, w_in, w_out = (as_array(x, name, fn) for x, name in ((tokens, "tokens"), (w_in, "w_in"), (w_out, "w_out")))
     expert_indices = index_input(expert_indices, "expert_indices", fn)
-    probs, b_in, b_out = (None if x is None else jnp.asarray(x) for x in (probs, b_in, b_out))
+    probs, b_in, b_out = (as_array(x, name, fn, optional=True) for x, name in ((probs, "probs"), (b_in, "b_in"),
+                                                                              (b_out, "b_out")))
     described = lambda x: None if x is None else shape_and_dtype(x)  # noqa: E731
     contract.expert_mlp(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), described(probs),
                         shape_and_dtype(w_in), shape_and_dtype(w_out), described(b_in), described(b_out), activation,
@@ -89,9 +97,9 @@ def composed_expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activatio
     """expert_mlp as the composition computes it (permute, grouped_mlp, unpermute), the same
     arguments and meaning: what the layers run with ``fused=False``, and under FP8."""
     fn = "expert_mlp"
-    tokens, w_in = jnp.asarray(tokens), jnp.asarray(w_in)
+    tokens, w_in = as_array(tokens, "tokens", fn), as_array(w_in, "w_in", fn)
     expert_indices = index_input(expert_indices, "expert_indices", fn)
-    probs = None if probs is None else jnp.asarray(probs)
+    probs = as_array(probs, "probs", fn, optional=True)
     contract.routed_tokens(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices),
                            None if probs is None else shape_and_dtype(probs))
     local = window_ids(*_routing(expert_indices, group_offset, w_in.shape[0], fn), w_in.shape[0])

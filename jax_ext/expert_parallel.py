@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
-from groupgemm.jax_ext.arguments import dtype_name, index_input, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import as_array, dtype_name, index_input, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.expert import grouped_mlp, permute, softmax_topk, unpermute
 from groupgemm.jax_ext.expert_mlp import expert_mlp, runs_fused
 from groupgemm.jax_ext.ffi_calls import mark_varying
@@ -122,7 +122,7 @@ def _send(tokens, expert_indices, num_experts, axis_name, capacity, fn):
     (-1 for padding), the plan without received_rows."""
     ep = _axis_size(axis_name)
     e_local = rules.check(num_experts, ep, capacity, fn, dropless_mode=False)
-    tokens, expert_indices = jnp.asarray(tokens), index_input(expert_indices, "expert_indices", fn)
+    tokens, expert_indices = as_array(tokens, "tokens", fn), index_input(expert_indices, "expert_indices", fn)
     rules.check_routing(shape_and_dtype(tokens), shape_and_dtype(expert_indices), num_experts, fn)
     permuted, group_sizes, row_map = permute(tokens, expert_indices, num_experts)
     send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)
@@ -142,11 +142,12 @@ def combine(expert_output, plan, probs=None):
     j, accumulated in float32 in slot order (unpermute), from dispatch's ``plan``; a slot
     that was dropped adds nothing. Differentiable."""
     fn = "combine"
-    expert_output = jnp.asarray(expert_output)
+    rules.check_plan(plan, DispatchPlan, fn)
+    expert_output = as_array(expert_output, "expert_output", fn)
     output = shape_and_dtype(expert_output)
     rules.check_expert_output(output, plan.received_rows.shape[0], fn)
     if probs is not None:
-        probs = jnp.asarray(probs)
+        probs = as_array(probs, "probs", fn)
         rules.check_slot_values(shape_and_dtype(probs), plan.row_map.shape, "probs", fn, output[1])
     return _send_back(unpermute(expert_output, plan.received_rows), plan, probs, fn)
 
@@ -211,10 +212,13 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
     fused = runs_fused(fused, fp8, fn)
     renormalize = contract.layer_renormalize(renormalize, top_k, fn)
-    x, router = jnp.asarray(x), jnp.asarray(params["router"])
-    allowed = None if allowed is None else jnp.asarray(allowed)
-    _check_layer_params(x, router, jnp.asarray(params["w_in"]), jnp.asarray(params["w_out"]), num_experts, e_local,
-                        axis_name, activation, transpose_rhs, fn)
+    names = ("router", "w_in", "w_out")
+    if not (hasattr(params, "keys") and set(names) <= set(params.keys())):
+        got = f"keys {sorted(map(str, params.keys()))}" if hasattr(params, "keys") else type(params).__name__
+        raise TypeError(f"{fn}: params must be a dict holding 'router', 'w_in' and 'w_out', got {got}")
+    router, w_in, w_out = (as_array(params[name], f"params['{name}']", fn) for name in names)
+    x, allowed = as_array(x, "x", fn), as_array(allowed, "allowed", fn, optional=True)
+    _check_layer_params(x, router, w_in, w_out, num_experts, e_local, axis_name, activation, transpose_rhs, fn)
     contract.layer_input(shape_and_dtype(x), router.shape[0], None if allowed is None else shape_and_dtype(allowed),
                          (x.shape[0], num_experts), fn)
     logits = grouped_matmul(x, router[None], jnp.full((1,), x.shape[0], jnp.int32))

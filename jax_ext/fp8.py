@@ -9,10 +9,14 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_primitives as prims
-from groupgemm.jax_ext.arguments import dtype_name, index_operands, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import as_array, dtype_name, index_operands, same_varying_axes, shape_and_dtype
 from groupgemm.jax_ext.ffi_calls import placeholder
 
 NAMES = contract.FP8_JAX_NAMES
+
+
+def _operands(fn, **operands):
+    return [as_array(x, name, fn) for name, x in operands.items()]
 
 
 def quantize_fp8(x, recipe, *, dtype=jnp.float8_e4m3fn, power_of_two=False):
@@ -26,7 +30,7 @@ def quantize_fp8(x, recipe, *, dtype=jnp.float8_e4m3fn, power_of_two=False):
     saturated. Zeros stay exact zeros.
     """
     fn = "quantize_fp8"
-    x = jnp.asarray(x)
+    x = as_array(x, "x", fn)
     _, fp8_type, scaling = contract.quantize_fp8(fn, shape_and_dtype(x), recipe, dtype_name(dtype))
     params = dict(out_type=fp8_type, power_of_two=contract.static_flag(power_of_two, "power_of_two", fn))
     if x.ndim == 3 and recipe == "blockwise":
@@ -45,7 +49,7 @@ def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offse
     scale rows of empty groups and unused blocks are 1.
     """
     fn = "quantize_fp8_grouped"
-    x = jnp.asarray(x)
+    x = as_array(x, "x", fn)
     num_groups = _local_groups(group_sizes, group_offset, num_groups, fn)
     *_, fp8_type, scaling = contract.quantize_fp8_grouped(fn, shape_and_dtype(x), recipe, dtype_name(dtype),
                                                           num_groups)
@@ -83,8 +87,8 @@ def scaled_grouped_matmul(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, recipe
     group are exactly 0. Not differentiable (see grouped_mlp(fp8=...)).
     """
     fn = "scaled_grouped_matmul"
-    lhs, rhs, lhs_scale, rhs_scale = (jnp.asarray(a) for a in (lhs, rhs, lhs_scale, rhs_scale))
-    bias = None if bias is None else jnp.asarray(bias)
+    lhs, rhs, lhs_scale, rhs_scale = _operands(fn, lhs=lhs, rhs=rhs, lhs_scale=lhs_scale, rhs_scale=rhs_scale)
+    bias = as_array(bias, "bias", fn, optional=True)
     num_groups, _, out, _, _, scaling = contract.scaled_matmul(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), shape_and_dtype(lhs_scale), shape_and_dtype(rhs_scale),
         recipe, None if bias is None else shape_and_dtype(bias), _requested(preferred_element_type))
@@ -115,7 +119,7 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
     An empty group gives exact zeros. Not differentiable (see grouped_mlp(fp8=...)).
     """
     fn = "scaled_grouped_matmul_wgrad"
-    lhs, rhs, lhs_scale, rhs_scale = (jnp.asarray(a) for a in (lhs, rhs, lhs_scale, rhs_scale))
+    lhs, rhs, lhs_scale, rhs_scale = _operands(fn, lhs=lhs, rhs=rhs, lhs_scale=lhs_scale, rhs_scale=rhs_scale)
     num_groups = _local_groups(group_sizes, group_offset, num_groups, fn)
     num_groups, shape, _, _, scaling = contract.scaled_wgrad(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), shape_and_dtype(lhs_scale), shape_and_dtype(rhs_scale),
@@ -124,7 +128,7 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
     if accumulate_into is None:
         out = contract.fp8_output_dtype(_requested(preferred_element_type), fn, NAMES["out_dtype"])
     else:
-        accumulate_into = jnp.asarray(accumulate_into)
+        accumulate_into = as_array(accumulate_into, "accumulate_into", fn)
         out = contract.fp8_accumulator(fn, accumulate_into.shape, dtype_name(accumulate_into.dtype), shape,
                                        _requested(preferred_element_type), NAMES["out_dtype"])
     lhs, rhs, lhs_scale, rhs_scale, accumulate_into = same_varying_axes(

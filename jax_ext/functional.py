@@ -5,12 +5,11 @@ groupgemm._contract's); group sizes stay on the device and are never read by Pyt
 jit with traced sizes compiles once.
 """
 
-import jax.numpy as jnp
 import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import primitives
-from groupgemm.jax_ext.arguments import dtype_name, index_operands, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import as_array, dtype_name, index_operands, same_varying_axes, shape_and_dtype
 
 NAMES = contract.JAX_NAMES
 
@@ -34,8 +33,7 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
     get exact-zero gradients.
     """
     fn = "grouped_matmul"
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    bias = None if bias is None else jnp.asarray(bias)
+    lhs, rhs, bias = as_array(lhs, "lhs", fn), as_array(rhs, "rhs", fn), as_array(bias, "bias", fn, optional=True)
     transpose_rhs = contract.static_flag(transpose_rhs, "transpose_rhs", fn)
     num_groups, _, out_dtype = contract.matmul(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), transpose_rhs,
@@ -59,14 +57,14 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
     in ``lhs``, ``grad`` and ``accumulate_into`` to any order.
     """
     fn = "grouped_matmul_wgrad"
-    lhs, grad = jnp.asarray(lhs), jnp.asarray(grad)
+    lhs, grad = as_array(lhs, "lhs", fn), as_array(grad, "grad", fn)
     num_groups, shape = contract.wgrad(fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(grad), num_groups)
     requested = None if preferred_element_type is None else dtype_name(preferred_element_type)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     if accumulate_into is None:
         out_dtype = contract.output_dtype(dtype_name(lhs.dtype), requested, fn, NAMES["out_dtype"])
     else:
-        accumulate_into = jnp.asarray(accumulate_into)
+        accumulate_into = as_array(accumulate_into, "accumulate_into", fn)
         out_dtype = contract.accumulator(fn, accumulate_into.shape, dtype_name(accumulate_into.dtype), shape,
                                          dtype_name(lhs.dtype), requested, NAMES["out_dtype"])
     lhs, grad, accumulate_into = same_varying_axes((lhs, grad, accumulate_into), (group_sizes, group_offset))

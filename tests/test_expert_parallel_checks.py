@@ -3,6 +3,7 @@ caller's function and argument, and nothing aborts, hangs or answers wrongly. Py
 two gloo processes (helpers/ep_checks_worker.py, under a timeout, so a hang fails); JAX
 inside shard_map over four CPU devices."""
 
+import importlib
 import json
 import os
 
@@ -125,6 +126,16 @@ def test_jax_moe_layer_refuses_an_option_that_is_not_a_bool(option, value):
                                                     **{option: value})[0], x, experts, out_specs=P("ep"))
 
 
+@pytest.mark.parametrize("params, got", [({"router": jnp.zeros((H, E))}, r"keys \['router'\]"),
+                                         (None, "NoneType")])
+def test_jax_moe_layer_refuses_params_without_its_three_arrays(params, got):
+    x, experts = routed(3)
+    with pytest.raises(TypeError, match=f"moe_layer: params must be a dict holding 'router', 'w_in' and 'w_out', "
+                                        f"got {got}"):
+        traced_on_devices(lambda x, e: gj.moe_layer(params, x, num_experts=E, top_k=K, axis_name="ep",
+                                                    capacity=6)[0], x, experts, out_specs=P("ep"))
+
+
 LAYER_PARAMS = {"router": ((H, E), P()), "w_in": ((E, H, 2 * H), P("ep")), "w_out": ((E, H, H), P("ep"))}
 BAD_LAYER_PARAMS = {  # name: (replaced params' (shape, spec), moe_layer's other arguments, the error, its message)
     "a router of more experts (every slot would be dropped)": (
@@ -233,3 +244,17 @@ def test_jax_calls_without_data_give_the_cores_results_inside_an_unjitted_shard_
     out = jax.shard_map(lambda x, r: gj.unpermute(x, r), mesh=mesh, in_specs=(P(), P("ep")), out_specs=P("ep"))(
         jnp.zeros((0, H)), jnp.zeros((DEVICES * 3, 0), jnp.int32))
     assert out.shape == (DEVICES * 3, H) and not np.asarray(out).any()
+
+
+@pytest.mark.parametrize("framework, call", [("torch", "combine"), ("torch", "dispatch_probs"), ("jax", "combine")])
+@pytest.mark.parametrize("plan", [None, {}, ("rows", "map")])
+def test_a_plan_that_dispatch_did_not_return_is_refused_naming_it(framework, call, plan):
+    ones = np.ones((4, 2), np.float32)
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        operand, module = torch.from_numpy(ones), importlib.import_module("groupgemm.torch")
+    else:
+        operand, module = jnp.asarray(ones), gj
+    with pytest.raises(TypeError, match=f"{call}: plan must be the DispatchPlan that dispatch returned, got "
+                                        f"{type(plan).__name__}"):
+        getattr(module, call)(operand, plan)

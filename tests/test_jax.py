@@ -358,3 +358,27 @@ def test_export_with_a_symbolic_number_of_tokens_of_a_routing_op_is_refused_nami
         return
     with pytest.raises(ValueError, match=re.escape(f"{op}: a symbolic size ({size}) sizes this call's CUDA workspace")):
         run()
+
+
+NOT_ARRAYS = {  # a call with one argument replaced by `value`, and that argument's name
+    "grouped_matmul lhs": (lambda v: gj.grouped_matmul(v, jnp.ones((2, 4, 3)), jnp.asarray([1, 1])), "lhs"),
+    "grouped_matmul_wgrad grad": (lambda v: gj.grouped_matmul_wgrad(jnp.ones((2, 4)), v, jnp.asarray([1, 1]),
+                                                                     num_groups=2),
+                                  "grad"),
+    "softmax_topk logits": (lambda v: gj.softmax_topk(v, 1), "logits"),
+    "permute tokens": (lambda v: gj.permute(v, jnp.zeros((2, 1), jnp.int32), 2), "tokens"),
+    "unpermute permuted": (lambda v: gj.unpermute(v, jnp.zeros((2, 1), jnp.int32)), "permuted"),
+    "grouped_mlp w_out": (lambda v: gj.grouped_mlp(jnp.ones((2, 4)), jnp.ones((2, 4, 6)), v, jnp.asarray([1, 1])),
+                          "w_out"),
+    "expert_mlp w_out": (lambda v: gj.expert_mlp(jnp.ones((2, 4)), jnp.zeros((2, 1), jnp.int32), None,
+                                                 jnp.ones((2, 4, 6)), v), "w_out"),
+    "quantize_fp8 x": (lambda v: gj.quantize_fp8(v, "rowwise"), "x"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_ARRAYS))
+@pytest.mark.parametrize("value", [None, "abc", {"a": 1}])
+def test_an_argument_that_is_not_an_array_is_refused_naming_it(case, value):
+    call, name = NOT_ARRAYS[case]
+    with pytest.raises(TypeError, match=f"{case.split()[0]}: {name} must be an array, got {type(value).__name__}"):
+        call(value)

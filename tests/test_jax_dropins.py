@@ -312,3 +312,16 @@ def test_with_a_float32_output_of_bfloat16_operands_the_gradients_are_about_1_4x
 
     ratio = error(gj.ragged_dot) / error(jax.lax.ragged_dot)
     assert ((1.2 < ratio) & (ratio < 1.6)).all(), ratio
+
+
+def test_tgmm_names_group_sizes_that_are_not_1_d():
+    with pytest.raises(ValueError, match=r"tgmm: group_sizes must be 1-D \[num_groups\], got shape \(\)"):
+        gj.tgmm(jnp.ones((8, 4)), jnp.ones((4, 5)), jnp.asarray(3, jnp.int32))
+
+
+@pytest.mark.parametrize("dims", [None, {"dot_dimension_numbers": None}, ((1,), (1,))])
+def test_ragged_dot_general_names_dimension_numbers_that_are_not_ragged_dot_ones(dims):
+    # jax.lax raises an AttributeError of its own here.
+    with pytest.raises(TypeError, match="ragged_dot_general: ragged_dot_dimension_numbers must be a "
+                                        "jax.lax.RaggedDotDimensionNumbers"):
+        gj.ragged_dot_general(jnp.ones((4, 8)), jnp.ones((2, 8, 3)), jnp.asarray([2, 2], jnp.int32), dims)

@@ -52,9 +52,10 @@ def expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | None, w_i
     probs = autocast.routing_weights(probs, tokens)
     kind = contract.activation_kind(activation, fn)
     transpose_weight = contract.static_flag(transpose_weight, "transpose_weight", fn)
-    described = lambda t, name: None if t is None else shape_and_dtype(t, name, fn)  # noqa: E731
-    contract.expert_mlp(fn, described(tokens, "tokens"), described(expert_indices, "expert_indices"),
-                        described(probs, "probs"), described(w_in, "w_in"), described(w_out, "w_out"),
+    required = lambda t, name: shape_and_dtype(t, name, fn)  # noqa: E731
+    described = lambda t, name: None if t is None else required(t, name)  # noqa: E731
+    contract.expert_mlp(fn, required(tokens, "tokens"), required(expert_indices, "expert_indices"),
+                        described(probs, "probs"), required(w_in, "w_in"), required(w_out, "w_out"),
                         described(b_in, "b_in"), described(b_out, "b_out"), activation, transpose_weight)
     for t, name in ((expert_indices, "expert_indices"), (probs, "probs"), (w_in, "w_in"), (w_out, "w_out"),
                     (b_in, "b_in"), (b_out, "b_out")):

@@ -203,6 +203,7 @@ def dispatch_probs(probs: Tensor, plan: DispatchPlan) -> Tensor:
     (Megatron-core's take the probs with the rows). One more all-to-all, of one column;
     no host copy. Differentiable in ``probs``."""
     fn = "dispatch_probs"
+    rules.check_plan(plan, DispatchPlan, fn)
     rules.check_slot_values(shape_and_dtype(probs, "probs", fn), tuple(plan.expert_indices.shape), "probs", fn)
     slots = probs.reshape(-1, 1)
     permuted, _, _ = expert.permute(slots, plan.expert_indices.reshape(-1, 1), plan.num_experts)
@@ -251,6 +252,7 @@ def combine(expert_output: Tensor, plan: DispatchPlan, probs: Tensor | None = No
     j, accumulated in float32 in slot order (unpermute), from dispatch's ``plan``; a slot
     that was dropped adds nothing. Differentiable."""
     fn = "combine"
+    rules.check_plan(plan, DispatchPlan, fn)
     output = shape_and_dtype(expert_output, "expert_output", fn)
     rules.check_expert_output(output, plan.received_rows.shape[0], fn)
     if probs is not None:

@@ -381,10 +381,10 @@ def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, acti
     (tokens' dtype) and b_in [E, F_in], b_out [E, H] or None; returns (T, k, H, F_in, E)."""
     routed_tokens(fn, tokens, expert_indices, probs)
     (tokens_shape, _), (indices_shape, _) = tokens, expert_indices
+    grouped_mlp(fn, tokens, w_in, w_out, activation, transpose, "tokens", b_in, b_out)  # w_in's rank first
     num_experts, f_in = w_in[0][0], w_in[0][1 if transpose else 2]
     if num_experts > INT32_MAX - 1:
         raise ValueError(f"{fn}: w_in holds {num_experts} experts; expert ids are int32 (at most {INT32_MAX - 1})")
-    grouped_mlp(fn, tokens, w_in, w_out, activation, transpose, "tokens", b_in, b_out)
     return tokens_shape[0], indices_shape[1], tokens_shape[1], f_in, num_experts
 
 

@@ -57,6 +57,12 @@ def check_slot_values(values, expert_indices_shape, name, fn, value_dtype=None):
         contract.check_probs_dtype(dtype, value_dtype, "expert_output", fn, name)
 
 
+def check_plan(plan, plan_type, fn):
+    """``plan``: the plan dispatch returned (a DispatchPlan of the caller's framework)."""
+    if not isinstance(plan, plan_type):
+        raise TypeError(f"{fn}: plan must be the DispatchPlan that dispatch returned, got {type(plan).__name__}")
+
+
 def check_expert_output(expert_output, rows, fn):
     """combine's ``expert_output``: one row for each row of dispatch's ``expert_input``, in
     its order (a row more or less would leave slots without their result)."""
