@@ -5,6 +5,7 @@ one GEMM per group, group sizes on the device, ``group_offset`` working, exact z
 where no group owns a row, and every JAX transformation (primitives.py)."""
 
 import contextlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,12 +18,17 @@ from groupgemm.jax_ext.partitioning import explicit_types, group_ends
 
 
 @contextlib.contextmanager
-def _shape_errors_as_type_errors():
-    """jax.lax raises TypeError for operands that do not fit; so do its drop-ins."""
+def _raised_as(fn, type_error=False, names=()):
+    """The errors of the groupgemm function a drop-in calls, raised as the drop-in's: its name
+    first, arguments the two name apart in the caller's terms (``names``: (ours, theirs)),
+    and for jax.lax's drop-ins a TypeError, as jax.lax raises for operands that do not fit."""
     try:
         yield
-    except ValueError as e:
-        raise TypeError(str(e)) from e
+    except (TypeError, ValueError) as e:
+        message = re.sub(r"^grouped_matmul(_wgrad)?: ", f"{fn}: ", str(e))
+        for ours, theirs in names:
+            message = re.sub(rf"\b{ours}\b", theirs, message)
+        raise (TypeError if type_error else type(e))(message) from e
 
 
 def check_precision(precision):
@@ -90,7 +96,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     preferred_element_type = _output_dtype(lhs, rhs, preferred_element_type)
     lhs, rhs = _common_dtype(lhs, rhs)
     native, cast = _core_output(lhs.dtype, preferred_element_type)
-    with _shape_errors_as_type_errors():
+    with _raised_as("ragged_dot", type_error=True):
         out = grouped_matmul(lhs, rhs, group_sizes, group_offset=group_offset, preferred_element_type=native)
     return _finish(out, cast, out_sharding)
 
@@ -158,7 +164,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     if lhs_batch or rhs_batch or lhs.ndim != 2 or len(lhs_contract) != 1:
         raise NotImplementedError(f"ragged_dot_general ({mode}): only 2-D lhs without batch dimensions is "
                                   f"supported, got lhs shape {lhs.shape} and {dims}")
-    with _shape_errors_as_type_errors():
+    with _raised_as("ragged_dot_general", type_error=True):
         if mode == "ragged non-contracting":
             if len(dims.rhs_group_dimensions) != 1:
                 raise TypeError(f"ragged_dot_general ({mode}) requires exactly one rhs group dimension, got {dims}")
@@ -217,8 +223,9 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128, 
     del tiling, interpret
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     native, cast = _core_output(lhs.dtype, preferred_element_type)
-    out = grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, group_offset=group_offset,
-                         preferred_element_type=native)
+    with _raised_as("gmm"):
+        out = grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, group_offset=group_offset,
+                             preferred_element_type=native)
     out = out if cast is None else out.astype(cast)
     if existing_out is None:
         return out
@@ -242,7 +249,8 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=(128,
     if group_offset is None and num_groups != jnp.asarray(group_sizes).shape[0]:
         group_offset = 0
     native, cast = _core_output(lhs.dtype, preferred_element_type)
-    out = grouped_matmul_wgrad(lhs.T, rhs, group_sizes, num_groups=num_groups, group_offset=group_offset,
-                               preferred_element_type=native)
+    with _raised_as("tgmm", names=(("grad", "rhs"), ("num_groups", "num_actual_groups"))):
+        out = grouped_matmul_wgrad(lhs.T, rhs, group_sizes, num_groups=num_groups, group_offset=group_offset,
+                                   preferred_element_type=native)
     out = out if cast is None else out.astype(cast)
     return out if existing_out is None else out + _existing_out(existing_out, out, "tgmm")

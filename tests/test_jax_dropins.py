@@ -39,7 +39,7 @@ def test_ragged_dot_raises_the_exception_type_jax_raises(call):
     args = jnp.ones((6, 4)), jnp.ones((3, 4, 5)), jnp.asarray([2, 2, 2], jnp.int32)
     with pytest.raises(TypeError):
         call(jax.lax.ragged_dot, *args)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^ragged_dot: "):  # its own name, not the grouped_matmul it calls
         call(gj.ragged_dot, *args)
 
 
@@ -325,3 +325,18 @@ def test_ragged_dot_general_names_dimension_numbers_that_are_not_ragged_dot_ones
     with pytest.raises(TypeError, match="ragged_dot_general: ragged_dot_dimension_numbers must be a "
                                         "jax.lax.RaggedDotDimensionNumbers"):
         gj.ragged_dot_general(jnp.ones((4, 8)), jnp.ones((2, 8, 3)), jnp.asarray([2, 2], jnp.int32), dims)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: gj.gmm(jnp.ones((6, 4)), jnp.ones((3, 5, 5)), jnp.asarray([2, 2, 2], jnp.int32)),
+     "gmm: rhs shape .* does not contract with lhs shape"),
+    (lambda: gj.gmm(jnp.ones((6, 4)), jnp.ones((3, 4, 5)), jnp.asarray([2, 2], jnp.int32)),
+     "gmm: group_sizes has 2 entries but there are 3 groups"),
+    (lambda: gj.tgmm(jnp.ones((4, 6)), jnp.ones((6, 5), jnp.bfloat16), jnp.asarray([2, 2, 2], jnp.int32)),
+     "tgmm: rhs dtype bfloat16 differs from lhs dtype float32"),
+    (lambda: gj.tgmm(jnp.ones((4, 6)), jnp.ones((6, 5)), jnp.asarray([2, 4], jnp.int32), num_actual_groups=3),
+     "tgmm: group_sizes has 2 entries, fewer than the 3 local groups"),
+])
+def test_megablox_drop_ins_raise_in_their_own_names(call, message):
+    with pytest.raises(ValueError if "dtype" not in message else TypeError, match=message):
+        call()
