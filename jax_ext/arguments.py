@@ -15,6 +15,17 @@ def dtype_name(dtype):
     return np.dtype(dtype).name
 
 
+def requested_dtype(dtype, name, fn):
+    """A dtype argument's name (None for None); what NumPy does not take for a dtype is
+    refused, named."""
+    if dtype is None:
+        return None
+    try:
+        return dtype_name(dtype)
+    except TypeError as e:
+        raise TypeError(f"{fn}: {name} must be a dtype, got {dtype!r}") from e
+
+
 def shape_and_dtype(x):
     return tuple(x.shape), dtype_name(x.dtype)
 

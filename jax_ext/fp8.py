@@ -9,7 +9,14 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_primitives as prims
-from groupgemm.jax_ext.arguments import as_array, dtype_name, index_operands, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import (
+    as_array,
+    dtype_name,
+    index_operands,
+    requested_dtype,
+    same_varying_axes,
+    shape_and_dtype,
+)
 from groupgemm.jax_ext.ffi_calls import placeholder
 
 NAMES = contract.FP8_JAX_NAMES
@@ -31,7 +38,8 @@ def quantize_fp8(x, recipe, *, dtype=jnp.float8_e4m3fn, power_of_two=False):
     """
     fn = "quantize_fp8"
     x = as_array(x, "x", fn)
-    _, fp8_type, scaling = contract.quantize_fp8(fn, shape_and_dtype(x), recipe, dtype_name(dtype))
+    _, fp8_type, scaling = contract.quantize_fp8(fn, shape_and_dtype(x), recipe,
+                                                 requested_dtype(dtype, "dtype", fn))
     params = dict(out_type=fp8_type, power_of_two=contract.static_flag(power_of_two, "power_of_two", fn))
     if x.ndim == 3 and recipe == "blockwise":
         return tuple(prims.quantize_blocks_p.bind(x, **params))
@@ -51,8 +59,8 @@ def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offse
     fn = "quantize_fp8_grouped"
     x = as_array(x, "x", fn)
     num_groups = _local_groups(group_sizes, group_offset, num_groups, fn)
-    *_, fp8_type, scaling = contract.quantize_fp8_grouped(fn, shape_and_dtype(x), recipe, dtype_name(dtype),
-                                                          num_groups)
+    *_, fp8_type, scaling = contract.quantize_fp8_grouped(fn, shape_and_dtype(x), recipe,
+                                                          requested_dtype(dtype, "dtype", fn), num_groups)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, x.shape[0], fn)
     (x,) = same_varying_axes((x,), (group_sizes, group_offset))
     return tuple(prims.quantize_grouped_p.bind(x, group_sizes, group_offset, num_groups=num_groups, out_type=fp8_type,
@@ -60,12 +68,12 @@ def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offse
                                                power_of_two=contract.static_flag(power_of_two, "power_of_two", fn)))
 
 
+def _requested(preferred_element_type, fn):
+    return requested_dtype(preferred_element_type, NAMES["out_dtype"], fn)
+
+
 def _local_groups(group_sizes, group_offset, num_groups, fn):
     return contract.local_group_count(num_groups, jnp.shape(group_sizes), group_offset is not None, fn)
-
-
-def _requested(dtype):
-    return None if dtype is None else dtype_name(dtype)
 
 
 def scaled_grouped_matmul(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, recipe, bias=None,
@@ -91,7 +99,7 @@ def scaled_grouped_matmul(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, recipe
     bias = as_array(bias, "bias", fn, optional=True)
     num_groups, _, out, _, _, scaling = contract.scaled_matmul(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), shape_and_dtype(lhs_scale), shape_and_dtype(rhs_scale),
-        recipe, None if bias is None else shape_and_dtype(bias), _requested(preferred_element_type))
+        recipe, None if bias is None else shape_and_dtype(bias), _requested(preferred_element_type, fn))
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     lhs, rhs, lhs_scale, rhs_scale, bias = same_varying_axes((lhs, rhs, lhs_scale, rhs_scale, bias),
                                                               (group_sizes, group_offset))
@@ -126,11 +134,11 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
         recipe, num_groups)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, lhs.shape[1], fn)
     if accumulate_into is None:
-        out = contract.fp8_output_dtype(_requested(preferred_element_type), fn, NAMES["out_dtype"])
+        out = contract.fp8_output_dtype(_requested(preferred_element_type, fn), fn, NAMES["out_dtype"])
     else:
         accumulate_into = as_array(accumulate_into, "accumulate_into", fn)
         out = contract.fp8_accumulator(fn, accumulate_into.shape, dtype_name(accumulate_into.dtype), shape,
-                                       _requested(preferred_element_type), NAMES["out_dtype"])
+                                       _requested(preferred_element_type, fn), NAMES["out_dtype"])
     lhs, rhs, lhs_scale, rhs_scale, accumulate_into = same_varying_axes(
         (lhs, rhs, lhs_scale, rhs_scale, accumulate_into), (group_sizes, group_offset))
     return prims.scaled_wgrad_p.bind(lhs, rhs, lhs_scale, rhs_scale, group_sizes, group_offset,

@@ -9,7 +9,14 @@ import numpy as np
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import primitives
-from groupgemm.jax_ext.arguments import as_array, dtype_name, index_operands, same_varying_axes, shape_and_dtype
+from groupgemm.jax_ext.arguments import (
+    as_array,
+    dtype_name,
+    index_operands,
+    requested_dtype,
+    same_varying_axes,
+    shape_and_dtype,
+)
 
 NAMES = contract.JAX_NAMES
 
@@ -38,7 +45,7 @@ def grouped_matmul(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, gro
     num_groups, _, out_dtype = contract.matmul(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), transpose_rhs,
         None if bias is None else shape_and_dtype(bias),
-        None if preferred_element_type is None else dtype_name(preferred_element_type))
+        requested_dtype(preferred_element_type, NAMES["out_dtype"], fn))
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     lhs, rhs, bias = same_varying_axes((lhs, rhs, bias), (group_sizes, group_offset))
     return primitives.matmul_p.bind(lhs, rhs, group_sizes, group_offset,
@@ -59,7 +66,7 @@ def grouped_matmul_wgrad(lhs, grad, group_sizes, *, num_groups, group_offset=Non
     fn = "grouped_matmul_wgrad"
     lhs, grad = as_array(lhs, "lhs", fn), as_array(grad, "grad", fn)
     num_groups, shape = contract.wgrad(fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(grad), num_groups)
-    requested = None if preferred_element_type is None else dtype_name(preferred_element_type)
+    requested = requested_dtype(preferred_element_type, NAMES["out_dtype"], fn)
     group_sizes, group_offset = index_operands(group_sizes, group_offset, num_groups, lhs.shape[0], fn)
     if accumulate_into is None:
         out_dtype = contract.output_dtype(dtype_name(lhs.dtype), requested, fn, NAMES["out_dtype"])

@@ -13,7 +13,7 @@ from flax import nnx
 
 from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
-from groupgemm.jax_ext.arguments import dtype_name
+from groupgemm.jax_ext.arguments import dtype_name, requested_dtype
 from groupgemm.jax_ext.expert import grouped_mlp
 from groupgemm.jax_ext.expert_mlp import composed_expert_mlp, expert_mlp, runs_fused
 from groupgemm.jax_ext.functional import grouped_matmul
@@ -87,7 +87,7 @@ class GroupedLinear(nnx.Module):
     def __init__(self, num_experts, in_features, out_features, bias=True, *, dtype=jnp.float32, fp8=None,
                  expert_axis="expert", mesh=None, rngs):
         fn = "GroupedLinear"
-        contract.layer_config(fn, dtype_name(dtype), {"bias": bias}, num_experts=num_experts,
+        contract.layer_config(fn, requested_dtype(dtype, "dtype", fn), {"bias": bias}, num_experts=num_experts,
                               in_features=in_features, out_features=out_features)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
@@ -143,7 +143,7 @@ class GroupedMLP(nnx.Module):
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False,
                  dtype=jnp.float32, fp8=None, expert_axis="expert", mesh=None, fused=None, rngs):
         fn = "GroupedMLP"
-        contract.layer_config(fn, dtype_name(dtype), {"bias": bias}, num_experts=num_experts,
+        contract.layer_config(fn, requested_dtype(dtype, "dtype", fn), {"bias": bias}, num_experts=num_experts,
                               hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         contract.activation_kind(activation, fn)
         check_expert_axis(num_experts, expert_axis, mesh, fn)

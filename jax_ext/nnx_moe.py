@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from groupgemm import _contract as contract
 from groupgemm import _dispatch_plan as rules
-from groupgemm.jax_ext.arguments import dtype_name, shape_and_dtype
+from groupgemm.jax_ext.arguments import requested_dtype, shape_and_dtype
 from groupgemm.jax_ext.expert import softmax_topk
 from groupgemm.jax_ext.expert_parallel import dropless_capacity, moe_layer
 from groupgemm.jax_ext.functional import grouped_matmul
@@ -93,8 +93,8 @@ class MoE(nnx.Module):
                  dtype=jnp.float32, expert_axis="expert", data_axis="data", mesh=None, fused=None, renormalize=None,
                  rngs):
         fn = "MoE"
-        contract.layer_config(fn, dtype_name(dtype), num_experts=num_experts, hidden_size=hidden_size,
-                              ffn_hidden_size=ffn_hidden_size)
+        contract.layer_config(fn, requested_dtype(dtype, "dtype", fn), num_experts=num_experts,
+                              hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.num_experts = num_experts
         self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
@@ -151,8 +151,8 @@ class ExpertParallelMoE(nnx.Module):
                  activation="swiglu", fp8=None, dtype=jnp.float32, expert_axis="expert", data_axis="data", fused=None,
                  renormalize=None, rngs):
         fn = "ExpertParallelMoE"
-        contract.layer_config(fn, dtype_name(dtype), num_experts=num_experts, hidden_size=hidden_size,
-                              ffn_hidden_size=ffn_hidden_size)
+        contract.layer_config(fn, requested_dtype(dtype, "dtype", fn), num_experts=num_experts,
+                              hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         rules.check(num_experts, 1, capacity, fn)
         self.num_experts, self.capacity, self.activation, self.fp8 = num_experts, capacity, activation, fp8
         self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")

@@ -131,6 +131,8 @@ BAD = {
         lambda: _with_bfloat16(gf.MoE(4, 8, 6, 2, rngs=nnx.Rngs(0)), "router")(jnp.ones((3, 8))),
         TypeError, "MoE: parameter router has dtype bfloat16, but experts.fc1.weight has float32; a layer's "
                    "parameters share one dtype"),
+    "a dtype that is no dtype": (lambda: gf.MoE(4, 8, 6, 2, dtype="abc", rngs=nnx.Rngs(0)), TypeError,
+                                 "MoE: dtype must be a dtype, got 'abc'"),
     "a bias flag that is not a bool": (  # "no" is truthy: a bias would be made silently
         lambda: gf.GroupedLinear(3, 8, 4, bias="no", rngs=nnx.Rngs(0)), TypeError,
         "GroupedLinear: bias must be a bool, got 'no'"),

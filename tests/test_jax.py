@@ -382,3 +382,16 @@ def test_an_argument_that_is_not_an_array_is_refused_naming_it(case, value):
     call, name = NOT_ARRAYS[case]
     with pytest.raises(TypeError, match=f"{case.split()[0]}: {name} must be an array, got {type(value).__name__}"):
         call(value)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: gj.grouped_matmul(jnp.ones((2, 4)), jnp.ones((2, 4, 3)), jnp.asarray([1, 1]), preferred_element_type=3),
+     "grouped_matmul: preferred_element_type must be a dtype, got 3"),
+    (lambda: gj.grouped_matmul_wgrad(jnp.ones((2, 4)), jnp.ones((2, 3)), jnp.asarray([1, 1]), num_groups=2,
+                                     preferred_element_type="abc"),
+     "grouped_matmul_wgrad: preferred_element_type must be a dtype, got 'abc'"),
+    (lambda: gj.quantize_fp8(jnp.ones((2, 4)), "rowwise", dtype="abc"), "quantize_fp8: dtype must be a dtype"),
+])
+def test_a_dtype_argument_that_is_no_dtype_is_refused_naming_it(call, message):
+    with pytest.raises(TypeError, match=message):
+        call()
