@@ -42,6 +42,11 @@ def as_array(x, name, fn, optional=False):
         raise TypeError(f"{fn}: {name} must be an array, got {type(x).__name__}") from e
 
 
+def as_arrays(fn, optional=False, **named):
+    """as_array of each keyword argument, named by its keyword, in order."""
+    return [as_array(x, name, fn, optional) for name, x in named.items()]
+
+
 def index_input(x, name, fn):
     """An integer operand as a JAX array holding its values. Without jax_enable_x64, JAX
     holds no 64-bit integers and would silently wrap a NumPy int64 / uint64 array into 32

@@ -10,6 +10,7 @@ from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_recipe
 from groupgemm.jax_ext.arguments import (
     as_array,
+    as_arrays,
     dtype_name,
     index_array,
     index_input,
@@ -103,8 +104,8 @@ def grouped_mlp(x, w_in, w_out, group_sizes, *, activation="swiglu", b_in=None, 
     same calls as PyTorch's GroupedMLP(fp8=...).
     """
     fn = "grouped_mlp"
-    x, w_in, w_out = as_array(x, "x", fn), as_array(w_in, "w_in", fn), as_array(w_out, "w_out", fn)
-    b_in, b_out = as_array(b_in, "b_in", fn, optional=True), as_array(b_out, "b_out", fn, optional=True)
+    x, w_in, w_out = as_arrays(fn, x=x, w_in=w_in, w_out=w_out)
+    b_in, b_out = as_arrays(fn, optional=True, b_in=b_in, b_out=b_out)
     contract.activation_kind(activation, fn)
     contract.check_rank(x.shape, 2, "x", "[M, H]", fn)
     described = lambda b: None if b is None else shape_and_dtype(b)  # noqa: E731

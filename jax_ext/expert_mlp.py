@@ -9,6 +9,7 @@ import numpy as np
 from groupgemm import _contract as contract
 from groupgemm.jax_ext.arguments import (
     as_array,
+    as_arrays,
     dtype_name,
     index_array,
     index_input,
@@ -73,10 +74,9 @@ def expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu
                                   "grouped_mlp(fp8=...) and unpermute")
     kind = contract.activation_kind(activation, fn)
     transpose_rhs = contract.static_flag(transpose_rhs, "transpose_rhs", fn)
-    tokens, w_in, w_out = (as_array(x, name, fn) for x, name in ((tokens, "tokens"), (w_in, "w_in"), (w_out, "w_out")))
+    tokens, w_in, w_out = as_arrays(fn, tokens=tokens, w_in=w_in, w_out=w_out)
     expert_indices = index_input(expert_indices, "expert_indices", fn)
-    probs, b_in, b_out = (as_array(x, name, fn, optional=True) for x, name in ((probs, "probs"), (b_in, "b_in"),
-                                                                              (b_out, "b_out")))
+    probs, b_in, b_out = as_arrays(fn, optional=True, probs=probs, b_in=b_in, b_out=b_out)
     described = lambda x: None if x is None else shape_and_dtype(x)  # noqa: E731
     contract.expert_mlp(fn, shape_and_dtype(tokens), shape_and_dtype(expert_indices), described(probs),
                         shape_and_dtype(w_in), shape_and_dtype(w_out), described(b_in), described(b_out), activation,

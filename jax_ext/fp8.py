@@ -11,6 +11,7 @@ from groupgemm import _contract as contract
 from groupgemm.jax_ext import fp8_primitives as prims
 from groupgemm.jax_ext.arguments import (
     as_array,
+    as_arrays,
     dtype_name,
     index_operands,
     requested_dtype,
@@ -20,10 +21,6 @@ from groupgemm.jax_ext.arguments import (
 from groupgemm.jax_ext.ffi_calls import placeholder
 
 NAMES = contract.FP8_JAX_NAMES
-
-
-def _operands(fn, **operands):
-    return [as_array(x, name, fn) for name, x in operands.items()]
 
 
 def quantize_fp8(x, recipe, *, dtype=jnp.float8_e4m3fn, power_of_two=False):
@@ -95,7 +92,7 @@ def scaled_grouped_matmul(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, recipe
     group are exactly 0. Not differentiable (see grouped_mlp(fp8=...)).
     """
     fn = "scaled_grouped_matmul"
-    lhs, rhs, lhs_scale, rhs_scale = _operands(fn, lhs=lhs, rhs=rhs, lhs_scale=lhs_scale, rhs_scale=rhs_scale)
+    lhs, rhs, lhs_scale, rhs_scale = as_arrays(fn, lhs=lhs, rhs=rhs, lhs_scale=lhs_scale, rhs_scale=rhs_scale)
     bias = as_array(bias, "bias", fn, optional=True)
     num_groups, _, out, _, _, scaling = contract.scaled_matmul(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), shape_and_dtype(lhs_scale), shape_and_dtype(rhs_scale),
@@ -127,7 +124,7 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
     An empty group gives exact zeros. Not differentiable (see grouped_mlp(fp8=...)).
     """
     fn = "scaled_grouped_matmul_wgrad"
-    lhs, rhs, lhs_scale, rhs_scale = _operands(fn, lhs=lhs, rhs=rhs, lhs_scale=lhs_scale, rhs_scale=rhs_scale)
+    lhs, rhs, lhs_scale, rhs_scale = as_arrays(fn, lhs=lhs, rhs=rhs, lhs_scale=lhs_scale, rhs_scale=rhs_scale)
     num_groups = _local_groups(group_sizes, group_offset, num_groups, fn)
     num_groups, shape, _, _, scaling = contract.scaled_wgrad(
         fn, NAMES, shape_and_dtype(lhs), shape_and_dtype(rhs), shape_and_dtype(lhs_scale), shape_and_dtype(rhs_scale),

@@ -87,11 +87,12 @@ class GroupedLinear(nnx.Module):
     def __init__(self, num_experts, in_features, out_features, bias=True, *, dtype=jnp.float32, fp8=None,
                  expert_axis="expert", mesh=None, rngs):
         fn = "GroupedLinear"
-        contract.layer_config(fn, requested_dtype(dtype, "dtype", fn), {"bias": bias}, num_experts=num_experts,
-                              in_features=in_features, out_features=out_features)
+        dtype_named = requested_dtype(dtype, "dtype", fn)
+        contract.layer_config(fn, dtype_named, {"bias": bias}, num_experts=num_experts, in_features=in_features,
+                              out_features=out_features)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
-        self.fp8 = contract.fp8_layer(fn, fp8, dtype_name(dtype), in_features, out_features)
+        self.fp8 = contract.fp8_layer(fn, fp8, dtype_named, in_features, out_features)
         init = symmetric_uniform(1.0 / math.sqrt(in_features) if in_features > 0 else 0.0)
         shape = (num_experts, out_features, in_features)
         self.weight = nnx.Param(annotated(init, (expert_axis, None, None), mesh)(rngs.params(), shape, dtype))
@@ -143,12 +144,13 @@ class GroupedMLP(nnx.Module):
     def __init__(self, num_experts, hidden_size, ffn_hidden_size, *, activation="swiglu", bias=False,
                  dtype=jnp.float32, fp8=None, expert_axis="expert", mesh=None, fused=None, rngs):
         fn = "GroupedMLP"
-        contract.layer_config(fn, requested_dtype(dtype, "dtype", fn), {"bias": bias}, num_experts=num_experts,
-                              hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
+        dtype_named = requested_dtype(dtype, "dtype", fn)
+        contract.layer_config(fn, dtype_named, {"bias": bias}, num_experts=num_experts, hidden_size=hidden_size,
+                              ffn_hidden_size=ffn_hidden_size)
         contract.activation_kind(activation, fn)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.activation, self.fp8, self.fused = activation, fp8, contract.check_fused(fused, fp8, fn)
-        contract.fp8_layer(fn, fp8, dtype_name(dtype), hidden_size, ffn_hidden_size,
+        contract.fp8_layer(fn, fp8, dtype_named, hidden_size, ffn_hidden_size,
                            ("hidden_size", "ffn_hidden_size"))  # in its own terms, before fc1's and fc2's
         f_in = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         common = {"bias": bias, "dtype": dtype, "fp8": fp8, "expert_axis": expert_axis, "mesh": mesh, "rngs": rngs}

@@ -23,6 +23,8 @@ switches a model config's dispatchers to it.
 """
 
 import functools
+import importlib
+import sys
 from dataclasses import dataclass, fields
 
 import torch
@@ -181,9 +183,6 @@ def __getattr__(name):
     if name == "GroupgemmTokenDispatcher":
         return token_dispatcher_class()
     if name.startswith(_EXPERTS_PREFIX):
-        import importlib
-        import sys
-
         importlib.import_module("torchtitan.models.common.moe")
         parent_name = name[len(_EXPERTS_PREFIX):]
         for module_name, loaded in list(sys.modules.items()):
