@@ -91,7 +91,8 @@ def placeholder(dtype):
 def _matmul_layout(*, transpose_rhs, **_):
     # lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes, group_offset, bias [G, N] -> [M, N]
     return Layout(("m k", "g n k" if transpose_rhs else "g k n", "t", "", "g n"), ("m n",), rows="m",
-                  groups="g", summed=("k", "g"), replicated=("t",), added=(4,), sizes=2, offset=3)
+                  groups="g", summed=("k", "g"), replicated=("t",), added=(4,), sizes=2, offset=3,
+                  dtypes=((0, "out_dtype"),))
 
 
 @partitioned(_matmul_layout)
@@ -108,7 +109,8 @@ def matmul(lhs, rhs, group_sizes, group_offset, bias=None, *, transpose_rhs, out
 # lhs [M, K], grad [M, N], group_sizes, group_offset, accumulate_into [G, K, N] -> [G, K, N]: the rows
 # are contracted.
 @partitioned(Layout(("m k", "m n", "t", "", "g k n"), ("g k n",), rows="m", groups="g", summed=("m",),
-                    replicated=("t",), added=(4,), sizes=2, offset=3, local_sizes=(("num_groups", "g"),)))
+                    replicated=("t",), added=(4,), sizes=2, offset=3, local_sizes=(("num_groups", "g"),),
+                    dtypes=((0, "out_dtype"),)))
 def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_groups, out_dtype):
     shape = (num_groups, lhs.shape[1], grad.shape[1])
     accumulate = accumulate_into is not None
@@ -125,7 +127,7 @@ def wgrad(lhs, grad, group_sizes, group_offset, accumulate_into=None, *, num_gro
 
 # grad [M, N], group_sizes, group_offset -> [G, N]
 @partitioned(Layout(("m n", "t", ""), ("g n",), rows="m", groups="g", summed=("m",), replicated=("t",), sizes=1,
-                    offset=2, local_sizes=(("num_groups", "g"),)))
+                    offset=2, local_sizes=(("num_groups", "g"),), dtypes=((0, "out_dtype"),)))
 def bias_grad(grad, group_sizes, group_offset, *, num_groups, out_dtype):
     call = jax.ffi.ffi_call("groupgemm_bias_grad", (jax.ShapeDtypeStruct((num_groups, grad.shape[1]), out_dtype),
                                                     workspace(_core.workspace_bytes, num_groups)))
@@ -137,24 +139,26 @@ def _backward_layout(*, transpose_rhs, want_dlhs, want_drhs, want_dbias, **_):
     # grad [M, N], lhs [M, K], rhs, group_sizes, group_offset -> dlhs [M, K], drhs (rhs's
     # shape), dbias [G, N]; a gradient not wanted is a size-0 placeholder of a factor of its
     # own. Each result is a partial sum over the factors it lacks: dlhs over N and the
-    # experts, drhs and dbias over the rows.
+    # experts, drhs and dbias over the rows. dlhs is in lhs's dtype (the core's), so a
+    # 16-bit dlhs split over N is rounded on each device before the sum.
     rhs = "g n k" if transpose_rhs else "g k n"
     results = ("m k" if want_dlhs else "no_dlhs", rhs if want_drhs else "no_drhs", "g n" if want_dbias else "no_dbias")
     return Layout(("m n", "m k", rhs, "t", ""), results, rows="m", groups="g", summed=("m", "n", "g"),
-                  replicated=("t",), sizes=3, offset=4)
+                  replicated=("t",), sizes=3, offset=4, dtypes=((1, "drhs_dtype"), (2, "dbias_dtype")))
 
 
 @partitioned(_backward_layout)
 def matmul_backward(grad, lhs, rhs, group_sizes, group_offset, *, transpose_rhs, want_dlhs, want_drhs, want_dbias,
-                    dbias_dtype):
+                    dbias_dtype, drhs_dtype=None):
     """The gradients of ``matmul(lhs, rhs) + bias`` for its incoming ``grad`` (lhs's dtype),
-    from one core call: ``(dlhs, drhs, dbias)``, each a size-0 placeholder unless wanted."""
+    from one core call: ``(dlhs, drhs, dbias)``, each a size-0 placeholder unless wanted;
+    drhs in rhs's dtype unless ``drhs_dtype`` (float32: a device's partial sum) says."""
     m, k, g = lhs.shape[0], lhs.shape[1], rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     result = lambda wanted, shape, dtype: jax.ShapeDtypeStruct(shape if wanted else (0,), dtype)
     call = jax.ffi.ffi_call(
         "groupgemm_matmul_backward",
-        (result(want_dlhs, (m, k), lhs.dtype), result(want_drhs, rhs.shape, rhs.dtype),
+        (result(want_dlhs, (m, k), lhs.dtype), result(want_drhs, rhs.shape, drhs_dtype or rhs.dtype),
          result(want_dbias, (g, n), dbias_dtype), workspace(_core.workspace_bytes, g)))
     dlhs, drhs, dbias, _ = call(lhs, rhs, grad, group_sizes, group_offset, transpose_rhs=np.bool_(transpose_rhs))
     return dlhs, drhs, dbias

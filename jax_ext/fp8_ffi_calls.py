@@ -118,7 +118,7 @@ def _scaled_wgrad_layout(*, scaling, **_):
     if scaling == ROWWISE:
         return Layout(("k m", "n m", "g k", "g n", "t", "", "g k n"), ("g k n",), rows="m", groups="g",
                       summed=("m",), replicated=("t",), added=(6,), sizes=4, offset=5,
-                      local_sizes=(("num_groups", "g"),))
+                      local_sizes=(("num_groups", "g"),), dtypes=((0, "out_dtype"),))
     return Layout(("k m", "n m", "b k", "b n", "t", "", "g k n"), ("g k n",), replicated=("m", "b", "g", "t"),
                   sizes=4, offset=5)
 

@@ -24,7 +24,11 @@ scalar). A factor sharded over some mesh axes means, on each device:
   experts of a forward, the rows of a weight gradient): one ``psum`` over its axes gives
   each result that lacks the factor (a reduce-scatter where XLA wants that result sharded
   over those axes); the ``added`` operands (bias, accumulator) take part on one device of
-  those axes, zeros elsewhere;
+  those axes, zeros elsewhere. A 16-bit result summed over a factor other than the experts
+  (whose sums add one device's values to exact zeros) is asked in float32 where its call
+  takes its dtype as a static argument (``dtypes``), summed so and rounded once: the
+  unsharded call rounds its float32 sum once, where rounding each device's part first
+  would lose the bits of parts that cancel;
 - ``replicated``: it cannot be sharded (the group sizes, a sort over all tokens): XLA
   gathers it before the call.
 ``local_sizes`` names static arguments that are a factor's size (``num_groups``): each
@@ -45,6 +49,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -64,6 +69,7 @@ class Layout:
     sizes: int = None  # operand index of group_sizes (rows needs it)
     offset: int = None  # operand index of group_offset (groups needs it)
     local_sizes: tuple = ()  # (static argument, factor) pairs
+    dtypes: tuple = ()  # (result index, static argument that sets its dtype) pairs
 
     def truncated(self, num_operands):
         """The layout of a call given its first ``num_operands`` operands."""
@@ -204,10 +210,22 @@ def _result_spec(dims, axes, scatter, lead):
     return P(*spec)
 
 
-def _local_call(fn, layout, static, mesh, axes, sizes, scatters):
+def _widened(layout, axes, result_dtypes):
+    """The results a device computes and sums in float32, by index: 16-bit floats summed
+    over a factor other than the experts, where their call takes their dtype."""
+    def rounded_sum(dims):
+        return any(f in axes and f != layout.groups and f not in dims.split() for f in layout.summed)
+
+    return {i: name for i, name in layout.dtypes
+            if jnp.issubdtype(result_dtypes[i], jnp.floating) and jnp.dtype(result_dtypes[i]).itemsize < 4
+            and rounded_sum(layout.results[i])}
+
+
+def _local_call(fn, layout, static, mesh, axes, sizes, scatters, result_dtypes):
     """The per-device function: local group sizes / offset, the call, the psums (or
     reduce-scatters)."""
     summed = [f for f in layout.summed if f in axes]
+    widened = _widened(layout, axes, result_dtypes)
 
     def call(*operands):
         operands = list(operands)
@@ -225,18 +243,21 @@ def _local_call(fn, layout, static, mesh, axes, sizes, scatters):
         for name, factor in layout.local_sizes:
             if factor in axes:
                 kwargs[name] = kwargs[name] // _shards(mesh, axes[factor])
+        for name in widened.values():
+            kwargs[name] = np.dtype(np.float32)
         for i in layout.added:  # counted once across the summed factors it lacks
             lacking = [a for f in summed if f not in layout.operands[i].split() for a in axes[f]]
             if lacking:
                 operands[i] = jnp.where(_index(tuple(lacking)) == 0, operands[i], jnp.zeros_like(operands[i]))
         results = fn(*operands, **kwargs)
         out = []
-        for dims, r, scatter in zip(layout.results, results, scatters):
+        for i, (dims, r, scatter) in enumerate(zip(layout.results, results, scatters)):
             over = _summed_axes(layout, axes, dims)
             if scatter is not None:
                 r = jax.lax.psum_scatter(r, scatter[1], scatter_dimension=scatter[0], tiled=True)
                 over = tuple(a for a in over if a not in scatter[1])
-            out.append(jax.lax.psum(r, over) if over else r)
+            r = jax.lax.psum(r, over) if over else r
+            out.append(r.astype(result_dtypes[i]) if i in widened else r)
         return tuple(out)
 
     return call
@@ -323,7 +344,7 @@ def _custom_partitioned(fn, layout, static, batched):
         arg_shardings = tuple(NamedSharding(mesh, _spec(d, axes)) for d in whole.operands)
         result_shardings = tuple(NamedSharding(mesh, _result_spec(d, axes, sc, lead))
                                  for d, sc in zip(whole.results, scatters))
-        local = _local_call(fn, layout, static, mesh, axes, sizes, scatters)
+        local = _local_call(fn, layout, static, mesh, axes, sizes, scatters, [r.dtype for r in results])
         return mesh, _mapped(local, batched), result_shardings, arg_shardings
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):

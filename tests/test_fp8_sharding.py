@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bits import assert_same_bits
-from hlo import collectives, compiled_text, custom_calls
+from bits import assert_same_bits, bf16_ulps
+from hlo import collective_types, collectives, compiled_text, custom_calls
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from meshes import cpu_mesh
@@ -140,6 +140,22 @@ def test_scaled_wgrad_contracts_each_devices_tokens_or_gathers_them(recipe):
     tokens = 4 if recipe == "rowwise" else M
     assert [ops[:2] for _, ops in calls(text, WGRAD)] == [[(N, tokens), (K, tokens)]]
     assert reduced(text) == ([(G, N, K)] if recipe == "rowwise" else [])
+
+
+def test_rowwise_scaled_wgrad_in_bfloat16_sums_the_devices_parts_in_float32():
+    # As the 16-bit weight gradients' (test_jax_sharding.py): each device's part of an
+    # expert's gradient stays float32 until the sum is rounded once. Expert 2's rows
+    # (5..10) are -100 on one device and +100 on the next: rounded parts lost its bits.
+    rng, mesh = np.random.default_rng(4), mesh_1d()
+    sign = np.repeat([1.0, -1.0, 1.0, -1.0], M // 4)[:, None]
+    dout = jnp.asarray(100 * sign + rng.standard_normal((M, N)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    (qd, sd), (qx, sx) = (gj.quantize_fp8_grouped(a, SIZES, "rowwise") for a in (dout, x))
+    args = (put(mesh, qd, None, "x"), sd, put(mesh, qx, None, "x"), sx)
+    wgrad = jax.jit(lambda qd, sd, qx, sx: gj.scaled_grouped_matmul_wgrad(qd, qx, SIZES, sd, sx, recipe="rowwise"))
+    exact = gj.scaled_grouped_matmul_wgrad(qd, qx, SIZES, sd, sx, recipe="rowwise", preferred_element_type=jnp.float32)
+    assert bf16_ulps(wgrad(*args), exact) <= 1.0
+    assert [set(t) for t in collective_types(compiled_text(wgrad, *args), "all-reduce")] == [{"f32"}]
 
 
 def test_rowwise_scaled_wgrad_gives_each_device_its_experts_gradients():

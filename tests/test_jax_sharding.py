@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference as ref
-from bits import assert_same_bits
-from hlo import collectives, compiled_text, custom_calls, mesh_axis_groups
+from bits import assert_same_bits, bf16_ulps
+from hlo import collective_types, collectives, compiled_text, custom_calls, mesh_axis_groups
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from meshes import cpu_mesh
@@ -182,6 +182,50 @@ def test_wgrad_partitions_and_counts_the_accumulator_once(name, specs, out_spec,
     no_gathers(text)
     assert [ops[:2] for ops in operands_of(text, WGRAD)] == [list(call_shapes)]
     assert reduced(text) == reduces
+
+
+# ---- 16-bit partial sums --------------------------------------------------------------
+
+
+def cancelling(rng, shape, axis):
+    """bfloat16 values whose 4 blocks along ``axis`` (one per device) share a large
+    component of signs + - + -: each device's part of a sum along it is large, the sum small."""
+    sign = np.repeat([1.0, -1.0, 1.0, -1.0], shape[axis] // 4)
+    sign = sign[:, None] if axis == 0 else sign[None, :]
+    return jnp.asarray(100 * sign + rng.standard_normal(shape), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("split", ["rows", "k"])
+def test_16_bit_partial_sums_are_summed_in_float32_and_rounded_once(split):
+    # Each device's part is its float32 accumulator. Rounded to bfloat16 before the
+    # all-reduce, the large parts lost their small sum's bits (3e2 and 1e5 ulps here).
+    rng, mesh = np.random.default_rng(3), mesh_1d()
+    m, k, n = 64, 32, 24
+    sizes = np.asarray((m // 2, m // 2), np.int32)  # each expert's rows span two devices' blocks
+    bf16 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)  # noqa: E731
+    if split == "rows":  # data parallel: drhs = lhs^T dout and dbias, summed over the devices' rows
+        lhs, dout, rhs, bias = bf16(m, k), cancelling(rng, (m, n), 0), bf16(2, k, n), bf16(2, n)
+
+        def step(lhs, dout):
+            loss = lambda w, b: jnp.sum(gj.grouped_matmul(lhs, w, sizes, bias=b).astype(jnp.float32)  # noqa: E731
+                                        * dout.astype(jnp.float32))
+            return jax.grad(loss, argnums=(0, 1))(rhs, bias)
+
+        args = (put(mesh, lhs, "x"), put(mesh, dout, "x"))
+        x, dy = np.asarray(lhs, np.float64), np.asarray(dout, np.float64)
+        want = (np.stack([x[:32].T @ dy[:32], x[32:].T @ dy[32:]]), np.stack([dy[:32].sum(0), dy[32:].sum(0)]))
+    else:  # row tensor parallel: the forward's products summed over the devices' K slices
+        lhs, rhs = cancelling(rng, (m, k), 1), jnp.asarray(1 + 0.01 * rng.standard_normal((2, k, n)), jnp.bfloat16)
+        step = lambda lhs, rhs: (gj.grouped_matmul(lhs, rhs, sizes),)  # noqa: E731
+        args = (put(mesh, lhs, None, "x"), put(mesh, rhs, None, "x"))
+        x, w = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+        want = (np.concatenate([x[:32] @ w[0], x[32:] @ w[1]]),)
+    step = jax.jit(step)
+    for got, expected in zip(step(*args), want):
+        assert got.dtype == jnp.bfloat16
+        assert bf16_ulps(got, expected) <= 1.0, bf16_ulps(got, expected)
+    types = collective_types(compiled_text(step, *args), "all-reduce")
+    assert types and all(set(t) == {"f32"} for t in types), types
 
 
 # ---- the drop-ins ---------------------------------------------------------------------

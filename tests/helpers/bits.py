@@ -23,3 +23,8 @@ def assert_same_bits(a, b, what):
     assert np.array_equal(bits_a, bits_b), f"{what}: {np.count_nonzero(bits_a != bits_b)} elements differ"
 
 
+def bf16_ulps(got, want):
+    """The largest |got - want| in bfloat16 ulps of want (float64), elementwise."""
+    want = np.asarray(want, np.float64)
+    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(want), np.finfo(np.float32).tiny))) - 7)
+    return float(np.max(np.abs(np.asarray(got, np.float64) - want) / ulp))

@@ -40,6 +40,11 @@ def collectives(text, opcode):
     return [(_shapes(result), replica_groups(rest)) for result, rest in _instructions(text, opcode)]
 
 
+def collective_types(text, opcode):
+    """The element types of the results of each ``all-reduce``, ``all-gather``, ..."""
+    return [[kind for kind, _ in _SHAPE.findall(result)] for result, _ in _instructions(text, opcode)]
+
+
 def replica_groups(rest):
     """The device groups of a collective, in any of the formats XLA prints them."""
     listed = re.search(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}", rest)
