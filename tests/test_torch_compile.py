@@ -36,3 +36,30 @@ def test_the_compile_count_sees_a_recompile_for_each_routing_held_as_python_ints
     for sizes in ([4, 6], [7, 3]):
         torch.testing.assert_close(compiled(x, sizes), x[:sizes[0]].sum())
     assert counter.frame_count == 2
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
+def test_an_unbacked_token_count_compiles_the_routed_layer_once_for_every_count(fused):
+    # torch's advice against recompiling for T = 0 and 1 is mark_unbacked: a Python check
+    # that compared T * k with int32's limit guarded on the unbacked size and failed the trace.
+    import groupgemm.torch as gt
+
+    torch.manual_seed(0)
+    router, experts = torch.randn(8, 4), gt.GroupedMLP(4, 8, 6, fused=fused)
+
+    def layer(x):
+        probs, indices = gt.softmax_topk(x @ router, 2)
+        routed = experts.forward_routed(x, indices, probs)
+        rows, _, row_map = gt.permute(x, indices, 4)
+        return routed + gt.unpermute(rows, row_map, probs)
+
+    compiled, counter = counted_compile(layer)
+    for tokens in (5, 0, 1, 13):
+        x = torch.randn(tokens, 8, requires_grad=True)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        out = compiled(x)
+        grads = torch.autograd.grad(out.square().sum(), [x, *experts.parameters()])
+        eager = layer(x)
+        eager_grads = torch.autograd.grad(eager.square().sum(), [x, *experts.parameters()])
+        assert torch.equal(out, eager) and all(torch.equal(g, e) for g, e in zip(grads, eager_grads))
+    assert counter.frame_count == 1

@@ -2,11 +2,15 @@
 and the integer operands (group sizes, offsets) as the tensors the core reads."""
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from groupgemm import _contract as contract
 
 Tensor = torch.Tensor
 NAMES = contract.TORCH_NAMES
+# Under torch.compile a dynamic size is an int to the traced code; comparing an unbacked
+# one would guard on data, which fails the trace.
+contract.size_comparison_holds = statically_known_true
 
 
 def dtype_name(dtype: torch.dtype) -> str:

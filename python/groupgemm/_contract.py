@@ -106,11 +106,18 @@ def check_num_experts(value, fn):
     return static_count(value, "num_experts", fn, INT32_MAX - 1, "expert ids and group sizes are int32")
 
 
+# Whether a comparison of sizes holds, for certain: plain bools as they are. A frontend
+# whose tracer has sizes it cannot compare without guarding on their values (torch's
+# unbacked sizes, which its compiler presents as ints) sets its own rule, false where
+# unknown; the core checks those sizes when the call runs.
+size_comparison_holds = bool
+
+
 def check_slots(num_tokens, top_k, name, fn):
     """T * k slots: row_map holds their rows as int32. A symbolic T (jax.export's shape
     polymorphism, torch's dynamic shapes) is checked by the core when the call runs."""
     slots = num_tokens * top_k
-    if is_static_int(slots) and slots > INT32_MAX:
+    if is_static_int(slots) and size_comparison_holds(slots > INT32_MAX):
         raise ValueError(f"{fn}: {name} has T * k = {num_tokens} * {top_k} slots, more than row_map's int32 rows "
                          f"hold ({INT32_MAX})")
 
