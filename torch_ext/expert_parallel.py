@@ -168,9 +168,11 @@ def _check_ranks_agree(group, tokens: Tensor, num_experts: int, capacity, fn) ->
     The check costs one all-gather of four integers and a host copy, once per (group,
     configuration); it is skipped where a host copy cannot run (while torch.compile traces,
     or a CUDA graph captures), so an eager step checks before those."""
+    if torch.compiler.is_compiling():  # first: a traced look into _agreed would guard on it (a recompile later)
+        return
     configuration = (num_experts, capacity, tokens.shape[1], dtype_name(tokens.dtype))
     capturing = tokens.is_cuda and torch.cuda.is_current_stream_capturing()
-    if (group, configuration) in _agreed or torch.compiler.is_compiling() or capturing:
+    if (group, configuration) in _agreed or capturing:
         return
     codes = torch.tensor([num_experts, -1 if capacity is None else capacity, tokens.shape[1],
                           contract.FLOAT_DTYPES.index(configuration[3])], dtype=torch.int64, device=tokens.device)
