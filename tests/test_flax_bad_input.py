@@ -101,6 +101,10 @@ BAD = {
     "grouped rows of another dtype": (
         lambda: gf.GroupedLinear(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 8), jnp.bfloat16), [2, 0, 3]),
         TypeError, r"GroupedLinear: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
+    "integer rows": (  # no integer layer to suggest: the layers' dtypes are float
+        lambda: gf.GroupedLinear(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 8), jnp.int32), [2, 0, 3]),
+        TypeError, r"GroupedLinear: x has dtype int32, but the layer's dtype \(its parameters'\) is float32; "
+                   r"cast x to float32$"),
     "MLP rows of another dtype": (
         lambda: gf.GroupedMLP(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 8), jnp.bfloat16), [2, 0, 3]),
         TypeError, r"GroupedMLP: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),

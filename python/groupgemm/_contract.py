@@ -443,8 +443,9 @@ def layer_x(shape, x_dtype, width, width_name, dtype, fn, name="x", rank=None):
         raise ValueError(f"{fn}: {name} has width {shape[-1]} (shape {tuple(shape)}), but the layer's {width_name} "
                          f"is {width}")
     if dtype is not None and x_dtype != dtype:
+        remedy = f"cast {name} or make the layer in {x_dtype}" if x_dtype in FLOAT_DTYPES else f"cast {name} to {dtype}"
         raise TypeError(f"{fn}: {name} has dtype {x_dtype}, but the layer's dtype (its parameters') is {dtype}; "
-                        f"cast {name} or make the layer in {x_dtype}")
+                        f"{remedy}")
 
 
 def layer_group_sizes(group_sizes, num_experts, fn):
