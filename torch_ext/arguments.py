@@ -1,6 +1,7 @@
 """Torch arguments in the terms of groupgemm._contract: shapes and dtype names, devices,
 and the integer operands (group sizes, offsets) as the tensors the core reads."""
 
+import numpy as np
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -8,9 +9,16 @@ from groupgemm import _contract as contract
 
 Tensor = torch.Tensor
 NAMES = contract.TORCH_NAMES
-# Under torch.compile a dynamic size is an int to the traced code; comparing an unbacked
-# one would guard on data, which fails the trace.
-contract.size_comparison_holds = statically_known_true
+
+
+def _size_comparison_holds(holds) -> bool:
+    """Under torch.compile a dynamic size is an int to the traced code, and comparing an
+    unbacked one would guard on data, which fails the trace: torch's rule decides it only
+    where it is known. NumPy's bools (sizes given as NumPy integers) are plain answers."""
+    return bool(holds) if isinstance(holds, np.bool_) else statically_known_true(holds)
+
+
+contract.size_comparison_holds = _size_comparison_holds
 
 
 def dtype_name(dtype: torch.dtype) -> str:
