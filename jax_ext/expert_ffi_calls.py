@@ -54,7 +54,8 @@ def unpermute_scatter(dout, row_map, probs=None, *, num_rows):
 
 # permuted [R, H], dout [T, H], row_map [T, k] -> dprobs [T, k], unpermute's backward for dprobs: a
 # device's tokens read any rows; over shards of H each dot is a partial sum.
-@partitioned(Layout(("r h", "t h", "t k"), ("t k",), summed=("h",), replicated=("r", "k")))
+@partitioned(Layout(("r h", "t h", "t k"), ("t k",), summed=("h",), replicated=("r", "k"),
+                    dtypes=((0, "dots_dtype"),)))
 def unpermute_slot_dots(permuted, dout, row_map, *, dots_dtype):
     """``out[t, j] = dot(permuted[row_map[t, j]], dout[t])``, 0 where row_map names no row."""
     call = jax.ffi.ffi_call(

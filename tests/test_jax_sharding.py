@@ -195,7 +195,7 @@ def cancelling(rng, shape, axis):
     return jnp.asarray(100 * sign + rng.standard_normal(shape), jnp.bfloat16)
 
 
-@pytest.mark.parametrize("split", ["rows", "k"])
+@pytest.mark.parametrize("split", ["rows", "k", "hidden"])
 def test_16_bit_partial_sums_are_summed_in_float32_and_rounded_once(split):
     # Each device's part is its float32 accumulator. Rounded to bfloat16 before the
     # all-reduce, the large parts lost their small sum's bits (3e2 and 1e5 ulps here).
@@ -214,12 +214,21 @@ def test_16_bit_partial_sums_are_summed_in_float32_and_rounded_once(split):
         args = (put(mesh, lhs, "x"), put(mesh, dout, "x"))
         x, dy = np.asarray(lhs, np.float64), np.asarray(dout, np.float64)
         want = (np.stack([x[:32].T @ dy[:32], x[32:].T @ dy[32:]]), np.stack([dy[:32].sum(0), dy[32:].sum(0)]))
-    else:  # row tensor parallel: the forward's products summed over the devices' K slices
+    elif split == "k":  # row tensor parallel: the forward's products summed over the devices' K slices
         lhs, rhs = cancelling(rng, (m, k), 1), jnp.asarray(1 + 0.01 * rng.standard_normal((2, k, n)), jnp.bfloat16)
         step = lambda lhs, rhs: (gj.grouped_matmul(lhs, rhs, sizes),)  # noqa: E731
         args = (put(mesh, lhs, None, "x"), put(mesh, rhs, None, "x"))
         x, w = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
         want = (np.concatenate([x[:32] @ w[0], x[32:] @ w[1]]),)
+    else:  # unpermute's bfloat16 dprobs: dot products over the devices' slices of the hidden dimension
+        row_map, probs = jnp.arange(m, dtype=jnp.int32)[:, None], jnp.ones((m, 1), jnp.bfloat16)
+        permuted, dout = cancelling(rng, (m, n * 4), 1), jnp.asarray(1 + rng.standard_normal((m, n * 4)), jnp.bfloat16)
+
+        def step(permuted, dout):
+            return jax.vjp(lambda p: gj.unpermute(permuted, row_map, p), probs)[1](dout)
+
+        args = (put(mesh, permuted, None, "x"), put(mesh, dout, None, "x"))
+        want = ((np.asarray(permuted, np.float64) * np.asarray(dout, np.float64)).sum(1, keepdims=True),)
     step = jax.jit(step)
     for got, expected in zip(step(*args), want):
         assert got.dtype == jnp.bfloat16
