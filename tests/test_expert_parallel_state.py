@@ -20,7 +20,7 @@ def run(world, mode, out_dir):
     return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
-@pytest.mark.parametrize("world, mode, count", [(2, "plain", 16), (4, "fsdp", 5), (2, "ddp", 5)])
+@pytest.mark.parametrize("world, mode, count", [(2, "plain", 18), (4, "fsdp", 5), (2, "ddp", 5)])
 def test_each_rank_keeps_its_experts(world, mode, count, tmp_path):
     for rank, checked in enumerate(run(world, mode, tmp_path)):
         assert len(checked) == count, checked

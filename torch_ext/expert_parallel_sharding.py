@@ -109,7 +109,15 @@ def to_sharded_entries(layer, state_dict, prefix, local_metadata):
 
 def from_sharded_entries(layer, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                          error_msgs):
-    """load_state_dict pre-hook: each of the experts' entries as this rank's parameter takes it."""
+    """load_state_dict pre-hook: each of the experts' entries as this rank's parameter takes it.
+    A router of another shape (another model's state) is refused before any entry is loaded:
+    a whole state of a model with as many experts as this rank holds would otherwise pass
+    for this rank's own."""
+    router = state_dict.get(f"{prefix}router")
+    if isinstance(router, Tensor) and router.shape != layer.router.shape:
+        raise ValueError(f"ExpertParallelMoE.load_state_dict: the state's router has shape {tuple(router.shape)}, "
+                         f"the layer's {tuple(layer.router.shape)} (num_experts={layer.num_experts}): the state of "
+                         "another model")
     if _sharded_layer(layer):
         for name, target in _expert_tensors(layer, prefix).items():
             if _one_row_per_expert(state_dict.get(name), layer, target.shape[0]):
@@ -130,17 +138,17 @@ def _expert_parameters(model, fn):
 
 
 def _per_expert_states(model, state, fn):
-    """(layer, parameter, the states' dict, key) for each per-expert tensor of an optimizer's
-    state (moments, Adafactor's row and column factors; not a step count). Each parameter's
-    dict is copied into ``state["state"]`` first (it may be the optimizer's own); the caller
-    owns ``state["state"]`` itself."""
+    """(name, layer, parameter, the states' dict, key) for each per-expert tensor of an
+    optimizer's state (moments, Adafactor's row and column factors; not a step count). Each
+    parameter's dict is copied into ``state["state"]`` first (it may be the optimizer's own);
+    the caller owns ``state["state"]`` itself."""
     for name, (layer, param) in _expert_parameters(model, fn).items():
         if name not in state.get("state", {}):
             continue
         states = state["state"][name] = dict(state["state"][name])
         for key, value in list(states.items()):
             if _one_row_per_expert(value, layer, param.shape[0]):
-                yield layer, param, states, key
+                yield name, layer, param, states, key
 
 
 def _supported(options, fn):
@@ -164,7 +172,7 @@ def optimizer_state_dict(model, optimizer, options=None):
     sharded = dataclasses.replace(options, full_state_dict=False, cpu_offload=False) if full else options
     state = checkpoint_state.get_optimizer_state_dict(model, optimizer, options=sharded)
     state["state"] = dict(state["state"])
-    for layer, _, states, key in _per_expert_states(model, state, fn):
+    for _, layer, _, states, key in _per_expert_states(model, state, fn):
         states[key] = _sharded(layer, states[key])
     if not full:
         return state
@@ -188,6 +196,12 @@ def load_optimizer_state_dict(model, optimizer, state, options=None):
                          f"'param_groups', got {got}")
     full = options is not None and options.full_state_dict  # torch then shards FSDP2's itself
     state = {**state, "state": dict(state["state"])}
-    for layer, param, states, key in _per_expert_states(model, state, fn):
+    for name, layer, param, states, key in _per_expert_states(model, state, fn):
+        # A plain tensor is a full state's, one row per expert. One of this rank's rows only
+        # (no form this takes) may be another model's whole state: refused, not loaded.
+        if not isinstance(states[key], DTensor) and states[key].shape[0] != layer.num_experts:
+            raise ValueError(f"{fn}: the state {key!r} of {name} has {states[key].shape[0]} rows, but a full "
+                             f"state has one per expert ({layer.num_experts}): pass what optimizer_state_dict "
+                             "returns (after torch.distributed.checkpoint.load fills it) or a full one")
         states[key] = _local(layer, states[key], param, reshard=not full)
     checkpoint_state.set_optimizer_state_dict(model, optimizer, state, options=options)

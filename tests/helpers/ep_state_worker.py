@@ -52,6 +52,15 @@ def local(t):  # this rank's part of a DTensor
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def raises(error, fragment, fn, *args):
+    """Whether fn(*args) raises `error` with `fragment` in its message."""
+    try:
+        fn(*args)
+    except error as e:
+        return fragment in str(e)
+    return False
+
+
 def same_parameters(a, b):
     return all(torch.equal(local(x), local(y)) for x, y in zip(a.parameters(), b.parameters()))
 
@@ -117,6 +126,14 @@ def checks_plain(world, out_dir):
     fresh.load_state_dict({"router": saved.router.detach(), "experts.fc1.weight": saved.experts.fc1.weight.detach(),
                            "experts.fc2.weight": saved.experts.fc2.weight.detach()})
     checked["this rank's own experts load"] = same_parameters(saved, fresh)
+    # The whole state of a model of E / world experts has this rank's shapes but for the
+    # router: refused before any expert loads, not taken for this rank's own.
+    fresh, e_local = layer(group, 3), E // world
+    foreign = {"router": torch.zeros(H, e_local), "experts.fc1.weight": torch.zeros(e_local, 2 * F, H),
+               "experts.fc2.weight": torch.zeros(e_local, H, F)}
+    checked["another model's state is refused before an expert loads"] = \
+        raises(ValueError, "the state of another model", fresh.load_state_dict, foreign) and \
+        same_parameters(fresh, layer(group, 3))
     round_trip, _, whole = checkpoint_round_trip(saved, other, x, out_dir)
     checked.update(round_trip)
     solo = [dist.new_group([r]) for r in range(world)][dist.get_rank()]  # each rank a group of one: every expert
@@ -137,6 +154,14 @@ def checks_plain(world, out_dir):
             full["state"]["experts.fc1.weight"]["exp_avg"], torch.cat(moments))
     else:
         checked["the full optimizer state holds every rank's moments"] = full == {}  # rank 0's, as torch's
+
+    # Moments of this rank's rows only, plain (another model's whole state, or a rank's):
+    # refused, not loaded as this rank's own.
+    own = gt.optimizer_state_dict(saved, optimizer)
+    own["state"] = {name: {key: local(v) for key, v in states.items()} for name, states in own["state"].items()}
+    checked["an optimizer state of this rank's rows only is refused"] = raises(
+        ValueError, "experts.fc1.weight has 2 rows, but a full state has one per expert (4)",
+        gt.load_optimizer_state_dict, saved, optimizer, own)
 
     # Adafactor's row and column factors: one row per expert, not the parameter's shape
     factored = checkpoint_round_trip(layer(group, 4), layer(group, 5), x, out_dir + "/factored", torch.optim.Adafactor)
