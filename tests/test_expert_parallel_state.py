@@ -50,3 +50,25 @@ def test_a_state_that_is_not_an_optimizer_state_dict_is_refused(state, got):
     with pytest.raises(ValueError, match=f"load_optimizer_state_dict: state must be what optimizer_state_dict "
                                          f"returns, a dict with 'state' and 'param_groups', got {got}"):
         gt.load_optimizer_state_dict(model, torch.optim.Adam(model.parameters()), state)
+
+
+@pytest.mark.parametrize("helper", ["optimizer_state_dict", "load_optimizer_state_dict"])
+@pytest.mark.parametrize("swap, match", [
+    ("model and optimizer swapped", "model must be a torch.nn.Module, got Adam"),
+    ("no optimizer", r"optimizer must be a torch.optim.Optimizer \(or a list of them\), got NoneType"),
+    ("options as a dict", "options must be a StateDictOptions or None, got dict"),
+])
+def test_the_state_helpers_name_an_argument_of_another_type(helper, swap, match):
+    import torch
+
+    import groupgemm.torch as gt
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    args = {"model and optimizer swapped": (optimizer, model), "no optimizer": (model, None),
+            "options as a dict": (model, optimizer)}[swap]
+    options = {"full_state_dict": True} if swap == "options as a dict" else None
+    state = () if helper == "optimizer_state_dict" else ({"state": {}, "param_groups": []},)
+    with pytest.raises(TypeError, match=f"{helper}: {match}"):
+        getattr(gt, helper)(*args, *state, options)
+    assert gt.optimizer_state_dict(model, [optimizer])["param_groups"]  # torch's list of optimizers still passes
