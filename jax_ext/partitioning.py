@@ -24,11 +24,13 @@ scalar). A factor sharded over some mesh axes means, on each device:
   experts of a forward, the rows of a weight gradient): one ``psum`` over its axes gives
   each result that lacks the factor (a reduce-scatter where XLA wants that result sharded
   over those axes); the ``added`` operands (bias, accumulator) take part on one device of
-  those axes, zeros elsewhere. A 16-bit result summed over a factor other than the experts
-  (whose sums add one device's values to exact zeros) is asked in float32 where its call
-  takes its dtype as a static argument (``dtypes``), summed so and rounded once: the
-  unsharded call rounds its float32 sum once, where rounding each device's part first
-  would lose the bits of parts that cancel;
+  those axes, zeros elsewhere. A 16-bit result summed over a factor other than ``groups``
+  is asked in float32 where its call takes its dtype as a static argument (``dtypes``),
+  summed so and rounded once: the unsharded call rounds its float32 sum once, where
+  rounding each device's part first would lose the bits of parts that cancel. Over the
+  grouped GEMMs' experts each row is one device's and the others add exact zeros, so
+  those sums stay 16-bit (a layout whose sums over its groups are real ones, the fused
+  expert MLP's, declares no ``dtypes``);
 - ``replicated``: it cannot be sharded (the group sizes, a sort over all tokens): XLA
   gathers it before the call.
 ``local_sizes`` names static arguments that are a factor's size (``num_groups``): each
@@ -212,13 +214,11 @@ def _result_spec(dims, axes, scatter, lead):
 
 def _widened(layout, axes, result_dtypes):
     """The results a device computes and sums in float32, by index: 16-bit floats summed
-    over a factor other than the experts, where their call takes their dtype."""
-    def rounded_sum(dims):
-        return any(f in axes and f != layout.groups and f not in dims.split() for f in layout.summed)
-
+    over a factor other than the groups, where their call takes their dtype."""
+    not_groups = dataclasses.replace(layout, summed=tuple(f for f in layout.summed if f != layout.groups))
     return {i: name for i, name in layout.dtypes
             if jnp.issubdtype(result_dtypes[i], jnp.floating) and jnp.dtype(result_dtypes[i]).itemsize < 4
-            and rounded_sum(layout.results[i])}
+            and _summed_axes(not_groups, axes, layout.results[i])}
 
 
 def _local_call(fn, layout, static, mesh, axes, sizes, scatters, result_dtypes):

@@ -55,7 +55,7 @@ def test_a_state_that_is_not_an_optimizer_state_dict_is_refused(state, got):
 @pytest.mark.parametrize("helper", ["optimizer_state_dict", "load_optimizer_state_dict"])
 @pytest.mark.parametrize("swap, match", [
     ("model and optimizer swapped", "model must be a torch.nn.Module, got Adam"),
-    ("no optimizer", r"optimizer must be a torch.optim.Optimizer \(or a list of them\), got NoneType"),
+    ("no optimizer", "optimizer must be a torch.optim.Optimizer or an iterable of them, got NoneType"),
     ("options as a dict", "options must be a StateDictOptions or None, got dict"),
 ])
 def test_the_state_helpers_name_an_argument_of_another_type(helper, swap, match):
@@ -71,4 +71,14 @@ def test_the_state_helpers_name_an_argument_of_another_type(helper, swap, match)
     state = () if helper == "optimizer_state_dict" else ({"state": {}, "param_groups": []},)
     with pytest.raises(TypeError, match=f"{helper}: {match}"):
         getattr(gt, helper)(*args, *state, options)
-    assert gt.optimizer_state_dict(model, [optimizer])["param_groups"]  # torch's list of optimizers still passes
+
+
+def test_the_state_helpers_take_an_iterable_of_optimizers_as_torch_does():
+    import torch
+
+    import groupgemm.torch as gt
+
+    model = torch.nn.Linear(2, 2)
+    optimizers = {"one": torch.optim.Adam(model.parameters())}
+    for given in ([optimizers["one"]], optimizers.values(), (o for o in optimizers.values())):
+        assert gt.optimizer_state_dict(model, given)["param_groups"]

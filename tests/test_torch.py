@@ -396,6 +396,8 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
      r"GroupedMLP: x has dtype bfloat16, but the layer's dtype \(its parameters'\) is float32"),
     (lambda: GroupedMLP(3, 8, 4)(torch.randn(6, 7), [2, 0, 3]), ValueError,
      r"GroupedMLP: x has width 7 \(shape \(6, 7\)\), but the layer's hidden_size is 8"),
+    (lambda: GroupedLinear(3, 8, 4)(torch.ones(6, 8, dtype=torch.int32), [2, 0, 3]), TypeError,  # no int layers
+     r"GroupedLinear: x has dtype int32, but the layer's dtype \(its parameters'\) is float32; cast x to float32$"),
     # Rows and group sizes in the layer's terms (no group_offset to point to), 0-D x included:
     *[(lambda layer=layer, x=x: layer(torch.randn(x), [2, 0, 3]), ValueError,
        rf"{type(layer).__name__}: x must be 2-D \[rows, {width}\], got shape {re.escape(str(x))}")

@@ -1,7 +1,6 @@
 """Torch arguments in the terms of groupgemm._contract: shapes and dtype names, devices,
 and the integer operands (group sizes, offsets) as the tensors the core reads."""
 
-import numpy as np
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -12,10 +11,13 @@ NAMES = contract.TORCH_NAMES
 
 
 def _size_comparison_holds(holds) -> bool:
-    """Under torch.compile a dynamic size is an int to the traced code, and comparing an
-    unbacked one would guard on data, which fails the trace: torch's rule decides it only
-    where it is known. NumPy's bools (sizes given as NumPy integers) are plain answers."""
-    return bool(holds) if isinstance(holds, np.bool_) else statically_known_true(holds)
+    """While torch traces (torch.compile, export), a dynamic size is an int to the traced
+    code, and comparing an unbacked one would guard on data, which fails the trace: there
+    torch's rule decides it only where it is known. Anything else (eager sizes, another
+    frontend's in this process) is a plain answer."""
+    if torch.compiler.is_compiling() or isinstance(holds, torch.SymBool):
+        return statically_known_true(holds)
+    return bool(holds)
 
 
 contract.size_comparison_holds = _size_comparison_holds

@@ -110,9 +110,9 @@ def to_sharded_entries(layer, state_dict, prefix, local_metadata):
 def from_sharded_entries(layer, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                          error_msgs):
     """load_state_dict pre-hook: each of the experts' entries as this rank's parameter takes it.
-    A router of another shape (another model's state) is refused before any entry is loaded:
-    a whole state of a model with as many experts as this rank holds would otherwise pass
-    for this rank's own."""
+    A router of another shape (another model's state) is refused before the layer loads any
+    entry: a whole state of a model with as many experts as this rank holds would otherwise
+    pass for this rank's own (without a router in the state, it still does)."""
     router = state_dict.get(f"{prefix}router")
     if isinstance(router, Tensor) and router.shape != layer.router.shape:
         raise ValueError(f"ExpertParallelMoE.load_state_dict: the state's router has shape {tuple(router.shape)}, "
@@ -152,18 +152,25 @@ def _per_expert_states(model, state, fn):
 
 
 def _supported(model, optimizer, options, fn):
-    """The arguments torch's state-dict functions take, named here where they are not."""
+    """The arguments torch's state-dict functions take, named here where they are not; returns
+    the optimizer, or an iterable of them as a tuple (read once here)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{fn}: model must be a torch.nn.Module, got {type(model).__name__}")
-    optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]  # torch takes several too
-    if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
-        raise TypeError(f"{fn}: optimizer must be a torch.optim.Optimizer (or a list of them), got "
-                        f"{type(optimizer).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):  # torch takes an iterable of them too
+        try:
+            optimizers = tuple(optimizer)
+        except TypeError:
+            optimizers = ()
+        if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
+            raise TypeError(f"{fn}: optimizer must be a torch.optim.Optimizer or an iterable of them, got "
+                            f"{type(optimizer).__name__}")
+        optimizer = optimizers
     if options is not None and not isinstance(options, checkpoint_state.StateDictOptions):
         raise TypeError(f"{fn}: options must be a StateDictOptions or None, got {type(options).__name__}")
     for flag in ("flatten_optimizer_state_dict", "broadcast_from_rank0"):
         if options is not None and getattr(options, flag):
             raise ValueError(f"{fn}: StateDictOptions({flag}=True) is not supported with expert-parallel layers")
+    return optimizer
 
 
 def optimizer_state_dict(model, optimizer, options=None):
@@ -176,7 +183,7 @@ def optimizer_state_dict(model, optimizer, options=None):
     CPU as it is gathered and kept on rank 0 only, as torch does). Load it with
     ``load_optimizer_state_dict``. Every rank calls it: it may run collectives."""
     fn = "optimizer_state_dict"
-    _supported(model, optimizer, options, fn)
+    optimizer = _supported(model, optimizer, options, fn)
     full, offload = options is not None and options.full_state_dict, options is not None and options.cpu_offload
     sharded = dataclasses.replace(options, full_state_dict=False, cpu_offload=False) if full else options
     state = checkpoint_state.get_optimizer_state_dict(model, optimizer, options=sharded)
@@ -198,7 +205,7 @@ def load_optimizer_state_dict(model, optimizer, state, options=None):
     it, or a full one on every rank), leaving ``state`` as it is: each rank takes its
     experts' state, then ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``."""
     fn = "load_optimizer_state_dict"
-    _supported(model, optimizer, options, fn)
+    optimizer = _supported(model, optimizer, options, fn)
     if not (isinstance(state, dict) and {"state", "param_groups"} <= state.keys()):
         got = f"a dict with keys {sorted(map(str, state))}" if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"{fn}: state must be what optimizer_state_dict returns, a dict with 'state' and "

@@ -107,9 +107,9 @@ def check_num_experts(value, fn):
 
 
 # Whether a comparison of sizes holds, for certain: plain bools as they are. A frontend
-# whose tracer has sizes it cannot compare without guarding on their values (torch's
-# unbacked sizes, which its compiler presents as ints) sets its own rule, false where
-# unknown; the core checks those sizes when the call runs.
+# whose tracer has sizes it cannot compare without guarding on their values, yet presents
+# them as ints, sets its own rule, false where unknown; the core checks those sizes when the
+# call runs.
 size_comparison_holds = bool
 
 
