@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
+from torch.nn.utils import prune
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from groupgemm.torch import GroupedLinear
@@ -197,6 +198,15 @@ def test_a_deep_copy_gets_its_own_hook_on_its_first_forward():
 def test_main_grad_mode_without_main_grad_raises():
     layer = GroupedLinear(2, 4, 4, accumulate_into_main_grad=True)
     with pytest.raises(RuntimeError, match="weight.main_grad is not set"):
+        layer(torch.randn(3, 4), [1, 2]).sum().backward()
+
+
+def test_main_grad_mode_on_a_computed_weight_says_it_has_no_main_grad():
+    # Pruning (or any parametrization) makes the weight a tensor computed per call: its
+    # main_grad is the Parameter's, which the call never sees. Not "allocate main_grad".
+    layer = GroupedLinear(2, 4, 4, accumulate_into_main_grad=True)
+    prune.l1_unstructured(layer, "weight", amount=0.5)
+    with pytest.raises(RuntimeError, match="the weight is computed .*use accumulate_into_main_grad=False"):
         layer(torch.randn(3, 4), [1, 2]).sum().backward()
 
 

@@ -87,6 +87,10 @@ def needs_main_grad(weight: Tensor) -> bool:
 
 def checked_main_grad(weight: Tensor) -> Tensor:
     main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None and not isinstance(weight, torch.nn.Parameter):  # a parametrization's, made per call
+        raise RuntimeError(f"{FN}: the weight is computed ({type(weight).__name__}, not a Parameter: a "
+                           "parametrization or pruning), so it holds no main_grad; use "
+                           "accumulate_into_main_grad=False")
     if main_grad is None:
         raise RuntimeError(f"{FN}: weight.main_grad is not set; allocate a float32 tensor of the weight's shape first")
     shape, dtype = shape_and_dtype(main_grad, "weight.main_grad", FN)
