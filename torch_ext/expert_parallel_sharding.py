@@ -151,7 +151,7 @@ def _per_expert_states(model, state, fn):
                 yield name, layer, param, states, key
 
 
-def _supported(model, optimizer, options, fn):
+def _checked_arguments(model, optimizer, options, fn):
     """The arguments torch's state-dict functions take, named here where they are not; returns
     the optimizer, or an iterable of them as a tuple (read once here)."""
     if not isinstance(model, torch.nn.Module):
@@ -183,7 +183,7 @@ def optimizer_state_dict(model, optimizer, options=None):
     CPU as it is gathered and kept on rank 0 only, as torch does). Load it with
     ``load_optimizer_state_dict``. Every rank calls it: it may run collectives."""
     fn = "optimizer_state_dict"
-    optimizer = _supported(model, optimizer, options, fn)
+    optimizer = _checked_arguments(model, optimizer, options, fn)
     full, offload = options is not None and options.full_state_dict, options is not None and options.cpu_offload
     sharded = dataclasses.replace(options, full_state_dict=False, cpu_offload=False) if full else options
     state = checkpoint_state.get_optimizer_state_dict(model, optimizer, options=sharded)
@@ -205,7 +205,7 @@ def load_optimizer_state_dict(model, optimizer, state, options=None):
     it, or a full one on every rank), leaving ``state`` as it is: each rank takes its
     experts' state, then ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``."""
     fn = "load_optimizer_state_dict"
-    optimizer = _supported(model, optimizer, options, fn)
+    optimizer = _checked_arguments(model, optimizer, options, fn)
     if not (isinstance(state, dict) and {"state", "param_groups"} <= state.keys()):
         got = f"a dict with keys {sorted(map(str, state))}" if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"{fn}: state must be what optimizer_state_dict returns, a dict with 'state' and "
