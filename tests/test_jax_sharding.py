@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference as ref
-from bits import assert_same_bits, bf16_ulps
+from bits import assert_same_bits, bf16_ulps, cancelling
 from hlo import collective_types, collectives, compiled_text, custom_calls, mesh_axis_groups
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -187,14 +187,6 @@ def test_wgrad_partitions_and_counts_the_accumulator_once(name, specs, out_spec,
 # ---- 16-bit partial sums --------------------------------------------------------------
 
 
-def cancelling(rng, shape, axis):
-    """bfloat16 values whose 4 blocks along ``axis`` (one per device) share a large
-    component of signs + - + -: each device's part of a sum along it is large, the sum small."""
-    sign = np.repeat([1.0, -1.0, 1.0, -1.0], shape[axis] // 4)
-    sign = sign[:, None] if axis == 0 else sign[None, :]
-    return jnp.asarray(100 * sign + rng.standard_normal(shape), jnp.bfloat16)
-
-
 @pytest.mark.parametrize("split", ["rows", "k", "hidden"])
 def test_16_bit_partial_sums_are_summed_in_float32_and_rounded_once(split):
     # Each device's part is its float32 accumulator. Rounded to bfloat16 before the
@@ -203,8 +195,9 @@ def test_16_bit_partial_sums_are_summed_in_float32_and_rounded_once(split):
     m, k, n = 64, 32, 24
     sizes = np.asarray((m // 2, m // 2), np.int32)  # each expert's rows span two devices' blocks
     bf16 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)  # noqa: E731
+    cancelling_bf16 = lambda shape, axis: jnp.asarray(cancelling(rng, shape, axis), jnp.bfloat16)  # noqa: E731
     if split == "rows":  # data parallel: drhs = lhs^T dout and dbias, summed over the devices' rows
-        lhs, dout, rhs, bias = bf16(m, k), cancelling(rng, (m, n), 0), bf16(2, k, n), bf16(2, n)
+        lhs, dout, rhs, bias = bf16(m, k), cancelling_bf16((m, n), 0), bf16(2, k, n), bf16(2, n)
 
         def step(lhs, dout):
             loss = lambda w, b: jnp.sum(gj.grouped_matmul(lhs, w, sizes, bias=b).astype(jnp.float32)  # noqa: E731
@@ -215,14 +208,14 @@ def test_16_bit_partial_sums_are_summed_in_float32_and_rounded_once(split):
         x, dy = np.asarray(lhs, np.float64), np.asarray(dout, np.float64)
         want = (np.stack([x[:32].T @ dy[:32], x[32:].T @ dy[32:]]), np.stack([dy[:32].sum(0), dy[32:].sum(0)]))
     elif split == "k":  # row tensor parallel: the forward's products summed over the devices' K slices
-        lhs, rhs = cancelling(rng, (m, k), 1), jnp.asarray(1 + 0.01 * rng.standard_normal((2, k, n)), jnp.bfloat16)
+        lhs, rhs = cancelling_bf16((m, k), 1), jnp.asarray(1 + 0.01 * rng.standard_normal((2, k, n)), jnp.bfloat16)
         step = lambda lhs, rhs: (gj.grouped_matmul(lhs, rhs, sizes),)  # noqa: E731
         args = (put(mesh, lhs, None, "x"), put(mesh, rhs, None, "x"))
         x, w = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
         want = (np.concatenate([x[:32] @ w[0], x[32:] @ w[1]]),)
     else:  # unpermute's bfloat16 dprobs: dot products over the devices' slices of the hidden dimension
         row_map, probs = jnp.arange(m, dtype=jnp.int32)[:, None], jnp.ones((m, 1), jnp.bfloat16)
-        permuted, dout = cancelling(rng, (m, n * 4), 1), jnp.asarray(1 + rng.standard_normal((m, n * 4)), jnp.bfloat16)
+        permuted, dout = cancelling_bf16((m, n * 4), 1), jnp.asarray(1 + rng.standard_normal((m, n * 4)), jnp.bfloat16)
 
         def step(permuted, dout):
             return jax.vjp(lambda p: gj.unpermute(permuted, row_map, p), probs)[1](dout)

@@ -28,3 +28,11 @@ def bf16_ulps(got, want):
     want = np.asarray(want, np.float64)
     ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(want), np.finfo(np.float32).tiny))) - 7)
     return float(np.max(np.abs(np.asarray(got, np.float64) - want) / ulp))
+
+
+def cancelling(rng, shape, axis):
+    """Values whose 4 blocks along ``axis`` (one per device of a 4-device mesh) share a large
+    component of signs + - + -: each device's part of a sum along it is large, the sum small."""
+    sign = np.repeat([1.0, -1.0, 1.0, -1.0], shape[axis] // 4)
+    sign = sign[:, None] if axis == 0 else sign[None, :]
+    return 100 * sign + rng.standard_normal(shape)
