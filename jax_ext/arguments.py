@@ -61,10 +61,9 @@ def index_input(x, name, fn):
     return as_array(x, name, fn)
 
 
-def index_array(x, ids=False):
-    """An integer operand as the int32/int64 array the core reads, its value kept; ``ids``:
-    expert ids, those past the target's maximum dropped (-1) rather than saturated
-    (contract.index_conversion)."""
+def index_array(x, role="size"):
+    """An integer operand as the int32/int64 array the core reads, its value kept; one past
+    the target's maximum saturates or becomes contract.past_maximum(role)."""
     conversion = contract.index_conversion(dtype_name(x.dtype))
     if conversion is None:
         return x
@@ -73,9 +72,9 @@ def index_array(x, ids=False):
         target = "int32"  # without int64, saturate at int32's maximum instead
     if not saturate:
         return x.astype(target)
-    top = np.iinfo(target).max
+    top, past = np.iinfo(target).max, contract.past_maximum(role, target)
     saturated = jnp.minimum(x, top).astype(target)
-    return jnp.where(x > top, -1, saturated) if ids else saturated
+    return saturated if past is None else jnp.where(x > top, np.array(past, target), saturated)
 
 
 def index_operands(group_sizes, group_offset, num_groups, num_rows, fn):

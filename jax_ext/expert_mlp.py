@@ -22,7 +22,7 @@ from groupgemm.jax_ext.primitives import placeholder
 
 
 def _group_offset(group_offset, num_local, fn):
-    """group_offset as the core's scalar operand: 0 when absent, a one-element integer array
+    """group_offset as a checked array: int32 0 when absent, a one-element integer array
     (which may be traced), or a Python or NumPy integer (contract.static_window_offset; past
     int32 only with jax_enable_x64, as the ids it can name)."""
     if group_offset is None:
@@ -34,18 +34,20 @@ def _group_offset(group_offset, num_local, fn):
         group_offset = np.asarray(group_offset, np.int32 if group_offset <= contract.INT32_MAX else np.int64)
     group_offset = index_input(group_offset, "group_offset", fn)
     contract.check_group_offset_array(group_offset.shape, dtype_name(group_offset.dtype), fn)
-    return index_array(group_offset.reshape(()))
+    return group_offset.reshape(())
 
 
 def _routing(expert_indices, group_offset, num_local, fn):
     """expert_indices and group_offset as the core's operands. JAX without jax_enable_x64
-    holds uint32 ids past int32 in no signed type (index_array would saturate them onto one
-    id), so those ids are windowed here, exactly (window_ids), and the core gets local ids
-    with offset 0."""
+    holds uint32 ids or offsets past int32 in no signed type (index_array would saturate the
+    ids onto one id, and an offset into a window of negative ids), so uint32 ids are windowed
+    here, exactly, by a uint32 offset as it is (window_ids), and the core gets local ids with
+    offset 0."""
     offset = _group_offset(group_offset, num_local, fn)
     if expert_indices.dtype == jnp.uint32 and not jax.config.jax_enable_x64:
-        return window_ids(expert_indices, offset, num_local), jnp.zeros((), jnp.int32)
-    return index_array(expert_indices, ids=True), offset
+        exact = offset if offset.dtype == jnp.uint32 else index_array(offset)
+        return window_ids(expert_indices, exact, num_local), jnp.zeros((), jnp.int32)
+    return index_array(expert_indices, role="id"), index_array(offset, role="id_window")
 
 
 def expert_mlp(tokens, expert_indices, probs, w_in, w_out, *, activation="swiglu", b_in=None, b_out=None,

@@ -36,6 +36,7 @@ class MlpCase:
     transpose: bool = False
     probs: bool = True
     offset: int | None = None
+    offset_dtype: str | None = None  # group_offset given as a one-element array of this dtype, else an int
     hidden: int = 6
     ffn: int = 4  # F; F_in = 2F for swiglu
 
@@ -82,6 +83,11 @@ def inputs(case, seed=0):
                 b_out=rng.standard_normal((e, h)) if case.bias else None, dout=rng.standard_normal((t, h)))
 
 
+def group_offset(case, to_array):
+    """case.offset as the frameworks get it: a Python int, or to_array of a NumPy array."""
+    return case.offset if case.offset_dtype is None else to_array(np.array([case.offset], case.offset_dtype))
+
+
 def layout(x, case):
     """The weights as the case passes them: torch's layout with transpose, else [E, H, F_in], [E, F, H]."""
     return x if case.transpose else {**x, "w_in": x["w_in"].transpose(0, 2, 1), "w_out": x["w_out"].transpose(0, 2, 1)}
@@ -98,7 +104,7 @@ def jax_run(case, x, dtype, fn=gj.expert_mlp, device="cpu"):
 
         def layer(p):
             return fn(p["tokens"], indices, p.get("probs"), p["w_in"], p["w_out"], activation=case.activation,
-                      b_in=p.get("b_in"), b_out=p.get("b_out"), group_offset=case.offset,
+                      b_in=p.get("b_in"), b_out=p.get("b_out"), group_offset=group_offset(case, jnp.asarray),
                       transpose_rhs=case.transpose)
 
         out, vjp = jax.vjp(layer, params)
@@ -116,9 +122,10 @@ def torch_run(case, x, dtype, device="cpu", want=GRADS):
     wanted = [n for n in params if n in want]
     for name in wanted:
         params[name].requires_grad_()
+    offset = group_offset(case, lambda a: torch.from_numpy(a).to(device))
     out = gt.expert_mlp(params["tokens"], torch.from_numpy(x["indices"]).to(device), params.get("probs"),
                         params["w_in"], params["w_out"], activation=case.activation, b_in=params.get("b_in"),
-                        b_out=params.get("b_out"), group_offset=case.offset, transpose_weight=case.transpose)
+                        b_out=params.get("b_out"), group_offset=offset, transpose_weight=case.transpose)
     grads = torch.autograd.grad(out, [params[n] for n in wanted], torch_frontend.array(x["dout"], dtype, device),
                                 allow_unused=True)
     by_name = dict(zip(wanted, grads))
@@ -214,6 +221,32 @@ def test_ids_and_windows_past_int32_route_by_their_values(ids_dtype, offset, dty
     x["indices"] = np.array((offset + steps.astype(object)) % 2**bits).astype(ids_dtype)
     case = MlpCase("wide_ids", tuple(map(tuple, x["indices"].tolist())), 2, "gelu", True, offset=offset)
     assert 0 < (eref.window_ids(x["indices"], offset, case.experts) >= 0).sum() < steps.size  # kept and dropped
+    assert_matches_the_reference(case, x, dtype)
+    (jax_out, jax_grads), (torch_out, torch_grads) = jax_run(case, x, dtype), torch_run(case, x, dtype)
+    for name, a, b in zip(("out", *GRADS), (jax_out, *jax_grads), (torch_out, *torch_grads)):
+        assert_same_bits(a, b, name)
+
+
+# Offset arrays past the signed maximum (device values, so not refused as a static offset
+# past it is): uint32 ids in a uint32 window past int32's maximum, which JAX without x64
+# holds in no signed type (the offset was saturated onto that maximum: the window moved);
+# and ids below a window past int32's (JAX without x64) or int64's maximum, every slot
+# dropped (the saturated window held that maximum).
+WIDE_OFFSETS = [("uint32", "uint32", 2**31 + 5, "float32"), ("int32", "uint32", 2**31 + 5, "float32"),
+                ("int64", "uint64", 2**63 + 5, "float64")]
+
+
+@pytest.mark.parametrize("ids_dtype, offset_dtype, offset, dtype", WIDE_OFFSETS,
+                         ids=[f"{i}-{o}" for i, o, _, _ in WIDE_OFFSETS])
+def test_offset_arrays_past_the_signed_maximum_route_by_their_values(ids_dtype, offset_dtype, offset, dtype):
+    steps = np.array([[-1, 0], [1, 2], [0, 1], [2, -1], [1, 1], [0, 3]])
+    x = inputs(MlpCase("wide_offset", tuple(map(tuple, steps)), 2, "gelu", True))
+    top = np.iinfo(ids_dtype).max
+    x["indices"] = np.array(np.minimum(offset + steps.astype(object), top - steps.astype(object) % 3)).astype(ids_dtype)
+    case = MlpCase("wide_offset", tuple(map(tuple, x["indices"].tolist())), 2, "gelu", True, offset=offset,
+                   offset_dtype=offset_dtype)
+    kept = (eref.window_ids(x["indices"], offset, case.experts) >= 0).sum()
+    assert (0 < kept < steps.size) if offset <= top else kept == 0
     assert_matches_the_reference(case, x, dtype)
     (jax_out, jax_grads), (torch_out, torch_grads) = jax_run(case, x, dtype), torch_run(case, x, dtype)
     for name, a, b in zip(("out", *GRADS), (jax_out, *jax_grads), (torch_out, *torch_grads)):

@@ -75,17 +75,17 @@ def accumulator(fn, accumulate_into, device, operands):
                          f"detach them, or leave {name} out (the result is then differentiable)")
 
 
-def index_tensor(t: Tensor, ids: bool = False) -> Tensor:
-    """An integer operand as the int32/int64 tensor the core reads, its value kept; ``ids``:
-    expert ids, those past int64's maximum dropped (-1) rather than saturated
-    (contract.index_conversion)."""
+def index_tensor(t: Tensor, role: str = "size") -> Tensor:
+    """An integer operand as the int32/int64 tensor the core reads, its value kept; one past
+    int64's maximum saturates or becomes contract.past_maximum(role)."""
     conversion = contract.index_conversion(dtype_name(t.dtype))
     if conversion is None:
         return t.contiguous()
     target, saturate = conversion
     if saturate and t.dtype == torch.uint64:  # torch has no uint64 comparison: read the bits
         as_int64 = t.contiguous().view(torch.int64)
-        return torch.where(as_int64 < 0, -1 if ids else contract.INT64_MAX, as_int64)
+        past = contract.past_maximum(role, target)
+        return torch.where(as_int64 < 0, contract.INT64_MAX if past is None else past, as_int64)
     return t.to(getattr(torch, target)).contiguous()
 
 

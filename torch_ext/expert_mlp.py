@@ -23,7 +23,7 @@ def _group_offset(group_offset, num_local: int, device, fn: str) -> Tensor | Non
     shape, dtype = shape_and_dtype(group_offset, "group_offset", fn)
     contract.check_group_offset_array(shape, dtype, fn)
     same_device(group_offset, "group_offset", device, fn)
-    return index_tensor(group_offset.reshape(()))
+    return index_tensor(group_offset.reshape(()), role="id_window")
 
 
 def expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | None, w_in: Tensor, w_out: Tensor, *,
@@ -65,7 +65,7 @@ def expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | None, w_i
     floats = [None if t is None else t.contiguous() for t in (tokens, w_in, w_out, probs, b_in, b_out)]
     tokens, w_in, w_out, probs, b_in, b_out = floats
     want_h = _derivative_may_be_asked(floats)
-    ids = index_tensor(expert_indices, ids=True)
+    ids = index_tensor(expert_indices, role="id")
     out, _ = expert_mlp_ops.expert_mlp_op(tokens, ids, w_in, w_out, probs, b_in, b_out, offset,
                                           kind, transpose_weight, want_h)
     return out
@@ -84,7 +84,7 @@ def composed_expert_mlp(tokens: Tensor, expert_indices: Tensor, probs: Tensor | 
                            shape_and_dtype(expert_indices, "expert_indices", fn),
                            None if probs is None else shape_and_dtype(probs, "probs", fn))
     offset = _group_offset(group_offset, num_local, tokens.device, fn)
-    local = expert_mlp_ops.window_ids(index_tensor(expert_indices, ids=True), offset, num_local)
+    local = expert_mlp_ops.window_ids(index_tensor(expert_indices, role="id"), offset, num_local)
     rows, group_sizes, row_map = expert.permute(tokens, local, num_local)
     out = experts.forward(rows, group_sizes)  # not a call of the module: its forward's own step, inside its hooks
     return expert.unpermute(out, row_map, autocast.routing_weights(probs, out))

@@ -137,17 +137,25 @@ def index_conversion(dtype):
 
     Narrow integers widen exactly. uint32 widens to int64 (or, where a framework has no
     int64, saturates at int32's maximum: a size that large already covers every row).
-    uint64 saturates at int64's maximum. Saturating is exact because sizes are clipped
-    to the row count and offsets past the last group select nothing, so values are
-    never wrapped into negative ones. Expert ids are the exception (``ids`` in the
-    frontends' conversions): a window of experts may hold int64's maximum, so an id past
-    it would land on that expert; such an id becomes -1, a dropped slot, instead (exact
-    for every window within int64, the only ones a static group_offset may name)."""
+    uint64 saturates at int64's maximum, never wrapping into a negative value, or becomes
+    what past_maximum says for the operand's role."""
     if dtype in INDEX_DTYPES:
         return None
     if dtype in ("uint32", "uint64"):
         return "int64", True
     return "int32", False
+
+
+def past_maximum(role, target):
+    """What an index value past its signed target's maximum becomes, by the operand's role:
+    - "size" (group sizes, a group window's offset): None, saturated; exact, as sizes are
+      clipped to the row count and an offset past the last group selects none;
+    - "id" (an expert id): -1, a dropped slot; a window of experts may hold the maximum,
+      where a saturated id would land;
+    - "id_window" (the offset of a window of expert ids): the target's minimum, a window of
+      negative ids, which holds none; exact, as every id it should hold is past the maximum
+      too, so dropped (a static offset naming such a window is refused instead)."""
+    return {"size": None, "id": -1, "id_window": -(2 ** (int(target[3:]) - 1))}[role]
 
 
 def check_group_count(entries, num_groups, has_offset, fn, name="group_sizes"):
