@@ -107,10 +107,16 @@ def test_every_decorated_family_matches_eager_output_and_every_gradient(family, 
 @pytest.mark.parametrize("family, cls", [(f, c) for f, c in FAMILIES if c.__name__ in integration.FLOAT32_FAMILIES],
                          ids=lambda v: getattr(v, "__name__", v))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_a_family_that_computes_in_float32_is_computed_in_float32(family, cls, dtype):
+@pytest.mark.parametrize("parametrized", [False, True], ids=["plain", "parametrized"])
+def test_a_family_that_computes_in_float32_is_computed_in_float32(family, cls, dtype, parametrized):
     # Its eager loop widens every operand to float32: groupgemm on the 16-bit module gives
     # the bits of groupgemm on a float32 copy, rounded, in the output and every gradient.
+    # Parametrized (as PEFT's LoRA on expert weights does), its class is another's subclass
+    # named Parametrized<family>: the same family.
     module = tiny_experts(cls, dtype)
+    if parametrized:
+        up = "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
+        torch.nn.utils.parametrize.register_parametrization(module, up, torch.nn.Identity())
     wide = copy.deepcopy(module).float()
     index, weights = _routing(dtype)
     x, dout = torch.randn(TOKENS, _widths(module)[0], dtype=dtype), torch.randn(TOKENS, _widths(module)[1], dtype=dtype)

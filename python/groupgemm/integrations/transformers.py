@@ -219,12 +219,20 @@ def _act_fn(module):
     return act
 
 
+def _family(module) -> str:
+    """The module's experts class name. torch.nn.utils.parametrize (PEFT's LoRA on expert
+    weights) makes a parametrized module's class a subclass named Parametrized<name>: the
+    family is the class it subclasses."""
+    cls = type(module)
+    return (cls.__bases__[0] if torch.nn.utils.parametrize.is_parametrized(module) else cls).__name__
+
+
 class _Weights:
     """The module's expert weights and biases as groupgemm reads them, checked against each
     other and against ``hidden`` (hidden_states' width)."""
 
     def __init__(self, module, hidden):
-        self.family = family = type(module).__name__
+        self.family = family = _family(module)
         self.up_name = up = "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
         self.up, self.down = _tensor(module, up), _tensor(module, "down_proj")
         self.up_bias = self.down_bias = None
