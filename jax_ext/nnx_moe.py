@@ -4,6 +4,7 @@ axis inside ``jax.shard_map``), the twins of groupgemm.torch's ExpertParallelMoE
 single-process layer: router (a core GEMM of one group), softmax top-k and the experts'
 ``GroupedMLP.forward_routed``."""
 
+import functools
 import math
 
 import jax
@@ -46,6 +47,14 @@ def _on_data_axis(x, axis):
         return x
     if axis in mesh.explicit_axes:
         return jax.sharding.reshard(x, P(axis))
+    return _split_over(x, axis)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _split_over(x, axis):
+    """The constraint in a jit of its own: its spec names the abstract mesh, which only a jit
+    resolves to jax.set_mesh's devices, so an eager call (or eager grad) of the layer runs
+    it as a small program of its own (inside the layer's jit it is inlined)."""
     return jax.lax.with_sharding_constraint(x, P(axis))
 
 
@@ -83,7 +92,8 @@ class MoE(nnx.Module):
     mesh set by ``jax.set_mesh`` has that axis, not as a manual one, and its size divides
     B): each device routes its groups' tokens through its own experts, and the only
     collectives are the all-reduces over the expert axis and the data-parallel sum of the
-    gradients.
+    gradients. Called eagerly inside ``jax.set_mesh``, it splits x so too (x made outside the
+    mesh included).
 
     ``renormalize``: softmax_topk's; None (the default) renormalizes for top_k > 1 only (a
     top-1 weight renormalized is always 1, and the router would not learn).

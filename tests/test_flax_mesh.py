@@ -4,8 +4,8 @@ tokens and a rank whose experts receive none, in one nnx.jit compile; with a dat
 beside the expert axis it matches the one-device MoE, on auto and explicit meshes, and
 with no tokens anywhere every gradient is a full-shape zero; MoE's parameters carry their
 sharding, and under nnx.jit on a data x expert mesh (auto or explicit, a batch of one
-included) or inside a caller's shard_map it keeps the one-device bits, on an auto mesh
-without gathering anything."""
+included), called eagerly there, or inside a caller's shard_map it keeps the one-device
+bits, on an auto mesh without gathering anything."""
 
 import os
 
@@ -153,11 +153,21 @@ def test_moe_parameters_carry_their_sharding_and_keep_the_one_device_bits_on_a_d
     with jax.set_mesh(mesh):
         step = jax.jit(jax.grad(loss, has_aux=True)).lower(state, x).compile()
         grads, out = step(state, x)
-    want_grads, want = jax.jit(jax.grad(loss, has_aux=True))(nnx.state(plain), x)
-    assert np.array_equal(np.asarray(out), np.asarray(want))
-    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
-        assert np.array_equal(np.asarray(got), np.asarray(want))
+    want_grads, want_out = jax.jit(jax.grad(loss, has_aux=True))(nnx.state(plain), x)
+
+    def assert_one_device_bits(grads, out):
+        assert np.array_equal(np.asarray(out), np.asarray(want_out))
+        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+            assert np.array_equal(np.asarray(got), np.asarray(want))
+
+    assert_one_device_bits(grads, out)
     assert "all-gather" not in step.as_text()  # each device: its routing group, its experts
+    on_one_device = jnp.asarray(x)  # made outside the mesh (inside, it would be made on it)
+    with jax.set_mesh(mesh):  # called eagerly: the data axis's constraint still applies
+        out = model(on_one_device)
+        grads, _ = jax.grad(loss, has_aux=True)(state, on_one_device)
+    assert_one_device_bits(grads, out)
+    assert out.sharding.spec == P("data")
 
 
 @pytest.mark.parametrize("groups", [1, 2])
