@@ -39,10 +39,9 @@ def _group_offset(group_offset, num_local, fn):
 
 def _routing(expert_indices, group_offset, num_local, fn):
     """expert_indices and group_offset as the core's operands. JAX without jax_enable_x64
-    holds uint32 ids or offsets past int32 in no signed type (index_array would saturate the
-    ids onto one id, and an offset into a window of negative ids), so uint32 ids are windowed
-    here, exactly, by a uint32 offset as it is (window_ids), and the core gets local ids with
-    offset 0."""
+    holds uint32 ids and offsets past int32 in no signed type (index_array would drop such
+    ids, and make such an offset a window of none), so uint32 ids are windowed here, exactly,
+    by the offset as given (window_ids), and the core gets local ids with offset 0."""
     offset = _group_offset(group_offset, num_local, fn)
     if expert_indices.dtype == jnp.uint32 and not jax.config.jax_enable_x64:
         exact = offset if offset.dtype == jnp.uint32 else index_array(offset)
