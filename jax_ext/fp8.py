@@ -48,7 +48,7 @@ def quantize_fp8_grouped(x, group_sizes, recipe, *, num_groups=None, group_offse
     """``(q [C, M], scale)``: the weight-gradient operand of ``x [M, C]`` (rows sorted by group),
     transposed so the tokens are contiguous, with one scale per (group, channel) ``[G, C]``
     (``"rowwise"``) or per 128 tokens x 1 channel, ``[B, C]`` with ``B = (M + 127 G) // 128``
-    (``"blockwise"``): each group's blocks start at its first token, so no block spans two
+    (0 for M = 0; ``"blockwise"``): each group's blocks start at its first token, so no block spans two
     groups, numbered group after group. ``num_groups`` defaults to ``len(group_sizes)``
     (required with ``group_offset``). Rows owned by no local group are exact zeros in ``q``;
     scale rows of empty groups and unused blocks are 1.
@@ -116,7 +116,8 @@ def scaled_grouped_matmul_wgrad(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, 
         ``len(group_sizes)``, required with ``group_offset``).
       lhs_scale, rhs_scale: float32, ``recipe="rowwise"``: ``[G, K]`` and ``[G, N]`` (one per
         group and channel); ``"blockwise"``: ``[B, K]`` and ``[B, N]`` per 128 tokens x 1
-        channel, the blocks restarting at each group's first token, ``B = (M + 127 G) // 128``.
+        channel, the blocks restarting at each group's first token, ``B = (M + 127 G) // 128``
+        (0 for M = 0).
       preferred_element_type: bfloat16 (default) or float32.
       accumulate_into: optional float32 ``[G, K, N]``: returns it plus the products (in place
         when donated); an empty group keeps its bits.

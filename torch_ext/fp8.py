@@ -58,7 +58,7 @@ def quantize_fp8_grouped(x: Tensor, group_sizes: Tensor, recipe: str, *, num_gro
     """``(q [C, M], scale)``: the weight-gradient operand of ``x [M, C]`` (rows sorted by group),
     transposed so the tokens are contiguous, with one scale per (group, channel) ``[G, C]``
     (``"rowwise"``) or per 128 tokens x 1 channel, ``[B, C]`` with
-    ``B = (M + 127 G) // 128`` (``"blockwise"``): each group's blocks start at its first token,
+    ``B = (M + 127 G) // 128``, 0 for M = 0 (``"blockwise"``): each group's blocks start at its first token,
     so no block spans two groups, and are numbered group after group. Group sizes stay on
     the device. Rows owned by no local group are exact zeros in ``q``; scale rows of empty
     groups and unused blocks are 1.
