@@ -12,7 +12,7 @@ import torch.autograd.forward_ad as fwAD
 from torch.nn.utils import prune
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from groupgemm.torch import GroupedLinear
+from groupgemm.torch import GroupedLinear, GroupedMLP
 
 # torch's forward AD loads its decompositions through torch.jit.script on first use.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
@@ -193,6 +193,20 @@ def test_a_deep_copy_gets_its_own_hook_on_its_first_forward():
     twin.weight.main_grad, twin.weight.grad_added_to_main_grad = torch.zeros(E, OUT, IN), False
     twin(torch.randn(7, IN), SIZES).sum().backward()
     assert twin.weight.grad_added_to_main_grad is True and layer.weight.grad_added_to_main_grad is False
+
+
+@pytest.mark.parametrize("call", ["double", "load_state_dict"])
+def test_main_grad_mode_refuses_swapping_its_weight_naming_the_mode(call):
+    # The docstring's refusal, in the layer's words (torch's own: "Couldn't swap GroupedLinear.weight").
+    layer = GroupedMLP(E, IN, OUT, accumulate_into_main_grad=True)
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with pytest.raises(RuntimeError, match=r"GroupedLinear\(accumulate_into_main_grad=True\): .*"
+                                               "set_swap_module_params_on_conversion"):
+            layer.double() if call == "double" else layer.load_state_dict(GroupedMLP(E, IN, OUT).state_dict())
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
 
 
 def test_main_grad_mode_without_main_grad_raises():

@@ -104,6 +104,22 @@ class GroupedLinear(nn.Module):
                                                         None, fn="GroupedLinear")
         return main_grad.grouped_linear(x, self.weight, group_sizes, bias, operand=weight)
 
+    # torch swaps no tensor another object holds weakly, as main_grad's hook holds the weight:
+    # where torch would swap the parameters (module conversion, loading), say so first.
+    def _apply(self, fn, recurse=True):
+        self._refuse_swapping("converting the module")
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._refuse_swapping("load_state_dict")
+        return super()._load_from_state_dict(*args, **kwargs)
+
+    def _refuse_swapping(self, what):
+        if self.accumulate_into_main_grad and torch.__future__.get_swap_module_params_on_conversion():
+            raise RuntimeError(f"{main_grad.FN}: {what} with torch.__future__.set_swap_module_params_on_conversion"
+                               "(True) would swap the weight, which this mode's hook holds; turn that off around "
+                               "the call, or use accumulate_into_main_grad=False")
+
     def extra_repr(self):
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}, "
