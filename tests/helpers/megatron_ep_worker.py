@@ -149,13 +149,19 @@ def run(rank, out_dir):
             hidden, slot_probs = dispatcher.dispatch_preprocess(x, routing_map, probs)
             hidden, slot_probs = dispatcher.token_dispatch(hidden, slot_probs)
             rows, tokens_per_expert, row_probs = dispatcher.dispatch_postprocess(hidden, slot_probs)
-            sizes = torch.as_tensor(tokens_per_expert).to(torch.int32)
+            # Capacity mode's padding rows come last, counted into the last expert's tokens
+            # for experts that split the rows by them. These experts multiply the rows each
+            # expert received (the rest are padding, exact zeros): counting the padding in
+            # would change the last expert's GEMM rows, which a library GEMM may round by
+            # (oneDNN on AVX-512 rounds a dgrad row otherwise among fewer than 16 rows than among more).
+            received = tokens_per_expert if name == "megatron" else dispatcher.tokens_per_expert
+            sizes = torch.as_tensor(received).to(torch.int32)
             expert_out = gt.grouped_mm(rows, weights, sizes) * row_probs[:, None]
             out = dispatcher.combine_postprocess(dispatcher.token_combine(dispatcher.combine_preprocess(expert_out)))
             out.backward(torch.ones_like(out))
-            # Capacity mode's padding rows come last, counted into the last expert's tokens.
-            valid = rows.shape[0] if name == "megatron" else int(dispatcher.tokens_per_expert.sum())
-            assert int(sizes.sum()) == rows.shape[0] and not rows[valid:].any() and not row_probs[valid:].any()
+            valid = int(sizes.sum())
+            assert int(torch.as_tensor(tokens_per_expert).sum()) == rows.shape[0]
+            assert not rows[valid:].any() and not row_probs[valid:].any()
             for what, t in (("rows", rows[:valid]), ("row_probs", row_probs[:valid]), ("out", out),
                             ("dx", x.grad), ("dprobs", probs.grad), ("dweights", weights.grad)):
                 saved[f"{name}/{step}/{what}"] = t.detach().numpy()
