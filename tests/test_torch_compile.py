@@ -1,9 +1,12 @@
-"""torch.compile(fullgraph=True) of an MoE block built on GroupedLinear."""
+"""torch.compile(fullgraph=True) of an MoE block built on GroupedLinear, and what torch.export
+refuses to trace."""
 
 import pytest
 import torch
 from compiles import counted_compile
 from moe_torch import MoEBlock
+
+import groupgemm.torch as gt
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -63,3 +66,14 @@ def test_an_unbacked_token_count_compiles_the_routed_layer_once_for_every_count(
         eager_grads = torch.autograd.grad(eager.square().sum(), [x, *experts.parameters()])
         assert torch.equal(out, eager) and all(torch.equal(g, e) for g, e in zip(grads, eager_grads))
     assert counter.frame_count == 1
+
+
+def test_a_symbolic_expert_count_of_permute_is_refused_saying_so():
+    # num_experts is a constant of the call; traced from a weight's dynamic shape it is a SymInt.
+    class Permute(torch.nn.Module):
+        def forward(self, x, indices, w):
+            return gt.permute(x, indices, w.shape[0])
+
+    args = (torch.randn(5, 4), torch.randint(0, 3, (5, 2)), torch.randn(3, 4))
+    with pytest.raises(ValueError, match=r"permute: num_experts must be a non-negative int, got \w+ \(a symbolic size"):
+        torch.export.export(Permute(), args, dynamic_shapes=(None, None, {0: torch.export.Dim("experts")}))

@@ -95,7 +95,9 @@ def static_count(value, name, fn, limit=None, why=""):
     """A non-negative Python or NumPy integer (bool is not an integer here), at most
     `limit` when given (`why` says where the limit comes from)."""
     if not is_static_int(value) or value < 0:
-        raise ValueError(f"{fn}: {name} must be a non-negative int, got {value!r}")
+        symbolic = not isinstance(value, (numbers.Number, np.bool_)) and hasattr(value, "__index__")  # SymInt, a tracer
+        raise ValueError(f"{fn}: {name} must be a non-negative int, got {value!r}"
+                         + (" (a symbolic size: it must be known when the call is traced)" if symbolic else ""))
     if limit is not None and value > limit:
         raise ValueError(f"{fn}: {name} = {value} exceeds {limit} ({why})")
     return int(value)
@@ -398,7 +400,7 @@ def expert_mlp(fn, tokens, expert_indices, probs, w_in, w_out, b_in, b_out, acti
     (tokens_shape, _), (indices_shape, _) = tokens, expert_indices
     grouped_mlp(fn, tokens, w_in, w_out, activation, transpose, "tokens", b_in, b_out)  # w_in's rank first
     num_experts, f_in = w_in[0][0], w_in[0][1 if transpose else 2]
-    if num_experts > INT32_MAX - 1:
+    if size_comparison_holds(num_experts > INT32_MAX - 1):
         raise ValueError(f"{fn}: w_in holds {num_experts} experts; expert ids are int32 (at most {INT32_MAX - 1})")
     return tokens_shape[0], indices_shape[1], tokens_shape[1], f_in, num_experts
 
