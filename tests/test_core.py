@@ -232,10 +232,20 @@ def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype
 
 # A process's weight gradients, hashed: bfloat16 ones of long contractions (one group alone,
 # or one of two with the other empty), in bfloat16 and accumulated into float32; float64.
+# And float32 / float16 products with the weight stored [N, K] (nn.Linear's layout), one
+# group alone: on AVX-512 oneDNN's float32 kernel gave them other bits on one thread than
+# on two, so the core multiplies such a weight row-major.
 THREADS_SCRIPT = """
 import hashlib, sys, numpy as np, torch
 import groupgemm._core as core
 rng, digest = np.random.default_rng(0), hashlib.sha256()
+for m, k, n, dtype in ((2048, 1024, 384, torch.float32), (64, 900, 200, torch.float32),
+                       (3000, 1024, 384, torch.float16)):
+    lhs = torch.from_numpy(rng.standard_normal((m, k))).to(dtype)
+    rhs = torch.from_numpy(rng.standard_normal((1, n, k)) / 32).to(dtype)
+    out = torch.empty(m, n, dtype=dtype)
+    core.grouped_matmul(lhs, rhs, torch.tensor([m], dtype=torch.int32), out=out, transpose_rhs=True)
+    digest.update(out.view(torch.uint8).numpy().tobytes())
 for sizes, k, n, dtype in (([4096], 1024, 64, torch.bfloat16), ([8192], 512, 8, torch.bfloat16),
                            ([2048, 0], 32, 32, torch.bfloat16), ([600], 256, 192, torch.float64)):
     m = sum(sizes)
@@ -251,7 +261,7 @@ print(digest.hexdigest())
 """
 
 
-def test_weight_gradients_have_the_same_bits_in_processes_of_any_thread_count():
+def test_weight_gradients_and_transposed_weights_have_the_same_bits_in_processes_of_any_thread_count():
     # oneDNN fixes a primitive's threading when it creates it, so only fresh processes show
     # it: its bfloat16 brgemm split these contractions across two threads (in-process thread
     # changes reuse the first primitive), as OpenBLAS did float64's. They run on one thread.

@@ -293,9 +293,73 @@ Status execute_in_chunks(const GemmCall& c) {
   return Status::Ok();
 }
 
+// On AVX-512 CPUs oneDNN's float32 kernel gives a B stored transposed ([n, k], as nn.Linear
+// holds a weight) other bits on one thread than on several (measured: 64 to 2048 rows with K
+// of 900 to 4096 and N of 127 to 600, not every such shape), where a row-major B keeps one
+// thread's bits on any count. So from kMinPackedRows rows on such a B is multiplied
+// row-major: copied so once per call, or once for several calls by pack_b (at 1024 rows, K
+// = 1024 and N = 768 the copy adds 9% on two threads). A call of fewer rows, where the copy
+// would cost as much as the product (4.4x at 16 rows), reads B as given, on one thread
+// (onednn_bits_depend_on_threads).
+bool transposed_f32_b(const GemmCall& c) {
+  return c.in_dtype == DType::f32 && c.b_transposed && cpu_has_avx512();
+}
+bool multiplies_b_row_major(const GemmCall& c) {
+  return transposed_f32_b(c) && c.m >= kMinPackedRows && c.k > 0 && c.n > 0;
+}
+
+// The call's B (stored [n, k]) row-major into `out` ([k, n]): oneDNN's reorder, one per
+// shape (a transposition: exact, whatever its threads).
+void b_row_major(const GemmCall& c, float* out) {
+  static LruCache<std::pair<int64_t, int64_t>, dnnl::reorder> reorders(kOnednnCacheCapacity);
+  const memory::desc given({c.k, c.n}, memory::data_type::f32, strides(true, c.k, c.n));
+  const memory::desc row_major({c.k, c.n}, memory::data_type::f32, strides(false, c.k, c.n));
+  const std::shared_ptr<const dnnl::reorder> reorder = reorders.get({c.k, c.n}, [&] {
+    dnnl::primitive_attr user_scratchpad;
+    user_scratchpad.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::reorder::primitive_desc pd(cpu_engine(), given, cpu_engine(), row_major, user_scratchpad);
+    // Threads reorder at once with one primitive, so it must need no scratchpad (pack_b's rule).
+    if (pd.scratchpad_desc().get_size() != 0) throw std::runtime_error("oneDNN's transposition needs a scratchpad");
+    return dnnl::reorder(pd);
+  });
+  memory from(given, cpu_engine(), const_cast<void*>(c.b)), to(row_major, cpu_engine(), out);
+  before_parallel_work();
+  reorder->execute(thread_stream(), from, to);
+  thread_stream().wait();
+}
+
+// A multiplies_b_row_major call on B row-major: pack_b's copy, or one made here into memory
+// of its thread's (kept up to kKeptRowMajorBytes, a layer's weight of one expert).
+constexpr size_t kKeptRowMajorBytes = size_t(16) << 20;
+Status execute_row_major_b(const GemmCall& c) {
+  GemmCall row_major = c;
+  row_major.b_transposed = false, row_major.packed_b = nullptr;
+  if (c.packed_b) {
+    row_major.b = c.packed_b->data;
+    return execute(row_major);
+  }
+  thread_local std::vector<float> kept;
+  std::vector<float> once;
+  const size_t count = size_t(c.k) * size_t(c.n);
+  std::vector<float>& copy = count * sizeof(float) <= kKeptRowMajorBytes ? kept : once;
+  if (copy.size() < count) copy.resize(count);
+  try {
+    b_row_major(c, copy.data());
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("oneDNN reorder failed: ") + e.what());
+  }
+  row_major.b = copy.data();
+  return execute(row_major);
+}
+
 }  // namespace
 
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage) try {
+  if (transposed_f32_b(call) && call.k > 0 && call.n > 0) {  // B row-major once: execute_row_major_b reads it so
+    void* data = page_aligned(storage, size_t(call.k * call.n) * sizeof(float));
+    b_row_major(call, static_cast<float*>(data));
+    return PackedB{nullptr, data};
+  }
   if (call.in_dtype == DType::bf16 && !call.a_transposed && cpu_widens_bf16()) {
     // B widened to float32 once (execute_widened reads it so): no oneDNN kernel holds it.
     void* data = page_aligned(storage, size_t(call.k * call.n) * sizeof(float));
@@ -394,17 +458,25 @@ bool cpu_widens_bf16() { return !cpu_has_bf16_matmul(); }
 
 Status gemm_onednn(const GemmCall& c) {
   if (c.in_dtype == DType::bf16 && cpu_widens_bf16()) return execute_widened(c);
+  if (multiplies_b_row_major(c)) return execute_row_major_b(c);
+  if (transposed_f32_b(c) && c.packed_b) {  // fewer rows: B as given (pack_b's row-major copy is for more)
+    GemmCall given = c;
+    given.packed_b = nullptr;
+    return execute(given);
+  }
   if (fixed_contraction(c)) return execute_in_chunks(c);
   if (!c.packed_b && packable(c) && c.m >= kMinPackedRows) return execute_packing_b(c);
   return execute(c);
 }
 
 // Measured: both bfloat16 weight-gradient kernels split their contraction (the top of the
-// file). On AVX-512 CPUs the float32 kernels keep one thread's bits on all; on AVX2 CPUs
+// file). On AVX-512 CPUs the float32 kernels keep one thread's bits on all, but on a B
+// stored transposed (transposed_f32_b: below kMinPackedRows rows it is read so); on AVX2 CPUs
 // they do not (a forward of 400 rows, K = 32, N = 64, and weight gradients of 400 to 30000
 // rows had other bits on two threads than on one), so there every call runs on one thread.
 bool onednn_bits_depend_on_threads(const GemmCall& c) {
-  return !cpu_has_avx512() || (c.in_dtype == DType::bf16 && c.a_transposed);
+  return !cpu_has_avx512() || (c.in_dtype == DType::bf16 && c.a_transposed) ||
+         (transposed_f32_b(c) && !multiplies_b_row_major(c));
 }
 
 size_t onednn_cached_primitives() { return primitive_cache().size(); }
