@@ -48,10 +48,12 @@ struct PackedB {
 // (every call but a bfloat16 one with a row-major A, and every call on a CPU without AMX:
 // on an AVX-512 BF16 CPU, grouped bfloat16 GEMMs of 256 to 4096 rows per group ran at
 // 0.94-1.16x of their time with B packed once, so there it is not). On a CPU that widens
-// bfloat16 (cpu_widens_bf16) the packed B is B widened to float32, once for all the calls.
+// bfloat16 (cpu_widens_bf16) the packed B is B widened to float32, once for all the calls;
+// on an AVX-512 CPU a float32 B stored transposed is B copied row-major (gemm_onednn.cpp:
+// the kernel's transposed read has other bits on one thread than on several).
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage);
 
-// Whether pack_b packs on this CPU (with AMX, or widening bfloat16).
+// Whether pack_b packs a bfloat16 B on this CPU (with AMX, or widening bfloat16).
 bool cpu_packs_b();
 
 // Whether bfloat16 calls run widened to float32 on this CPU (one without oneDNN's

@@ -735,7 +735,9 @@ void test_onednn_cache_bound() {
 // A packed B (gemm.h's pack_b) gives the bits of the same call on B as given, whatever its
 // layout, bias or output dtype; a packed B is refused by a call of another shape, and only
 // bfloat16 calls with a row-major A have one (on an AMX CPU, or one that widens bfloat16 to
-// float32, where the packed B is B widened: run under both).
+// float32, where the packed B is B widened: run under both), and on an AVX-512 CPU float32
+// calls with B stored transposed (B copied row-major, which calls of kMinPackedRows rows or
+// more read and shorter ones leave for B as given).
 void test_packed_b_bits() {
   g_case = "packed_b_bits";
   const int64_t m = 300, k = 96, n = 80;
@@ -764,6 +766,20 @@ void test_packed_b_bits() {
       }
   cpu::GemmCall f32{DType::f32, DType::f32, m, n, k, lhs.data(), false, rhs.data(), false, nullptr, nullptr, false};
   CHECK(!cpu::pack_b(f32, storage).has_value());
+  std::vector<float> a32(m * k), b32(n * k);
+  for (auto* v : {&a32, &b32})
+    for (auto& x : *v) x = normal(rng);
+  for (int64_t rows : {m, cpu::kMinPackedRows - 1}) {
+    cpu::GemmCall t{DType::f32, DType::f32, rows, n, k, a32.data(), false, b32.data(), true, nullptr, nullptr, false};
+    std::vector<float> given(rows * n), packed(rows * n, std::numeric_limits<float>::quiet_NaN());
+    t.c = given.data();
+    CHECK(cpu::gemm(t).ok());
+    const std::optional<cpu::PackedB> b = cpu::pack_b(t, storage);
+    if (!b) continue;  // a CPU without AVX-512: B read as given
+    t.c = packed.data(), t.packed_b = &*b;
+    CHECK(cpu::gemm(t).ok());
+    CHECK(std::memcmp(given.data(), packed.data(), rows * n * sizeof(float)) == 0);
+  }
   cpu::GemmCall wgrad{DType::bf16, DType::f32, k, n, m, lhs.data(), true, rhs.data(), false, nullptr, nullptr, false};
   CHECK(!cpu::pack_b(wgrad, storage).has_value());
 }
