@@ -302,11 +302,9 @@ Status execute_in_chunks(const GemmCall& c) {
 // (onednn_bits_depend_on_threads). Both took less time than the transposed read on two
 // threads (K = 1024, N = 768: 7.8 against 9.4 ms at 1024 rows, 0.76 against 1.2 ms at 16).
 bool transposed_f32_b(const GemmCall& c) {
-  return c.in_dtype == DType::f32 && c.b_transposed && cpu_has_avx512();
+  return c.in_dtype == DType::f32 && c.b_transposed && cpu_has_avx512() && c.k > 0 && c.n > 0;
 }
-bool multiplies_b_row_major(const GemmCall& c) {
-  return transposed_f32_b(c) && c.m >= kMinPackedRows && c.k > 0 && c.n > 0;
-}
+bool multiplies_b_row_major(const GemmCall& c) { return transposed_f32_b(c) && c.m >= kMinPackedRows; }
 
 // The call's B (stored [n, k]) row-major into `out` ([k, n]): oneDNN's reorder, one per
 // shape (a transposition: exact, whatever its threads).
@@ -355,7 +353,7 @@ Status execute_row_major_b(const GemmCall& c) {
 }  // namespace
 
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage) try {
-  if (transposed_f32_b(call) && call.k > 0 && call.n > 0) {  // B row-major once: execute_row_major_b reads it so
+  if (transposed_f32_b(call)) {  // B row-major once: execute_row_major_b reads it so
     void* data = page_aligned(storage, size_t(call.k * call.n) * sizeof(float));
     b_row_major(call, static_cast<float*>(data));
     return PackedB{nullptr, data};

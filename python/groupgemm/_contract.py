@@ -157,7 +157,7 @@ def past_maximum(role, target):
     - "id_window" (the offset of a window of expert ids): the target's minimum, a window of
       negative ids, which holds none; exact, as every id it should hold is past the maximum
       too, so dropped (a static offset naming such a window is refused instead)."""
-    return {"size": None, "id": -1, "id_window": -(2 ** (int(target[3:]) - 1))}[role]
+    return {"size": None, "id": -1, "id_window": int(np.iinfo(target).min)}[role]
 
 
 def check_group_count(entries, num_groups, has_offset, fn, name="group_sizes"):
