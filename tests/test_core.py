@@ -143,14 +143,14 @@ def test_bfloat16_wgrad_of_long_groups(out_dtype):
 
 
 def test_large_accumulate_buffer_keeps_its_contents():
-    # Outputs of 64 MB and more get huge-page advice before they are written; the
+    # Outputs of 32 MiB and more get huge-page advice before they are written; the
     # buffer's contents must come through it: the empty group bit for bit, the others
     # added to.
     rng = np.random.default_rng(6)
     sizes = np.array([5, 0, 3, 2], np.int32)
-    k = n = 2048
+    k, n = 2048, 1024
     lhs, dout = rng.standard_normal((10, k)), rng.standard_normal((10, n))
-    before = rng.standard_normal((4, k, n)).astype(np.float32)  # 64 MB
+    before = rng.standard_normal((4, k, n)).astype(np.float32)  # 32 MiB
     acc = torch.from_numpy(before.copy())
     core.grouped_matmul_wgrad(tensor(lhs, "float32"), tensor(dout, "float32"), torch.from_numpy(sizes), out=acc,
                               accumulate_into=acc, accumulate=True)

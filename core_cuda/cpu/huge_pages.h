@@ -6,9 +6,13 @@
 // times fewer (the README has the measured difference). Asking for huge pages before
 // the first write is advice only: it never changes the contents, and
 // where the kernel declines (THP off, a file mapping) nothing happens. Only blocks of
-// kMinBytes and more are advised: glibc serves every block over 32 MB with a mapping of
-// its own, which goes away when the block is freed, whereas advising part of the heap
-// would split the heap's mapping for good.
+// kMinBytes and more are advised: glibc serves every block of 32 MB and more with a
+// mapping of its own (its mmap threshold never rises past 32 MB), which goes away when the
+// block is freed, whereas advising part of the heap would split the heap's mapping for
+// good. The threshold was 64 MB; at 32 MB the fused expert MLP's float32 pre-activation and
+// fc1 weight gradient (50 MB each at H = 1024, F = 384, 16384 routed rows) are advised
+// too, and its JAX forward+backward took 2-5% less time (interleaved in one process, four
+// runs), the composition's the same.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +27,7 @@ namespace cpu {
 inline void advise_huge_pages(void* data, int64_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = uintptr_t(2) << 20;
-  constexpr int64_t kMinBytes = int64_t(64) << 20;
+  constexpr int64_t kMinBytes = int64_t(32) << 20;
   if (bytes < kMinBytes) return;
   // Only whole huge pages inside the buffer: the advice covers no one else's memory.
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
