@@ -3,16 +3,16 @@
 // A freshly allocated buffer (a new gradient every training step: allocators hand
 // large blocks straight from mmap) costs a page fault per 4 KiB on its first write,
 // and those faults can take longer than the GEMM that writes it; 2 MiB pages need 512
-// times fewer (the README has the measured difference). Asking for huge pages before
-// the first write is advice only: it never changes the contents, and
-// where the kernel declines (THP off, a file mapping) nothing happens. Only blocks of
+// times fewer (docs/backends.md has the measured difference). Asking for huge pages
+// before the first write is advice only: it never changes the contents, and where the
+// kernel declines (THP off, a file mapping) nothing happens. Only blocks of
 // kMinBytes and more are advised: glibc serves every block of 32 MB and more with a
 // mapping of its own (its mmap threshold never rises past 32 MB), which goes away when the
 // block is freed, whereas advising part of the heap would split the heap's mapping for
-// good. The threshold was 64 MB; at 32 MB the fused expert MLP's float32 pre-activation and
-// fc1 weight gradient (50 MB each at H = 1024, F = 384, 16384 routed rows) are advised
-// too, and its JAX forward+backward took 2-5% less time (interleaved in one process, four
-// runs), the composition's the same.
+// good. The threshold was 64 MB; at 32 MB the fused expert MLP's float32 pre-activation
+// and fc1 weight gradient (50 MB each at H = 1024, F = 384, 16384 routed rows) are
+// advised too, and its JAX forward+backward took 2-3% less time (two runs interleaved in
+// one process), the composition's the same (docs/benchmarks.md).
 #pragma once
 
 #include <cstdint>
