@@ -5,7 +5,8 @@ beside the expert axis it matches the one-device MoE, on auto and explicit meshe
 with no tokens anywhere every gradient is a full-shape zero; MoE's parameters carry their
 sharding, and under nnx.jit on a data x expert mesh (auto or explicit, a batch of one
 included), called eagerly there, or inside a caller's shard_map it keeps the one-device
-bits, on an auto mesh without gathering anything."""
+bits, on an auto mesh without gathering anything; without the fused op ExpertParallelMoE
+gives the one-device bits, the token gradient included."""
 
 import os
 
@@ -124,6 +125,33 @@ def test_expert_parallel_moe_with_a_data_axis_matches_the_one_device_moe(make_me
     for path in ("router", "experts.fc1.weight", "experts.fc2.weight"):
         grad = _leaf(grads_none, path.split("."))
         assert grad.shape == _leaf(nnx.state(layer), path.split(".")).shape and not grad.any(), path
+
+
+def test_expert_parallel_moe_without_the_fused_op_gives_the_one_device_bits():
+    # With fused=False on both (expert-parallelism.md), the output and every gradient but the
+    # router's (a sum over devices) are the one-device MoE's bits, the token gradient included,
+    # where each device holds 16 tokens or more: on an AVX-512 CPU a row of an input gradient
+    # has other bits in a GEMM of fewer rows (the router's, over a device's own tokens; at 6 a
+    # device they differed by up to 4.8e-7). 24 is also a multiple of 6, where an AVX2 CPU's
+    # float32 kernel gives a row the bits it has at the same place in a longer call.
+    mesh = auto_mesh((4,), ("expert",))
+    layer = gf.ExpertParallelMoE(8, 16, 12, 2, mesh, fused=False, rngs=nnx.Rngs(5))
+    single = gf.MoE(8, 16, 12, 2, fused=False, rngs=nnx.Rngs(5))  # the same draws: the same parameters
+    rng = np.random.default_rng(7)
+    x, dy = (jnp.asarray(rng.standard_normal((4 * 24, 16)), jnp.float32) for _ in range(2))  # 24 a device
+
+    def grads(model, forward):
+        loss = lambda m, x: (jnp.sum(forward(m, x) * dy), forward(m, x))  # noqa: E731
+        (_, out), (model_grads, dx) = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True))(model, x)
+        return out, dx, model_grads
+
+    out, dx, got = grads(layer, lambda m, x: m(x)[0])
+    want_out, want_dx, want = grads(single, lambda m, x: m(x))
+    assert np.array_equal(np.asarray(out), np.asarray(want_out))
+    assert np.array_equal(np.asarray(dx), np.asarray(want_dx))
+    for path in ("experts.fc1.weight", "experts.fc2.weight"):
+        assert np.array_equal(_leaf(got, path.split(".")), _leaf(want, path.split("."))), path
+    np.testing.assert_allclose(_leaf(got, ["router"]), _leaf(want, ["router"]), rtol=1e-5, atol=1e-6)
 
 
 def _leaf(state, parts):
