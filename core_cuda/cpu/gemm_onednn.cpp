@@ -326,27 +326,14 @@ void b_row_major(const GemmCall& c, float* out) {
   thread_stream().wait();
 }
 
-// A multiplies_b_row_major call on B row-major: pack_b's copy, or one made here into memory
-// of its thread's (kept up to kKeptRowMajorBytes, a layer's weight of one expert).
-constexpr size_t kKeptRowMajorBytes = size_t(16) << 20;
+Status execute_packing_b(const GemmCall& c);
+
+// A multiplies_b_row_major call on B row-major: pack_b's copy, or one execute_packing_b
+// makes for this call.
 Status execute_row_major_b(const GemmCall& c) {
+  if (!c.packed_b) return execute_packing_b(c);
   GemmCall row_major = c;
-  row_major.b_transposed = false, row_major.packed_b = nullptr;
-  if (c.packed_b) {
-    row_major.b = c.packed_b->data;
-    return execute(row_major);
-  }
-  thread_local std::vector<float> kept;
-  std::vector<float> once;
-  const size_t count = size_t(c.k) * size_t(c.n);
-  std::vector<float>& copy = count * sizeof(float) <= kKeptRowMajorBytes ? kept : once;
-  if (copy.size() < count) copy.resize(count);
-  try {
-    b_row_major(c, copy.data());
-  } catch (const std::exception& e) {
-    return Status::Internal(std::string("oneDNN reorder failed: ") + e.what());
-  }
-  row_major.b = copy.data();
+  row_major.b = c.packed_b->data, row_major.b_transposed = false, row_major.packed_b = nullptr;
   return execute(row_major);
 }
 
@@ -382,16 +369,18 @@ namespace {
 // of one expert); a larger B is packed into memory freed after the call.
 constexpr size_t kKeptPackedBytes = size_t(16) << 20;
 
-// A call with B packed first, into memory of its thread's.
+// A call with B packed first (pack_b: for the kernel, or row-major), into memory of its
+// thread's. Where pack_b declines, the call reads B as given, but a float32 B stored
+// transposed, whose bits would then depend on the thread count.
 Status execute_packing_b(const GemmCall& c) {
   thread_local std::vector<char> kept;
   std::vector<char> once;
   const bool keep = size_t(c.k) * size_t(c.n) * dtype_size(c.in_dtype) <= kKeptPackedBytes;
   const std::optional<PackedB> packed = pack_b(c, keep ? kept : once);
-  if (!packed) return execute(c);
+  if (!packed) return transposed_f32_b(c) ? Status::Internal("oneDNN could not copy B row-major") : execute(c);
   GemmCall on_packed = c;
   on_packed.packed_b = &*packed;
-  return execute(on_packed);
+  return transposed_f32_b(c) ? execute_row_major_b(on_packed) : execute(on_packed);
 }
 
 std::optional<bool> forced_bf16_widened;
