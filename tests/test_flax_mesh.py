@@ -141,7 +141,10 @@ def test_expert_parallel_moe_without_the_fused_op_gives_the_one_device_bits():
     x, dy = (jnp.asarray(rng.standard_normal((4 * 24, 16)), jnp.float32) for _ in range(2))  # 24 a device
 
     def grads(model, forward):
-        loss = lambda m, x: (jnp.sum(forward(m, x) * dy), forward(m, x))  # noqa: E731
+        def loss(m, x):
+            out = forward(m, x)
+            return jnp.sum(out * dy), out
+
         (_, out), (model_grads, dx) = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True))(model, x)
         return out, dx, model_grads
 
