@@ -209,9 +209,8 @@ def moe_layer(params, x, *, num_experts, top_k, axis_name, capacity, activation=
     """
     fn = "moe_layer"
     e_local = rules.check(num_experts, _axis_size(axis_name), capacity, fn, dropless_mode=False)
-    top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
+    top_k, renormalize = contract.layer_routing(top_k, num_experts, renormalize, fn)
     fused = runs_fused(fused, fp8, fn)
-    renormalize = contract.layer_renormalize(renormalize, top_k, fn)
     names = ("router", "w_in", "w_out")
     if not (hasattr(params, "keys") and set(names) <= set(params.keys())):
         got = f"keys {sorted(map(str, params.keys()))}" if hasattr(params, "keys") else type(params).__name__

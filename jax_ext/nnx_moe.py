@@ -107,8 +107,7 @@ class MoE(nnx.Module):
                               hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         check_expert_axis(num_experts, expert_axis, mesh, fn)
         self.num_experts = num_experts
-        self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
-        self.renormalize = contract.layer_renormalize(renormalize, self.top_k, fn)
+        self.top_k, self.renormalize = contract.layer_routing(top_k, num_experts, renormalize, fn)
         self.data_axis = data_axis
         self.router = _router(hidden_size, num_experts, dtype, mesh, rngs)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,
@@ -165,8 +164,7 @@ class ExpertParallelMoE(nnx.Module):
                               hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         rules.check(num_experts, 1, capacity, fn)
         self.num_experts, self.capacity, self.activation, self.fp8 = num_experts, capacity, activation, fp8
-        self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
-        self.renormalize = contract.layer_renormalize(renormalize, self.top_k, fn)
+        self.top_k, self.renormalize = contract.layer_routing(top_k, num_experts, renormalize, fn)
         self.mesh, self.expert_axis, self.data_axis = mesh, expert_axis, data_axis
         known = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
         if not known.empty:  # checked now where the mesh is known, else at the call

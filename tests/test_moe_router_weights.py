@@ -87,14 +87,23 @@ def test_routing_weights_match_the_reference_and_a_top1_router_learns(framework,
         assert np.abs(router_grad).min() > 0
 
 
-def test_a_renormalize_that_is_not_a_bool_is_refused_naming_it(tmp_path):
-    with pytest.raises(TypeError, match="MoE: renormalize must be None, True or False, got 'yes'"):
-        gf.MoE(EXPERTS, HIDDEN, FFN, 2, renormalize="yes", rngs=nnx.Rngs(0))
-    with pytest.raises(TypeError, match="ExpertParallelMoE: renormalize must be None, True or False, got 1"):
-        gf.ExpertParallelMoE(EXPERTS, HIDDEN, FFN, 2, renormalize=1, rngs=nnx.Rngs(0))
+ROUTING_REFUSED = [  # (top_k, renormalize, error, message after the layer's name)
+    (2, "yes", TypeError, "renormalize must be None, True or False, got 'yes'"),
+    (2, 1, TypeError, "renormalize must be None, True or False, got 1"),
+    (0, None, ValueError, "top_k must be at least 1, got 0"),
+    (EXPERTS + 1, None, ValueError, rf"top_k = {EXPERTS + 1} exceeds {EXPERTS} \(the number of experts\)"),
+]
+
+
+@pytest.mark.parametrize("top_k, renormalize, error, message", ROUTING_REFUSED)
+def test_routing_arguments_that_mean_nothing_are_refused_naming_them(tmp_path, top_k, renormalize, error, message):
+    with pytest.raises(error, match="MoE: " + message):
+        gf.MoE(EXPERTS, HIDDEN, FFN, top_k, renormalize=renormalize, rngs=nnx.Rngs(0))
+    with pytest.raises(error, match="ExpertParallelMoE: " + message):
+        gf.ExpertParallelMoE(EXPERTS, HIDDEN, FFN, top_k, renormalize=renormalize, rngs=nnx.Rngs(0))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        with pytest.raises(TypeError, match="ExpertParallelMoE: renormalize must be None, True or False, got 'no'"):
-            gt.ExpertParallelMoE(EXPERTS, HIDDEN, FFN, 2, renormalize="no")
+        with pytest.raises(error, match="ExpertParallelMoE: " + message):
+            gt.ExpertParallelMoE(EXPERTS, HIDDEN, FFN, top_k, renormalize=renormalize)
     finally:
         dist.destroy_process_group()

@@ -308,8 +308,7 @@ class ExpertParallelMoE(nn.Module):
                               hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size)
         e_local = rules.check(num_experts, _group_size(self.group, fn), capacity, fn)
         self.num_experts, self.capacity = num_experts, capacity
-        self.top_k = contract.static_count(top_k, "top_k", fn, num_experts, "the number of experts")
-        self.renormalize = contract.layer_renormalize(renormalize, self.top_k, fn)
+        self.top_k, self.renormalize = contract.layer_routing(top_k, num_experts, renormalize, fn)
         self.router = nn.Parameter(torch.empty(hidden_size, num_experts, device=device, dtype=dtype))
         self.reset_parameters()
         self.experts = GroupedMLP(e_local, hidden_size, ffn_hidden_size, activation=activation, fp8=fp8,

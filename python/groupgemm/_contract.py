@@ -497,14 +497,20 @@ def layer_input(x, hidden_size, allowed, experts_shape, fn, dtype=None):
                          f"{tuple(experts_shape)} (x's tokens by the experts)")
 
 
-def layer_renormalize(renormalize, top_k, fn):
-    """Whether an MoE layer's router renormalizes its top-k weights (softmax_topk's
-    ``renormalize``): as told (True or False), or when not told (None) for k > 1 only. With
-    k = 1 a renormalized weight is always 1, so the router would get no gradient and never
-    learn; top-1 routing (Switch Transformer) weights its expert by the full softmax."""
+def layer_routing(top_k, num_experts, renormalize, fn):
+    """An MoE layer's (top_k, renormalize). Each token goes to at least one expert (a layer
+    that routes nothing would only ever output zeros) and to at most every expert. Its
+    router renormalizes its top-k weights (softmax_topk's ``renormalize``) as told (True or
+    False), or when not told (None) for k > 1 only: with k = 1 a renormalized weight is
+    always 1, so the router would get no gradient and never learn; top-1 routing (Switch
+    Transformer) weights its expert by the full softmax."""
+    top_k = static_count(top_k, "top_k", fn, num_experts, "the number of experts")
+    if top_k == 0:
+        raise ValueError(f"{fn}: top_k must be at least 1, got 0: a layer that routes no token to any expert "
+                         "outputs only zeros")
     if renormalize is not None and not isinstance(renormalize, bool):
         raise TypeError(f"{fn}: renormalize must be None, True or False, got {renormalize!r}")
-    return top_k > 1 if renormalize is None else renormalize
+    return top_k, (top_k > 1 if renormalize is None else renormalize)
 
 
 # ---- torch._grouped_mm's offs= convention (cumulative group ends) -------------------
