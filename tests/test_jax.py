@@ -335,22 +335,31 @@ def test_export_with_a_symbolic_number_of_experts_of_the_router_is_refused_namin
 FP8_OPS = "quantize_fp8_grouped / scaled_grouped_matmul / grouped_mlp(fp8=...)"
 
 
-@pytest.mark.parametrize("op", ["permute", "expert_mlp", "unpermute (its gradient)", FP8_OPS])
-def test_export_with_a_symbolic_number_of_tokens_of_a_routing_op_is_refused_naming_it(op):
-    # The core sizes these calls' CUDA workspace from T * k: with CUDA built, a symbolic T is
-    # named (it once failed inside the shape checks, then inside the core's binding); a
-    # CPU-only build has no workspace and exports the call.
+def _symbolic_workspace_calls(s):
+    """(the op its error names, the function, its operands' shapes, the symbolic size named) by
+    case, with s a symbolic size."""
+    def expert_mlp(x, i, w_in, w_out):
+        return gj.expert_mlp(x, i, None, w_in, w_out)
+
+    return {"permute": ("permute", lambda x, i: gj.permute(x, i, 4)[0], ((s, 16), (s, 2)), 2 * s),
+            "expert_mlp": ("expert_mlp", expert_mlp, ((s, 16), (s, 2), (4, 16, 48), (4, 24, 16)), 2 * s),
+            # it once failed inside the shape checks, comparing E with int32's range
+            "expert_mlp experts": ("expert_mlp", expert_mlp, ((8, 16), (8, 2), (s, 16, 48), (s, 24, 16)), s),
+            "unpermute": ("unpermute (its gradient)", jax.grad(lambda p, i: gj.unpermute(p, i).sum()),
+                          ((s, 16), (s, 1)), s),
+            "fp8": (FP8_OPS, lambda x, i: gj.quantize_fp8_grouped(x, i, "rowwise")[0], ((s, 16), (3,)), s)}
+
+
+@pytest.mark.parametrize("case", ["permute", "expert_mlp", "expert_mlp experts", "unpermute", "fp8"])
+def test_export_with_a_symbolic_size_of_a_routing_op_is_refused_naming_it(case):
+    # The core sizes these calls' CUDA workspace from T * k (and E): with CUDA built, a
+    # symbolic one is named (it once failed inside the shape checks, then inside the core's
+    # binding); a CPU-only build has no workspace and exports the call.
     from jax import export
 
     from groupgemm import _core
 
-    t = export.symbolic_shape("T")[0]
-    calls = {"permute": (lambda x, i: gj.permute(x, i, 4)[0], ((t, 16), (t, 2)), 2 * t),
-             "expert_mlp": (lambda x, i, w_in, w_out: gj.expert_mlp(x, i, None, w_in, w_out),
-                            ((t, 16), (t, 2), (4, 16, 48), (4, 24, 16)), 2 * t),
-             "unpermute (its gradient)": (jax.grad(lambda p, i: gj.unpermute(p, i).sum()), ((t, 16), (t, 1)), t),
-             FP8_OPS: (lambda x, i: gj.quantize_fp8_grouped(x, i, "rowwise")[0], ((t, 16), (3,)), t)}
-    fn, shapes, size = calls[op]
+    op, fn, shapes, size = _symbolic_workspace_calls(export.symbolic_shape("S")[0])[case]
     args = [jax.ShapeDtypeStruct(s, jnp.int32 if i == 1 else jnp.float32) for i, s in enumerate(shapes)]
     run = lambda: export.export(jax.jit(fn), disabled_checks=gj.export_disabled_checks())(*args)  # noqa: E731
     if not _core.cuda_compiled():
