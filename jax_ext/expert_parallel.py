@@ -51,7 +51,7 @@ class _Ops:
 @dataclasses.dataclass(frozen=True)
 class DispatchPlan:
     """What combine needs to send dispatch's rows back: returned by dispatch."""
-    row_map: jax.Array  # [T, k]: the first permute's, for the weighted sum
+    row_map: jax.Array  # [T, k]: the weighted sum's: the first permute's, -1 where a slot was past capacity
     received_rows: jax.Array  # [ep * capacity, 1]: where each received row went, sorted by local expert
     return_rows: jax.Array  # [T * k, 1]: the returned row holding each permuted row's result, -1: none
     dropped: jax.Array  # int32 scalar: this device's slots past capacity
@@ -133,8 +133,8 @@ def _send(tokens, expert_indices, num_experts, axis_name, capacity, fn):
                               chunks_of=lambda rows: unpermute(rows, send_rows), axis_name=axis_name,
                               capacity=capacity, fn=fn)
     return_rows = rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0])
-    return chunks, rules.receive_plan(_Ops, received, capacity), DispatchPlan(row_map, None, return_rows, dropped,
-                                                                              rows_to, rows_from, axis_name)
+    return chunks, rules.receive_plan(_Ops, received, capacity), DispatchPlan(
+        rules.combine_row_map(_Ops, row_map, return_rows), None, return_rows, dropped, rows_to, rows_from, axis_name)
 
 
 def combine(expert_output, plan, probs=None):

@@ -342,3 +342,88 @@ def _forward_ad_tangent(f, x):
 
     with forward_ad.dual_level():
         return forward_ad.unpack_dual(f(forward_ad.make_dual(x, x))).tangent
+
+
+# ---- a slot past capacity adds nothing, whatever its weight ------------------------------
+
+# Four tokens, top-1, two experts on one rank: permute orders the slots 0, 1 (expert 0), 2, 3
+# (expert 1), and a capacity of two rows per peer sends slots 0 and 1 only. Slots 2 and 3
+# weigh NaN and infinity: their rows come back as zeros, and NaN or infinity times zero is
+# NaN, which combine once let into the tokens' outputs.
+PAST_CAPACITY_IDS = np.array([[0], [0], [1], [1]], np.int32)
+PAST_CAPACITY_PROBS = np.array([[0.5], [2.0], [np.nan], [np.inf]], np.float32)
+PAST_CAPACITY_TOKENS = np.arange(8, dtype=np.float32).reshape(4, 2) + 1
+
+
+def jax_dispatch_and_combine(tokens, ids, probs):
+    """(out, d out.sum() / d probs) of dispatch then combine on one device, capacity 2."""
+    mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("ep",))
+
+    def local(tokens, ids, probs):
+        rows, _, plan = gj.dispatch(tokens, ids, 2, axis_name="ep", capacity=2)
+        return gj.combine(rows, plan, probs)
+
+    run = jax.shard_map(local, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep"))
+    return run(tokens, ids, probs), jax.grad(lambda p: run(tokens, ids, p).sum())(probs)
+
+
+def torch_dispatch_and_combine(tokens, ids, probs, store):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        probs = torch.tensor(probs, requires_grad=True)
+        rows, _, plan = gt.dispatch(torch.tensor(tokens), torch.tensor(ids), 2, capacity=2)
+        out = gt.combine(rows, plan, probs)
+        out.sum().backward()
+        return out.detach(), probs.grad
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_slot_past_capacity_adds_nothing_whatever_its_weight(tmp_path):
+    want = PAST_CAPACITY_TOKENS * PAST_CAPACITY_PROBS  # the first two tokens' rows, weighted
+    want[2:] = 0
+    results = {"jax": jax_dispatch_and_combine(PAST_CAPACITY_TOKENS, PAST_CAPACITY_IDS, PAST_CAPACITY_PROBS),
+               "torch": torch_dispatch_and_combine(PAST_CAPACITY_TOKENS, PAST_CAPACITY_IDS, PAST_CAPACITY_PROBS,
+                                                   tmp_path / "store")}
+    for framework, (out, dprobs) in results.items():
+        out, dprobs = np.asarray(out), np.asarray(dprobs)
+        np.testing.assert_array_equal(out, want, err_msg=framework)
+        np.testing.assert_array_equal(dprobs[:, 0], [3, 7, 0, 0], err_msg=framework)  # each token's row sum
+    np.testing.assert_array_equal(np.asarray(results["jax"][0]), np.asarray(results["torch"][0]))
+
+
+# ---- torch.func over the exchange ---------------------------------------------------------
+
+
+def test_torch_func_transforms_the_exchange_cannot_run_are_refused_naming_them(tmp_path):
+    # torch's all_to_all has no torch.func rule: grad failed inside torch, naming nothing of
+    # groupgemm; vmap's fallback gave wrong rows in capacity mode, silently, and failed
+    # copying batched counts to the host in dropless mode.
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        x, ids, batch = torch.randn(10, 8), torch.randint(0, 4, (10, 2)), torch.randn(2, 10, 8)
+        for capacity in (None, 32):
+            layer = gt.ExpertParallelMoE(4, 8, 6, 2, capacity=capacity)
+            params = dict(layer.named_parameters())
+            rows, _, plan = gt.dispatch(x, ids, 4, capacity=capacity)
+            refused = {
+                "ExpertParallelMoE": [lambda: torch.func.vmap(lambda t: layer(t)[0])(batch),
+                                      lambda: torch.func.grad(
+                                          lambda p: torch.func.functional_call(layer, p, (x,))[0].sum())(params)],
+                "dispatch": [lambda: torch.func.vmap(lambda t: gt.dispatch(t, ids, 4, capacity=capacity)[0])(batch),
+                             lambda: torch.func.grad(lambda t: gt.dispatch(t, ids, 4, capacity=capacity)[0].sum())(x)],
+                "combine": [lambda: torch.func.grad(lambda r: gt.combine(r, plan).sum())(rows)],
+                "dispatch_probs": [lambda: torch.func.vmap(lambda p: gt.dispatch_probs(p, plan))(torch.rand(3, 10, 2))],
+            }
+            for fn, calls in refused.items():
+                for call in calls:
+                    with pytest.raises(NotImplementedError, match=f"{fn}: torch.func"):
+                        call()
+    finally:
+        dist.destroy_process_group()

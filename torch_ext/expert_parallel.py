@@ -63,7 +63,7 @@ class DispatchPlan:
     per-slot values the same way: returned by dispatch."""
     expert_indices: Tensor  # [T, k]: dispatch's
     num_experts: int
-    row_map: Tensor  # [T, k]: the first permute's, for the weighted sum
+    row_map: Tensor  # [T, k]: the weighted sum's: the first permute's, -1 where a slot was past capacity
     receive_experts: Tensor  # [received rows, 1]: the local expert of each received row, -1 padding
     send_rows: Tensor | None  # capacity: [ep * capacity, 1], the permuted row of each sent row, -1 padding
     return_rows: Tensor | None  # capacity: [T * k, 1], the returned row of each permuted row, -1: none
@@ -71,6 +71,25 @@ class DispatchPlan:
     group: dist.ProcessGroup
     splits: "_Splits | None" = None  # dropless: the rows exchanged with each peer
     received_rows: Tensor | None = None  # where each received row went, sorted by local expert
+
+
+def _check_no_torch_func(fn) -> None:
+    """The exchange runs under no torch.func transform but jvp (refused in _exchange): torch's
+    all_to_all is an autograd.Function without torch.func support (grad, vjp and jacrev
+    failed inside torch, naming nothing of this call) and without a batching rule (vmap's
+    fallback gave wrong rows, silently, in capacity mode; dropless mode failed copying
+    batched counts to the host)."""
+    if torch.compiler.is_compiling():  # Dynamo cannot trace the interpreter stack: a compiled call goes unchecked
+        return
+    TransformType = torch._C._functorch.TransformType
+    active = {interpreter.key() for interpreter in torch._C._functorch.get_interpreter_stack() or ()}
+    if TransformType.Grad in active:
+        raise NotImplementedError(f"{fn}: torch.func's grad, vjp and jacrev are not supported: torch's all_to_all, "
+                                  "which exchanges the rows, has no torch.func rule; use torch.autograd "
+                                  "(loss.backward() or torch.autograd.grad)")
+    if TransformType.Vmap in active:
+        raise NotImplementedError(f"{fn}: torch.func.vmap is not supported: torch's all_to_all, which exchanges the "
+                                  "rows, has no batching rule; loop over the batch, or fold it into the tokens")
 
 
 def _exchange(x: Tensor, group, send=None, receive=None) -> Tensor:
@@ -119,6 +138,7 @@ def _send(tokens, expert_indices, num_experts, group, capacity, fn) -> tuple[Ten
     """dispatch's exchange: the rows this rank received, in the order they arrived
     (plan.receive_experts gives each its local expert, -1 for padding), and the plan
     without received_rows."""
+    _check_no_torch_func(fn)
     group = group or dist.group.WORLD
     ep = _group_size(group, fn)
     e_local = rules.check(num_experts, ep, capacity, fn)
@@ -143,9 +163,9 @@ def _send(tokens, expert_indices, num_experts, group, capacity, fn) -> tuple[Ten
     else:
         send_rows, sent, dropped = rules.send_plan(_Ops, group_sizes, ep, capacity)
         received = _exchange_counts(sent.reshape(-1), group).reshape(ep, e_local)
-        plan = DispatchPlan(expert_indices, num_experts, row_map, rules.receive_plan(_Ops, received, capacity),
-                            send_rows, rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0]),
-                            dropped, group)
+        return_rows = rules.return_plan(_Ops, group_sizes, ep, capacity, permuted.shape[0])
+        plan = DispatchPlan(expert_indices, num_experts, rules.combine_row_map(_Ops, row_map, return_rows),
+                            rules.receive_plan(_Ops, received, capacity), send_rows, return_rows, dropped, group)
     return _arrive(permuted, plan), plan
 
 
@@ -205,6 +225,7 @@ def dispatch_probs(probs: Tensor, plan: DispatchPlan) -> Tensor:
     (Megatron-core's take the probs with the rows). One more all-to-all, of one column;
     no host copy. Differentiable in ``probs``."""
     fn = "dispatch_probs"
+    _check_no_torch_func(fn)
     rules.check_plan(plan, DispatchPlan, fn)
     rules.check_slot_values(shape_and_dtype(probs, "probs", fn), tuple(plan.expert_indices.shape), "probs", fn)
     slots = probs.reshape(-1, 1)
@@ -254,6 +275,7 @@ def combine(expert_output: Tensor, plan: DispatchPlan, probs: Tensor | None = No
     j, accumulated in float32 in slot order (unpermute), from dispatch's ``plan``; a slot
     that was dropped adds nothing. Differentiable."""
     fn = "combine"
+    _check_no_torch_func(fn)
     rules.check_plan(plan, DispatchPlan, fn)
     output = shape_and_dtype(expert_output, "expert_output", fn)
     rules.check_expert_output(output, plan.received_rows.shape[0], fn)

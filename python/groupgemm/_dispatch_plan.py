@@ -142,3 +142,15 @@ def return_plan(ops, group_sizes, ep_size, capacity, num_rows):
     offset = p[:, 0] - ops.take(start, clipped)
     sent = (rank < ep_size) & (offset < capacity)
     return ops.int32(ops.where(sent, clipped * capacity + offset, -1).reshape(-1, 1))
+
+
+def combine_row_map(ops, row_map, return_rows):
+    """The weighted sum's ``row_map [T, k]`` after a capacity exchange: permute's, with -1
+    (a dropped slot) where the slot's row was not sent (``return_plan``'s -1). The row it
+    names is zeros, but a slot weight that is NaN or infinite times zero is NaN: a dropped
+    slot must add nothing, whatever its weight."""
+    if return_rows.shape[0] == 0:  # no slot (T = 0): nothing to take from
+        return row_map
+    named = ops.where(row_map >= 0, row_map, 0)
+    sent = ops.take(return_rows[:, 0], named) >= 0
+    return ops.int32(ops.where((row_map >= 0) & sent, row_map, -1))
