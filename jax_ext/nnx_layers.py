@@ -112,7 +112,7 @@ class GroupedLinear(nnx.Module):
         weight, bias = self.weight_and_bias()
         contract.layer_x(x.shape, dtype_name(x.dtype), self.in_features, "in_features",
                          parameters_dtype(self, "GroupedLinear"), "GroupedLinear", rank=2)
-        contract.layer_group_sizes(group_sizes, self.num_experts, "GroupedLinear")
+        contract.layer_group_sizes(group_sizes, self.num_experts, "GroupedLinear", dtype_name)
         if self.fp8 is None:
             return grouped_matmul(x, weight, group_sizes, bias=bias, transpose_rhs=True)
         return fp8_recipe.checked_fp8_grouped_matmul(x, weight, group_sizes, bias=bias,
@@ -161,7 +161,7 @@ class GroupedMLP(nnx.Module):
         x = jnp.asarray(x)
         (w_in, b_in), (w_out, b_out) = self.fc1.weight_and_bias(), self.fc2.weight_and_bias()
         self._check_input(x, "x")
-        contract.layer_group_sizes(group_sizes, self.fc1.num_experts, "GroupedMLP")
+        contract.layer_group_sizes(group_sizes, self.fc1.num_experts, "GroupedMLP", dtype_name)
         return grouped_mlp(x, w_in, w_out, group_sizes, activation=self.activation, b_in=b_in, b_out=b_out,
                            transpose_rhs=True, fp8=self.fp8)
 

@@ -121,6 +121,13 @@ BAD = {
         ValueError, f"{layer.__name__}: group_sizes has {len(sizes)} entries, but the layer has num_experts = 3: one "
         "size per expert")
        for layer in (gf.GroupedLinear, gf.GroupedMLP) for sizes in ([2, 4], jnp.array([2, 0, 3, 1]))},
+    **{f"{layer.__name__} with group sizes {sizes!r}": (  # the layer's name, not the GEMM op's
+        lambda layer=layer, sizes=sizes: layer(3, 8, 4, rngs=nnx.Rngs(0))(jnp.ones((6, 8)), sizes),
+        TypeError, f"{layer.__name__}: group_sizes must {must}")
+       for layer in (gf.GroupedLinear, gf.GroupedMLP)
+       for sizes, must in ((jnp.array([2.0, 0, 3]), "be an integer array, got float32"),
+                           (np.array([True, False, True]), "be an integer array, got bool"),
+                           ([2.0, 0, 3], "hold integers, got 2.0"))},
     **{f"routed tokens of another width (fused={fused})": (
         lambda fused=fused: gf.GroupedMLP(3, 8, 4, fused=fused, rngs=nnx.Rngs(0)).forward_routed(
             jnp.ones((6, 9)), jnp.zeros((6, 2), jnp.int32)),

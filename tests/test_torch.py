@@ -407,6 +407,11 @@ def test_expert_block_with_no_tokens_gives_every_parameter_a_full_shape_zero_gra
        f"{type(layer).__name__}: group_sizes has {len(sizes)} entries, but the layer has num_experts = 3: one size "
        "per expert") for layer in (GroupedLinear(3, 8, 4), GroupedMLP(3, 8, 4))
       for sizes in ([2, 4], torch.tensor([2, 0, 3, 1]))],
+    *[(lambda layer=layer, sizes=sizes: layer(torch.randn(6, 8), sizes), TypeError,  # not the GEMM op's name
+       f"{type(layer).__name__}: group_sizes must {must}") for layer in (GroupedLinear(3, 8, 4), GroupedMLP(3, 8, 4))
+      for sizes, must in ((torch.tensor([2.0, 0, 3]), "be an integer array, got float32"),
+                          (torch.tensor([True, False, True]), "be an integer array, got bool"),
+                          ([2.0, 0, 3], "hold integers, got 2.0"))],
     # Routed tokens in the layer's terms, not the permuted rows' or the fused op's:
     *[(lambda fused=fused: GroupedMLP(3, 8, 4, fused=fused).forward_routed(
         torch.randn(6, 7), torch.zeros(6, 2, dtype=torch.int32)),

@@ -81,7 +81,7 @@ class GroupedLinear(nn.Module):
         shape, x_dtype = shape_and_dtype(x, "x", "GroupedLinear")
         contract.layer_x(shape, x_dtype, self.in_features, "in_features",
                          autocast.layer_dtype(x, self, "GroupedLinear"), "GroupedLinear", rank=2)
-        contract.layer_group_sizes(group_sizes, self.num_experts, "GroupedLinear")
+        contract.layer_group_sizes(group_sizes, self.num_experts, "GroupedLinear", dtype_name)
         if isinstance(group_sizes, (list, tuple)):
             sizes = contract.static_group_sizes(group_sizes, x.shape[0], "GroupedLinear")
             group_sizes = torch.tensor(sizes, dtype=torch.int64, device=x.device)
@@ -177,7 +177,7 @@ class GroupedMLP(nn.Module):
                 raise TypeError("GroupedMLP: probs and group_offset go with expert_indices (routed tokens), "
                                 "not with group_sizes")
             self._check_input(x, "x")
-            contract.layer_group_sizes(group_sizes, self.fc1.num_experts, "GroupedMLP")
+            contract.layer_group_sizes(group_sizes, self.fc1.num_experts, "GroupedMLP", dtype_name)
             return self.fc2(expert.activate(self.fc1(x, group_sizes), self.activation), group_sizes)
         self._check_input(x, "tokens")
         if self._runs_fused(x.device):

@@ -458,11 +458,18 @@ def layer_x(shape, x_dtype, width, width_name, dtype, fn, name="x", rank=None):
                         f"{remedy}")
 
 
-def layer_group_sizes(group_sizes, num_experts, fn):
-    """A grouped layer's ``group_sizes`` (a list of ints or an array) has one entry per
-    expert: the layer takes no group_offset, so a window is not what was meant. Other
-    ranks and dtypes are the ops' to name."""
-    shape = (len(group_sizes),) if isinstance(group_sizes, (list, tuple)) else getattr(group_sizes, "shape", None)
+def layer_group_sizes(group_sizes, num_experts, fn, dtype_name):
+    """A grouped layer's ``group_sizes``, a list of ints or an integer array (``dtype_name``:
+    the frontend's name of its dtype), with one entry per expert: the layer takes no
+    group_offset, so a window is not what was meant. Named as the layer's, not the op's it
+    calls; other ranks are the op's to name."""
+    listed = isinstance(group_sizes, (list, tuple))
+    for v in group_sizes if listed else (group_sizes,):  # a list may hold arrays (jit's tracers)
+        if hasattr(v, "dtype"):
+            check_index_dtype(dtype_name(v.dtype), "group_sizes", fn)
+        elif listed and not is_static_int(v):
+            raise TypeError(f"{fn}: group_sizes must hold integers, got {v!r}")
+    shape = (len(group_sizes),) if listed else getattr(group_sizes, "shape", None)
     if shape is not None and len(shape) == 1 and shape[0] != num_experts:
         raise ValueError(f"{fn}: group_sizes has {shape[0]} entries, but the layer has num_experts = {num_experts}: "
                          "one size per expert")
@@ -709,8 +716,9 @@ def local_group_count(num_groups, sizes_shape, has_offset, fn, name="group_sizes
     ``len(group_sizes)`` (``sizes_shape``, None when group_sizes has no shape: the
     group_sizes check then names it)."""
     one_dimensional = sizes_shape is not None and len(sizes_shape) == 1
-    if num_groups is not None:
-        if one_dimensional and is_static_int(num_groups):  # before the shapes that follow from it
+    if num_groups is not None:  # checked before the shapes that follow from it
+        num_groups = static_count(num_groups, "num_groups", fn)
+        if one_dimensional:
             check_group_count(sizes_shape[0], num_groups, has_offset, fn, name)
         return num_groups
     if has_offset:

@@ -93,6 +93,11 @@ FP8_BAD_INPUTS = [
              r"x must be 2-D \[M, C\]"),
     BadInput("quantize_grouped_count", lambda f, a: f.quantize_fp8_grouped(a.x, a.sizes, "rowwise", num_groups=2),
              ValueError, "group_sizes has 3 entries but there are 2 groups"),
+    # named as itself, not as a group_sizes of the wrong length
+    *[BadInput(f"{name}_negative_count", call, ValueError, "num_groups must be a non-negative int, got -1")
+      for name, call in (("quantize_grouped", lambda f, a: f.quantize_fp8_grouped(a.x, a.sizes, "rowwise",
+                                                                                 num_groups=-1)),
+                         ("wgrad", lambda f, a: _wgrad(f, a, num_groups=-1)))],
     BadInput("layer_blockwise_width", lambda f, a: _layer(f, a, 64, 128), ValueError,
              "fp8='blockwise' needs in_features to be a multiple of 128 .*, got 64"),
     BadInput("layer_blockwise_out_width", lambda f, a: _layer(f, a, 128, 8), ValueError,
