@@ -74,11 +74,11 @@ class DispatchPlan:
 
 
 def _check_no_torch_func(fn) -> None:
-    """The exchange runs under no torch.func transform but jvp (refused in _exchange): torch's
-    all_to_all is an autograd.Function without torch.func support (grad, vjp and jacrev
-    failed inside torch, naming nothing of this call) and without a batching rule (vmap's
-    fallback gave wrong rows, silently, in capacity mode; dropless mode failed copying
-    batched counts to the host)."""
+    """Refuses torch.func's grad-like transforms and vmap around the exchange (forward mode is
+    refused in _exchange): torch's all_to_all is an autograd.Function without torch.func
+    support (grad, vjp and jacrev failed inside torch, naming nothing of this call) and has
+    no batching rule (vmap's fallback gave wrong rows, silently, in capacity mode; dropless
+    mode failed copying batched counts to the host)."""
     if torch.compiler.is_compiling():  # Dynamo cannot trace the interpreter stack: a compiled call goes unchecked
         return
     TransformType = torch._C._functorch.TransformType
