@@ -276,6 +276,27 @@ def test_use_groupgemm_dispatcher_puts_it_into_a_moe_layer_with_the_same_bits(pr
     assert all(torch.equal(g1, g2) for g1, g2 in zip(grads1, grads2))
 
 
+def test_use_groupgemm_dispatcher_stays_in_a_layer_built_for_inference_optimized_runs(process_groups, monkeypatch):
+    # Such a layer keeps its training dispatcher aside and puts it back at every training
+    # forward: the replacement was undone by the first one, silently.
+    from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=1, ffn_hidden_size=FFN,
+                               moe_ffn_hidden_size=FFN, num_moe_experts=EXPERTS, moe_router_topk=2,
+                               gated_linear_unit=False, activation_func=torch.nn.functional.gelu,
+                               add_bias_linear=False, bias_activation_fusion=False, use_cpu_initialization=True,
+                               moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none",
+                               transformer_impl="inference_optimized", moe_router_dtype="fp32",
+                               normalization="RMSNorm")
+    spec = MoESubmodules(experts=ModuleSpec(module=TEGroupedMLP, submodules=GroupedMLPSubmodules(
+        linear_fc1=ColumnParallelGroupedLinear, linear_fc2=RowParallelGroupedLinear)))
+    layer = use_groupgemm_dispatcher(MoELayer(config, spec, pg_collection=process_groups), capacity=4)
+    layer(torch.randn(3, 1, HIDDEN))
+    assert type(layer.token_dispatcher) is token_dispatcher_class()
+
+
 def test_token_dispatcher_refuses_what_it_does_not_implement(process_groups):
     dispatcher_cls = token_dispatcher_class()
     config = _config()

@@ -312,6 +312,11 @@ def use_groupgemm_dispatcher(moe_layer, capacity=None):
     moe_layer.token_dispatcher = token_dispatcher_class()(
         moe_layer.num_local_experts, moe_layer.local_expert_indices, config=moe_layer.config,
         pg_collection=_collection_of(old), capacity=capacity)
+    # A layer built with transformer_impl="inference_optimized" keeps its training dispatcher
+    # aside and puts it back at each forward outside inference mode, which would undo the
+    # replacement silently: the one kept aside is replaced too.
+    if hasattr(moe_layer, "_training_token_dispatcher"):
+        moe_layer._training_token_dispatcher = moe_layer.token_dispatcher
     return moe_layer
 
 
