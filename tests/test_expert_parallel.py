@@ -356,7 +356,8 @@ PAST_CAPACITY_TOKENS = np.arange(8, dtype=np.float32).reshape(4, 2) + 1
 
 
 def jax_dispatch_and_combine(tokens, ids, probs):
-    """(out, d out.sum() / d probs) of dispatch then combine on one device, capacity 2."""
+    """(out, d out.sum() / d probs, d out.sum() / d tokens) of dispatch then combine on one
+    device, capacity 2."""
     mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("ep",))
 
     def local(tokens, ids, probs):
@@ -364,7 +365,8 @@ def jax_dispatch_and_combine(tokens, ids, probs):
         return gj.combine(rows, plan, probs)
 
     run = jax.shard_map(local, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep"))
-    return run(tokens, ids, probs), jax.grad(lambda p: run(tokens, ids, p).sum())(probs)
+    dprobs, dtokens = jax.grad(lambda p, t: run(t, ids, p).sum(), argnums=(0, 1))(probs, tokens)
+    return run(tokens, ids, probs), dprobs, dtokens
 
 
 def torch_dispatch_and_combine(tokens, ids, probs, store):
@@ -373,11 +375,11 @@ def torch_dispatch_and_combine(tokens, ids, probs, store):
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
-        probs = torch.tensor(probs, requires_grad=True)
-        rows, _, plan = gt.dispatch(torch.tensor(tokens), torch.tensor(ids), 2, capacity=2)
+        probs, tokens = torch.tensor(probs, requires_grad=True), torch.tensor(tokens, requires_grad=True)
+        rows, _, plan = gt.dispatch(tokens, torch.tensor(ids), 2, capacity=2)
         out = gt.combine(rows, plan, probs)
         out.sum().backward()
-        return out.detach(), probs.grad
+        return out.detach(), probs.grad, tokens.grad
     finally:
         dist.destroy_process_group()
 
@@ -388,10 +390,12 @@ def test_a_slot_past_capacity_adds_nothing_whatever_its_weight(tmp_path):
     results = {"jax": jax_dispatch_and_combine(PAST_CAPACITY_TOKENS, PAST_CAPACITY_IDS, PAST_CAPACITY_PROBS),
                "torch": torch_dispatch_and_combine(PAST_CAPACITY_TOKENS, PAST_CAPACITY_IDS, PAST_CAPACITY_PROBS,
                                                    tmp_path / "store")}
-    for framework, (out, dprobs) in results.items():
-        out, dprobs = np.asarray(out), np.asarray(dprobs)
+    want_dtokens = np.repeat(np.where(np.isfinite(PAST_CAPACITY_PROBS), PAST_CAPACITY_PROBS, 0), 2, axis=1)
+    for framework, (out, dprobs, dtokens) in results.items():
+        out, dprobs, dtokens = np.asarray(out), np.asarray(dprobs), np.asarray(dtokens)
         np.testing.assert_array_equal(out, want, err_msg=framework)
         np.testing.assert_array_equal(dprobs[:, 0], [3, 7, 0, 0], err_msg=framework)  # each token's row sum
+        np.testing.assert_array_equal(dtokens, want_dtokens, err_msg=framework)  # its weight where it was sent
     np.testing.assert_array_equal(np.asarray(results["jax"][0]), np.asarray(results["torch"][0]))
 
 
@@ -418,8 +422,11 @@ def test_torch_func_transforms_the_exchange_cannot_run_are_refused_naming_them(t
                                           lambda p: torch.func.functional_call(layer, p, (x,))[0].sum())(params)],
                 "dispatch": [lambda: torch.func.vmap(lambda t: gt.dispatch(t, ids, 4, capacity=capacity)[0])(batch),
                              lambda: torch.func.grad(lambda t: gt.dispatch(t, ids, 4, capacity=capacity)[0].sum())(x)],
-                "combine": [lambda: torch.func.grad(lambda r: gt.combine(r, plan).sum())(rows)],
-                "dispatch_probs": [lambda: torch.func.vmap(lambda p: gt.dispatch_probs(p, plan))(torch.rand(3, 10, 2))],
+                "combine": [lambda: torch.func.grad(lambda r: gt.combine(r, plan).sum())(rows),
+                            lambda: torch.func.vmap(lambda r: gt.combine(r, plan))(rows[None].expand(3, -1, -1))],
+                "dispatch_probs": [lambda: torch.func.vmap(lambda p: gt.dispatch_probs(p, plan))(torch.rand(3, 10, 2)),
+                                   lambda: torch.func.grad(lambda p: gt.dispatch_probs(p, plan).sum())(
+                                       torch.rand(10, 2))],
             }
             for fn, calls in refused.items():
                 for call in calls:

@@ -97,9 +97,9 @@ def _exchange(x: Tensor, group, send=None, receive=None) -> Tensor:
     result from rank s; differentiable in reverse mode."""
     # torch's all_to_all has no forward-mode formula and drops a tangent without an error.
     if forward_ad._current_level >= 0 and forward_ad.unpack_dual(x).tangent is not None:
-        raise NotImplementedError("dispatch / combine (and ExpertParallelMoE): forward-mode derivatives (jvp) are not "
-                                  "supported: torch's all_to_all, which exchanges the rows, drops the tangent; use "
-                                  "reverse mode")
+        raise NotImplementedError("dispatch / combine / dispatch_probs (and ExpertParallelMoE): forward-mode "
+                                  "derivatives (jvp) are not supported: torch's all_to_all, which exchanges the rows, "
+                                  "drops the tangent; use reverse mode")
     return collectives.wait_tensor(collectives.all_to_all_single_autograd(x, receive, send, group))
 
 
