@@ -188,16 +188,19 @@ def _summed_axes(layout, axes, dims):
     return tuple(a for f in layout.summed if f in axes and f not in dims.split() for a in axes[f])
 
 
-def _scatters(whole, layout, axes, result_specs):
+def _scatters(whole, layout, axes, result_specs, mesh, sizes):
     """Per result, (dimension, axes) to reduce-scatter it along, or None: where XLA wants a
     summed result sharded over summed axes along an unsharded dimension (tokens gathered to
-    meet experts on their axis: the all-gather dispatch's reduce-scatter) the sum scatters."""
+    meet experts on their axis: the all-gather dispatch's reduce-scatter) the sum scatters,
+    if those axes' shards divide the dimension evenly (else it is summed whole, as _plan
+    gathers such a dimension)."""
     scatters = []
     for whole_dims, dims, spec in zip(whole.results, layout.results, result_specs):
         over, lead, choice = _summed_axes(layout, axes, dims), len(whole_dims.split()) - len(dims.split()), None
         for j, factor in enumerate(dims.split()):
             wanted = _entry_axes(spec[lead + j]) if spec is not None else ()
-            if wanted and factor not in axes and set(wanted) <= set(over):
+            if wanted and factor not in axes and set(wanted) <= set(over) and \
+                    sizes[factor] % _shards(mesh, wanted) == 0:
                 choice = (j, wanted)
                 break
         scatters.append(choice)
@@ -339,7 +342,7 @@ def _custom_partitioned(fn, layout, static, batched):
             return mesh, unpartitioned, _replicated(mesh, len(results)), _replicated(mesh, len(arg_shapes))
         axes, sizes = plan
         result_specs = [_named_spec(getattr(r, "sharding", None), len(r.shape)) for r in results]
-        scatters = _scatters(whole, layout, axes, result_specs)
+        scatters = _scatters(whole, layout, axes, result_specs, mesh, sizes)
         lead = int(any(batched))
         arg_shardings = tuple(NamedSharding(mesh, _spec(d, axes)) for d in whole.operands)
         result_shardings = tuple(NamedSharding(mesh, _result_spec(d, axes, sc, lead))

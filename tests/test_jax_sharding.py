@@ -494,6 +494,35 @@ def test_tokens_and_experts_on_one_axis_gather_the_tokens_and_reduce_scatter_the
     assert all(len(shape) < 3 for shape in reduced(text))
 
 
+def test_rows_the_experts_axis_does_not_divide_are_summed_whole_not_reduce_scattered():
+    """6 tokens wanted over the 4 devices that hold the experts: the all-gather dispatch's
+    reduce-scatter needs equal shards of rows, and failed inside the partitioner; the
+    outputs are summed whole instead, with the unsharded call's bits."""
+    mesh = mesh_1d()
+    rng = np.random.default_rng(7)
+    tokens = rng.standard_normal((6, 8)).astype(np.float32)
+    w_in, w_out = rng.standard_normal((4, 8, 12)).astype(np.float32), rng.standard_normal((4, 6, 8)).astype(np.float32)
+    ids = np.asarray([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, -1]], np.int32)
+    probs = rng.random((6, 2)).astype(np.float32)
+    sizes = np.asarray([2, 1, 0, 3], np.int32)
+
+    def calls(rows):
+        return {"grouped_matmul": lambda x, w: rows(gj.grouped_matmul(rows(x), w, sizes)),
+                "expert_mlp": lambda t, a, b: rows(gj.expert_mlp(rows(t), rows(ids), rows(probs), a, b))}
+
+    on_rows = calls(lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P("x"))))
+    plain = calls(lambda a: a)
+    operands = {"grouped_matmul": (tokens, w_in), "expert_mlp": (tokens, w_in, w_out)}
+    for what, args in operands.items():
+        sharded = (put(mesh, args[0]), *(put(mesh, w, "x") for w in args[1:]))
+        argnums = tuple(range(len(args)))
+        for fn, want_fn in ((on_rows[what], plain[what]),
+                            (jax.grad(lambda *a, f=on_rows[what]: f(*a).sum(), argnums),
+                             jax.grad(lambda *a, f=plain[what]: f(*a).sum(), argnums))):
+            for got, want in zip(jax.tree.leaves(jax.jit(fn)(*sharded)), jax.tree.leaves(want_fn(*args))):
+                assert_same_bits(got, want, what)
+
+
 def test_layouts_that_cannot_stay_sharded_gather_and_stay_correct():
     """swiglu on column shards (gate column j pairs with column F + j) and permute on token
     shards (its rows come in expert order over all tokens): XLA gathers, values are exact."""
