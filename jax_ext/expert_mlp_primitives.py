@@ -42,7 +42,7 @@ from groupgemm.jax_ext.expert_primitives import (
     slot_dots_p,
 )
 from groupgemm.jax_ext.functional import grouped_matmul, grouped_matmul_wgrad
-from groupgemm.jax_ext.partitioning import varying_count
+from groupgemm.jax_ext.partitioning import reshaped, varying_count
 from groupgemm.jax_ext.primitives import (
     aval_of,
     bias_grad_p,
@@ -160,7 +160,7 @@ class _Composition:
     def h_rows(self):
         """h [T, k, F_in] (slot order) in the routing's order: a permute of its T*k slots."""
         t, k, f_in = self.h.shape
-        return permute(self.h.reshape(t * k, f_in), self.local.reshape(t * k, 1), self.experts)[0]
+        return permute(reshaped(self.h, (t * k, f_in)), reshaped(self.local, (t * k, 1)), self.experts)[0]
 
     @functools.cached_property
     def act(self):
@@ -245,7 +245,7 @@ def _h_formula(tokens, expert_indices, w_in, group_offset, b_in, *, transpose_rh
     local = window_ids(expert_indices, group_offset, w_in.shape[0])
     x, sizes, row_map = permute(tokens, local, w_in.shape[0])
     rows = grouped_matmul(x, w_in, sizes, bias=b_in if has_b_in else None, transpose_rhs=transpose_rhs)
-    return unpermute(rows, row_map.reshape(t * k, 1)).reshape(t, k, rows.shape[-1])
+    return reshaped(unpermute(rows, reshaped(row_map, (t * k, 1))), (t, k, rows.shape[-1]))
 
 
 # ---- the forward ------------------------------------------------------------------------------

@@ -406,6 +406,23 @@ def typed_like(x, aval):
     return jax.sharding.reshard(x, want)
 
 
+def reshaped(x, shape):
+    """``x.reshape(shape)`` for a reshape that merges or splits the leading (token)
+    dimension: on a mesh with explicit axes, which cannot infer such a reshape's sharding,
+    the leading dimension keeps its axes, as do trailing dimensions the reshape leaves."""
+    aval = getattr(x, "aval", x)
+    spec = _explicit_spec(aval)
+    if spec is None:
+        return x.reshape(shape)
+    kept = [None] * len(shape)
+    kept[0] = spec[0]
+    for i in range(1, min(len(shape), len(aval.shape))):
+        if shape[-i] != aval.shape[-i]:
+            break
+        kept[-i] = spec[-i]
+    return jax.lax.reshape(x, shape, out_sharding=NamedSharding(aval.sharding.mesh, P(*kept)))
+
+
 def _explicit_spec(aval):
     """The spec of an operand typed on a mesh with explicit axes (jax.sharding.AxisType),
     or None."""

@@ -592,6 +592,7 @@ def _batched_ops():
     sizes = jnp.asarray(SIZES, jnp.int32)
     experts = jnp.asarray(rng.integers(-1, 4, (M, 2)), jnp.int32)
     w_in, w_out = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((4, K, 2 * N), (4, N, K)))
+    probs = jnp.asarray(rng.random((M, 2)), jnp.float32)
     return {
         "grouped_matmul": (lambda x: gj.grouped_matmul(x, d["rhs"], sizes), (M, K)),
         "grouped_matmul_wgrad": (lambda x: gj.grouped_matmul_wgrad(x, d["dout"], sizes, num_groups=4), (M, K)),
@@ -600,6 +601,8 @@ def _batched_ops():
         "permute_unpermute": (lambda x: gj.unpermute(gj.permute(x, experts, 4)[0], gj.permute(x, experts, 4)[2]),
                               (M, K)),
         "grouped_mlp": (lambda x: gj.grouped_mlp(x, w_in, w_out, sizes), (M, K)),
+        "expert_mlp_jvp": (lambda x: jax.jvp(lambda t: gj.expert_mlp(t, experts, probs, w_in, w_out), (x,), (x,)),
+                           (M, K)),
         "quantize_fp8": (lambda x: gj.quantize_fp8(x, "rowwise"), (M, K)),
     }
 
@@ -614,6 +617,33 @@ def test_vmap_over_a_batch_axis_sharded_on_explicit_axes_matches_the_unsharded_c
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         assert_same_bits(np.asarray(g), np.asarray(w), op)
         assert jax.typeof(g).sharding.spec[0] == "x", op  # each device its own batch entries
+
+
+def test_expert_mlp_forward_mode_and_second_order_on_explicit_axes_match_the_unsharded_call():
+    """Tokens on the rows (data parallel), then weights on the experts: the expert MLP's
+    tangent and backward reshape [T, k] slots to rows, which explicit axes must be told
+    how to shard."""
+    rng = np.random.default_rng(8)
+    f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    tokens, dout, w_in, w_out = f32(M, K), f32(M, K), f32(4, K, 2 * N), f32(4, N, K)
+    ids, probs = rng.integers(-1, 4, (M, 2)).astype(np.int32), rng.random((M, 2)).astype(np.float32)
+
+    def jvp(t, i, p, a, b):
+        return jax.jvp(lambda t, a: gj.expert_mlp(t, i, p, a, b), (t, a), (t, a))
+
+    def grad_of_grad(t, i, p, a, b):
+        first = jax.grad(lambda t, a: jnp.sum(gj.expert_mlp(t, i, p, a, b) * dout), argnums=(0, 1))
+        return jax.grad(lambda t, a: sum(jnp.sum(g ** 2) for g in first(t, a)), argnums=(0, 1))(t, a)
+
+    mesh = explicit_mesh()
+    for fn in (jvp, grad_of_grad):
+        want = jax.jit(fn)(tokens, ids, probs, w_in, w_out)
+        with jax.set_mesh(mesh):
+            for rows, experts in ((P("x"), P()), (P(), P("x"))):
+                got = jax.jit(fn)(*(put(mesh, a, *rows) for a in (tokens, ids, probs)),
+                                  *(put(mesh, w, *experts) for w in (w_in, w_out)))
+                for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"{fn.__name__} {rows} {experts}")
 
 
 def test_jax_lax_ragged_dot_out_sharding_test_passes_against_groupgemm():
