@@ -143,7 +143,7 @@ def test_bfloat16_wgrad_of_long_groups(out_dtype):
 
 
 def test_large_accumulate_buffer_keeps_its_contents():
-    # Outputs of 32 MiB and more get huge-page advice before they are written; the
+    # Outputs of 16 MiB and more get huge-page advice before they are written; the
     # buffer's contents must come through it: the empty group bit for bit, the others
     # added to.
     rng = np.random.default_rng(6)

@@ -192,10 +192,11 @@ def test_expert_mlp_matches_the_float64_reference_with_exact_zeros(case, dtype):
     assert_matches_the_reference(case, inputs(case), dtype)
 
 
-# Outputs of 32 MiB and more get huge-page advice before their first write (cpu/huge_pages.h),
-# as the grouped GEMMs' do: here h [T, k, F_in] (8192 * 2 * 512 float32 values), then w_in's
-# gradient (16 * 1024 * 512). Their contents must come through it.
-LARGE_OUTPUTS = [MlpCase("large_h", tuple((t % 3, (t + 1) % 3) for t in range(8192)), 4, hidden=8, ffn=256),
+# Outputs of 16 MiB and more get huge-page advice before their first write (cpu/huge_pages.h),
+# as the grouped GEMMs' do: here h [T, k, F_in] (8192 * 2 * 384 float32 values, 24 MiB: a block
+# glibc may serve from its heap), then w_in's gradient (16 * 1024 * 512, 32 MiB: a mapping of its
+# own). Their contents must come through it.
+LARGE_OUTPUTS = [MlpCase("large_h", tuple((t % 3, (t + 1) % 3) for t in range(8192)), 4, hidden=8, ffn=192),
                  MlpCase("large_w_in_gradient", ((0, 2), (2, 5), (7, 0), (2, 2)), 16, hidden=1024, ffn=256)]
 
 
