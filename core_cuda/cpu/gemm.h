@@ -2,7 +2,7 @@
 //   C[m, n] (+)= op(A)[m, k] @ op(B)[k, n] (+ bias[n])
 // A and B are row-major; a "transposed" operand X[r, c] is stored as [c, r].
 // float32 and bfloat16 go to oneDNN (AVX-512 / AMX kernels, fp32 accumulation; on a CPU
-// without AVX-512, which has no bfloat16 kernel, bfloat16 is widened to float32 here),
+// where its bfloat16 kernels are missing or slower, bfloat16 is widened to float32 here),
 // float64 to OpenBLAS. float16 is widened by the caller (oneDNN 3.2 has no fast f16
 // matmul with run-time shapes). Callers never pass m, n or k == 0.
 #pragma once
@@ -48,7 +48,8 @@ struct PackedB {
 // (every call but a bfloat16 one with a row-major A, and every call on a CPU without AMX:
 // on an AVX-512 BF16 CPU, grouped bfloat16 GEMMs of 256 to 4096 rows per group ran at
 // 0.94-1.16x of their time with B packed once, so there it is not). On a CPU that widens
-// bfloat16 (cpu_widens_bf16) the packed B is B widened to float32, once for all the calls;
+// bfloat16 (cpu_widens_bf16) the packed B is B widened to float32 (row-major on AVX-512
+// CPUs), once for all the calls;
 // on an AVX-512 CPU a float32 B stored transposed is B copied row-major (gemm_onednn.cpp:
 // the kernel's transposed read has other bits on one thread than on several).
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage);
@@ -56,8 +57,9 @@ std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage);
 // Whether pack_b packs a bfloat16 B on this CPU (with AMX, or widening bfloat16).
 bool cpu_packs_b();
 
-// Whether bfloat16 calls run widened to float32 on this CPU (one without oneDNN's
-// bfloat16 kernels: before AVX-512), the float32 kernel's sums rounded once.
+// Whether bfloat16 calls run widened to float32 on this CPU, the float32 kernel's sums
+// rounded once: where oneDNN has no bfloat16 kernel (before AVX-512) or its bfloat16
+// kernels are the slower (gemm_onednn.cpp: Intel's AVX-512 CPUs without AMX).
 bool cpu_widens_bf16();
 
 // bfloat16 weight-gradient GEMMs run their contraction in chunks of a multiple of this

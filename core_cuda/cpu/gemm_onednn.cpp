@@ -26,6 +26,8 @@
 //    that reads B that way; a caller with several calls on one B packs it once for all.
 //  - float32: every dimension and stride is run-time, one primitive per layout; oneDNN
 //    has no faster choice there (packing its B measured no faster).
+//  - bfloat16 where oneDNN's bfloat16 kernels are missing or slower than its float32 one
+//    (bf16_kernels_pay): float32's primitives on the operands widened (execute_widened).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -306,13 +308,14 @@ bool transposed_f32_b(const GemmCall& c) {
 }
 bool multiplies_b_row_major(const GemmCall& c) { return transposed_f32_b(c) && c.m >= kMinPackedRows; }
 
-// The call's B (stored [n, k]) row-major into `out` ([k, n]): oneDNN's reorder, one per
-// shape (a transposition: exact, whatever its threads).
+// The call's B (stored [n, k], float32 or bfloat16) row-major into `out` ([k, n], float32):
+// oneDNN's reorder, one per shape (a transposition, bfloat16 widened: exact, whatever its
+// threads).
 void b_row_major(const GemmCall& c, float* out) {
-  static LruCache<std::pair<int64_t, int64_t>, dnnl::reorder> reorders(kOnednnCacheCapacity);
-  const memory::desc given({c.k, c.n}, memory::data_type::f32, strides(true, c.k, c.n));
+  static LruCache<std::tuple<DType, int64_t, int64_t>, dnnl::reorder> reorders(kOnednnCacheCapacity);
+  const memory::desc given({c.k, c.n}, onednn_type(c.in_dtype), strides(true, c.k, c.n));
   const memory::desc row_major({c.k, c.n}, memory::data_type::f32, strides(false, c.k, c.n));
-  const std::shared_ptr<const dnnl::reorder> reorder = reorders.get({c.k, c.n}, [&] {
+  const std::shared_ptr<const dnnl::reorder> reorder = reorders.get({c.in_dtype, c.k, c.n}, [&] {
     dnnl::primitive_attr user_scratchpad;
     user_scratchpad.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const dnnl::reorder::primitive_desc pd(cpu_engine(), given, cpu_engine(), row_major, user_scratchpad);
@@ -324,6 +327,21 @@ void b_row_major(const GemmCall& c, float* out) {
   before_parallel_work();
   reorder->execute(thread_stream(), from, to);
   thread_stream().wait();
+}
+
+// Whether a bfloat16 call's B stored transposed stays so widened. On AVX-512 CPUs it is
+// widened row-major (transposed_f32_b's reason); on AVX2 ones every GEMM runs on one thread
+// and oneDNN's bfloat16 transposition is a slow generic one (with it, a widened GEMM of 512
+// rows, K = 1024, N = 768, ran at 11 GFLOP/s, against 131 on B as given), so B keeps its
+// layout.
+bool widened_b_transposed(const GemmCall& c) { return c.b_transposed && !cpu_has_avx512(); }
+
+// A bfloat16 call's B widened to float32 into `out`, transposed as widened_b_transposed says.
+void widen_b(const GemmCall& c, float* out) {
+  if (c.b_transposed && !widened_b_transposed(c))
+    b_row_major(c, out);
+  else
+    convert(c.b, c.in_dtype, out, DType::f32, c.k * c.n);
 }
 
 Status execute_packing_b(const GemmCall& c);
@@ -340,15 +358,15 @@ Status execute_row_major_b(const GemmCall& c) {
 }  // namespace
 
 std::optional<PackedB> pack_b(const GemmCall& call, std::vector<char>& storage) try {
+  if (call.in_dtype == DType::bf16 && !call.a_transposed && cpu_widens_bf16()) {
+    // B widened to float32 once (execute_widened reads it so).
+    void* data = page_aligned(storage, size_t(call.k * call.n) * sizeof(float));
+    widen_b(call, static_cast<float*>(data));
+    return PackedB{nullptr, data};
+  }
   if (transposed_f32_b(call)) {  // B row-major once: execute_row_major_b reads it so
     void* data = page_aligned(storage, size_t(call.k * call.n) * sizeof(float));
     b_row_major(call, static_cast<float*>(data));
-    return PackedB{nullptr, data};
-  }
-  if (call.in_dtype == DType::bf16 && !call.a_transposed && cpu_widens_bf16()) {
-    // B widened to float32 once (execute_widened reads it so): no oneDNN kernel holds it.
-    void* data = page_aligned(storage, size_t(call.k * call.n) * sizeof(float));
-    convert(call.b, call.in_dtype, data, DType::f32, call.k * call.n);
     return PackedB{nullptr, data};
   }
   if (!packable(call)) return std::nullopt;
@@ -388,7 +406,6 @@ std::optional<bool> forced_bf16_widened;
 // Whether oneDNN has bfloat16 matmul kernels on this CPU: it has them from AVX-512 on, and
 // none (not even its reference kernel, with run-time shapes) on an AVX2 CPU.
 bool cpu_has_bf16_matmul() {
-  if (forced_bf16_widened) return !*forced_bf16_widened;
   static const bool has = [] {
     for (const bool a_transposed : {false, true}) {
       GemmCall probe{DType::bf16, DType::bf16, 64, 64, 64, nullptr, a_transposed, nullptr, false,
@@ -404,10 +421,23 @@ bool cpu_has_bf16_matmul() {
   return has;
 }
 
+// Whether oneDNN's bfloat16 kernels are faster than its float32 kernel on the operands
+// widened: with AMX, and with AVX-512 BF16 short of AVX-512 FP16 (AMD's Zen 4: 177-203
+// GFLOP/s a core against float32's 104-111). Not on Intel's AVX-512 CPUs without AMX:
+// bfloat16 grouped GEMMs (8192 rows, K = 1024, N = 768, 2 threads) on an Emerald Rapids VM
+// that does not expose AMX ran at 140 GFLOP/s on its bfloat16 kernels against 230
+// widened, and with oneDNN held to AVX-512 without BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE,
+// as on Skylake to Ice Lake, where its bfloat16 kernels emulate the products) at 59
+// against 224. Held to AVX512_CORE_BF16 there (Cooper Lake's ISA, unmeasured) they ran at
+// 130 against 229, yet that ISA is Zen 4's too: it keeps the bfloat16 kernels.
+bool bf16_kernels_pay() {
+  return cpu_has_amx() || dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_bf16;
+}
+
 // A thread keeps its widening scratch up to this size; a larger call's is freed after it.
 constexpr size_t kKeptWidenedBytes = size_t(64) << 20;
 
-// A bfloat16 call on a CPU without bfloat16 kernels: its operands widened to float32
+// A bfloat16 call on a CPU that widens bfloat16: its operands widened to float32
 // (exactly; B by pack_b once for several calls, when it brings it so), the float32 kernel,
 // and a bfloat16 output rounded once from float32 (with accumulate, from the old value
 // widened plus the product): the bfloat16 kernels' float32 accumulation and single
@@ -424,13 +454,13 @@ Status execute_widened(const GemmCall& c) {
   float* b = a + a_count;
   float* bias = b + b_count;
   float* out = bias + bias_count;
-  convert(c.a, c.in_dtype, a, DType::f32, a_count);  // both operands are dense in their layout
-  if (!c.packed_b) convert(c.b, c.in_dtype, b, DType::f32, b_count);
+  convert(c.a, c.in_dtype, a, DType::f32, a_count);  // dense in its layout
+  if (!c.packed_b) widen_b(c, b);
   if (c.bias) convert(c.bias, c.in_dtype, bias, DType::f32, bias_count);
   if (wide_out && c.accumulate) convert(c.c, c.out_dtype, out, DType::f32, c.m * c.n);
   GemmCall wide = c;
   wide.in_dtype = DType::f32, wide.a = a, wide.bias = c.bias ? bias : nullptr, wide.packed_b = nullptr;
-  wide.b = c.packed_b ? c.packed_b->data : b;
+  wide.b = c.packed_b ? c.packed_b->data : b, wide.b_transposed = widened_b_transposed(c);
   if (wide_out) wide.out_dtype = DType::f32, wide.c = out;
   const Status s = execute(wide);
   if (s.ok() && wide_out) convert(out, DType::f32, c.c, c.out_dtype, c.m * c.n);
@@ -441,7 +471,11 @@ Status execute_widened(const GemmCall& c) {
 
 bool cpu_packs_b() { return cpu_has_amx() || cpu_widens_bf16(); }
 
-bool cpu_widens_bf16() { return !cpu_has_bf16_matmul(); }
+bool cpu_widens_bf16() {
+  if (forced_bf16_widened) return *forced_bf16_widened;
+  static const bool widens = !cpu_has_bf16_matmul() || !bf16_kernels_pay();
+  return widens;
+}
 
 Status gemm_onednn(const GemmCall& c) {
   if (c.in_dtype == DType::bf16 && cpu_widens_bf16()) return execute_widened(c);

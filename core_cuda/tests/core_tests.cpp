@@ -586,8 +586,8 @@ void test_bf16_wgrad_bits_on_any_thread_count() {
   cpu::force_bf16_wgrad_chunks(std::nullopt);
 }
 
-// On a CPU without oneDNN's bfloat16 kernels (AVX2) a bfloat16 call runs as float32 on its
-// operands widened: its output is the float32 call's on the same values, rounded once to a
+// On a CPU that widens bfloat16 (AVX2; Intel's AVX-512 without AMX) a bfloat16 call runs as
+// float32 on its operands widened: its output is the float32 call's on the same values, rounded once to a
 // bfloat16 output, bit for bit, in every layout, with a bias, and accumulating. The weight
 // gradients' exact sums hold too.
 void test_bf16_widened() {
