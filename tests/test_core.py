@@ -232,15 +232,17 @@ def test_groups_give_the_single_thread_bits_however_the_threads_share_them(dtype
 
 # A process's weight gradients, hashed: bfloat16 ones of long contractions (one group alone,
 # or one of two with the other empty), in bfloat16 and accumulated into float32; float64.
-# And float32 / float16 products with the weight stored [N, K] (nn.Linear's layout), one
-# group alone: on AVX-512 oneDNN's float32 kernel gave them other bits on one thread than
-# on two, so the core multiplies such a weight row-major.
+# And float32 / float16 / bfloat16 products with the weight stored [N, K] (nn.Linear's
+# layout), one group alone: on AVX-512 oneDNN's float32 kernel gave them other bits on one
+# thread than on two, so the core multiplies such a weight row-major (bfloat16's too, where
+# it runs widened to float32).
 THREADS_SCRIPT = """
 import hashlib, sys, numpy as np, torch
 import groupgemm._core as core
 rng, digest = np.random.default_rng(0), hashlib.sha256()
 for m, k, n, dtype in ((2048, 1024, 384, torch.float32), (64, 900, 200, torch.float32),
-                       (3000, 1024, 384, torch.float16)):
+                       (3000, 1024, 384, torch.float16), (2048, 1024, 384, torch.bfloat16),
+                       (64, 900, 200, torch.bfloat16)):
     lhs = torch.from_numpy(rng.standard_normal((m, k))).to(dtype)
     rhs = torch.from_numpy(rng.standard_normal((1, n, k)) / 32).to(dtype)
     out = torch.empty(m, n, dtype=dtype)
@@ -265,10 +267,14 @@ def test_weight_gradients_and_transposed_weights_have_the_same_bits_in_processes
     # oneDNN fixes a primitive's threading when it creates it, so only fresh processes show
     # it: its bfloat16 brgemm split these contractions across two threads (in-process thread
     # changes reuse the first primitive), as OpenBLAS did float64's. They run on one thread.
-    def digest(threads):
-        return run_code(THREADS_SCRIPT, timeout=300, env=dict(os.environ, OMP_NUM_THREADS=str(threads))).stdout.strip()
+    # With oneDNN held to AVX-512 without bfloat16 instructions, an AVX-512 CPU runs bfloat16
+    # widened to float32 (backends.md), whatever its own bfloat16 kernels.
+    def digest(threads, **isa):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), **isa)
+        return run_code(THREADS_SCRIPT, timeout=300, env=env).stdout.strip()
 
     assert digest(1) == digest(2) == digest(3)
+    assert digest(1, ONEDNN_MAX_CPU_ISA="AVX512_CORE") == digest(2, ONEDNN_MAX_CPU_ISA="AVX512_CORE")
 
 
 def test_errors_name_the_argument():
