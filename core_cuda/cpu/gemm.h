@@ -62,6 +62,17 @@ bool cpu_packs_b();
 // kernels are the slower (gemm_onednn.cpp: Intel's AVX-512 CPUs without AMX).
 bool cpu_widens_bf16();
 
+// Where the CPU has bfloat16 kernels, a call of fewer rows than this (m, or k for a weight
+// gradient) still runs on them, unless B comes widened (pack_b): widening its B costs more
+// than the float32 kernel saves. Measured on the Emerald Rapids VM without AMX (grouped
+// GEMMs of 8192 rows, K = N = 1024, 2 threads), bfloat16 kernels against widened: 92
+// against 82 GFLOP/s forward and 85 against 67 weight gradient at 16 rows a group, 104
+// against 132 and 100 against 114 at 32, 141 against 235 from 256.
+constexpr int64_t kMinWidenedRows = 32;
+
+// Whether gemm runs this bfloat16 call widened to float32.
+bool runs_widened(const GemmCall& call);
+
 // bfloat16 weight-gradient GEMMs run their contraction in chunks of a multiple of this
 // many rows (the AMX kernel's K blocking); a chunk of another length is copied, padded with
 // zero rows.

@@ -477,8 +477,15 @@ bool cpu_widens_bf16() {
   return widens;
 }
 
+bool runs_widened(const GemmCall& c) {
+  if (c.in_dtype != DType::bf16 || !cpu_widens_bf16()) return false;
+  const bool widened_b = c.packed_b && !c.packed_b->kernel;  // pack_b widened it
+  const int64_t rows = c.a_transposed ? c.k : c.m;
+  return rows >= kMinWidenedRows || widened_b || forced_bf16_widened || !cpu_has_bf16_matmul();
+}
+
 Status gemm_onednn(const GemmCall& c) {
-  if (c.in_dtype == DType::bf16 && cpu_widens_bf16()) return execute_widened(c);
+  if (runs_widened(c)) return execute_widened(c);
   if (multiplies_b_row_major(c)) return execute_row_major_b(c);
   if (transposed_f32_b(c) && c.packed_b) {  // fewer rows: B as given (pack_b's row-major copy is for more)
     GemmCall given = c;

@@ -714,7 +714,8 @@ void test_onednn_cache_bound() {
   const int64_t shapes = int64_t(cpu::kOnednnCacheCapacity) + 44;
   const size_t before = cpu::onednn_cached_primitives();
   for (int64_t s = 0; s < shapes; ++s) CHECK(bf16_forward_exact(1 + s));
-  if (cpu::cpu_widens_bf16()) {
+  const cpu::GemmCall four_rows{DType::bf16, DType::f32, 4, 8, 1, nullptr, false, nullptr, false, nullptr, nullptr, false};
+  if (cpu::runs_widened(four_rows)) {
     CHECK(cpu::onednn_cached_primitives() <= before + 1);
     return;
   }
