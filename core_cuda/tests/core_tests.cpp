@@ -587,9 +587,9 @@ void test_bf16_wgrad_bits_on_any_thread_count() {
 }
 
 // On a CPU that widens bfloat16 (AVX2; Intel's AVX-512 without AMX) a bfloat16 call runs as
-// float32 on its operands widened: its output is the float32 call's on the same values, rounded once to a
-// bfloat16 output, bit for bit, in every layout, with a bias, and accumulating. The weight
-// gradients' exact sums hold too.
+// float32 on its operands widened: its output is the float32 call's on the same values,
+// rounded once to a bfloat16 output, bit for bit, in every layout, with a bias, and
+// accumulating. The weight gradients' exact sums hold too.
 void test_bf16_widened() {
   g_case = "bf16_widened";
   cpu::force_bf16_widened(true);
@@ -714,7 +714,8 @@ void test_onednn_cache_bound() {
   const int64_t shapes = int64_t(cpu::kOnednnCacheCapacity) + 44;
   const size_t before = cpu::onednn_cached_primitives();
   for (int64_t s = 0; s < shapes; ++s) CHECK(bf16_forward_exact(1 + s));
-  const cpu::GemmCall four_rows{DType::bf16, DType::f32, 4, 8, 1, nullptr, false, nullptr, false, nullptr, nullptr, false};
+  const cpu::GemmCall four_rows{DType::bf16, DType::f32, 4,     8,       1,      nullptr,
+                                false,       nullptr,    false, nullptr, nullptr, false};
   if (cpu::runs_widened(four_rows)) {
     CHECK(cpu::onednn_cached_primitives() <= before + 1);
     return;
