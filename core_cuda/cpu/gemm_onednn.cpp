@@ -423,7 +423,7 @@ bool cpu_has_bf16_matmul() {
 
 // Whether oneDNN's bfloat16 kernels are faster than its float32 kernel on the operands
 // widened: with AMX, and with AVX-512 BF16 short of AVX-512 FP16 (AMD's Zen 4: 177-203
-// GFLOP/s a core against float32's 104-111). Not on Intel's AVX-512 CPUs without AMX:
+// GFLOP/s a core against float32's 104-111; Zen 5's ISA is the same, unmeasured). Not on Intel's AVX-512 CPUs without AMX:
 // bfloat16 grouped GEMMs (8192 rows, K = 1024, N = 768, 2 threads) on an Emerald Rapids VM
 // that does not expose AMX ran at 140 GFLOP/s on its bfloat16 kernels against 230
 // widened, and with oneDNN held to AVX-512 without BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE,
